@@ -1,0 +1,8 @@
+"""tacit: an LLM inference engine written as a book of optimization recipes."""
+
+from tacit.entrypoints.llm import LLM
+from tacit.outputs import CompletionOutput, Logprob, RequestOutput
+from tacit.sampling_params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
+__version__ = "0.1.0"

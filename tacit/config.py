@@ -1,0 +1,127 @@
+"""Engine configuration: the model, the KV cache, the scheduler, and how they are checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+_KEY_ALIASES = [("num_experts", "num_local_experts"), ("n_routed_experts", "num_local_experts")]
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}.get(dtype, dtype)
+    if name not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported; valid: {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def normalize_rope(hf: dict[str, Any]) -> dict[str, Any]:
+    """One rope dict whatever the checkpoint's era.
+
+    Older configs say `rope_theta` + `rope_scaling`; transformers 5 writes `rope_parameters`.
+    """
+    params = dict(hf.get("rope_parameters") or {})
+    scaling = hf.get("rope_scaling") or {}
+    params.update({k: v for k, v in scaling.items() if k not in params})
+    params.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    params["rope_type"] = rope_type
+    return params
+
+
+@dataclass
+class ModelConfig:
+    """A model's architecture, read from config.json (or GGUF metadata mapped onto the same keys)."""
+
+    path: str
+    hf: dict[str, Any]
+    dtype: torch.dtype
+    architecture: str = ""
+    eos_token_ids: list[int] = field(default_factory=list)
+    max_model_len: int = 0
+
+    def __post_init__(self) -> None:
+        self.hf = dict(self.hf)
+        # transformers 5 writes some keys under their attribute-map alias; real checkpoints use the originals.
+        for original, alias in _KEY_ALIASES:
+            if self.hf.get(original) is None and self.hf.get(alias) is not None:
+                self.hf[original] = self.hf[alias]
+        archs = self.hf.get("architectures") or []
+        if not self.architecture:
+            if not archs:
+                raise ValueError(f"{self.path}: config has no 'architectures' entry; cannot tell which model this is")
+            self.architecture = archs[0]
+        self.rope = normalize_rope(self.hf)
+        limit = int(self.hf.get("max_position_embeddings", 2048))
+        if not self.max_model_len:
+            self.max_model_len = limit
+        elif self.max_model_len > limit and self.rope["rope_type"] == "default":
+            raise ValueError(
+                f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings={limit}"
+            )
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self.hf.get(key, default)
+        return default if value is None else value
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.hf["num_hidden_layers"])
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.get("head_dim") or self.hf["hidden_size"] // self.hf["num_attention_heads"])
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self.get("num_key_value_heads", self.hf["num_attention_heads"]))
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    # Bytes for the KV pool when num_kv_blocks is not given.
+    kv_cache_memory: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"block_size={self.block_size!r} is invalid: must be an integer >= 1")
+        if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1):
+            raise ValueError(f"num_kv_blocks={self.num_kv_blocks!r} is invalid: must be an integer >= 1")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory={self.kv_cache_memory!r} is invalid: must be a byte count > 0")
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} is invalid: must be an integer >= 1")
+
+
+@dataclass
+class EngineConfig:
+    model: ModelConfig
+    cache: CacheConfig
+    scheduler: SchedulerConfig
+    device: str = "cpu"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.scheduler.enable_chunked_prefill and self.scheduler.max_num_batched_tokens < self.model.max_model_len:
+            # Without chunking a whole prompt must fit in one step's budget.
+            self.scheduler.max_num_batched_tokens = self.model.max_model_len

@@ -1,0 +1,198 @@
+"""LLMEngine: add requests, step, collect outputs. The step loop of the data path:
+
+    Scheduler.schedule() -> ModelRunner.execute() -> Sampler -> update (append, stop, free)
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import replace
+
+import torch
+
+from tacit.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
+from tacit.engine.detokenizer import IncrementalDetokenizer
+from tacit.engine.model_runner import ModelRunner
+from tacit.loader import ModelSource, open_model
+from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.models.build import build_model
+from tacit.outputs import CompletionOutput, Logprob, RequestOutput
+from tacit.platforms import get_platform
+from tacit.sampling_params import SamplingParams
+from tacit.scheduling.request import Request
+from tacit.scheduling.scheduler import Scheduler, SchedulerOutput
+from tacit.tokenizer import Tokenizer
+
+
+class LLMEngine:
+    def __init__(self, model: str | None = None, dtype: str = "auto", max_model_len: int | None = None,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, block_size: int = 16,
+                 num_kv_blocks: int | None = None, kv_cache_memory: int | None = None,
+                 enable_chunked_prefill: bool = True, seed: int = 0, device: str = "auto") -> None:
+        platform = get_platform(device)
+        self.platform = platform
+        source: ModelSource = open_model(model)
+        self.source = source
+        torch_dtype = platform.default_dtype() if dtype == "auto" else parse_dtype(dtype)
+        model_cfg = ModelConfig(path=str(source.path), hf=source.hf_config, dtype=torch_dtype,
+                                eos_token_ids=source.eos_token_ids, max_model_len=max_model_len or 0)
+        self.config = EngineConfig(
+            model=model_cfg,
+            cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks, kv_cache_memory=kv_cache_memory),
+            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                      enable_chunked_prefill=enable_chunked_prefill),
+            device=platform.name, seed=seed)
+        torch.manual_seed(seed)
+        self.tokenizer: Tokenizer = source.tokenizer
+        self.device = platform.device()
+        self.model = build_model(model_cfg, source.weights(), self.device)
+        self.runner = ModelRunner(self.config, self.model, self.device, platform.free_memory_bytes())
+        self.kv = KVCacheManager(self.runner.num_blocks, block_size)
+        self.scheduler = Scheduler(self.config.scheduler, self.kv, model_cfg.max_model_len)
+        self.max_model_len = model_cfg.max_model_len
+        self.eos_token_ids = frozenset(model_cfg.eos_token_ids)
+        self._children: dict[str, list[Request]] = {}
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._ids = itertools.count()
+        self.num_steps = 0
+        self.stats = {"prompt_tokens": 0, "generation_tokens": 0}
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def tokenize_prompt(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            vocab = self.config.model.hf["vocab_size"]
+            bad = [t for t in prompt if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"prompt token ids {bad[:5]} are out of range; valid ids are 0..{vocab - 1}")
+            return None, list(prompt)
+        raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, priority: int = 0) -> str:
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        text, ids = self.tokenize_prompt(prompt)
+        if not ids:
+            raise ValueError("prompt is empty: it must hold at least one token")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt is {len(ids)} tokens, but max_model_len is {self.max_model_len}: "
+                             f"it must be shorter, leaving room for at least one generated token")
+        room = self.max_model_len - len(ids)
+        max_tokens = min(params.max_tokens or room, room)
+        need = len(ids) + max_tokens
+        if need > self.kv.capacity_tokens:
+            raise ValueError(f"prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) needs {need} KV slots, "
+                             f"more than the whole KV pool holds ({self.kv.capacity_tokens}); "
+                             f"lower max_tokens or raise num_kv_blocks / kv_cache_memory")
+        parent = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if parent in self._children:
+            raise ValueError(f"request_id {parent!r} is already in use")
+        children = []
+        for i in range(params.n):
+            child_params = params if params.n == 1 or params.seed is None else replace(params, seed=params.seed + i)
+            child_id = parent if params.n == 1 else f"{parent}#{i}"
+            req = Request(child_id, ids, child_params, max_tokens, prompt=text, priority=priority,
+                          parent_id=parent, index=i)
+            self._detok[child_id] = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
+            children.append(req)
+            self.scheduler.add_request(req)
+        self._children[parent] = children
+        self.stats["prompt_tokens"] += len(ids)
+        return parent
+
+    def abort_request(self, request_id: str) -> None:
+        for req in self._children.pop(request_id, []):
+            if not req.is_finished:
+                req.finish("abort")
+            self.scheduler.finish(req)
+            self._detok.pop(req.request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ---- the step -------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        sched: SchedulerOutput = self.scheduler.schedule()
+        if not sched.scheduled:
+            return []
+        sampled_reqs, sampler_out = self.runner.execute(sched, self.kv)
+        self.num_steps += 1
+        for req, n in sched.scheduled:
+            req.num_computed_tokens += n
+        now = time.monotonic()
+        touched: dict[str, None] = {}
+        for row, req in enumerate(sampled_reqs):
+            self._append(req, sampler_out.token_ids[row], sampler_out.logprobs[row], now)
+            touched[req.parent_id] = None
+            if req.is_finished:
+                self.scheduler.finish(req)
+        outputs = []
+        for parent in touched:
+            out = self._output(parent)
+            outputs.append(out)
+            if out.finished:
+                for req in self._children.pop(parent):
+                    self._detok.pop(req.request_id, None)
+        return outputs
+
+    def _append(self, req: Request, token: int, logprob, now: float) -> None:
+        req.append_output_token(token)
+        self.stats["generation_tokens"] += 1
+        if req.first_token_time is None:
+            req.first_token_time = now
+        req.last_token_time = now
+        p = req.params
+        if logprob is not None:
+            chosen_lp, rank, top = logprob
+            entry = {tid: Logprob(lp, r + 1, self.tokenizer.decode([tid], False)) for r, (tid, lp) in enumerate(top)}
+            entry.setdefault(token, Logprob(chosen_lp, rank, self.tokenizer.decode([token], False)))
+            req.logprobs.append(entry)
+            req.cumulative_logprob += chosen_lp
+        delta = self._detok[req.request_id].step(token)
+        req.output_text += delta
+        n_out = len(req.output_token_ids)
+        if n_out >= p.min_tokens:
+            if not p.ignore_eos and token in self.eos_token_ids:
+                req.finish("stop", token)
+                return
+            if token in p.stop_token_ids:
+                req.finish("stop", token)
+                return
+            if p.stop and delta:
+                longest = max(len(s) for s in p.stop)
+                window_start = max(0, len(req.output_text) - len(delta) - longest + 1)
+                for s in p.stop:
+                    at = req.output_text.find(s, window_start)
+                    if at != -1:
+                        req.output_text = req.output_text[:at]
+                        req.finish("stop", s)
+                        return
+        if n_out >= req.max_tokens:
+            req.finish("length")
+
+    def _output(self, parent: str) -> RequestOutput:
+        children = self._children[parent]
+        first = children[0]
+        completions = [CompletionOutput(index=r.index, text=visible_text(r), token_ids=list(r.output_token_ids),
+                                        cumulative_logprob=r.cumulative_logprob, logprobs=r.logprobs,
+                                        finish_reason=r.finish_reason, stop_reason=r.stop_reason)
+                       for r in children]
+        metrics = {"arrival_time": first.arrival_time}
+        if first.first_token_time is not None:
+            metrics["first_token_time"] = first.first_token_time
+        return RequestOutput(parent, first.prompt, list(first.prompt_token_ids), completions,
+                             finished=all(r.is_finished for r in children), metrics=metrics)
+
+
+def visible_text(req: Request) -> str:
+    """Text safe to show now: while a stop string could still be completing, hold back its prefix."""
+    if req.is_finished or not req.params.stop:
+        return req.output_text
+    hold = max(len(s) for s in req.params.stop) - 1
+    return req.output_text[:len(req.output_text) - hold] if hold else req.output_text

@@ -1,0 +1,83 @@
+"""LLM: the offline API, shaped like vLLM's so its users feel at home."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+from tacit.engine.llm_engine import LLMEngine
+from tacit.outputs import RequestOutput
+from tacit.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, dtype: str = "auto", max_model_len: int | None = None,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, block_size: int = 16,
+                 num_kv_blocks: int | None = None, kv_cache_memory: int | None = None,
+                 enable_chunked_prefill: bool = True, seed: int = 0, device: str = "auto") -> None:
+        self.engine = LLMEngine(model=model, dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                                max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
+                                num_kv_blocks=num_kv_blocks, kv_cache_memory=kv_cache_memory,
+                                enable_chunked_prefill=enable_chunked_prefill, seed=seed, device=device)
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if isinstance(sampling_params, SamplingParams) or sampling_params is None:
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams; pass one or one per prompt")
+        ids = []
+        try:
+            for p, sp in zip(prompts, params):
+                ids.append(self.engine.add_request(p, sp))
+        except Exception:
+            for rid in ids:  # an invalid prompt leaves nothing half-queued behind it
+                self.engine.abort_request(rid)
+            raise
+        done: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished:
+                    done[out.request_id] = out
+        return [done[rid] for rid in ids]
+
+    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+             sampling_params: SamplingParams | None = None, add_generation_prompt: bool = True) -> list[RequestOutput]:
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        prompts = [self.chat_prompt_ids(c, add_generation_prompt) for c in conversations]
+        return self.generate(prompts, sampling_params)
+
+    def chat_prompt_ids(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        tok = self.engine.tokenizer
+        text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        # The template already wrote any BOS it wants; encoding must not add another.
+        return tok.encode(text, add_special_tokens=False)
+
+    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
+        """Yield text as it is generated, for one prompt (the CLI's chat and generate)."""
+        rid = self.engine.add_request(prompt, sampling_params)
+        sent = 0
+        try:
+            while True:
+                for out in self.engine.step():
+                    if out.request_id != rid:
+                        continue
+                    text = out.outputs[0].text
+                    if len(text) > sent:
+                        yield text[sent:]
+                        sent = len(text)
+                    if out.finished:
+                        return
+                if not self.engine.has_unfinished_requests():
+                    return
+        finally:
+            self.engine.abort_request(rid)

@@ -1,0 +1,50 @@
+"""The one piece of global state: the attention metadata of the step being run.
+
+The model runner builds it once per step; every attention layer reads it. Passing it through
+every module's forward would make model code unreadable, and there is only ever one step in
+flight per process.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each token of a flat mixed batch (prefill chunks and decodes) reads and writes KV.
+
+    Shapes: T flat tokens, R requests, Q = longest query in the step, L = longest context.
+    """
+
+    slot_mapping: torch.Tensor  # [T] cache slot each new token writes
+    query_pad_index: torch.Tensor  # [R*Q] flat token index for each padded query slot
+    query_unpad_index: torch.Tensor  # [T] padded slot of each flat token
+    kv_gather_index: torch.Tensor  # [R, L] cache slot of each context position
+    attn_mask: torch.Tensor  # [R, 1, Q, L] True where a query may attend
+    num_reqs: int
+    max_query_len: int
+    max_seq_len: int
+
+
+_context: AttentionMetadata | None = None
+
+
+@contextmanager
+def set_forward_context(meta: AttentionMetadata) -> Iterator[None]:
+    global _context
+    prev, _context = _context, meta
+    try:
+        yield
+    finally:
+        _context = prev
+
+
+def get_attention_metadata() -> AttentionMetadata:
+    if _context is None:
+        raise RuntimeError("attention called outside a model-runner step (no forward context set)")
+    return _context

@@ -1,0 +1,35 @@
+"""Attention layer: owns its slice of the KV cache and hands the math to an AttentionBackend."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tacit.forward_context import get_attention_metadata
+from tacit.kernels.attention_backend import AttentionBackend
+from tacit.kernels.torch_attention import TorchAttentionBackend
+
+
+class Attention(nn.Module):
+    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float,
+                 backend: AttentionBackend | None = None) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.num_kv_heads, self.scale = num_heads, head_dim, num_kv_heads, scale
+        self.backend = backend or TorchAttentionBackend()
+        # Bound by the model runner after it allocates the pool: [2, num_blocks, block_size, Hkv, D].
+        self.kv_cache: torch.Tensor | None = None
+
+    def kv_numel_per_token(self) -> int:
+        return 2 * self.num_kv_heads * self.head_dim
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        # Zeroed, not empty: masked-out slots still pass through softmax(...) @ V, and NaN * 0 is NaN.
+        self.kv_cache = torch.zeros(2, num_blocks, block_size, self.num_kv_heads, self.head_dim, dtype=dtype, device=device)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, H, D], k/v [T, Hkv, D] -> [T, H*D]."""
+        meta = get_attention_metadata()
+        assert self.kv_cache is not None, "KV cache not bound; the model runner binds it at start-up"
+        self.backend.write_kv(self.kv_cache, k, v, meta)
+        out = self.backend.forward(q, self.kv_cache, meta, self.scale)
+        return out.reshape(out.shape[0], -1)

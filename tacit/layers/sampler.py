@@ -1,0 +1,104 @@
+"""Sampler: one batched pass from logits to tokens for every request that samples this step.
+
+Sampling is done as argmax(probs / Exponential(1) noise), which draws exactly from `probs`
+and lets each seeded request draw its noise from its own generator: a seeded request gets
+the same token whatever else shares the batch. Only the noise draw loops over requests, and
+only over the seeded ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tacit.scheduling.request import Request
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    # Per row: (chosen logprob, chosen rank, [(token_id, logprob), ...] top-n), or None.
+    logprobs: list[tuple[float, int, list[tuple[int, float]]] | None]
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
+        logits = logits.float()
+        params = [r.params for r in requests]
+        if any(p.needs_penalties for p in params):
+            logits = self._apply_penalties(logits, requests)
+        greedy_ids = logits.argmax(dim=-1)
+        if all(p.greedy for p in params):
+            tokens = greedy_ids
+        else:
+            tokens = self._sample(logits, requests, greedy_ids)
+        token_list = tokens.tolist()
+        logprobs: list = [None] * len(requests)
+        want = [i for i, p in enumerate(params) if p.logprobs is not None]
+        if want:
+            logprobs = self._logprobs(logits, tokens, requests, want)
+        return SamplerOutput(token_list, logprobs)
+
+    def _apply_penalties(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        # OpenAI semantics: subtract frequency * count and presence * [count > 0] over generated tokens.
+        counts = torch.zeros_like(logits)
+        for row, req in enumerate(requests):
+            if req.output_token_ids:
+                ids = torch.tensor(req.output_token_ids, dtype=torch.long)
+                counts[row].index_add_(0, ids, torch.ones(len(ids)))
+        freq = torch.tensor([r.params.frequency_penalty for r in requests])[:, None]
+        pres = torch.tensor([r.params.presence_penalty for r in requests])[:, None]
+        return logits - freq * counts - pres * (counts > 0).float()
+
+    def _sample(self, logits: torch.Tensor, requests: list[Request], greedy_ids: torch.Tensor) -> torch.Tensor:
+        params = [r.params for r in requests]
+        vocab = logits.shape[-1]
+        temp = torch.tensor([1.0 if p.greedy else p.temperature for p in params])[:, None]
+        logits = logits / temp
+        top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+        top_p = [p.top_p for p in params]
+        if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
+            sorted_logits, order = logits.sort(dim=-1, descending=True)
+            keep = torch.ones_like(sorted_logits, dtype=torch.bool)
+            if any(k < vocab for k in top_k):
+                keep &= torch.arange(vocab)[None, :] < torch.tensor(top_k)[:, None]
+            if any(p < 1.0 for p in top_p):
+                probs = sorted_logits.masked_fill(~keep, float("-inf")).softmax(dim=-1)
+                before = probs.cumsum(dim=-1) - probs  # mass strictly above this token
+                keep &= before < torch.tensor(top_p)[:, None]
+            keep[:, 0] = True
+            mask = torch.zeros_like(keep).scatter_(1, order, keep)
+            logits = logits.masked_fill(~mask, float("-inf"))
+        probs = logits.softmax(dim=-1)
+        min_p = torch.tensor([p.min_p for p in params])
+        if bool((min_p > 0).any()):
+            threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
+            probs = probs.masked_fill(probs < threshold, 0.0)
+        noise = torch.empty_like(probs)
+        unseeded = [i for i, r in enumerate(requests) if r.generator is None]
+        if unseeded:
+            noise[unseeded] = torch.empty(len(unseeded), vocab).exponential_()
+        for i, r in enumerate(requests):
+            if r.generator is not None:
+                noise[i] = torch.empty(vocab).exponential_(generator=r.generator)
+        sampled = (probs / noise).argmax(dim=-1)
+        is_greedy = torch.tensor([p.greedy for p in params])
+        return torch.where(is_greedy, greedy_ids, sampled)
+
+    def _logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, requests: list[Request],
+                  rows: list[int]) -> list:
+        # Logprobs of the model's distribution (after penalties, before temperature/top-k/top-p),
+        # as vLLM reports them by default.
+        lp = logits[rows].log_softmax(dim=-1)
+        chosen = tokens[rows]
+        chosen_lp = lp.gather(1, chosen[:, None])[:, 0]
+        ranks = (lp > chosen_lp[:, None]).sum(dim=-1) + 1
+        n_max = max(requests[i].params.logprobs for i in rows)
+        top_vals, top_ids = lp.topk(max(n_max, 1), dim=-1) if n_max else (None, None)
+        out: list = [None] * len(requests)
+        for j, i in enumerate(rows):
+            n = requests[i].params.logprobs
+            top = list(zip(top_ids[j, :n].tolist(), top_vals[j, :n].tolist())) if n else []
+            out[i] = (float(chosen_lp[j]), int(ranks[j]), top)
+        return out

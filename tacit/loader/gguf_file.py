@@ -1,0 +1,141 @@
+"""A single .gguf file: metadata -> HF-style config, tensors -> HF names, tokenizer -> `tokenizers`.
+
+Tensors are dequantized to the working dtype on load; keeping them quantized is later work.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from tacit.loader.progress import progress
+from tacit.tokenizer import Tokenizer
+
+_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                 "output.weight": "lm_head.weight"}
+_BLOCK = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+
+# Pre-tokenizer regexes by `tokenizer.ggml.pre`, the split rules the original tokenizer.json had.
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+class GGUFFile:
+    def __init__(self, path: Path) -> None:
+        import gguf
+
+        self.path = path
+        try:
+            self.reader = gguf.GGUFReader(str(path))
+        except Exception as e:  # the gguf package raises bare ValueError/struct errors on bad files
+            raise ValueError(f"{path} is not a readable GGUF file: {e}") from None
+        self.arch = _field(self.reader, "general.architecture")
+        if self.arch not in _ARCHS:
+            raise ValueError(f"{path}: GGUF architecture {self.arch!r} is not supported; "
+                             f"supported: {', '.join(sorted(_ARCHS))}")
+
+    def _meta(self, key: str, default: Any = None) -> Any:
+        return _field(self.reader, f"{self.arch}.{key}", default)
+
+    def hf_config(self) -> dict[str, Any]:
+        names = {t.name for t in self.reader.tensors}
+        heads = int(self._meta("attention.head_count"))
+        hidden = int(self._meta("embedding_length"))
+        vocab = self._meta("vocab_size") or len(self.reader.fields["tokenizer.ggml.tokens"].data)
+        cfg: dict[str, Any] = {
+            "architectures": [_ARCHS[self.arch]],
+            "hidden_size": hidden,
+            "intermediate_size": int(self._meta("feed_forward_length")),
+            "num_hidden_layers": int(self._meta("block_count")),
+            "num_attention_heads": heads,
+            "num_key_value_heads": int(self._meta("attention.head_count_kv", heads)),
+            "head_dim": int(self._meta("attention.key_length", hidden // heads)),
+            "max_position_embeddings": int(self._meta("context_length", 2048)),
+            "rms_norm_eps": float(self._meta("attention.layer_norm_rms_epsilon", 1e-6)),
+            "rope_theta": float(self._meta("rope.freq_base", 10000.0)),
+            "vocab_size": int(vocab),
+            "tie_word_embeddings": "output.weight" not in names,
+            "attention_bias": "blk.0.attn_q.bias" in names and self.arch == "llama",
+        }
+        scaling = self._meta("rope.scaling.type")
+        if scaling and scaling != "none":
+            cfg["rope_scaling"] = {"rope_type": scaling, "factor": float(self._meta("rope.scaling.factor", 1.0)),
+                                   "original_max_position_embeddings": int(self._meta("rope.scaling.original_context_length", 0))}
+        return cfg
+
+    def eos_token_ids(self) -> list[int]:
+        ids = [_field(self.reader, k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
+        return sorted({int(i) for i in ids if i is not None})
+
+    def _unpermute(self, w: np.ndarray, heads: int) -> np.ndarray:
+        # llama.cpp stores llama q/k rows interleaved for its rope kernel; undo it to HF's half split.
+        shape = w.shape
+        return w.reshape(heads, 2, shape[0] // heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        from gguf.quants import dequantize
+
+        cfg = self.hf_config()
+        for t in progress(self.reader.tensors, desc=f"loading {self.path.name}"):
+            name = _GLOBAL_NAMES.get(t.name)
+            if name is None:
+                m = _BLOCK.match(t.name)
+                if m is None or m.group(2) not in _LAYER_NAMES:
+                    continue
+                name = f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+            arr = dequantize(t.data, t.tensor_type).reshape(tuple(int(d) for d in reversed(t.shape)))
+            if self.arch == "llama" and (".attn_q." in t.name or ".attn_k." in t.name):
+                heads = cfg["num_attention_heads"] if ".attn_q." in t.name else cfg["num_key_value_heads"]
+                arr = self._unpermute(arr.reshape(arr.shape[0], -1), heads).reshape(arr.shape)
+            yield name, torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
+
+    def tokenizer(self) -> Tokenizer:
+        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+
+        model = _field(self.reader, "tokenizer.ggml.model")
+        if model != "gpt2":
+            raise ValueError(f"{self.path}: GGUF tokenizer model {model!r} is not supported yet; supported: gpt2 (byte-level BPE)")
+        tokens = _field(self.reader, "tokenizer.ggml.tokens")
+        types = _field(self.reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+        merges = [tuple(m.split(" ", 1)) for m in _field(self.reader, "tokenizer.ggml.merges", [])]
+        tok = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False))
+        pre = _field(self.reader, "tokenizer.ggml.pre", "default")
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        if pre == "smollm":
+            tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        elif pre in ("llama-bpe", "llama3", "qwen2"):
+            split = pre_tokenizers.Split(Regex(_QWEN2_SPLIT if pre == "qwen2" else _LLAMA3_SPLIT), behavior="isolated")
+            tok.pre_tokenizer = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        else:
+            tok.pre_tokenizer = byte_level
+        tok.decoder = decoders.ByteLevel()
+        # CONTROL (3) and USER_DEFINED (4) tokens are matched whole in text, never split by BPE.
+        tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
+                                for i in range(len(tokens)) if types[i] == 3])
+        tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
+                        for i in range(len(tokens)) if types[i] == 4])
+        bos_id, eos_id = _field(self.reader, "tokenizer.ggml.bos_token_id"), _field(self.reader, "tokenizer.ggml.eos_token_id")
+        return Tokenizer(tok, _field(self.reader, "tokenizer.chat_template"),
+                         tokens[bos_id] if bos_id is not None else None,
+                         tokens[eos_id] if eos_id is not None else None,
+                         add_bos_token=bool(_field(self.reader, "tokenizer.ggml.add_bos_token", False)))

@@ -1,0 +1,128 @@
+"""DeepSeek-V3/R1 and Kimi-K2: multi-head latent attention (MLA) and sigmoid-routed MoE.
+
+The KV cache keeps MLA's compressed latent (kv_lora_rank + rope dim per token, 576 values for
+V3) instead of full K and V (2 * 128 heads * 192 = 49152): 85x less cache per token, which is
+the point of MLA. The reference path here re-expands the latent through kv_b_proj every step;
+absorbing kv_b_proj into q and o is the later, faster path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tacit.config import ModelConfig
+from tacit.forward_context import get_attention_metadata
+from tacit.kernels.torch_attention import gather_padded, padded_sdpa
+from tacit.layers.moe import FusedMoE, grouped_sigmoid_topk
+from tacit.layers.norm import RMSNorm
+from tacit.layers.rotary import RotaryEmbedding, yarn_mscale
+from tacit.models.llama import CausalLM, LlamaDecoderLayer, LlamaMLP, LlamaModel
+from tacit.models.qwen3_moe import load_expert_tensor
+
+
+class MLAAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        hf = cfg.hf
+        hidden, self.num_heads = hf["hidden_size"], hf["num_attention_heads"]
+        self.q_lora_rank = hf.get("q_lora_rank")
+        self.kv_lora_rank, self.rope_dim = hf["kv_lora_rank"], hf["qk_rope_head_dim"]
+        self.nope_dim, self.v_dim = hf["qk_nope_head_dim"], hf["v_head_dim"]
+        self.qk_head_dim = self.nope_dim + self.rope_dim
+        bias = bool(hf.get("attention_bias", False))
+        eps = cfg.get("rms_norm_eps", 1e-6)
+        if self.q_lora_rank is None:
+            self.q_proj = nn.Linear(hidden, self.num_heads * self.qk_head_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(hidden, self.q_lora_rank, bias=bias)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank, eps)
+            self.q_b_proj = nn.Linear(self.q_lora_rank, self.num_heads * self.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(hidden, self.kv_lora_rank + self.rope_dim, bias=bias)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps)
+        self.kv_b_proj = nn.Linear(self.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.v_dim, hidden, bias=bias)
+        self.scale = self.qk_head_dim ** -0.5
+        rope = cfg.rope
+        if rope["rope_type"] != "default" and rope.get("mscale_all_dim"):
+            m = yarn_mscale(rope["factor"], rope["mscale_all_dim"])
+            self.scale *= m * m
+        self.kv_cache: torch.Tensor | None = None  # [num_blocks, block_size, kv_lora_rank + rope_dim]
+
+    def kv_numel_per_token(self) -> int:
+        return self.kv_lora_rank + self.rope_dim
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.kv_cache = torch.zeros(num_blocks, block_size, self.kv_numel_per_token(), dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        meta = get_attention_metadata()
+        t, h = x.shape[0], self.num_heads
+        q = self.q_proj(x) if self.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q_nope, q_pe = q.view(t, h, self.qk_head_dim).split([self.nope_dim, self.rope_dim], dim=-1)
+        latent, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        latent = self.kv_a_layernorm(latent)
+        q_pe, k_pe = rotary(q_pe, k_pe[:, None, :], cos, sin)
+
+        flat = self.kv_cache.view(-1, self.kv_cache.shape[-1])
+        flat.index_copy_(0, meta.slot_mapping, torch.cat([latent, k_pe[:, 0]], dim=-1).to(flat.dtype))
+        ctx = gather_padded(flat, meta).to(x.dtype)  # [R, L, C + rope]
+        ctx_latent, ctx_pe = ctx.split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        r, length = ctx.shape[:2]
+        kv = self.kv_b_proj(ctx_latent).view(r, length, h, self.nope_dim + self.v_dim)
+        k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
+        k = torch.cat([k_nope, ctx_pe[:, :, None, :].expand(r, length, h, self.rope_dim)], dim=-1)
+        out = padded_sdpa(torch.cat([q_nope, q_pe], dim=-1), k, v, meta, self.scale)
+        return self.o_proj(out.reshape(t, h * self.v_dim))
+
+
+class DeepseekV3Gate(nn.Module):
+    # Routing in float32 as the reference does: bf16 sigmoid scores tie often enough to flip experts.
+    keep_fp32 = True
+
+    def __init__(self, num_experts: int, hidden: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden))
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(num_experts))
+
+
+class DeepseekV3MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        hf = cfg.hf
+        num_experts, hidden, inter = hf["n_routed_experts"], hf["hidden_size"], hf["moe_intermediate_size"]
+        self.top_k = int(hf["num_experts_per_tok"])
+        self.n_group, self.topk_group = int(hf.get("n_group") or 1), int(hf.get("topk_group") or 1)
+        self.norm_topk_prob = bool(hf.get("norm_topk_prob", True))
+        self.scaling = float(hf.get("routed_scaling_factor", 1.0))
+        self.gate = DeepseekV3Gate(num_experts, hidden)
+        self.experts = FusedMoE(num_experts, hidden, inter)
+        n_shared = int(hf.get("n_shared_experts") or 0)
+        self.shared_experts = LlamaMLP(hidden, inter * n_shared) if n_shared else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(x.float(), self.gate.weight.float())
+        weights, ids = grouped_sigmoid_topk(logits, self.gate.e_score_correction_bias.float(), self.top_k,
+                                            self.n_group, self.topk_group, self.norm_topk_prob, self.scaling)
+        out = self.experts(x, weights, ids)
+        return out + self.shared_experts(x) if self.shared_experts is not None else out
+
+
+class DeepseekV3ForCausalLM(CausalLM):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        hf = cfg.hf
+        first_dense = int(hf.get("first_k_dense_replace") or 0)
+
+        def make_layer(i: int) -> nn.Module:
+            mlp = DeepseekV3MoE(cfg) if i >= first_dense and hf.get("n_routed_experts") else \
+                LlamaMLP(hf["hidden_size"], hf["intermediate_size"])
+            return LlamaDecoderLayer(cfg, MLAAttention(cfg), mlp)
+
+        self.model = LlamaModel(cfg, make_layer, rotary_dim=hf["qk_rope_head_dim"],
+                                interleaved_rope=bool(hf.get("rope_interleave", True)))
+        self._init_head(cfg)
+
+    def weight_hook(self, name: str, tensor: torch.Tensor) -> str | None:
+        return load_expert_tensor(self, name, tensor)

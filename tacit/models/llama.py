@@ -1,0 +1,154 @@
+"""Llama family: Llama 2/3, SmolLM2, Qwen2/2.5 (QKV bias), Qwen3 dense (q/k RMSNorm).
+
+Weight names are Hugging Face's, so a checkpoint loads by name with no mapping table.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tacit.config import ModelConfig
+from tacit.layers.attention import Attention
+from tacit.layers.norm import RMSNorm
+from tacit.layers.rotary import RotaryEmbedding
+from tacit.models.weights import load_named_weights
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        hidden = cfg.hf["hidden_size"]
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.hf["num_attention_heads"], cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=o_bias)
+        self.qk_norm = qk_norm
+        if qk_norm:
+            eps = cfg.get("rms_norm_eps", 1e-6)
+            self.q_norm = RMSNorm(self.head_dim, eps)
+            self.k_norm = RMSNorm(self.head_dim, eps)
+        self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, self.head_dim ** -0.5)
+
+    def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(q, k, cos, sin)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, attn: nn.Module, mlp: nn.Module) -> None:
+        super().__init__()
+        eps = cfg.get("rms_norm_eps", 1e-6)
+        self.self_attn, self.mlp = attn, mlp
+        self.input_layernorm = RMSNorm(cfg.hf["hidden_size"], eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hf["hidden_size"], eps)
+
+    def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rotary, cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, make_layer: Callable[[int], nn.Module], rotary_dim: int,
+                 interleaved_rope: bool = False) -> None:
+        super().__init__()
+        hf = cfg.hf
+        self.embed_tokens = nn.Embedding(hf["vocab_size"], hf["hidden_size"])
+        self.layers = nn.ModuleList(make_layer(i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(hf["hidden_size"], cfg.get("rms_norm_eps", 1e-6))
+        # Built on the CPU explicitly: the model itself is constructed on the meta device.
+        with torch.device("cpu"):
+            self.rotary = RotaryEmbedding(rotary_dim, int(cfg.get("max_position_embeddings", 2048)), cfg.rope,
+                                          interleaved=interleaved_rope)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, self.rotary, cos, sin)
+        return self.norm(x)
+
+
+class CausalLM(nn.Module):
+    """model + lm_head; subclasses build `self.model` and may add weight hooks."""
+
+    model: LlamaModel
+
+    def _init_head(self, cfg: ModelConfig) -> None:
+        hf = cfg.hf
+        self.tie_word_embeddings = bool(hf.get("tie_word_embeddings", False))
+        self.lm_head = nn.Linear(hf["hidden_size"], hf["vocab_size"], bias=False)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    def weight_hook(self, name: str, tensor: torch.Tensor) -> str | None:
+        return None
+
+    def ignore_weight(self, name: str) -> bool:
+        return self.tie_word_embeddings and name == "lm_head.weight"
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        derived = ["lm_head.weight"] if self.tie_word_embeddings else []
+        load_named_weights(self, weights, hook=self.weight_hook, ignore=self.ignore_weight, derived=derived)
+        for name, module in self.named_modules():
+            check = getattr(module, "check_fully_loaded", None)
+            if check is not None:
+                check(name)
+
+
+class LlamaForCausalLM(CausalLM):
+    qkv_bias_default = False
+    qk_norm = False
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        hf = cfg.hf
+        bias = bool(hf.get("attention_bias", False))
+        qkv_bias = bias or self.qkv_bias_default
+        o_bias = bias and not self.qkv_bias_default
+
+        def make_layer(i: int) -> nn.Module:
+            attn = LlamaAttention(cfg, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=self.qk_norm)
+            return LlamaDecoderLayer(cfg, attn, self.make_mlp(cfg, i))
+
+        self.model = LlamaModel(cfg, make_layer, rotary_dim=cfg.head_dim)
+        self._init_head(cfg)
+
+    def make_mlp(self, cfg: ModelConfig, layer_idx: int) -> nn.Module:
+        return LlamaMLP(cfg.hf["hidden_size"], cfg.hf["intermediate_size"], bias=bool(cfg.hf.get("mlp_bias", False)))
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    # Qwen2 always has q/k/v bias and never an o_proj bias, whatever attention_bias says.
+    qkv_bias_default = True
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    qk_norm = True

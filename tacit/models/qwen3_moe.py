@@ -1,0 +1,56 @@
+"""Qwen3-MoE: Qwen3 attention (q/k norm) with softmax top-k routed experts."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tacit.config import ModelConfig
+from tacit.layers.moe import FusedMoE, softmax_topk
+from tacit.models.llama import LlamaMLP, Qwen3ForCausalLM
+
+_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def load_expert_tensor(model: nn.Module, name: str, tensor: torch.Tensor) -> str | None:
+    """Route HF's per-expert tensors into the stacked FusedMoE parameters."""
+    m = _EXPERT.match(name)
+    if m is None:
+        return None
+    try:
+        experts: FusedMoE = model.get_submodule(m.group(1))
+    except AttributeError:
+        return None  # e.g. DeepSeek's MTP layer past num_hidden_layers: not part of this model
+    experts.load_expert_weight(int(m.group(2)), m.group(3), tensor)
+    return m.group(1) + (".w2" if m.group(3) == "down_proj" else ".w13")
+
+
+class Qwen3MoeSparseBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        hf = cfg.hf
+        self.top_k = int(hf["num_experts_per_tok"])
+        self.norm_topk_prob = bool(hf.get("norm_topk_prob", False))
+        self.gate = nn.Linear(hf["hidden_size"], hf["num_experts"], bias=False)
+        self.experts = FusedMoE(hf["num_experts"], hf["hidden_size"], hf["moe_intermediate_size"])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = softmax_topk(F.linear(x, self.gate.weight), self.top_k, self.norm_topk_prob)
+        return self.experts(x, weights.to(x.dtype), ids)
+
+
+class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
+    def make_mlp(self, cfg: ModelConfig, layer_idx: int) -> nn.Module:
+        hf = cfg.hf
+        sparse = (layer_idx not in (hf.get("mlp_only_layers") or [])
+                  and hf.get("num_experts", 0) > 0
+                  and (layer_idx + 1) % int(hf.get("decoder_sparse_step", 1)) == 0)
+        if sparse:
+            return Qwen3MoeSparseBlock(cfg)
+        return LlamaMLP(hf["hidden_size"], hf["intermediate_size"])
+
+    def weight_hook(self, name: str, tensor: torch.Tensor) -> str | None:
+        return load_expert_tensor(self, name, tensor)

@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+import torch
+
+from tacit.platforms.interface import Platform
+
+
+class CudaPlatform(Platform):
+    name = "cuda"
+    device_type = "cuda"
+    dist_backend = "nccl"
+
+    def is_available(self) -> bool:
+        return torch.cuda.is_available()
+
+    def free_memory_bytes(self) -> int:
+        free, _total = torch.cuda.mem_get_info()
+        return int(free)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()

@@ -1,0 +1,77 @@
+"""SamplingParams: how one request turns logits into tokens, validated where the user sets it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Below this a temperature is treated as greedy: dividing logits by ~0 overflows.
+_GREEDY_EPS = 1e-5
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    seed: int | None = None
+    logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    n: int = 1
+    skip_special_tokens: bool = True
+    # Filled in by the engine from the model's EOS ids; not a user field.
+    _eos_token_ids: frozenset[int] = field(default=frozenset(), repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self._validate()
+
+    def _validate(self) -> None:
+        def bad(name: str, value: object, valid: str) -> ValueError:
+            return ValueError(f"SamplingParams.{name}={value!r} is invalid: {valid}")
+
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise bad("temperature", self.temperature, "must be a number >= 0 (0 means greedy)")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", self.top_p, "must be in (0, 1]")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or (self.top_k < 1 and self.top_k not in (-1, 0)):
+            raise bad("top_k", self.top_k, "must be -1 or 0 (disabled) or an integer >= 1")
+        if not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", self.min_p, "must be in [0, 1]")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            raise bad("max_tokens", self.max_tokens, "must be an integer >= 1 or None")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise bad("min_tokens", self.min_tokens, "must be an integer >= 0")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
+            raise bad("logprobs", self.logprobs, "must be an integer in [0, 20] or None")
+        if not isinstance(self.n, int) or self.n < 1:
+            raise bad("n", self.n, "must be an integer >= 1")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
+                raise bad(name, v, "must be in [-2, 2]")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise bad("seed", self.seed, "must be an integer or None")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise bad("stop", self.stop, "must be a non-empty string or a list of non-empty strings")
+        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", self.stop_token_ids, "must be a list of token ids >= 0")
+        if self.top_k == 0:
+            self.top_k = -1
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+    @property
+    def needs_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0

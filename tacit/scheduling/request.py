@@ -1,0 +1,72 @@
+"""Request: one sequence's tokens and progress, in vLLM v1's model.
+
+There is no prefill phase: num_computed_tokens catches up with num_tokens, a chunk per step,
+and a request whose computed tokens reach num_tokens samples its next token.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+import torch
+
+from tacit.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+class Request:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 max_tokens: int, prompt: str | None = None, priority: int = 0,
+                 parent_id: str | None = None, index: int = 0, arrival_time: float | None = None) -> None:
+        self.request_id = request_id
+        self.parent_id = parent_id or request_id
+        self.index = index
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.max_tokens = max_tokens
+        self.priority = priority
+        self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.status = RequestStatus.WAITING
+        self.num_preemptions = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.output_text = ""
+        self.logprobs: list | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
+        # A per-request generator makes a seeded sample independent of what else is batched.
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            self.generator = torch.Generator().manual_seed(params.seed)
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def finish(self, reason: str, stop_reason: int | str | None = None) -> None:
+        self.status = RequestStatus.FINISHED
+        self.finish_reason, self.stop_reason = reason, stop_reason

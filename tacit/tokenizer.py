@@ -1,0 +1,81 @@
+"""Tokenizer: a `tokenizers` tokenizer plus the model's chat template and special ids."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value
+
+
+def _raise(message: str) -> None:
+    raise TemplateError(message)
+
+
+class Tokenizer:
+    def __init__(self, tokenizer: HFTokenizer, chat_template: str | None = None,
+                 bos_token: str | None = None, eos_token: str | None = None,
+                 add_bos_token: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.bos_token, self.eos_token = bos_token, eos_token
+        # Only for tokenizers whose post-processor does not add BOS itself (GGUF-built ones).
+        self.add_bos_token = add_bos_token
+        self.bos_token_id = tokenizer.token_to_id(bos_token) if bos_token else None
+        self.eos_token_id = tokenizer.token_to_id(eos_token) if eos_token else None
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.special_ids = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+        self._template = None
+        if chat_template:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
+            self._template = env.from_string(chat_template)
+
+    @classmethod
+    def from_hf_dir(cls, path: Path) -> "Tokenizer":
+        tok_file = path / "tokenizer.json"
+        if not tok_file.exists():
+            raise FileNotFoundError(f"{path}: no tokenizer.json (tacit reads the fast-tokenizer file; "
+                                    f"sentencepiece-only tokenizer.model is not supported yet)")
+        cfg: dict[str, Any] = {}
+        if (path / "tokenizer_config.json").exists():
+            cfg = json.loads((path / "tokenizer_config.json").read_text())
+        template = cfg.get("chat_template")
+        if isinstance(template, list):  # named templates: take "default"
+            template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
+        if (path / "chat_template.jinja").exists():
+            template = (path / "chat_template.jinja").read_text()
+        return cls(HFTokenizer.from_file(str(tok_file)), template,
+                   _token_text(cfg.get("bos_token")), _token_text(cfg.get("eos_token")))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
+            ids = [self.bos_token_id] + ids
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.tokenizer.id_to_token(token_id)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        if self._template is None:
+            raise ValueError("this model has no chat template; use generate() with a plain prompt")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
+            raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "")
