@@ -111,3 +111,67 @@ def build_hf_model(arch: str, path: Path, seed: int = 0, std: float = 0.15):
     model.save_pretrained(path)
     save_tokenizer(path, tok)
     return model, tok
+
+
+def write_gguf(model, tok, path: Path, arch: str = "llama") -> None:
+    """Write an HF llama-family model as GGUF the way llama.cpp's converter does (F32 tensors)."""
+    import gguf
+    import numpy as np
+
+    cfg = model.config
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    vocab = tok.get_vocab()
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    import json
+
+    merges = json.loads(tok.to_str())["model"]["merges"]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in merges]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in SPECIAL else 1 for t in tokens])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(vocab["<|im_end|>"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+    def permute(x: np.ndarray, heads: int) -> np.ndarray:
+        return x.reshape(heads, 2, x.shape[0] // heads // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down"}
+    for name, p in model.state_dict().items():
+        x = p.detach().float().numpy().copy()
+        if name == "model.embed_tokens.weight":
+            out = "token_embd.weight"
+        elif name == "model.norm.weight":
+            out = "output_norm.weight"
+        elif name == "lm_head.weight":
+            if cfg.tie_word_embeddings:
+                continue
+            out = "output.weight"
+        else:
+            parts = name.split(".")
+            layer, rest, kind = parts[2], ".".join(parts[3:-1]), parts[-1]
+            out = f"blk.{layer}.{names[rest]}.{kind}"
+            if arch == "llama" and rest == "self_attn.q_proj":
+                x = permute(x, cfg.num_attention_heads)
+            elif arch == "llama" and rest == "self_attn.k_proj":
+                x = permute(x, cfg.num_key_value_heads)
+        w.add_tensor(out, x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

@@ -89,7 +89,7 @@ class GGUFFile:
     def _unpermute(self, w: np.ndarray, heads: int) -> np.ndarray:
         # llama.cpp stores llama q/k rows interleaved for its rope kernel; undo it to HF's half split.
         shape = w.shape
-        return w.reshape(heads, 2, shape[0] // heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+        return w.reshape(heads, shape[0] // heads // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         from gguf.quants import dequantize
@@ -106,7 +106,7 @@ class GGUFFile:
             if self.arch == "llama" and (".attn_q." in t.name or ".attn_k." in t.name):
                 heads = cfg["num_attention_heads"] if ".attn_q." in t.name else cfg["num_key_value_heads"]
                 arr = self._unpermute(arr.reshape(arr.shape[0], -1), heads).reshape(arr.shape)
-            yield name, torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
+            yield name, torch.from_numpy(np.array(arr, dtype=np.float32))  # a copy: the file is mapped read-only
 
     def tokenizer(self) -> Tokenizer:
         from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers

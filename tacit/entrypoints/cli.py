@@ -1,0 +1,141 @@
+"""`tacit ...`: generate, chat, serve, fetch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="HF model directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", default="auto", help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--kv-cache-memory", type=int, default=None, help="bytes for the KV pool")
+    p.add_argument("--no-chunked-prefill", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    return dict(model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+                max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
+                enable_chunked_prefill=not args.no_chunked_prefill, seed=args.seed)
+
+
+def load_llm(args: argparse.Namespace):
+    from tacit import LLM
+
+    t0 = time.perf_counter()
+    print(f"tacit: loading {args.model or 'the default model (SmolLM2-135M-Instruct)'} ...", file=sys.stderr, flush=True)
+    llm = LLM(**engine_kwargs(args))
+    print(f"tacit: loaded {llm.engine.source.path.name} in {time.perf_counter() - t0:.1f}s "
+          f"({llm.engine.config.model.dtype}, {llm.engine.runner.num_blocks} KV blocks)", file=sys.stderr, flush=True)
+    return llm
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from tacit import SamplingParams
+
+    llm = load_llm(args)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed_sample)
+    for piece in llm.stream(args.prompt, params):
+        print(piece, end="", flush=True)
+    print()
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from tacit import SamplingParams
+
+    llm = load_llm(args)
+    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
+    history: list[dict] = []
+    if args.system:
+        history.append({"role": "system", "content": args.system})
+    interactive = sys.stdin.isatty()
+    while True:
+        if interactive:
+            try:
+                line = input("> ")
+            except (EOFError, KeyboardInterrupt):
+                print()
+                return 0
+        else:
+            line = sys.stdin.readline()
+            if not line:
+                return 0
+        line = line.strip()
+        if not line:
+            continue
+        history.append({"role": "user", "content": line})
+        reply = []
+        for piece in llm.stream(llm.chat_prompt_ids(history), params):
+            reply.append(piece)
+            print(piece, end="", flush=True)
+        print(flush=True)
+        history.append({"role": "assistant", "content": "".join(reply)})
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from tacit.loader.default_model import fetch_default_model
+
+    print(fetch_default_model())
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from tacit.entrypoints.openai.api_server import run_server
+
+    return run_server(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tacit", description="tacit: an LLM inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="complete one prompt, streaming the text")
+    add_engine_args(g)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--seed-sample", type=int, default=None, help="seed of the sampler for this request")
+    g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("chat", help="chat with the model's chat template; reads one turn per line when piped")
+    add_engine_args(c)
+    c.add_argument("--max-tokens", type=int, default=256)
+    c.add_argument("--temperature", type=float, default=0.0)
+    c.add_argument("--system", default=None, help="system prompt")
+    c.set_defaults(func=cmd_chat)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    add_engine_args(s)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=None)
+    s.add_argument("--max-waiting", type=int, default=256)
+    s.add_argument("--served-model-name", default=None)
+    s.set_defaults(func=cmd_serve)
+
+    f = sub.add_parser("fetch", help="fetch the embedded default model into the cache")
+    f.set_defaults(func=cmd_fetch)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"tacit: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
