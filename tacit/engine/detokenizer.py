@@ -36,3 +36,10 @@ class IncrementalDetokenizer:
             self.read_offset -= self.prefix_offset
             self.prefix_offset = 0
         return full[len(prefix):]
+
+    def flush(self) -> str:
+        """At the end of a sequence, whatever was held back (bytes that never completed a character)."""
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset], self.skip)
+        full = self.tokenizer.decode(self.ids[self.prefix_offset:], self.skip)
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return full[len(prefix):]

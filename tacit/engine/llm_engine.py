@@ -154,27 +154,31 @@ class LLMEngine:
             entry.setdefault(token, Logprob(chosen_lp, rank, self.tokenizer.decode([token], False)))
             req.logprobs.append(entry)
             req.cumulative_logprob += chosen_lp
-        delta = self._detok[req.request_id].step(token)
+        detok = self._detok[req.request_id]
+        delta = detok.step(token)
         req.output_text += delta
+        if p.stop and delta:
+            longest = max(len(s) for s in p.stop)
+            window_start = max(0, len(req.output_text) - len(delta) - longest + 1)
+            for s in p.stop:
+                at = req.output_text.find(s, window_start)
+                if at != -1 and len(req.output_token_ids) >= p.min_tokens:
+                    req.output_text = req.output_text[:at]
+                    req.finish("stop", s)
+                    return
+        reason, stop_reason = self._finish_reason(req, token)
+        if reason is not None:
+            req.output_text += detok.flush()
+            req.finish(reason, stop_reason)
+
+    def _finish_reason(self, req: Request, token: int) -> tuple[str | None, int | None]:
+        p = req.params
         n_out = len(req.output_token_ids)
-        if n_out >= p.min_tokens:
-            if not p.ignore_eos and token in self.eos_token_ids:
-                req.finish("stop", token)
-                return
-            if token in p.stop_token_ids:
-                req.finish("stop", token)
-                return
-            if p.stop and delta:
-                longest = max(len(s) for s in p.stop)
-                window_start = max(0, len(req.output_text) - len(delta) - longest + 1)
-                for s in p.stop:
-                    at = req.output_text.find(s, window_start)
-                    if at != -1:
-                        req.output_text = req.output_text[:at]
-                        req.finish("stop", s)
-                        return
+        if n_out >= p.min_tokens and ((not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids):
+            return "stop", token
         if n_out >= req.max_tokens:
-            req.finish("length")
+            return "length", None
+        return None, None
 
     def _output(self, parent: str) -> RequestOutput:
         children = self._children[parent]

@@ -1,0 +1,76 @@
+import numpy as np
+import pytest
+
+from tacit import LLM, SamplingParams
+from tacit.loader.default_model import default_model_path
+from tiny_models import write_gguf
+
+
+@pytest.fixture(scope="module")
+def gguf_pair(tiny_model_factory, tmp_path_factory):
+    model, tok, path = tiny_model_factory("llama")
+    gguf_path = tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf"
+    write_gguf(model, tok, gguf_path)
+    return path, gguf_path
+
+
+def test_gguf_matches_hf_directory(gguf_pair):
+    hf_dir, gguf_path = gguf_pair
+    prompts = ["Paris is the capital of", "Grüße aus München 🙂", [5, 9, 11, 3, 200]]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    a = LLM(str(hf_dir), dtype="float32").generate(prompts, params)
+    b = LLM(str(gguf_path), dtype="float32").generate(prompts, params)
+    for x, y in zip(a, b):
+        assert x.prompt_token_ids == y.prompt_token_ids  # the tokenizer rebuilt from GGUF metadata agrees
+        assert x.outputs[0].token_ids == y.outputs[0].token_ids
+        assert x.outputs[0].text == y.outputs[0].text
+
+
+def test_gguf_chat_template_and_eos(gguf_pair):
+    _, gguf_path = gguf_pair
+    llm = LLM(str(gguf_path), dtype="float32")
+    ids = llm.chat_prompt_ids([{"role": "user", "content": "hi"}])
+    tok = llm.get_tokenizer()
+    assert tok.decode(ids, skip_special_tokens=False) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.encode("<|im_end|>", add_special_tokens=False) == [tok.eos_token_id]
+    assert llm.engine.eos_token_ids == {tok.eos_token_id}
+
+
+def test_quantized_tensor_dequantizes_close(tmp_path):
+    import gguf
+    from gguf.quants import quantize
+
+    from tacit.loader.gguf_file import GGUFFile
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 128)).astype(np.float32)
+    writer = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "llama")
+    for key, val in [("block_count", 1), ("embedding_length", 128), ("feed_forward_length", 64),
+                     ("attention.head_count", 2), ("context_length", 64)]:
+        writer.add_uint32(f"llama.{key}", val)
+    writer.add_token_list(["a"] * 64)
+    q = quantize(w, gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor("blk.0.ffn_gate.weight", q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    writer.write_header_to_file(); writer.write_kv_data_to_file(); writer.write_tensors_to_file(); writer.close()
+    (name, tensor), = list(GGUFFile(tmp_path / "q.gguf").tensors())
+    assert name == "model.layers.0.mlp.gate_proj.weight"
+    assert tensor.shape == (64, 128)
+    assert np.abs(tensor.numpy() - w).max() < 0.02 * np.abs(w).max()
+
+
+def test_unknown_gguf_architecture_lists_supported(tmp_path):
+    import gguf
+
+    writer = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "mamba")
+    writer.write_header_to_file(); writer.write_kv_data_to_file(); writer.write_tensors_to_file(); writer.close()
+    with pytest.raises(ValueError, match="'mamba' is not supported; supported: llama, qwen2, qwen3"):
+        LLM(str(tmp_path / "x.gguf"))
+
+
+@pytest.mark.skipif(not default_model_path().exists(), reason="default model not fetched (run: tacit fetch)")
+def test_default_model_answers_a_factual_question():
+    llm = LLM(dtype="bfloat16")
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                   SamplingParams(temperature=0.0, max_tokens=24))
+    assert "Paris" in out[0].outputs[0].text
+    assert out[0].outputs[0].finish_reason == "stop"
