@@ -123,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--served-model-name", default=None)
     s.set_defaults(func=cmd_serve)
 
+    from tacit.bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
+
     f = sub.add_parser("fetch", help="fetch the embedded default model into the cache")
     f.set_defaults(func=cmd_fetch)
     return parser

@@ -1,0 +1,62 @@
+"""`tacit bench hw`: this machine's ceilings — memory bandwidth and matmul FLOP/s.
+
+Decode at small batch reads every weight once per step, so tok/s is bounded by
+bandwidth / weight bytes; the other benchmarks report their fraction of that roofline.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def _best_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up: first touch of pages, oneDNN kernel selection
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def memory_bandwidth(size_mb: int = 512, repeats: int = 5) -> float:
+    """Bytes/s of a large read+write copy: counts both directions, as STREAM's copy does."""
+    n = size_mb * (1 << 20) // 4
+    src = torch.ones(n, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    seconds = _best_seconds(lambda: dst.copy_(src), repeats)
+    return 2 * src.numel() * 4 / seconds
+
+
+def read_bandwidth(size_mb: int = 512, repeats: int = 5) -> float:
+    """Bytes/s of a pure streaming read (an fp32 sum; a bf16 sum is conversion-bound here)."""
+    n = size_mb * (1 << 20) // 4
+    src = torch.ones(n, dtype=torch.float32)
+    seconds = _best_seconds(lambda: src.sum(), repeats)
+    return n * 4 / seconds
+
+
+def gemv_bandwidth(n: int = 16384, repeats: int = 5) -> float:
+    """Bytes/s a bf16 matrix-vector product streams: the practical ceiling of batch-1 decode."""
+    w, x = torch.ones(n, n, dtype=torch.bfloat16), torch.ones(1, n, dtype=torch.bfloat16)
+    seconds = _best_seconds(lambda: torch.nn.functional.linear(x, w), repeats)
+    return n * n * 2 / seconds
+
+
+def matmul_flops(dtype: torch.dtype, n: int = 2048, repeats: int = 3) -> float:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    seconds = _best_seconds(lambda: a @ b, repeats)
+    return 2 * n ** 3 / seconds
+
+
+def measure() -> dict[str, float]:
+    return {
+        "threads": float(torch.get_num_threads()),
+        "read_GBps": read_bandwidth() / 1e9,
+        "copy_GBps": memory_bandwidth() / 1e9,
+        "bf16_gemv_GBps": gemv_bandwidth() / 1e9,
+        "bf16_matmul_TFLOPs": matmul_flops(torch.bfloat16) / 1e12,
+        "fp32_matmul_TFLOPs": matmul_flops(torch.float32) / 1e12,
+    }
