@@ -30,6 +30,11 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
 
+    @property
+    def decode_only(self) -> bool:
+        """Every request brings exactly one token: the flat batch already is the padded one."""
+        return self.max_query_len == 1
+
 
 _context: AttentionMetadata | None = None
 

@@ -22,11 +22,15 @@ def gather_padded(flat_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Te
 
 def pad_queries(x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """[T, ...] -> [R, Q, ...]."""
+    if meta.decode_only:
+        return x.unsqueeze(1)
     return x[meta.query_pad_index].view(meta.num_reqs, meta.max_query_len, *x.shape[1:])
 
 
 def unpad_queries(x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """[R, Q, ...] -> [T, ...]."""
+    if meta.decode_only:
+        return x.squeeze(1)
     return x.reshape(meta.num_reqs * meta.max_query_len, *x.shape[2:])[meta.query_unpad_index]
 
 

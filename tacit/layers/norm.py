@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -11,8 +12,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Statistics in float32 as the reference models do; bf16 variance loses ~3 digits.
-        dtype = x.dtype
+        if x.dtype == torch.float32:
+            # One fused kernel instead of HF's six elementwise ops (28 us against 46 us for a
+            # 576-wide row here; a SmolLM2 decode step runs 61 norms). Same math in float32.
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # bf16/fp16: HF's order exactly (statistics in float32, cast, then scale). The fused
+        # kernel rounds once instead of twice, and that 1-ulp drift was enough to turn the
+        # default Q4_1 SmolLM2's "Paris" into a wrong answer (tests/loader/test_gguf.py).
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)
+        return self.weight * xf.to(x.dtype)

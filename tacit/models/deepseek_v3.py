@@ -15,6 +15,7 @@ from torch import nn
 from tacit.config import ModelConfig
 from tacit.forward_context import get_attention_metadata
 from tacit.kernels.torch_attention import gather_padded, padded_sdpa
+from tacit.layers.linear import Linear
 from tacit.layers.moe import FusedMoE, grouped_sigmoid_topk
 from tacit.layers.norm import RMSNorm
 from tacit.layers.rotary import RotaryEmbedding, yarn_mscale
@@ -34,15 +35,15 @@ class MLAAttention(nn.Module):
         bias = bool(hf.get("attention_bias", False))
         eps = cfg.get("rms_norm_eps", 1e-6)
         if self.q_lora_rank is None:
-            self.q_proj = nn.Linear(hidden, self.num_heads * self.qk_head_dim, bias=False)
+            self.q_proj = Linear(hidden, self.num_heads * self.qk_head_dim, bias=False)
         else:
-            self.q_a_proj = nn.Linear(hidden, self.q_lora_rank, bias=bias)
+            self.q_a_proj = Linear(hidden, self.q_lora_rank, bias=bias)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank, eps)
-            self.q_b_proj = nn.Linear(self.q_lora_rank, self.num_heads * self.qk_head_dim, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(hidden, self.kv_lora_rank + self.rope_dim, bias=bias)
+            self.q_b_proj = Linear(self.q_lora_rank, self.num_heads * self.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = Linear(hidden, self.kv_lora_rank + self.rope_dim, bias=bias)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps)
-        self.kv_b_proj = nn.Linear(self.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False)
-        self.o_proj = nn.Linear(self.num_heads * self.v_dim, hidden, bias=bias)
+        self.kv_b_proj = Linear(self.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False)
+        self.o_proj = Linear(self.num_heads * self.v_dim, hidden, bias=bias)
         self.scale = self.qk_head_dim ** -0.5
         rope = cfg.rope
         if rope["rope_type"] != "default" and rope.get("mscale_all_dim"):
@@ -125,4 +126,4 @@ class DeepseekV3ForCausalLM(CausalLM):
         self._init_head(cfg)
 
     def weight_hook(self, name: str, tensor: torch.Tensor) -> str | None:
-        return load_expert_tensor(self, name, tensor)
+        return load_expert_tensor(self, name, tensor) or super().weight_hook(name, tensor)

@@ -13,6 +13,7 @@ from torch import nn
 
 from tacit.config import ModelConfig
 from tacit.layers.attention import Attention
+from tacit.layers.linear import Linear, MergedLinear
 from tacit.layers.norm import RMSNorm
 from tacit.layers.rotary import RotaryEmbedding
 from tacit.models.weights import load_named_weights
@@ -21,12 +22,13 @@ from tacit.models.weights import load_named_weights
 class LlamaMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate], ["gate_proj", "up_proj"], bias=bias)
+        self.down_proj = Linear(intermediate, hidden, bias=bias)
+        self.intermediate = intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class LlamaAttention(nn.Module):
@@ -34,10 +36,10 @@ class LlamaAttention(nn.Module):
         super().__init__()
         hidden = cfg.hf["hidden_size"]
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.hf["num_attention_heads"], cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=o_bias)
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = MergedLinear(hidden, [self.q_size, self.kv_size, self.kv_size],
+                                     ["q_proj", "k_proj", "v_proj"], bias=qkv_bias)
+        self.o_proj = Linear(self.num_heads * self.head_dim, hidden, bias=o_bias)
         self.qk_norm = qk_norm
         if qk_norm:
             eps = cfg.get("rms_norm_eps", 1e-6)
@@ -47,9 +49,10 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(q, k, cos, sin)
@@ -98,7 +101,7 @@ class CausalLM(nn.Module):
     def _init_head(self, cfg: ModelConfig) -> None:
         hf = cfg.hf
         self.tie_word_embeddings = bool(hf.get("tie_word_embeddings", False))
-        self.lm_head = nn.Linear(hf["hidden_size"], hf["vocab_size"], bias=False)
+        self.lm_head = Linear(hf["hidden_size"], hf["vocab_size"], bias=False)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -109,7 +112,21 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden)
 
     def weight_hook(self, name: str, tensor: torch.Tensor) -> str | None:
-        return None
+        """HF's separate q/k/v and gate/up tensors go into their slice of the merged layer."""
+        if not hasattr(self, "_shards"):
+            self._shards = {}
+            for mod_name, mod in self.named_modules():
+                if isinstance(mod, MergedLinear):
+                    parent = mod_name.rsplit(".", 1)[0]
+                    for shard in mod.shard_names:
+                        self._shards[f"{parent}.{shard}"] = (mod, shard, mod_name)
+        prefix, _, kind = name.rpartition(".")
+        hit = self._shards.get(prefix)
+        if hit is None:
+            return None
+        mod, shard, mod_name = hit
+        mod.load_shard(shard, kind, tensor)
+        return f"{mod_name}.{kind}"
 
     def ignore_weight(self, name: str) -> bool:
         return self.tie_word_embeddings and name == "lm_head.weight"

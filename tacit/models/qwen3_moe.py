@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tacit.config import ModelConfig
+from tacit.layers.linear import Linear
 from tacit.layers.moe import FusedMoE, softmax_topk
 from tacit.models.llama import LlamaMLP, Qwen3ForCausalLM
 
@@ -34,7 +35,7 @@ class Qwen3MoeSparseBlock(nn.Module):
         hf = cfg.hf
         self.top_k = int(hf["num_experts_per_tok"])
         self.norm_topk_prob = bool(hf.get("norm_topk_prob", False))
-        self.gate = nn.Linear(hf["hidden_size"], hf["num_experts"], bias=False)
+        self.gate = Linear(hf["hidden_size"], hf["num_experts"], bias=False)
         self.experts = FusedMoE(hf["num_experts"], hf["hidden_size"], hf["moe_intermediate_size"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -53,4 +54,4 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
         return LlamaMLP(hf["hidden_size"], hf["intermediate_size"])
 
     def weight_hook(self, name: str, tensor: torch.Tensor) -> str | None:
-        return load_expert_tensor(self, name, tensor)
+        return load_expert_tensor(self, name, tensor) or super().weight_hook(name, tensor)

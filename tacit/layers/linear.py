@@ -1,0 +1,60 @@
+"""Linear layers for the decode hot path.
+
+Batch-1 decode is a matrix-vector product per weight. On this CPU (oneDNN, 2 cores)
+`torch.mv` streams a [1536, 576] bf16 weight at ~52 GB/s where `F.linear` with one row
+manages ~28 GB/s (measured: scripts in docs/benchmarks.md), so one row takes the mv path.
+
+MergedLinear stacks several projections that read the same input (q/k/v, gate/up) into one
+weight: one GEMM launch instead of three, and a longer, more bandwidth-friendly row stream.
+Checkpoint tensors keep their HF names and land in their slice through load_shard.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if x.dim() == 2 and x.shape[0] == 1:
+        out = torch.mv(weight, x[0]).unsqueeze(0)
+        return out + bias if bias is not None else out
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+class MergedLinear(nn.Module):
+    def __init__(self, in_features: int, out_sizes: list[int], shard_names: list[str], bias: bool = False) -> None:
+        super().__init__()
+        self.out_sizes, self.shard_names = list(out_sizes), list(shard_names)
+        self.weight = nn.Parameter(torch.empty(sum(out_sizes), in_features))
+        self.bias = nn.Parameter(torch.empty(sum(out_sizes))) if bias else None
+        self._offsets = dict(zip(shard_names, [sum(out_sizes[:i]) for i in range(len(out_sizes))]))
+        self._sizes = dict(zip(shard_names, out_sizes))
+        self._loaded: set[tuple[str, str]] = set()
+
+    def load_shard(self, shard: str, kind: str, tensor: torch.Tensor) -> None:
+        param = self.weight if kind == "weight" else self.bias
+        if param is None:
+            raise ValueError(f"checkpoint has a {shard}.bias but the config says this layer has no bias")
+        start, size = self._offsets[shard], self._sizes[shard]
+        if tensor.shape[0] != size or tensor.shape[1:] != param.shape[1:]:
+            raise ValueError(f"checkpoint tensor {shard}.{kind} has shape {tuple(tensor.shape)}, "
+                             f"the model expects {(size, *param.shape[1:])}: config and weights disagree")
+        with torch.no_grad():
+            param[start:start + size].copy_(tensor)
+        self._loaded.add((shard, kind))
+
+    def check_fully_loaded(self, name: str) -> None:
+        kinds = ["weight"] + (["bias"] if self.bias is not None else [])
+        missing = [f"{s}.{k}" for s in self.shard_names for k in kinds if (s, k) not in self._loaded]
+        if missing:
+            raise ValueError(f"checkpoint is missing {', '.join(missing)} for {name}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
