@@ -3,14 +3,14 @@ import pytest
 
 from tacit import LLM, SamplingParams
 from tacit.loader.default_model import default_model_path
-from tiny_models import write_gguf
+from tacit.loader.gguf_writer import export_hf_to_gguf, reencode_gguf
 
 
 @pytest.fixture(scope="module")
 def gguf_pair(tiny_model_factory, tmp_path_factory):
     model, tok, path = tiny_model_factory("llama")
     gguf_path = tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf"
-    write_gguf(model, tok, gguf_path)
+    export_hf_to_gguf(path, gguf_path)
     return path, gguf_path
 
 
@@ -65,6 +65,16 @@ def test_unknown_gguf_architecture_lists_supported(tmp_path):
     writer.write_header_to_file(); writer.write_kv_data_to_file(); writer.write_tensors_to_file(); writer.close()
     with pytest.raises(ValueError, match="'mamba' is not supported; supported: llama, qwen2, qwen3"):
         LLM(str(tmp_path / "x.gguf"))
+
+
+def test_reencoded_gguf_keeps_tokens(gguf_pair, tmp_path):
+    _, gguf_path = gguf_pair
+    bf16 = reencode_gguf(gguf_path, tmp_path / "bf16.gguf", bf16=True)
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    a = LLM(str(gguf_path), dtype="bfloat16").generate(["Paris is the capital of"], params)[0]
+    b = LLM(str(bf16), dtype="bfloat16").generate(["Paris is the capital of"], params)[0]
+    assert a.prompt_token_ids == b.prompt_token_ids
+    assert a.outputs[0].token_ids == b.outputs[0].token_ids  # bf16 storage of bf16-run weights is lossless
 
 
 @pytest.mark.skipif(not default_model_path().exists(), reason="default model not fetched (run: tacit fetch)")

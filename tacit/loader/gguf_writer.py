@@ -1,0 +1,140 @@
+"""Write GGUF files: re-encode a GGUF at another precision, or convert an HF llama-family directory.
+
+Used to hand llama.cpp the very weights tacit runs (bf16, not the source's Q4_1) so that
+benchmark ratios compare engines, not quantizations.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+
+_HF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+_LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+          "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+          "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+          "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+
+
+def _permute(x: np.ndarray, heads: int) -> np.ndarray:
+    # llama.cpp's rope for arch "llama" wants q/k rows interleaved per head.
+    return x.reshape(heads, 2, x.shape[0] // heads // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+
+def _add_tensor(writer: Any, name: str, arr: np.ndarray, bf16: bool) -> None:
+    import gguf
+
+    if bf16 and arr.ndim == 2:
+        raw = gguf.quants.quantize(arr.astype(np.float32), gguf.GGMLQuantizationType.BF16)
+        writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
+    else:  # norms and biases stay float32, as llama.cpp's converter keeps them
+        writer.add_tensor(name, arr.astype(np.float32))
+
+
+def reencode_gguf(src: Path, dst: Path, bf16: bool = True) -> Path:
+    """Same metadata, every tensor dequantized (and stored as bf16 when 2-D)."""
+    import gguf
+    from gguf.quants import dequantize
+
+    reader = gguf.GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(dst), arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
+            continue
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
+    for t in reader.tensors:
+        arr = dequantize(t.data, t.tensor_type).reshape(tuple(int(d) for d in reversed(t.shape)))
+        _add_tensor(writer, t.name, arr, bf16)
+    _finish(writer)
+    return dst
+
+
+def export_hf_to_gguf(hf_dir: Path, dst: Path, bf16: bool = False) -> Path:
+    """An HF llama/qwen2/qwen3 directory with a byte-level BPE tokenizer.json -> GGUF."""
+    import gguf
+
+    from tacit.loader.hf import iter_safetensors, read_json
+    from tacit.tokenizer import Tokenizer
+
+    cfg = read_json(hf_dir / "config.json")
+    arch = _HF_ARCH.get((cfg.get("architectures") or [""])[0])
+    if arch is None:
+        raise ValueError(f"{hf_dir}: only {', '.join(_HF_ARCH)} export to GGUF")
+    heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    rope = cfg.get("rope_parameters") or {}
+    w = gguf.GGUFWriter(str(dst), arch)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg.get("max_position_embeddings", 2048))
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))))
+    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
+    w.add_vocab_size(cfg["vocab_size"])
+
+    tok = Tokenizer.from_hf_dir(hf_dir)
+    model = json.loads(tok.tokenizer.to_str())["model"]
+    if model.get("type") != "BPE":
+        raise ValueError(f"{hf_dir}: only byte-level BPE tokenizers export to GGUF")
+    vocab = tok.tokenizer.get_vocab(with_added_tokens=True)
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    tokens += [f"[PAD{i}]" for i in range(len(tokens), cfg["vocab_size"])]
+    specials = set(tok.special_ids)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in specials else 1 for t in tokens])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])])
+    if tok.eos_token_id is not None:
+        w.add_eos_token_id(tok.eos_token_id)
+    if tok.bos_token_id is not None:
+        w.add_bos_token_id(tok.bos_token_id)
+    w.add_add_bos_token(False)
+    if tok.chat_template:
+        w.add_chat_template(tok.chat_template)
+
+    for name, tensor in _hf_tensors(iter_safetensors(hf_dir), cfg):
+        x = tensor.float().numpy()
+        if name.startswith("blk."):
+            if arch == "llama" and ".attn_q." in name:
+                x = _permute(x, heads)
+            elif arch == "llama" and ".attn_k." in name:
+                x = _permute(x, kv_heads)
+        _add_tensor(w, name, x, bf16)
+    _finish(w)
+    return dst
+
+
+def _hf_tensors(items: Iterable[tuple[str, torch.Tensor]], cfg: dict) -> Iterable[tuple[str, torch.Tensor]]:
+    for name, tensor in items:
+        if name in _GLOBAL:
+            if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+                continue
+            yield _GLOBAL[name], tensor
+            continue
+        parts = name.split(".")
+        if len(parts) < 5 or parts[0] != "model" or parts[1] != "layers":
+            continue
+        inner = ".".join(parts[3:-1])
+        if inner in _LAYER:
+            yield f"blk.{parts[2]}.{_LAYER[inner]}.{parts[-1]}", tensor
+
+
+def _finish(writer: Any) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
