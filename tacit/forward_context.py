@@ -18,14 +18,14 @@ import torch
 class AttentionMetadata:
     """Where each token of a flat mixed batch (prefill chunks and decodes) reads and writes KV.
 
-    Shapes: T flat tokens, R requests, Q = longest query in the step, L = longest context.
+    Shapes: T flat tokens, R requests, Q = longest query in the step, B = most blocks of any request.
     """
 
     slot_mapping: torch.Tensor  # [T] cache slot each new token writes
     query_pad_index: torch.Tensor  # [R*Q] flat token index for each padded query slot
     query_unpad_index: torch.Tensor  # [T] padded slot of each flat token
-    kv_gather_index: torch.Tensor  # [R, L] cache slot of each context position
-    attn_mask: torch.Tensor  # [R, 1, Q, L] True where a query may attend
+    block_tables: torch.Tensor  # [R, B] each request's cache blocks, padded with block 0
+    attn_mask: torch.Tensor  # [R, 1, Q, B*block_size] True where a query may attend
     num_reqs: int
     max_query_len: int
     max_seq_len: int

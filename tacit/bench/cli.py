@@ -5,6 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+
+from tacit.bench.workloads import DISTRIBUTIONS
+
+
+PEERS = ["transformers", "llama.cpp"]
 
 
 def add_bench_parser(sub) -> None:
@@ -20,8 +26,23 @@ def add_bench_parser(sub) -> None:
     lat.add_argument("--batch-sizes", default="1,4,16")
     lat.add_argument("--input-len", type=int, default=128)
     lat.add_argument("--output-len", type=int, default=64)
+    lat.add_argument("--peer", action="append", default=[], choices=PEERS, help="measure a peer in the same run")
+    lat.add_argument("--repeats", type=int, default=2)
     lat.add_argument("--json", default=None)
+    lat.add_argument("--plot", default=None, help="PNG: decode tok/s against batch size")
     lat.set_defaults(func=cmd_latency)
+    tp = bsub.add_parser("throughput", help="offline throughput over N requests")
+    add_engine_args(tp)
+    tp.add_argument("--num-prompts", type=int, default=256)
+    tp.add_argument("--dist", default="longtail", choices=DISTRIBUTIONS)
+    tp.add_argument("--input-len", type=int, default=128, help="median (longtail) or mean input length")
+    tp.add_argument("--output-len", type=int, default=64)
+    tp.add_argument("--peer", action="append", default=[], choices=PEERS + ["transformers-cb"])
+    tp.add_argument("--static-batch", type=int, default=16, help="transformers generate() batch size")
+    tp.add_argument("--repeats", type=int, default=1)
+    tp.add_argument("--json", default=None)
+    tp.add_argument("--plot", default=None, help="PNG: output tok/s per engine")
+    tp.set_defaults(func=cmd_throughput)
 
 
 def _table(rows: list[dict]) -> str:
@@ -43,23 +64,104 @@ def cmd_hw(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_latency(args: argparse.Namespace) -> int:
-    from tacit.bench import latency
-    from tacit.bench.hw import read_bandwidth
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _setup(args: argparse.Namespace, peers: list[str]):
+    """tacit's engine plus the peers, all on the same weights and dtype."""
+    import torch
+
+    from tacit.bench.peers.tacit_engine import TacitBench
+    from tacit.bench.random_model import resolve_bench_model
     from tacit.engine.llm_engine import LLMEngine
     from tacit.entrypoints.cli import engine_kwargs
 
     kwargs = engine_kwargs(args)
-    if args.dtype == "auto":
-        kwargs["dtype"] = "bfloat16"
-    print("measuring read bandwidth ...", file=sys.stderr)
-    bw = read_bandwidth() / 1e9
+    kwargs["model"] = resolve_bench_model(args.model)
+    kwargs["dtype"] = "bfloat16" if args.dtype == "auto" else args.dtype  # bf16 is this CPU's fast path
     engine = LLMEngine(**kwargs)
-    sizes = [int(x) for x in args.batch_sizes.split(",")]
-    rows = latency.run(engine, sizes, args.input_len, args.output_len, bw)
-    print(f"model {engine.source.path.name}, {engine.config.model.dtype}, weights "
-          f"{latency.weight_bytes(engine.model) / 1e6:.0f} MB, read bandwidth {bw:.1f} GB/s")
-    print(_table(rows))
+    path, dtype = engine.source.path, engine.config.model.dtype
+    engines = [TacitBench(engine)]
+    for peer in peers:
+        _log(f"loading peer {peer} ...")
+        if peer in ("transformers", "transformers-cb"):
+            from tacit.bench.peers.transformers_peer import TransformersBench, TransformersContinuousBench
+
+            cls = TransformersBench if peer == "transformers" else TransformersContinuousBench
+            engines.append(cls(path, dtype, getattr(args, "static_batch", 16)))
+        elif peer == "llama.cpp":
+            from tacit.bench.peers.llamacpp_peer import LlamaCppBench
+
+            engines.append(LlamaCppBench(_gguf_for_llamacpp(path, dtype), engine.max_model_len))
+    torch.manual_seed(0)
+    return engine, engines
+
+
+def _gguf_for_llamacpp(path: Path, dtype) -> Path:
+    """The weights tacit runs, as a GGUF in tacit's dtype (a Q4_1 source would read 4x fewer bytes)."""
+    import torch
+
+    from tacit.loader.default_model import cache_dir
+    from tacit.loader.gguf_writer import export_hf_to_gguf, reencode_gguf
+
+    bf16 = dtype == torch.bfloat16
+    out = cache_dir() / f"{path.stem if path.is_file() else path.name}.{'bf16' if bf16 else 'f32'}.gguf"
+    if not out.exists():
+        _log(f"writing {out} for llama.cpp ...")
+        tmp = out.with_suffix(".partial")
+        (reencode_gguf(path, tmp, bf16) if path.is_file() else export_hf_to_gguf(path, tmp, bf16)).rename(out)
+    return out
+
+
+def _write(args, payload: dict) -> None:
     if args.json:
-        json.dump({"read_GBps": bw, "rows": rows}, open(args.json, "w"), indent=2)
+        Path(args.json).write_text(json.dumps(payload, indent=2))
+        _log(f"wrote {args.json}")
+
+
+def _print_ratios(r: dict[str, float]) -> None:
+    for k, v in r.items():
+        print(f"  {k}: {v:.2f}x")
+
+
+def cmd_latency(args: argparse.Namespace) -> int:
+    from tacit.bench import latency
+    from tacit.bench.hw import read_bandwidth
+
+    _log("measuring read bandwidth ...")
+    bw = read_bandwidth() / 1e9
+    engine, engines = _setup(args, args.peer)
+    wbytes = latency.weight_bytes(engine.model)
+    sizes = [int(x) for x in args.batch_sizes.split(",")]
+    rows = latency.run(engines, sizes, args.input_len, args.output_len, engine.config.model.hf["vocab_size"],
+                       wbytes, bw, repeats=args.repeats, progress=_log)
+    print(f"model {engine.source.path.name}, {engine.config.model.dtype}, weights {wbytes / 1e6:.0f} MB, "
+          f"read bandwidth {bw:.1f} GB/s, input {args.input_len}, output {args.output_len}")
+    print(_table(rows))
+    r = latency.ratios(rows, "decode_tok_s", "batch_size")
+    _print_ratios(r)
+    _write(args, {"read_GBps": bw, "weight_bytes": wbytes, "rows": rows, "ratios": r})
+    if args.plot:
+        from tacit.bench.plot import plot_lines
+
+        plot_lines(rows, "batch_size", "decode_tok_s", args.plot, "decode tok/s by batch size")
+    return 0
+
+
+def cmd_throughput(args: argparse.Namespace) -> int:
+    from tacit.bench import throughput
+
+    engine, engines = _setup(args, args.peer)
+    rows = throughput.run(engines, args.num_prompts, args.dist, args.input_len, args.output_len,
+                          engine.config.model.hf["vocab_size"], engine.max_model_len, args.repeats, progress=_log)
+    print(f"model {engine.source.path.name}, {engine.config.model.dtype}, {args.num_prompts} requests, {args.dist}")
+    print(_table(rows))
+    r = {f"tacit/{row['engine']}": rows[0]["output_tok_s"] / row["output_tok_s"] for row in rows[1:]}
+    _print_ratios(r)
+    _write(args, {"rows": rows, "ratios": r})
+    if args.plot:
+        from tacit.bench.plot import plot_bars
+
+        plot_bars(rows, "output_tok_s", args.plot, f"output tok/s, {args.num_prompts} {args.dist} requests")
     return 0

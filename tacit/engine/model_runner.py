@@ -76,8 +76,7 @@ class ModelRunner:
         q_off = np.minimum(np.arange(max_q)[None, :], num_new[:, None] - 1)
         query_pad_index = (starts[:-1, None] + q_off).reshape(-1)
         query_unpad_index = req_of_token * max_q + offset_in_query
-        key_pos = np.arange(max_len)
-        kv_gather = tables[:, key_pos // bs] * bs + key_pos % bs
+        key_pos = np.arange(max_blocks * bs)
         q_pos = computed[:, None] + q_off
         mask = key_pos[None, None, :] <= q_pos[:, :, None]
 
@@ -86,7 +85,7 @@ class ModelRunner:
             slot_mapping=torch.from_numpy(slot_mapping).to(dev),
             query_pad_index=torch.from_numpy(query_pad_index).to(dev),
             query_unpad_index=torch.from_numpy(query_unpad_index).to(dev),
-            kv_gather_index=torch.from_numpy(kv_gather).to(dev),
+            block_tables=torch.from_numpy(tables).to(dev),
             attn_mask=torch.from_numpy(mask).to(dev)[:, None],
             num_reqs=num_reqs, max_query_len=max_q, max_seq_len=max_len,
         )

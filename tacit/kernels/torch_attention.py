@@ -1,9 +1,10 @@
 """Plain-torch paged attention: the reference every faster backend is checked against.
 
-It gathers each request's context out of the block pool into a padded [R, L] batch and runs
-one SDPA call with a causal/length mask, so a step costs one kernel launch per layer however
-many requests it holds. The gather copies the whole context each step; a decode kernel that
-reads blocks in place is the later optimization.
+It gathers each request's blocks out of the pool into a padded [R, B*block_size] batch and
+runs one SDPA call with a causal/length mask, so a step costs one kernel launch per layer
+however many requests it holds. Gathering whole blocks (16 rows, 6 KB each for SmolLM2's
+K) instead of single slots turns L small copies into L/16 large ones. It still copies the
+whole context each step; a decode kernel that reads blocks in place is the later step.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from tacit.forward_context import AttentionMetadata
 from tacit.kernels.attention_backend import AttentionBackend
 
 
-def gather_padded(flat_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-    """[slots, ...] -> [R, L, ...]: each request's context positions in order."""
-    return flat_cache[meta.kv_gather_index]
+def gather_blocks(cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """[blocks, block_size, ...] -> [R, B*block_size, ...]: each request's context in order."""
+    return cache[meta.block_tables].flatten(1, 2)
 
 
 def pad_queries(x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -51,7 +52,6 @@ class TorchAttentionBackend(AttentionBackend):
         flat[1].index_copy_(0, meta.slot_mapping, value.to(kv_cache.dtype))
 
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        flat = kv_cache.view(2, -1, *kv_cache.shape[3:])
-        k = gather_padded(flat[0], meta).to(query.dtype)
-        v = gather_padded(flat[1], meta).to(query.dtype)
+        k = gather_blocks(kv_cache[0], meta).to(query.dtype)
+        v = gather_blocks(kv_cache[1], meta).to(query.dtype)
         return padded_sdpa(query, k, v, meta, scale)

@@ -14,7 +14,7 @@ from torch import nn
 
 from tacit.config import ModelConfig
 from tacit.forward_context import get_attention_metadata
-from tacit.kernels.torch_attention import gather_padded, padded_sdpa
+from tacit.kernels.torch_attention import gather_blocks, padded_sdpa
 from tacit.layers.linear import Linear
 from tacit.layers.moe import FusedMoE, grouped_sigmoid_topk
 from tacit.layers.norm import RMSNorm
@@ -68,7 +68,7 @@ class MLAAttention(nn.Module):
 
         flat = self.kv_cache.view(-1, self.kv_cache.shape[-1])
         flat.index_copy_(0, meta.slot_mapping, torch.cat([latent, k_pe[:, 0]], dim=-1).to(flat.dtype))
-        ctx = gather_padded(flat, meta).to(x.dtype)  # [R, L, C + rope]
+        ctx = gather_blocks(self.kv_cache, meta).to(x.dtype)  # [R, L, C + rope]
         ctx_latent, ctx_pe = ctx.split([self.kv_lora_rank, self.rope_dim], dim=-1)
         r, length = ctx.shape[:2]
         kv = self.kv_b_proj(ctx_latent).view(r, length, h, self.nope_dim + self.v_dim)

@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+import time
+
+from tacit.bench.peers.base import BenchEngine, throughput_result
+from tacit.sampling_params import SamplingParams
+
+
+class TacitBench(BenchEngine):
+    name = "tacit"
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+
+    def _run(self, requests: list[tuple[list[int], int]]) -> tuple[float, float]:
+        """(seconds to the last request's first token, total seconds)."""
+        e = self.engine
+        t0 = time.perf_counter()
+        for prompt, n in requests:
+            e.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+        seen: set[str] = set()
+        t_first = None
+        while e.has_unfinished_requests():
+            for out in e.step():
+                if out.request_id not in seen:
+                    seen.add(out.request_id)
+                    if len(seen) == len(requests):
+                        t_first = time.perf_counter()
+        return t_first - t0, time.perf_counter() - t0
+
+    def latency(self, prompts: list[list[int]], output_len: int) -> dict[str, float]:
+        ttft, total = self._run([(p, output_len) for p in prompts])
+        return {"ttft_s": ttft, "decode_tok_s": len(prompts) * (output_len - 1) / (total - ttft)}
+
+    def throughput(self, requests: list[tuple[list[int], int]]) -> dict[str, float]:
+        _, total = self._run(requests)
+        return throughput_result(total, requests)

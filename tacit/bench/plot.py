@@ -1,0 +1,45 @@
+"""--plot output (matplotlib is a bench extra, imported only when a plot is asked for)."""
+
+from __future__ import annotations
+
+
+def _plt():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("--plot needs matplotlib: pip install -e '.[bench]'") from None
+    return plt
+
+
+def plot_lines(rows: list[dict], x: str, y: str, path: str, title: str) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in dict.fromkeys(r["engine"] for r in rows):
+        pts = [(r[x], r[y]) for r in rows if r["engine"] == name]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax.set_xlabel(x), ax.set_ylabel(y), ax.set_title(title), ax.legend(), ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_bars(rows: list[dict], y: str, path: str, title: str) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar([r["engine"] for r in rows], [r[y] for r in rows])
+    ax.set_ylabel(y), ax.set_title(title), ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_cdf(series: dict[str, list[float]], xlabel: str, path: str, title: str) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, values in series.items():
+        v = sorted(values)
+        ax.plot(v, [(i + 1) / len(v) for i in range(len(v))], label=name)
+    ax.set_xlabel(xlabel), ax.set_ylabel("fraction of requests"), ax.set_title(title), ax.legend(), ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
