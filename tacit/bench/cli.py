@@ -43,6 +43,22 @@ def add_bench_parser(sub) -> None:
     tp.add_argument("--json", default=None)
     tp.add_argument("--plot", default=None, help="PNG: output tok/s per engine")
     tp.set_defaults(func=cmd_throughput)
+    sv = bsub.add_parser("serve", help="load an OpenAI-compatible server (tacit's or any other)")
+    sv.add_argument("--url", default="http://127.0.0.1:8000")
+    sv.add_argument("--model", default=None, help="model name to send (default: the server's first /v1/models)")
+    sv.add_argument("--api-key", default=None)
+    sv.add_argument("--num-prompts", type=int, default=64)
+    sv.add_argument("--dist", default="longtail", choices=DISTRIBUTIONS)
+    sv.add_argument("--input-len", type=int, default=128)
+    sv.add_argument("--output-len", type=int, default=64)
+    sv.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (inf: all at once)")
+    sv.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals; 1 = Poisson")
+    sv.add_argument("--max-concurrency", type=int, default=None)
+    sv.add_argument("--slo", default=None, help="goodput bounds, e.g. ttft:500,tpot:50 (ms)")
+    sv.add_argument("--seed", type=int, default=0)
+    sv.add_argument("--json", default=None)
+    sv.add_argument("--plot", default=None, help="PNG: end-to-end latency CDF")
+    sv.set_defaults(func=cmd_serve)
 
 
 def _table(rows: list[dict]) -> str:
@@ -165,3 +181,35 @@ def cmd_throughput(args: argparse.Namespace) -> int:
 
         plot_bars(rows, "output_tok_s", args.plot, f"output tok/s, {args.num_prompts} {args.dist} requests")
     return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import httpx
+
+    from tacit.bench import serve
+
+    slo = serve.parse_slo(args.slo)
+    model = args.model
+    if model is None:
+        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        try:
+            model = httpx.get(f"{args.url.rstrip('/')}/v1/models", headers=headers, timeout=10).json()["data"][0]["id"]
+        except Exception as e:
+            raise ValueError(f"could not read {args.url}/v1/models to pick a model name ({e}); pass --model") from None
+    _log(f"{args.num_prompts} requests to {args.url} (model {model}), rate {args.request_rate}, "
+         f"max concurrency {args.max_concurrency}")
+    res = serve.run(args.url, model, args.num_prompts, args.dist, args.input_len, args.output_len,
+                    args.request_rate, args.burstiness, args.max_concurrency, slo, args.api_key, args.seed)
+    e2e = res.pop("_e2e_values")
+    print(f"completed {res['completed']}  failed {res['failed']}  duration {res['duration_s']:.1f}s  "
+          f"req/s {res['request_throughput']:.2f}  output tok/s {res['output_tok_s']:.1f}"
+          + (f"  goodput req/s {res['goodput_req_s']:.2f}" if res["goodput_req_s"] is not None else ""))
+    print(_table([{"metric": k.removesuffix("_ms"), **res[k]} for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")]))
+    for err in res["errors"]:
+        print(f"  error: {err}")
+    _write(args, res)
+    if args.plot:
+        from tacit.bench.plot import plot_cdf
+
+        plot_cdf({model: [x * 1000 for x in e2e]}, "end-to-end latency (ms)", args.plot, "latency CDF")
+    return 0 if res["completed"] else 1

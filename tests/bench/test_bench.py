@@ -1,0 +1,60 @@
+"""The benchmark's plumbing (not its speed): workloads, SLO parsing, ratios, the CLI end to end."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tacit.bench.latency import ratios
+from tacit.bench.serve import parse_slo
+from tacit.bench.workloads import sample_lengths
+
+
+def test_workloads_are_seeded_and_shaped():
+    a = sample_lengths("longtail", 500, 100, 50, seed=3)
+    assert a == sample_lengths("longtail", 500, 100, 50, seed=3)
+    ins = sorted(i for i, _ in a)
+    assert ins[len(ins) // 2] < 200 and ins[-1] > 400  # median near 100, a long tail
+    assert sample_lengths("fixed", 3, 7, 5) == [(7, 5)] * 3
+    assert all(i + o <= 64 for i, o in sample_lengths("longtail", 200, 100, 50, max_total=64))
+    with pytest.raises(ValueError, match="valid: fixed, uniform, longtail"):
+        sample_lengths("zipf", 3, 1, 1)
+
+
+def test_slo_parsing():
+    assert parse_slo("ttft:500,tpot:50") == {"ttft": 0.5, "tpot": 0.05}
+    with pytest.raises(ValueError, match="--slo part 'latency:5' is invalid"):
+        parse_slo("latency:5")
+
+
+def test_ratios_pair_by_pair():
+    rows = [{"engine": "tacit", "batch_size": 1, "v": 30.0}, {"engine": "peer", "batch_size": 1, "v": 10.0},
+            {"engine": "peer", "batch_size": 4, "v": 10.0}]
+    assert ratios(rows, "v", "batch_size") == {"tacit/peer@batch_size=1": 3.0}
+
+
+def test_bench_latency_cli_with_transformers_peer(tiny_llama, tmp_path):
+    out = tmp_path / "lat.json"
+    r = subprocess.run([sys.executable, "-m", "tacit.entrypoints.cli", "bench", "latency", "--model", str(tiny_llama[2]),
+                        "--dtype", "float32", "--batch-sizes", "1,2", "--input-len", "8", "--output-len", "4",
+                        "--repeats", "1", "--peer", "transformers", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert {(row["engine"], row["batch_size"]) for row in data["rows"]} == {
+        ("tacit", 1), ("tacit", 2), ("transformers", 1), ("transformers", 2)}
+    assert set(data["ratios"]) == {"tacit/transformers@batch_size=1", "tacit/transformers@batch_size=2"}
+    assert all(row["decode_tok_s"] > 0 for row in data["rows"])
+
+
+def test_bench_throughput_cli(tiny_llama, tmp_path):
+    out = tmp_path / "tp.json"
+    r = subprocess.run([sys.executable, "-m", "tacit.entrypoints.cli", "bench", "throughput", "--model",
+                        str(tiny_llama[2]), "--dtype", "float32", "--num-prompts", "12", "--input-len", "16",
+                        "--output-len", "4", "--peer", "transformers", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert [row["engine"] for row in data["rows"]] == ["tacit", "transformers"]
+    assert "tacit/transformers" in data["ratios"]
