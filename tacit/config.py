@@ -105,8 +105,13 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     enable_chunked_prefill: bool = True
+    policy: str = "fcfs"
 
     def __post_init__(self) -> None:
+        from tacit.scheduling.policy import POLICIES
+
+        if self.policy not in POLICIES:
+            raise ValueError(f"scheduling_policy={self.policy!r} is not known; valid: {', '.join(POLICIES)}")
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:

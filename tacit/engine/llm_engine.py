@@ -20,6 +20,7 @@ from tacit.models.build import build_model
 from tacit.outputs import CompletionOutput, Logprob, RequestOutput
 from tacit.platforms import get_platform
 from tacit.sampling_params import SamplingParams
+from tacit.scheduling.policy import get_policy
 from tacit.scheduling.request import Request
 from tacit.scheduling.scheduler import Scheduler, SchedulerOutput
 from tacit.tokenizer import Tokenizer
@@ -29,7 +30,8 @@ class LLMEngine:
     def __init__(self, model: str | None = None, dtype: str = "auto", max_model_len: int | None = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, block_size: int = 16,
                  num_kv_blocks: int | None = None, kv_cache_memory: int | None = None,
-                 enable_chunked_prefill: bool = True, seed: int = 0, device: str = "auto") -> None:
+                 enable_chunked_prefill: bool = True, seed: int = 0, device: str = "auto",
+                 scheduling_policy: str = "fcfs") -> None:
         platform = get_platform(device)
         self.platform = platform
         source: ModelSource = open_model(model)
@@ -41,7 +43,7 @@ class LLMEngine:
             model=model_cfg,
             cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks, kv_cache_memory=kv_cache_memory),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                      enable_chunked_prefill=enable_chunked_prefill),
+                                      enable_chunked_prefill=enable_chunked_prefill, policy=scheduling_policy),
             device=platform.name, seed=seed)
         torch.manual_seed(seed)
         self.tokenizer: Tokenizer = source.tokenizer
@@ -49,7 +51,8 @@ class LLMEngine:
         self.model = build_model(model_cfg, source.weights(), self.device)
         self.runner = ModelRunner(self.config, self.model, self.device, platform.free_memory_bytes())
         self.kv = KVCacheManager(self.runner.num_blocks, block_size)
-        self.scheduler = Scheduler(self.config.scheduler, self.kv, model_cfg.max_model_len)
+        self.scheduler = Scheduler(self.config.scheduler, self.kv, model_cfg.max_model_len,
+                                   get_policy(scheduling_policy))
         self.max_model_len = model_cfg.max_model_len
         self.eos_token_ids = frozenset(model_cfg.eos_token_ids)
         self._children: dict[str, list[Request]] = {}
@@ -89,6 +92,8 @@ class LLMEngine:
             raise ValueError(f"prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) needs {need} KV slots, "
                              f"more than the whole KV pool holds ({self.kv.capacity_tokens}); "
                              f"lower max_tokens or raise num_kv_blocks / kv_cache_memory")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority={priority!r} is invalid: must be an integer (lower runs first)")
         parent = request_id if request_id is not None else f"req-{next(self._ids)}"
         if parent in self._children:
             raise ValueError(f"request_id {parent!r} is already in use")

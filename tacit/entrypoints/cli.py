@@ -19,13 +19,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-memory", type=int, default=None, help="bytes for the KV pool")
     p.add_argument("--no-chunked-prefill", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scheduling-policy", default="fcfs", help="fcfs | priority")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
     return dict(model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                 max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                 block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
-                enable_chunked_prefill=not args.no_chunked_prefill, seed=args.seed)
+                enable_chunked_prefill=not args.no_chunked_prefill, seed=args.seed,
+                scheduling_policy=args.scheduling_policy)
 
 
 def load_llm(args: argparse.Namespace):

@@ -15,17 +15,20 @@ class LLM:
     def __init__(self, model: str | None = None, dtype: str = "auto", max_model_len: int | None = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, block_size: int = 16,
                  num_kv_blocks: int | None = None, kv_cache_memory: int | None = None,
-                 enable_chunked_prefill: bool = True, seed: int = 0, device: str = "auto") -> None:
+                 enable_chunked_prefill: bool = True, seed: int = 0, device: str = "auto",
+                 scheduling_policy: str = "fcfs") -> None:
         self.engine = LLMEngine(model=model, dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
                                 num_kv_blocks=num_kv_blocks, kv_cache_memory=kv_cache_memory,
-                                enable_chunked_prefill=enable_chunked_prefill, seed=seed, device=device)
+                                enable_chunked_prefill=enable_chunked_prefill, seed=seed, device=device,
+                                scheduling_policy=scheduling_policy)
 
     def get_tokenizer(self):
         return self.engine.tokenizer
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -35,10 +38,13 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams; pass one or one per prompt")
+        priorities = list(priority) if priority is not None else [0] * len(prompts)
+        if len(priorities) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(priorities)} priorities")
         ids = []
         try:
-            for p, sp in zip(prompts, params):
-                ids.append(self.engine.add_request(p, sp))
+            for p, sp, prio in zip(prompts, params, priorities):
+                ids.append(self.engine.add_request(p, sp, priority=prio))
         except Exception:
             for rid in ids:  # an invalid prompt leaves nothing half-queued behind it
                 self.engine.abort_request(rid)

@@ -7,11 +7,15 @@ and a request whose computed tokens reach num_tokens samples its next token.
 from __future__ import annotations
 
 import enum
+import itertools
 import time
 
 import torch
 
 from tacit.sampling_params import SamplingParams
+
+
+_arrival_seq = itertools.count()
 
 
 class RequestStatus(enum.Enum):
@@ -34,6 +38,7 @@ class Request:
         self.max_tokens = max_tokens
         self.priority = priority
         self.arrival_time = arrival_time if arrival_time is not None else time.monotonic()
+        self.arrival_seq = next(_arrival_seq)  # breaks arrival-time ties in submission order
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0

@@ -1,19 +1,20 @@
 """Scheduler: continuous batching under a token budget, in vLLM v1's model.
 
 Each step spends at most max_num_batched_tokens: running requests first (one token for a
-decode, a chunk for a prefill still in progress), then waiting requests in arrival order.
-Prefill chunks and decodes share one forward pass. When the KV pool runs dry the newest
-running request is preempted: its blocks are freed and it is recomputed later from its
-prompt plus the tokens it already produced, so its output is exactly what it would have been.
+decode, a chunk for a prefill still in progress), then waiting requests in the policy's
+order. Prefill chunks and decodes share one forward pass. When the KV pool runs dry the
+policy's victim (FCFS: the newest running request) is preempted: its blocks are freed and it
+is recomputed later from its prompt plus the tokens it already produced, so its output is
+exactly what it would have been.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 from tacit.config import SchedulerConfig
 from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.scheduling.policy import FCFSPolicy, SchedulingPolicy
 from tacit.scheduling.request import Request, RequestStatus
 
 
@@ -28,11 +29,13 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int,
+                 policy: SchedulingPolicy | None = None) -> None:
         self.config = config
         self.kv = kv
         self.max_model_len = max_model_len
-        self.waiting: deque[Request] = deque()
+        self.policy = policy or FCFSPolicy()
+        self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
 
@@ -42,18 +45,41 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _preempt(self, request: Request) -> None:
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        self.running.remove(request)
         self.kv.free(request.request_id)
         request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(request)
+        self.waiting.append(request)
+        out.preempted.append(request)
+
+    def _next_waiting(self) -> Request:
+        return min(self.waiting, key=self.policy.waiting_key)
+
+    def _make_room_for_urgent(self, out: SchedulerOutput) -> None:
+        """Preempt lower-ranked running work so the best waiting request can start this step."""
+        if not self.waiting or not self.running:
+            return
+        head = self._next_waiting()
+        first_chunk = min(head.num_tokens, self.config.max_num_batched_tokens)
+        while self.running:
+            short_of_slots = len(self.running) >= self.config.max_num_seqs
+            short_of_blocks = self.kv.blocks_needed(first_chunk) > self.kv.pool.num_free_blocks
+            if not (short_of_slots or short_of_blocks):
+                return
+            victim = self.policy.pick_victim(self.running)
+            if not self.policy.outranks(head, victim):
+                return
+            self._preempt(victim, out)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         chunked = self.config.enable_chunked_prefill
+        self._make_room_for_urgent(out)
+        urgent_preemption = bool(out.preempted)
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -62,22 +88,24 @@ class Scheduler:
             if not chunked and n < req.num_tokens - req.num_computed_tokens:
                 i += 1
                 continue
+            scheduled = True
             while not self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n):
-                victim = self.running.pop()
-                self._preempt(victim)
-                out.preempted.append(victim)
+                # Only requests not yet given slots this step are candidates (they sit at i and after).
+                victim = self.policy.pick_victim(self.running[i:])
+                self._preempt(victim, out)
                 if victim is req:
+                    scheduled = False
                     break
-            else:
+            if scheduled:
                 out.scheduled.append((req, n))
                 budget -= n
                 i += 1
-                continue
-            break  # req itself was preempted; everything after it already was too
 
-        # Admitting new work in a step that had to preempt would just thrash the pool.
-        while not out.preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting[0]
+        # Admitting new work in a step that ran out of blocks would just thrash the pool; after
+        # a priority preemption, admitting is the point.
+        while (self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs
+               and (urgent_preemption or not out.preempted)):
+            req = self._next_waiting()
             n = req.num_tokens - req.num_computed_tokens
             if n > budget:
                 if not chunked:
@@ -85,7 +113,7 @@ class Scheduler:
                 n = budget
             if not self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(req)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.scheduled.append((req, n))
