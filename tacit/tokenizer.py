@@ -79,3 +79,9 @@ class Tokenizer:
             raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                      bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+
+    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        """Render the chat template and encode it (LLM.chat and the OpenAI server share this)."""
+        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        # The template already wrote any BOS it wants; encoding must not add another.
+        return self.encode(text, add_special_tokens=False)

@@ -92,7 +92,12 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from tacit.entrypoints.openai.api_server import run_server
+    try:
+        from tacit.entrypoints.openai.api_server import run_server
+    except ImportError as e:  # fastapi/uvicorn are an extra, not a core dependency
+        if (e.name or "").split(".")[0] not in ("fastapi", "uvicorn", "starlette", "pydantic"):
+            raise
+        raise ValueError(f"`tacit serve` needs fastapi and uvicorn: pip install 'tacit[serve]' ({e})") from None
 
     return run_server(args)
 
@@ -123,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", default=None)
     s.add_argument("--max-waiting", type=int, default=256)
     s.add_argument("--served-model-name", default=None)
+    s.add_argument("--shutdown-timeout", type=float, default=20.0,
+                   help="seconds in-flight requests get to finish after SIGTERM before they are aborted")
     s.set_defaults(func=cmd_serve)
 
     from tacit.bench.cli import add_bench_parser

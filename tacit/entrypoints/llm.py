@@ -63,10 +63,7 @@ class LLM:
         return self.generate(prompts, sampling_params)
 
     def chat_prompt_ids(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        tok = self.engine.tokenizer
-        text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-        # The template already wrote any BOS it wants; encoding must not add another.
-        return tok.encode(text, add_special_tokens=False)
+        return self.engine.tokenizer.encode_chat(messages, add_generation_prompt)
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """Yield text as it is generated, for one prompt (the CLI's chat and generate)."""

@@ -1,0 +1,101 @@
+"""Serving metrics: what the engine thread observes, in a shape /metrics can render.
+
+The engine thread writes, HTTP handlers read. Histograms take a lock (an observation is a few
+adds; rendering copies the buckets); the gauges are published as one immutable snapshot per loop
+iteration, so a scrape never sees half of a step.
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+# Seconds. TTFT spans a queue wait plus a prefill (ms to tens of s under load); inter-token
+# latency is one decode step (sub-ms for a tiny model, ~10-100 ms for a 135M one on CPU).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self._counts = [0] * (len(buckets) + 1)  # the last one is +Inf
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, value: float) -> None:
+        with self._lock:
+            self._counts[bisect_left(self.buckets, value)] += 1
+            self._sum += value
+
+    def snapshot(self) -> tuple[list[int], float]:
+        with self._lock:
+            return list(self._counts), self._sum
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_free: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_preemptions: int = 0
+    num_steps: int = 0
+
+
+@dataclass
+class ServingMetrics:
+    snapshot: EngineSnapshot = field(default_factory=EngineSnapshot)
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
+    # finish_reason -> count; "error" for a request a failed step took down, "rejected" for 503s.
+    requests: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def count_request(self, outcome: str) -> None:
+        with self._lock:
+            self.requests[outcome] = self.requests.get(outcome, 0) + 1
+
+    def render_prometheus(self, model_name: str) -> str:
+        """Prometheus text exposition format 0.0.4, written by hand: no client library needed."""
+        s = self.snapshot
+        label = f'model_name="{_escape(model_name)}"'
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, help_text: str, value: float) -> None:
+            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name}{{{label}}} {value}"])
+
+        metric("tacit_num_requests_running", "gauge", "Sequences in the running batch.", s.num_running)
+        metric("tacit_num_requests_waiting", "gauge", "Sequences waiting to be scheduled.", s.num_waiting)
+        metric("tacit_kv_blocks_used", "gauge", "KV cache blocks held by sequences.", s.kv_blocks_used)
+        metric("tacit_kv_blocks_free", "gauge", "KV cache blocks free.", s.kv_blocks_free)
+        metric("tacit_prompt_tokens_total", "counter", "Prompt tokens admitted.", s.prompt_tokens)
+        metric("tacit_generation_tokens_total", "counter", "Tokens generated.", s.generation_tokens)
+        metric("tacit_num_preemptions_total", "counter", "Sequences preempted for KV space.", s.num_preemptions)
+        metric("tacit_engine_steps_total", "counter", "Engine steps (forward passes) run.", s.num_steps)
+
+        with self._lock:
+            requests = dict(self.requests)
+        lines += ["# HELP tacit_requests_total Requests ended, by finish reason.", "# TYPE tacit_requests_total counter"]
+        for reason, n in sorted(requests.items()):
+            lines.append(f'tacit_requests_total{{{label},finish_reason="{_escape(reason)}"}} {n}')
+
+        for name, help_text, hist in (
+                ("tacit_time_to_first_token_seconds", "Time from request arrival to its first token.", self.ttft),
+                ("tacit_inter_token_latency_seconds", "Time between two tokens of one sequence.", self.itl)):
+            counts, total = hist.snapshot()
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+            cumulative = 0
+            for bound, n in zip((*hist.buckets, float("inf")), counts):
+                cumulative += n
+                le = "+Inf" if bound == float("inf") else repr(bound)
+                lines.append(f'{name}_bucket{{{label},le="{le}"}} {cumulative}')
+            lines += [f"{name}_sum{{{label}}} {total}", f"{name}_count{{{label}}} {cumulative}"]
+        return "\n".join(lines) + "\n"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

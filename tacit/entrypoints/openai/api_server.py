@@ -1,0 +1,133 @@
+"""`tacit serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over AsyncLLMEngine.
+
+    POST /v1/completions        POST /v1/chat/completions       (stream: SSE)
+    GET  /v1/models             GET  /health                    GET /metrics (Prometheus text)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hmac
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import AsyncIterator
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import PlainTextResponse, Response
+
+from tacit.engine.async_engine import AsyncLLMEngine
+from tacit.entrypoints.openai.errors import OpenAIError, install_error_handlers, parse_body
+from tacit.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from tacit.entrypoints.openai.serving_chat import ChatServing
+from tacit.entrypoints.openai.serving_common import ServingContext
+from tacit.entrypoints.openai.serving_completion import CompletionServing
+
+logger = logging.getLogger("tacit.server")
+
+# In-flight streams get this long to finish after SIGTERM before they are cancelled (and their
+# requests aborted): long enough for a typical chat reply at CPU speed, short enough for an
+# orchestrator's default 30 s kill deadline.
+DEFAULT_SHUTDOWN_TIMEOUT_S = 20.0
+
+
+def build_app(engine: AsyncLLMEngine, model_name: str, api_key: str | None = None) -> FastAPI:
+    """The ASGI app. The engine is started by the caller; the app stops it on shutdown."""
+    ctx = ServingContext(engine, model_name)
+    completions, chat = CompletionServing(ctx), ChatServing(ctx)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        # uvicorn has stopped accepting and waited for (or cancelled) in-flight requests:
+        # whatever the engine still holds has no reader, so abort it and stop the thread.
+        engine.shutdown()
+
+    app = FastAPI(title="tacit", lifespan=lifespan, docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+
+    async def check_api_key(request: Request) -> None:
+        if api_key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        # compare_digest: the time a wrong key takes to reject says nothing about the right one.
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise OpenAIError(401, "Incorrect or missing API key: send the header `Authorization: Bearer <key>`.",
+                              "authentication_error", code="invalid_api_key",
+                              headers={"WWW-Authenticate": "Bearer"})
+
+    v1 = [Depends(check_api_key)]
+
+    @app.post("/v1/completions", dependencies=v1)
+    async def create_completion(request: Request) -> Response:
+        return await completions.create(await parse_body(request, CompletionRequest), request)
+
+    @app.post("/v1/chat/completions", dependencies=v1)
+    async def create_chat_completion(request: Request) -> Response:
+        return await chat.create(await parse_body(request, ChatCompletionRequest), request)
+
+    @app.get("/v1/models", dependencies=v1)
+    async def list_models() -> ModelList:
+        return ModelList(data=[ModelCard(id=model_name, max_model_len=ctx.max_model_len)])
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not engine.is_running:
+            raise OpenAIError(503, "the engine is not running", "server_error")
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(engine.metrics.render_prometheus(model_name),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
+
+
+def served_model_name(args: argparse.Namespace) -> str:
+    if getattr(args, "served_model_name", None):
+        return args.served_model_name
+    if args.model is None:
+        from tacit.loader.default_model import DEFAULT_MODEL_FILE
+
+        return DEFAULT_MODEL_FILE.split(".")[0]  # "SmolLM2-135M-Instruct"
+    return args.model
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """Load the model, serve until SIGTERM/SIGINT, then drain and exit 0."""
+    import uvicorn
+
+    from tacit.entrypoints.cli import engine_kwargs
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    t0 = time.perf_counter()
+    print(f"tacit: loading {args.model or 'the default model (SmolLM2-135M-Instruct)'} ...", file=sys.stderr, flush=True)
+    # Load before binding the port: /health answering means the model is ready.
+    engine = AsyncLLMEngine.from_engine_args(max_waiting=args.max_waiting, **engine_kwargs(args))
+    engine.start()  # builds the model on the engine thread; raises what loading raised
+    name = served_model_name(args)
+    e = engine.engine
+    print(f"tacit: loaded {Path(e.source.path).name} in {time.perf_counter() - t0:.1f}s ({e.config.model.dtype}, "
+          f"{e.runner.num_blocks} KV blocks, max_model_len {e.max_model_len}); serving `{name}` on "
+          f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    app = build_app(engine, name, args.api_key)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False,
+                            timeout_graceful_shutdown=getattr(args, "shutdown_timeout", DEFAULT_SHUTDOWN_TIMEOUT_S),
+                            lifespan="on")
+    server = uvicorn.Server(config)
+    # uvicorn re-raises the signal it caught once it has shut down gracefully; with the default
+    # SIGTERM handler that kills the process (status 143) after a clean drain. A no-op handler
+    # is what it restores and re-raises into, so a SIGTERM ends in `return 0`.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # SIGINT re-raised the same way lands here
+        pass
+    finally:
+        engine.shutdown()
+    return 0 if server.started else 1

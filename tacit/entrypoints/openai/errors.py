@@ -1,0 +1,125 @@
+"""OpenAI's error body, {"error": {"message", "type", "param", "code"}}, for every failure.
+
+Clients (the `openai` package included) read `error.message` and map the status to an exception
+class, so every path out of the server that is not a success, FastAPI's own included, must use
+this shape. FastAPI answers 422 for a body that fails validation; OpenAI answers 400, and so
+do we.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any, Sequence, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tacit.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+
+logger = logging.getLogger("tacit.server")
+
+# How long a client told "at capacity" should wait: about the time a few requests need to
+# leave the waiting queue at the default model's speed on a small CPU box.
+RETRY_AFTER_S = 1
+
+
+class OpenAIError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: int | str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param = status, message, type, param
+        self.code = code if code is not None else status
+        self.headers = headers
+
+
+def bad_request(message: str, param: str | None = None) -> OpenAIError:
+    return OpenAIError(400, message, "invalid_request_error", param)
+
+
+def overloaded(message: str) -> OpenAIError:
+    return OpenAIError(503, message, "server_overloaded", headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+_PARAM_IN_MESSAGE = re.compile(r"^SamplingParams\.(\w+)=")
+
+
+def from_value_error(e: ValueError) -> OpenAIError:
+    """The engine's and SamplingParams' ValueErrors already say what is wrong and what is valid;
+    SamplingParams' also name the field, which becomes `param`."""
+    message = str(e)
+    m = _PARAM_IN_MESSAGE.match(message)
+    if m:
+        return bad_request(message.removeprefix("SamplingParams."), m.group(1))
+    return bad_request(message)
+
+
+def error_response(e: OpenAIError) -> JSONResponse:
+    body = ErrorResponse(error=ErrorInfo(message=e.message, type=e.type, param=e.param, code=e.code))
+    return JSONResponse(body.model_dump(), status_code=e.status, headers=e.headers)
+
+
+def error_sse(e: OpenAIError) -> str:
+    """An error in the middle of a stream: the status line has gone, so it travels as an event."""
+    body = ErrorResponse(error=ErrorInfo(message=e.message, type=e.type, param=e.param, code=e.code))
+    return f"data: {json.dumps(body.model_dump())}\n\n"
+
+
+def validation_error(errors: Sequence[Any]) -> OpenAIError:
+    """pydantic's error list -> one 400 naming the first bad field (as `param`)."""
+    if not errors:
+        return bad_request("invalid request body")
+    first = errors[0]
+    loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+    if first.get("type") == "json_invalid":
+        return bad_request(f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}")
+    param = ".".join(loc) or None
+    message = str(first.get("msg", "invalid value"))
+    if param:
+        message = f"{param}: {message}"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    return bad_request(message, param)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def parse_body(request: Request, model: type[M]) -> M:
+    """Parse the body as JSON whatever its Content-Type says (curl -d sends form-urlencoded,
+    and OpenAI's server accepts it), then validate it; both failures are a 400."""
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise bad_request(f"the request body is not valid JSON: {e}") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e.errors()) from None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OpenAIError)
+    async def _openai(request: Request, exc: OpenAIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(validation_error(exc.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return error_response(OpenAIError(exc.status_code, str(exc.detail), type_,
+                                          headers=getattr(exc, "headers", None)))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error serving %s", request.url.path)
+        return error_response(OpenAIError(500, f"internal server error: {exc!r}", "server_error"))

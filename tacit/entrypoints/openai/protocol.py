@@ -1,0 +1,271 @@
+"""OpenAI wire format: requests validated with pydantic, responses and stream chunks built from it.
+
+Field names and defaults follow OpenAI's API reference (and vLLM where it extends it: top_k,
+min_p, ignore_eos, priority, return_tokens_as_token_ids), so the official `openai` client and
+existing tooling work unchanged. Unknown fields are ignored rather than rejected, as OpenAI's
+server does, so newer clients sending newer fields keep working.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+
+from tacit.sampling_params import SamplingParams
+
+
+class OpenAIModel(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# ---- errors -------------------------------------------------------------------------------
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int | str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+# ---- requests -----------------------------------------------------------------------------
+
+class StreamOptions(OpenAIModel):
+    include_usage: StrictBool = False
+
+
+class SamplingRequest(OpenAIModel):
+    """The fields completions and chat share. Ranges are checked by SamplingParams, whose
+    ValueError names the field, so the limits live in one place."""
+    model: StrictStr | None = None
+    max_tokens: StrictInt | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: StrictInt | None = None
+    min_p: float | None = None
+    n: StrictInt = 1
+    stop: StrictStr | list[StrictStr] | None = None
+    stop_token_ids: list[StrictInt] | None = None
+    seed: StrictInt | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    ignore_eos: StrictBool = False
+    min_tokens: StrictInt = 0
+    priority: StrictInt = 0
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # vLLM's extension: logprob tokens as "token_id:123", lossless where bytes split a character.
+    return_tokens_as_token_ids: StrictBool = False
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        """Raises ValueError naming the field when a value is out of range."""
+        kw: dict[str, Any] = dict(max_tokens=max_tokens, n=self.n, stop=self.stop, stop_token_ids=self.stop_token_ids,
+                                  seed=self.seed, presence_penalty=self.presence_penalty,
+                                  frequency_penalty=self.frequency_penalty, ignore_eos=self.ignore_eos,
+                                  min_tokens=self.min_tokens, logprobs=logprobs)
+        # OpenAI's defaults are temperature 1, top_p 1: "unset" means that, not greedy.
+        for name in ("temperature", "top_p", "top_k", "min_p"):
+            value = getattr(self, name)
+            if value is not None:
+                kw[name] = value
+        return SamplingParams(**kw)
+
+
+class CompletionRequest(SamplingRequest):
+    # One prompt or a batch: text, token ids, or lists of either. Order matters for pydantic's
+    # union: list[int] before list[str] so [1, 2] stays token ids.
+    prompt: StrictStr | list[StrictInt] | list[list[StrictInt]] | list[StrictStr]
+    max_tokens: StrictInt | None = 16  # OpenAI's default for /v1/completions
+    logprobs: StrictInt | None = None
+    echo: StrictBool = False
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "CompletionRequest":
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt must not be an empty list")
+        if self.echo:
+            raise ValueError("echo is not supported")
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+    def to_sampling_params(self) -> SamplingParams:
+        return self._sampling_params(self.max_tokens, self.logprobs)
+
+
+class TextPart(OpenAIModel):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(OpenAIModel):
+    model_config = ConfigDict(extra="allow")  # name, tool_calls, ...: passed through to the template
+    role: StrictStr
+    content: StrictStr | list[TextPart] | None = None
+
+    def to_template_dict(self) -> dict[str, Any]:
+        d = self.model_dump(exclude_none=True)
+        content = self.content
+        if isinstance(content, list):  # text parts are joined: templates expect a string
+            d["content"] = "".join(part.text for part in content)
+        elif content is None:
+            d["content"] = ""
+        return d
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = None  # the newer name for max_tokens; wins if both
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = None
+    add_generation_prompt: StrictBool = True
+
+    @model_validator(mode="after")
+    def _check(self) -> "ChatCompletionRequest":
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        return self
+
+    def to_sampling_params(self) -> SamplingParams:
+        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return self._sampling_params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None)
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+# ---- responses ----------------------------------------------------------------------------
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class ChatResponseMessage(BaseModel):
+    role: str = "assistant"
+    content: str | None = None
+
+
+class ChatCompletionChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class DeltaMessage(BaseModel):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatCompletionStreamChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatCompletionStreamChoice]
+    usage: UsageInfo | None = None
+
+
+class CompletionChunk(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "tacit"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"

@@ -1,0 +1,169 @@
+"""What completions and chat share: model check, length check, submitting to the engine,
+merging several prompts' streams, watching for a client that went away, logprob formatting."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import AsyncIterator, Callable
+
+from starlette.requests import Request
+
+from tacit.engine.async_engine import (AsyncLLMEngine, EngineDeadError, EngineStepError, QueueFullError,
+                                      RequestAbortedError, RequestStream)
+from tacit.entrypoints.openai.errors import OpenAIError, bad_request, from_value_error, overloaded
+from tacit.outputs import CompletionOutput, Logprob, RequestOutput
+from tacit.sampling_params import SamplingParams
+
+
+class ServingContext:
+    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        # The tokenizer is only read (HF tokenizers encode is thread-safe); tokenizing here
+        # keeps that work off the engine thread, so long prompts do not stall a step.
+        self.tokenizer = engine.engine.tokenizer
+        self.max_model_len = engine.engine.max_model_len
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise OpenAIError(404, f"The model `{name}` does not exist; this server serves `{self.model_name}`.",
+                              "invalid_request_error", "model", "model_not_found")
+
+    def check_length(self, num_prompt_tokens: int, max_tokens: int | None) -> None:
+        """The engine would silently clamp max_tokens to what fits; OpenAI refuses instead, naming
+        both numbers, so a client learns its request was too long rather than getting less."""
+        if max_tokens is not None and num_prompt_tokens + max_tokens > self.max_model_len:
+            raise bad_request(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} for the "
+                f"completion). Please reduce the length of the prompt or max_tokens.", "max_tokens")
+
+    @staticmethod
+    def sampling_params(make: Callable[[], SamplingParams]) -> SamplingParams:
+        try:
+            return make()
+        except ValueError as e:
+            raise from_value_error(e) from None
+
+    async def submit(self, prompts: list[list[int]], params: SamplingParams, request_id: str,
+                     priority: int) -> list[RequestStream]:
+        """Add one engine request per prompt; all or none (a failure aborts those already in)."""
+        streams: list[RequestStream] = []
+        try:
+            for i, ids in enumerate(prompts):
+                rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+                streams.append(await self.engine.add_request(ids, params, rid, priority))
+        except BaseException as e:
+            for s in streams:
+                self.engine.abort(s.request_id)
+            if isinstance(e, ValueError):
+                raise from_value_error(e) from None
+            if isinstance(e, QueueFullError):
+                raise overloaded(str(e)) from None
+            if isinstance(e, EngineDeadError):
+                raise OpenAIError(503, str(e), "server_error") from None
+            raise
+        return streams
+
+    def abort_unfinished(self, streams: list[RequestStream]) -> None:
+        for s in streams:
+            if not s.finished:
+                self.engine.abort(s.request_id)
+                s.cancel()
+
+
+def engine_error(e: BaseException) -> OpenAIError:
+    """An error met while a request was generating, as an OpenAI error."""
+    if isinstance(e, OpenAIError):
+        return e
+    if isinstance(e, EngineDeadError):
+        return OpenAIError(503, str(e), "server_error")
+    if isinstance(e, RequestAbortedError):
+        return OpenAIError(499, str(e), "request_aborted")
+    if isinstance(e, EngineStepError):
+        return OpenAIError(500, str(e), "server_error")
+    return OpenAIError(500, f"internal error: {e!r}", "server_error")
+
+
+async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(prompt index, output) from several streams as they come."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    q: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                q.put_nowait((i, out))
+        except BaseException as e:
+            q.put_nowait((i, e))
+            return
+        q.put_nowait((i, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            i, item = await q.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def final_outputs(streams: list[RequestStream]) -> list[RequestOutput]:
+    async def last(stream: RequestStream) -> RequestOutput:
+        out = None
+        async for out in stream:
+            pass
+        assert out is not None
+        return out
+
+    return list(await asyncio.gather(*(last(s) for s in streams)))
+
+
+@contextlib.asynccontextmanager
+async def abort_on_disconnect(request: Request, ctx: ServingContext, streams: list[RequestStream]):
+    """Abort the requests the moment the client disconnects, whatever the handler is awaiting.
+
+    Starlette also cancels a streaming body on disconnect, but the generator's own cleanup then
+    runs only when it is next resumed or collected; this watcher frees the KV blocks at once.
+    """
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                ctx.abort_unfinished(streams)
+                return
+
+    task = asyncio.create_task(watch())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        ctx.abort_unfinished(streams)
+
+
+def token_text(tokenizer, token_id: int, lp: Logprob | None, as_ids: bool) -> str:
+    if as_ids:
+        return f"token_id:{token_id}"
+    if lp is not None and lp.decoded_token is not None:
+        return lp.decoded_token
+    return tokenizer.decode([token_id], False)
+
+
+def logprob_entries(c: CompletionOutput, start: int, end: int) -> list[tuple[int, dict[int, Logprob]]]:
+    """(chosen token, {token: Logprob}) for generated positions [start, end)."""
+    if c.logprobs is None:
+        return []
+    # The engine thread appends to c.logprobs after this snapshot was taken; token_ids bound it.
+    return list(zip(c.token_ids[start:end], c.logprobs[start:end]))
+

@@ -1,0 +1,324 @@
+"""`tacit serve` end to end: a real server subprocess on a loopback port, a tiny random llama,
+the official `openai` client and raw httpx. Greedy output must match LLM.generate token for token."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from tiny_models import build_hf_model  # noqa: E402
+
+from tacit import LLM, SamplingParams  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+API_KEY = "test-key"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, model: Path, *extra: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tacit.entrypoints.cli", "serve", "--model", str(model), "--port", str(self.port),
+             "--dtype", "float32", "--shutdown-timeout", "10", *extra],
+            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.log: list[str] = []
+        threading.Thread(target=self._drain, daemon=True).start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n" + "".join(self.log))
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("server did not become healthy:\n" + "".join(self.log))
+
+    def _drain(self) -> None:  # keep the pipe from filling up
+        for line in self.proc.stdout:
+            self.log.append(line)
+
+    def metrics(self) -> dict[str, float]:
+        out = {}
+        for line in httpx.get(f"{self.url}/metrics").text.splitlines():
+            if line.startswith("#") or not line:
+                continue
+            name_labels, value = line.rsplit(" ", 1)
+            name, _, labels = name_labels.partition("{")
+            extra = [x for x in labels.rstrip("}").split(",") if x and not x.startswith("model_name=")]
+            out[f"{name}{{{','.join(extra)}}}" if extra else name] = float(value)
+        return out
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("serve_llama")
+    build_hf_model("llama", path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    s = Server(model_dir)
+    yield s
+    assert s.stop() == 0, "".join(s.log)
+
+
+@pytest.fixture(scope="module")
+def small_server(model_dir):
+    """One sequence at a time, one waiting: the queue is full at the third request. Keyed."""
+    s = Server(model_dir, "--api-key", API_KEY, "--max-num-seqs", "1", "--max-waiting", "1")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir) -> LLM:
+    return LLM(str(model_dir), dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def client(server, model_dir) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+GREEDY = dict(temperature=0.0, max_tokens=12)
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Paris is the capital of"}]
+
+
+def test_health_and_models(server, client, model_dir):
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    models = client.models.list()
+    assert [m.id for m in models.data] == [str(model_dir)]
+
+
+def test_completion_matches_llm_generate(client, llm, model_dir):
+    prompt = "The quick brown fox"
+    ref = llm.generate(prompt, SamplingParams(**GREEDY))[0].outputs[0]
+    r = client.completions.create(model=str(model_dir), prompt=prompt, logprobs=0,
+                                  extra_body={"return_tokens_as_token_ids": True}, **GREEDY)
+    choice = r.choices[0]
+    assert choice.text == ref.text and choice.finish_reason == ref.finish_reason
+    assert [int(t.split(":")[1]) for t in choice.logprobs.tokens] == ref.token_ids
+    assert r.usage.completion_tokens == len(ref.token_ids)
+    assert r.usage.prompt_tokens == len(llm.get_tokenizer().encode(prompt))
+
+    chunks = list(client.completions.create(model=str(model_dir), prompt=prompt, stream=True, **GREEDY))
+    assert "".join(c.choices[0].text for c in chunks) == ref.text
+    assert chunks[-1].choices[0].finish_reason == ref.finish_reason
+
+
+def test_completion_token_id_prompts_and_batch(client, llm, model_dir):
+    ids = llm.get_tokenizer().encode("Numbers 0123")
+    ref = llm.generate(ids, SamplingParams(**GREEDY))[0].outputs[0].text
+    r = client.completions.create(model=str(model_dir), prompt=[ids, ids], **GREEDY)
+    assert [c.index for c in r.choices] == [0, 1]
+    assert [c.text for c in r.choices] == [ref, ref]
+
+
+def test_chat_matches_llm_chat(client, llm, model_dir):
+    ref = llm.chat(MESSAGES, SamplingParams(**GREEDY))[0].outputs[0]
+    r = client.chat.completions.create(model=str(model_dir), messages=MESSAGES, **GREEDY)
+    assert r.choices[0].message.content == ref.text
+    assert r.choices[0].finish_reason == ref.finish_reason
+    assert r.usage.completion_tokens == len(ref.token_ids)
+
+    chunks = list(client.chat.completions.create(model=str(model_dir), messages=MESSAGES, stream=True,
+                                                 stream_options={"include_usage": True}, **GREEDY))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == ref.finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(ref.token_ids)
+
+
+def test_32_concurrent_streams_are_batched(server, llm, model_dir):
+    prompts = [f"The quick brown fox {i} jumps" for i in range(32)]
+    params = dict(temperature=0.0, max_tokens=16)
+    refs = [o.outputs[0].text for o in llm.generate(prompts, SamplingParams(ignore_eos=True, **params))]
+    steps_before = server.metrics()["tacit_engine_steps_total"]
+
+    async def one(client: openai.AsyncOpenAI, prompt: str) -> tuple[str, int]:
+        stream = await client.completions.create(model=str(model_dir), prompt=prompt, stream=True,
+                                                 stream_options={"include_usage": True},
+                                                 extra_body={"ignore_eos": True}, **params)
+        text, usage = [], 0
+        async for chunk in stream:
+            if chunk.choices:
+                text.append(chunk.choices[0].text)
+            if chunk.usage:
+                usage = chunk.usage.completion_tokens
+        return "".join(text), usage
+
+    async def main():
+        async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
+                                      http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=64))) as c:
+            return await asyncio.gather(*(one(c, p) for p in prompts))
+
+    results = asyncio.run(main())
+    assert [t for t, _ in results] == refs
+    total_tokens = sum(n for _, n in results)
+    assert total_tokens == 32 * 16
+    steps = server.metrics()["tacit_engine_steps_total"] - steps_before
+    # One at a time would take 512 steps; batched, the 32 streams share steps.
+    assert steps < total_tokens / 4, (steps, total_tokens)
+
+
+def test_dropped_stream_frees_kv_blocks(server, model_dir):
+    body = {"model": str(model_dir), "prompt": "Hello", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=30) as c:
+        with c.stream("POST", f"{server.url}/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            got = [next(lines) for _ in range(6)]
+            assert any(line.startswith("data: {") for line in got)
+            assert server.metrics()["tacit_kv_blocks_used"] > 0
+        # leaving the block closes the connection mid-stream
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        m = server.metrics()
+        if m["tacit_kv_blocks_used"] == 0 and m["tacit_num_requests_running"] == 0:
+            break
+        time.sleep(0.05)
+    assert m["tacit_kv_blocks_used"] == 0 and m["tacit_num_requests_running"] == 0, m
+    assert m['tacit_requests_total{finish_reason="abort"}'] >= 1
+
+
+def _assert_error(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    return err
+
+
+def test_error_statuses_and_bodies(server, model_dir):
+    url = f"{server.url}/v1/completions"
+    good = {"model": str(model_dir), "prompt": "Hello", "max_tokens": 4}
+    _assert_error(httpx.post(url, content=b'{"prompt": "Hello",', headers={"content-type": "application/json"}), 400)
+    assert _assert_error(httpx.post(url, json={**good, "max_tokens": "four"}), 400)["param"] == "max_tokens"
+    assert _assert_error(httpx.post(url, json={**good, "prompt": 3.5}), 400)["param"].startswith("prompt")
+    assert _assert_error(httpx.post(url, json={**good, "temperature": -1}), 400)["param"] == "temperature"
+    n_prompt = httpx.post(url, json=good).json()["usage"]["prompt_tokens"]
+    err = _assert_error(httpx.post(url, json={**good, "max_tokens": 1020}), 400)
+    assert "1024" in err["message"] and "1020 for the completion" in err["message"]
+    assert f"{n_prompt} in the prompt" in err["message"]
+    _assert_error(httpx.post(url, json={**good, "model": "no-such-model"}), 404)
+    chat = f"{server.url}/v1/chat/completions"
+    _assert_error(httpx.post(chat, json={"model": str(model_dir), "messages": "hi"}), 400)
+    _assert_error(httpx.post(chat, json={"model": str(model_dir), "messages": [{"role": "user", "content": "x"}],
+                                         "max_completion_tokens": 5000}), 400)
+    # ...and the server is none the worse for it.
+    r = httpx.post(url, json=good)
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_n_stop_logprobs_seed(client, llm, model_dir):
+    m = str(model_dir)
+    r = client.completions.create(model=m, prompt="Hello", n=3, max_tokens=5, temperature=1.0, seed=1)
+    assert sorted(c.index for c in r.choices) == [0, 1, 2]
+    r = client.chat.completions.create(model=m, messages=MESSAGES, n=2, max_tokens=5, temperature=1.0, seed=1)
+    assert len(r.choices) == 2
+
+    prompt = "Paris is the capital"
+    full = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=24))[0].outputs[0].text
+    stop = next(full[i:i + 2] for i in range(3, len(full) - 1) if "\ufffd" not in full[i:i + 2])
+    ref = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=24, stop=stop))[0].outputs[0]
+    r = client.completions.create(model=m, prompt=prompt, temperature=0.0, max_tokens=24, stop=[stop])
+    assert r.choices[0].text == ref.text == full[:full.find(stop)]
+    assert r.choices[0].finish_reason == "stop"
+    chunks = list(client.completions.create(model=m, prompt=prompt, temperature=0.0, max_tokens=24, stop=stop,
+                                            stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == ref.text
+
+    r = client.completions.create(model=m, prompt=prompt, max_tokens=4, logprobs=2, temperature=0.0)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == r.usage.completion_tokens
+    assert all(x <= 0 for x in lp.token_logprobs) and all(1 <= len(t) <= 3 for t in lp.top_logprobs)
+    r = client.chat.completions.create(model=m, messages=MESSAGES, max_tokens=4, logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in content)
+
+    a, b = (client.completions.create(model=m, prompt=prompt, max_tokens=10, temperature=1.0, seed=42).choices[0].text
+            for _ in range(2))
+    assert a == b
+
+
+def test_api_key_required(small_server):
+    url = f"{small_server.url}/v1/models"
+    _assert_error(httpx.get(url), 401)
+    _assert_error(httpx.get(url, headers={"Authorization": "Bearer wrong"}), 401)
+    assert httpx.get(url, headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{small_server.url}/v1", api_key="wrong", max_retries=0).models.list()
+    assert httpx.get(f"{small_server.url}/health").status_code == 200  # probes need no key
+
+
+def test_queue_full_is_503_with_retry_after(small_server, model_dir):
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    long = {"model": str(model_dir), "prompt": "Hello", "max_tokens": 600, "ignore_eos": True}
+
+    async def main():
+        async with httpx.AsyncClient(base_url=small_server.url, headers=headers, timeout=60) as c:
+            return await asyncio.gather(*(c.post("/v1/completions", json=long) for _ in range(4)))
+
+    responses = asyncio.run(main())
+    statuses = sorted(r.status_code for r in responses)
+    assert 503 in statuses and 200 in statuses, statuses
+    for r in responses:
+        if r.status_code == 503:
+            _assert_error(r, 503)
+            assert int(r.headers["retry-after"]) >= 1
+        else:
+            assert r.json()["usage"]["completion_tokens"] == 600
+    r = httpx.post(f"{small_server.url}/v1/completions", headers=headers, json={**long, "max_tokens": 3})
+    assert r.status_code == 200
+
+
+def test_sigterm_finishes_in_flight_and_exits_zero(small_server, model_dir):
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    body = {"model": str(model_dir), "prompt": "Hello", "max_tokens": 300, "ignore_eos": True, "stream": True}
+    events: list[str] = []
+    with httpx.Client(base_url=small_server.url, headers=headers, timeout=60) as c:
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            events.append(next(lines))
+            small_server.proc.send_signal(signal.SIGTERM)
+            events.extend(lines)
+    events = [e for e in events if e]  # SSE events are separated by blank lines
+    data = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
+    assert events[-1] == "data: [DONE]" and data[-1]["choices"][0]["finish_reason"] == "length"
+    assert small_server.proc.wait(30) == 0, "".join(small_server.log)
