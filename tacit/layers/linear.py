@@ -1,8 +1,11 @@
 """Linear layers for the decode hot path.
 
-Batch-1 decode is a matrix-vector product per weight. On this CPU (oneDNN, 2 cores)
-`torch.mv` streams a [1536, 576] bf16 weight at ~52 GB/s where `F.linear` with one row
-manages ~28 GB/s (measured: scripts in docs/benchmarks.md), so one row takes the mv path.
+Decode is memory-bound: a step streams every weight once for a handful of rows. How the
+GEMM is phrased decides how fast it streams on this CPU (oneDNN, 2 cores, bf16, weights
+cold in DRAM, [3072, 576] gate/up; docs/benchmarks.md has the measuring script):
+  1 row:      torch.mv 19 GB/s      F.linear 13 GB/s
+  2-32 rows:  W @ x.T  12-15 GB/s   F.linear 10-11 GB/s
+  64+ rows:   F.linear wins (prefill is compute-bound anyway).
 
 MergedLinear stacks several projections that read the same input (q/k/v, gate/up) into one
 weight: one GEMM launch instead of three, and a longer, more bandwidth-friendly row stream.
@@ -16,11 +19,18 @@ import torch.nn.functional as F
 from torch import nn
 
 
+_SKINNY_ROWS = 32
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if x.dim() == 2 and x.shape[0] == 1:
+    rows = x.shape[0] if x.dim() == 2 else _SKINNY_ROWS + 1
+    if rows == 1:
         out = torch.mv(weight, x[0]).unsqueeze(0)
-        return out + bias if bias is not None else out
-    return F.linear(x, weight, bias)
+    elif rows <= _SKINNY_ROWS:
+        out = torch.mm(weight, x.t()).t().contiguous()
+    else:
+        return F.linear(x, weight, bias)
+    return out + bias if bias is not None else out
 
 
 class Linear(nn.Linear):
