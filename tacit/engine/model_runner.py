@@ -32,6 +32,11 @@ class ModelRunner:
         self.device = device
         self.block_size = config.cache.block_size
         self.sampler = Sampler()
+        if device.type == "cpu" and config.model.dtype == torch.bfloat16:
+            from tacit.kernels.cpu_gemv import load_gemv_kernel
+            from tacit.layers.linear import enable_bf16_gemv
+
+            enable_bf16_gemv(load_gemv_kernel())
         layers = kv_cache_layers(model)
         dtype = config.model.dtype
         self.bytes_per_block = self.block_size * sum(m.kv_numel_per_token() for m in layers) * dtype.itemsize

@@ -20,12 +20,22 @@ from torch import nn
 
 
 _SKINNY_ROWS = 32
+# Set by the model runner when it runs bf16 on a CPU with AVX512-BF16 (kernels/cpu_gemv.py).
+bf16_gemv = None
+
+
+def enable_bf16_gemv(kernel) -> None:
+    global bf16_gemv
+    bf16_gemv = kernel
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     rows = x.shape[0] if x.dim() == 2 else _SKINNY_ROWS + 1
     if rows == 1:
-        out = torch.mv(weight, x[0]).unsqueeze(0)
+        if bf16_gemv is not None and weight.dtype == torch.bfloat16 and weight.device.type == "cpu":
+            out = bf16_gemv.gemv_bf16(weight, x[0].contiguous()).unsqueeze(0)
+        else:
+            out = torch.mv(weight, x[0]).unsqueeze(0)
     elif rows <= _SKINNY_ROWS:
         out = torch.mm(weight, x.t()).t().contiguous()
     else:

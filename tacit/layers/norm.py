@@ -17,8 +17,7 @@ class RMSNorm(nn.Module):
             # 576-wide row here; a SmolLM2 decode step runs 61 norms). Same math in float32.
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         # bf16/fp16: HF's order exactly (statistics in float32, cast, then scale). The fused
-        # kernel rounds once instead of twice, and that 1-ulp drift was enough to turn the
+        # kernel alone rounds once instead of twice, and that 1-ulp drift was enough to turn the
         # default Q4_1 SmolLM2's "Paris" into a wrong answer (tests/loader/test_gguf.py).
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        normed = F.rms_norm(x.float(), self.weight.shape, None, self.eps)
+        return self.weight * normed.to(x.dtype)

@@ -94,6 +94,9 @@ class RotaryEmbedding(torch.nn.Module):
         freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
         return (freqs.cos() * self.attention_scaling).to(dtype), (freqs.sin() * self.attention_scaling).to(dtype)
 
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return self._rotate(x, cos, sin)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # cos/sin come from cos_sin(), computed once per step by the model, not once per layer.
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)

@@ -48,14 +48,17 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, self.head_dim ** -0.5)
 
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
+        t, h, hkv = x.shape[0], self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x)
+        # q and k sit side by side in the fused output: viewed as H + Hkv heads they take one
+        # rotation instead of two (a dozen fewer tiny ops per layer in a decode step).
+        qk = qkv[:, :self.q_size + self.kv_size].view(t, h + hkv, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size:].view(t, hkv, self.head_dim)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(q, k, cos, sin)
+            q, k = rotary(self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:]), cos, sin)
+        else:
+            qk = rotary.rotate(qk, cos, sin)
+            q, k = qk[:, :h], qk[:, h:]
         return self.o_proj(self.attn(q, k, v))
 
 

@@ -1,0 +1,37 @@
+import pytest
+import torch
+
+from tacit.kernels.cpu_gemv import cpu_supports_avx512_bf16, load_gemv_kernel
+from tacit.layers.linear import Linear
+
+pytestmark = pytest.mark.skipif(not cpu_supports_avx512_bf16(), reason="CPU lacks AVX512-BF16")
+
+
+@pytest.mark.parametrize("n, k", [(1, 32), (7, 576), (960, 576), (576, 1536), (13, 100), (4099, 64)])
+def test_gemv_matches_fp32_reference(n, k):
+    kernel = load_gemv_kernel()
+    assert kernel is not None, "the kernel failed to build on a CPU that supports it"
+    g = torch.Generator().manual_seed(n * 1000 + k)
+    w = torch.randn(n, k, generator=g).bfloat16()
+    x = torch.randn(k, generator=g).bfloat16()
+    ref = torch.mv(w.float(), x.float())
+    got = kernel.gemv_bf16(w, x).float()
+    # Both accumulate in fp32; the result is rounded to bf16 once (8 mantissa bits).
+    assert torch.allclose(got, ref, rtol=1e-2, atol=1e-2 * ref.abs().max().item())
+
+
+def test_linear_uses_kernel_for_one_bf16_row():
+    from tacit.layers import linear as lin
+
+    kernel = load_gemv_kernel()
+    layer = Linear(64, 48, bias=True).bfloat16()
+    x = torch.randn(1, 64).bfloat16()
+    ref = torch.nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float())
+    prev = lin.bf16_gemv
+    lin.enable_bf16_gemv(kernel)
+    try:
+        out = layer(x)
+    finally:
+        lin.enable_bf16_gemv(prev)
+    assert out.shape == (1, 48) and out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2)
