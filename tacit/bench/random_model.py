@@ -23,12 +23,18 @@ SHAPES = {
 def _byte_level_tokenizer(vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+    # Bytes plus pairs of bytes, each pair with its merge: a real (if useless) BPE that
+    # llama.cpp accepts too (it refuses a GGUF vocabulary without merges).
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {t: i for i, t in enumerate(alphabet)}
-    for i in range(len(vocab), vocab_size - 1):
-        vocab[f"<t{i}>"] = i
+    merges = []
+    pairs = ((a, b) for a in alphabet for b in alphabet)
+    while len(vocab) < vocab_size - 1:
+        a, b = next(pairs)
+        vocab[a + b] = len(vocab)
+        merges.append((a, b))
     vocab["<|endoftext|>"] = vocab_size - 1
-    tok = Tokenizer(models.BPE(vocab, [], fuse_unk=False))
+    tok = Tokenizer(models.BPE(vocab, merges, fuse_unk=False))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(["<|endoftext|>"])

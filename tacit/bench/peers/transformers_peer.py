@@ -13,8 +13,16 @@ from tacit.bench.peers.base import BenchEngine, throughput_result
 def load_hf_model(path: Path, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
-    if path.is_file():  # transformers dequantizes GGUF itself: the same weights tacit loads
-        return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype).eval()
+    if path.is_file():
+        # A GGUF becomes a plain HF directory of the dequantized weights tacit runs: loaded as
+        # GGUF, transformers would keep Q4_1 blocks packed and time a different computation.
+        from tacit.loader.default_model import cache_dir
+        from tacit.loader.hf_writer import gguf_to_hf_dir
+
+        hf_dir = cache_dir() / f"{path.stem}.{str(dtype).removeprefix('torch.')}.hf"
+        if not (hf_dir / "model.safetensors").exists():
+            gguf_to_hf_dir(path, hf_dir, dtype)
+        path = hf_dir
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
 
 
