@@ -14,7 +14,8 @@ from torch import nn
 
 from tacit.config import ModelConfig
 from tacit.forward_context import get_attention_metadata
-from tacit.kernels.torch_attention import gather_blocks, padded_sdpa
+from tacit.forward_context import AttentionGroup
+from tacit.kernels.torch_attention import gather_blocks, padded_sdpa, run_groups
 from tacit.layers.linear import Linear
 from tacit.layers.moe import FusedMoE, grouped_sigmoid_topk
 from tacit.layers.norm import RMSNorm
@@ -68,13 +69,17 @@ class MLAAttention(nn.Module):
 
         flat = self.kv_cache.view(-1, self.kv_cache.shape[-1])
         flat.index_copy_(0, meta.slot_mapping, torch.cat([latent, k_pe[:, 0]], dim=-1).to(flat.dtype))
-        ctx = gather_blocks(self.kv_cache, meta).to(x.dtype)  # [R, L, C + rope]
-        ctx_latent, ctx_pe = ctx.split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        r, length = ctx.shape[:2]
-        kv = self.kv_b_proj(ctx_latent).view(r, length, h, self.nope_dim + self.v_dim)
-        k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
-        k = torch.cat([k_nope, ctx_pe[:, :, None, :].expand(r, length, h, self.rope_dim)], dim=-1)
-        out = padded_sdpa(torch.cat([q_nope, q_pe], dim=-1), k, v, meta, self.scale)
+
+        def attend(q: torch.Tensor, g: AttentionGroup) -> torch.Tensor:
+            ctx = gather_blocks(self.kv_cache, g).to(x.dtype)  # [R, L, C + rope]
+            ctx_latent, ctx_pe = ctx.split([self.kv_lora_rank, self.rope_dim], dim=-1)
+            r, length = ctx.shape[:2]
+            kv = self.kv_b_proj(ctx_latent).view(r, length, h, self.nope_dim + self.v_dim)
+            k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
+            k = torch.cat([k_nope, ctx_pe[:, :, None, :].expand(r, length, h, self.rope_dim)], dim=-1)
+            return padded_sdpa(q, k, v, g, self.scale)
+
+        out = run_groups(torch.cat([q_nope, q_pe], dim=-1), meta, self.v_dim, attend)
         return self.o_proj(out.reshape(t, h * self.v_dim))
 
 
