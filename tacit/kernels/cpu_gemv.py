@@ -38,9 +38,14 @@ def load_gemv_kernel() -> ModuleType | None:
     _tried = True
     if os.environ.get("TACIT_NO_CPU_KERNELS") or not cpu_supports_avx512_bf16():
         return None
+    import shutil
+
     from torch.utils.cpp_extension import load
 
     from tacit.loader.default_model import cache_dir
+
+    if shutil.which("ninja") is None:  # pip's ninja lives beside this interpreter, maybe not on PATH
+        os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
     build = cache_dir() / "kernels" / f"torch-{torch.__version__}"
     build.mkdir(parents=True, exist_ok=True)
