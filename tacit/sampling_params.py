@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # Below this a temperature is treated as greedy: dividing logits by ~0 overflows.
 _GREEDY_EPS = 1e-5
@@ -25,8 +25,6 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     n: int = 1
     skip_special_tokens: bool = True
-    # Filled in by the engine from the model's EOS ids; not a user field.
-    _eos_token_ids: frozenset[int] = field(default=frozenset(), repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -51,8 +51,7 @@ class LLMEngine:
         self.model = build_model(model_cfg, source.weights(), self.device)
         self.runner = ModelRunner(self.config, self.model, self.device, platform.free_memory_bytes())
         self.kv = KVCacheManager(self.runner.num_blocks, block_size)
-        self.scheduler = Scheduler(self.config.scheduler, self.kv, model_cfg.max_model_len,
-                                   get_policy(scheduling_policy))
+        self.scheduler = Scheduler(self.config.scheduler, self.kv, get_policy(scheduling_policy))
         self.max_model_len = model_cfg.max_model_len
         self.eos_token_ids = frozenset(model_cfg.eos_token_ids)
         self._children: dict[str, list[Request]] = {}

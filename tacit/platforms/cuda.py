@@ -16,6 +16,3 @@ class CudaPlatform(Platform):
     def free_memory_bytes(self) -> int:
         free, _total = torch.cuda.mem_get_info()
         return int(free)
-
-    def synchronize(self) -> None:
-        torch.cuda.synchronize()

@@ -26,6 +26,3 @@ class Platform(ABC):
 
     def default_dtype(self) -> torch.dtype:
         return torch.bfloat16
-
-    def synchronize(self) -> None:
-        return None

@@ -29,11 +29,9 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int,
-                 policy: SchedulingPolicy | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, policy: SchedulingPolicy | None = None) -> None:
         self.config = config
         self.kv = kv
-        self.max_model_len = max_model_len
         self.policy = policy or FCFSPolicy()
         self.waiting: list[Request] = []
         self.running: list[Request] = []

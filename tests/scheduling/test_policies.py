@@ -26,7 +26,7 @@ def run_step(s: Scheduler) -> list[str]:
 
 def test_priority_preempts_when_batch_slots_are_full():
     kv = KVCacheManager(num_blocks=64, block_size=4)
-    s = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64), kv, 256, PriorityPolicy())
+    s = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64), kv, PriorityPolicy())
     s.add_request(make_req("low-a", 4, priority=5))
     s.add_request(make_req("low-b", 4, priority=5))
     assert run_step(s) == ["low-a", "low-b"]
@@ -40,7 +40,7 @@ def test_priority_preempts_when_batch_slots_are_full():
 
 def test_priority_preempts_when_blocks_are_short():
     kv = KVCacheManager(num_blocks=4, block_size=4)
-    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64), kv, 256, PriorityPolicy())
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64), kv, PriorityPolicy())
     s.add_request(make_req("low", 12, priority=3))
     run_step(s)
     s.add_request(make_req("urgent", 8, priority=1))
@@ -50,7 +50,7 @@ def test_priority_preempts_when_blocks_are_short():
 
 def test_fcfs_never_preempts_for_newcomers():
     kv = KVCacheManager(num_blocks=64, block_size=4)
-    s = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64), kv, 256)
+    s = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64), kv)
     s.add_request(make_req("first", 4, priority=9))
     run_step(s)
     s.add_request(make_req("second", 4, priority=0))
