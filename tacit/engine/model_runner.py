@@ -91,6 +91,11 @@ class ModelRunner:
         n, c = num_new[reqs], computed[reqs]
         max_q = int(n.max())
         blocks = -(-int((c + n).max()) // bs)
+        token_index = None
+        if req_of_token is not None:
+            token_index = torch.from_numpy(np.flatnonzero(np.isin(req_of_token, reqs))).to(self.device)
+        if max_q > 1 and len(reqs) > 1 and int(n.sum()) * int((c + n).sum()) < len(reqs) * max_q * blocks * bs:
+            return self._flat_group(reqs, n, c, tables, token_index)
         local_starts = np.zeros(len(reqs) + 1, dtype=np.int64)
         np.cumsum(n, out=local_starts[1:])
         # Padded query slots repeat the request's last real token; their rows are discarded.
@@ -99,12 +104,7 @@ class ModelRunner:
         offset = np.arange(int(n.sum())) - local_starts[local_req]
         key_pos = np.arange(blocks * bs)
         mask = key_pos[None, None, :] <= (c[:, None] + q_off)[:, :, None]
-        token_index = None
-        if req_of_token is not None:
-            token_index = torch.from_numpy(np.flatnonzero(np.isin(req_of_token, reqs))).to(self.device)
         dev = self.device
-        if max_q > 1 and len(reqs) > 1 and int(n.sum()) * int((c + n).sum()) < len(reqs) * max_q * blocks * bs:
-            return self._flat_group(reqs, n, c, tables, token_index)
         return AttentionGroup(
             token_index=token_index,
             query_pad_index=torch.from_numpy((local_starts[:-1, None] + q_off).reshape(-1)).to(dev),
@@ -121,7 +121,8 @@ class ModelRunner:
         (16 chunks, one of 1,280 tokens: 26M scores padded, 4M flat)."""
         bs = self.block_size
         req_blocks = -(-(c + n) // bs)
-        block_list = np.concatenate([tables[r, :b] for r, b in zip(reqs, req_blocks)])
+        sub = tables[reqs]
+        block_list = sub[np.arange(sub.shape[1])[None, :] < req_blocks[:, None]]  # row-major: request order
         key_start = np.zeros(len(reqs) + 1, dtype=np.int64)
         np.cumsum(req_blocks * bs, out=key_start[1:])
         local_req = np.repeat(np.arange(len(reqs)), n)
