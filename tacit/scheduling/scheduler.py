@@ -61,15 +61,18 @@ class Scheduler:
         if not self.waiting or not self.running:
             return
         head = self._next_waiting()
-        first_chunk = min(head.num_tokens, self.config.max_num_batched_tokens)
-        while self.running:
+        need = self.kv.blocks_needed(min(head.num_tokens, self.config.max_num_batched_tokens))
+        outranked = [r for r in self.running if self.policy.outranks(head, r)]
+        reclaimable = sum(len(self.kv.block_tables.get(r.request_id, [])) for r in outranked)
+        if not outranked or self.kv.pool.num_free_blocks + reclaimable < need:
+            return  # preempting would not let it in: do not throw away their work for nothing
+        while True:
             short_of_slots = len(self.running) >= self.config.max_num_seqs
-            short_of_blocks = self.kv.blocks_needed(first_chunk) > self.kv.pool.num_free_blocks
-            if not (short_of_slots or short_of_blocks):
+            short_of_blocks = need > self.kv.pool.num_free_blocks
+            if not (short_of_slots or short_of_blocks) or not outranked:
                 return
-            victim = self.policy.pick_victim(self.running)
-            if not self.policy.outranks(head, victim):
-                return
+            victim = self.policy.pick_victim(outranked)
+            outranked.remove(victim)
             self._preempt(victim, out)
 
     def schedule(self) -> SchedulerOutput:

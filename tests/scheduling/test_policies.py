@@ -48,6 +48,16 @@ def test_priority_preempts_when_blocks_are_short():
     assert s.waiting[0].request_id == "low" and kv.pool.num_free_blocks == 2
 
 
+def test_priority_does_not_preempt_when_it_would_not_help():
+    kv = KVCacheManager(num_blocks=4, block_size=4)
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64), kv, PriorityPolicy())
+    s.add_request(make_req("low", 4, priority=3))
+    run_step(s)
+    s.add_request(make_req("huge", 24, priority=0))  # needs 6 blocks; freeing "low" leaves 4
+    run_step(s)
+    assert s.num_preemptions == 0 and [r.request_id for r in s.running] == ["low"]
+
+
 def test_fcfs_never_preempts_for_newcomers():
     kv = KVCacheManager(num_blocks=64, block_size=4)
     s = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64), kv)
