@@ -1,8 +1,10 @@
-"""The AVX512-BF16 GEMV (csrc/gemv_bf16.cpp), compiled once on first use and cached.
+"""The AVX512-BF16 skinny GEMM (csrc/gemv_bf16.cpp: 1-4 activation rows), compiled once on
+first use and cached.
 
-Batch-1 decode is ~60% GEMV time; on this CPU torch.mv streams bf16 weights at 13-18 GB/s
-and this kernel at 21-24 GB/s (SmolLM2's layer shapes, weights cold in DRAM). Machines
-without AVX512-BF16, or where the build fails, keep torch.mv: same results, slower.
+Batch-1 decode is ~60% GEMV time; on this CPU torch.mv streams bf16 weights at 13-19 GB/s
+and this kernel at 22-27 GB/s (SmolLM2's layer shapes, weights cold in DRAM); with 2-4 rows
+it reads each weight once for all of them. Machines without AVX512-BF16, or where the build
+fails, keep torch.mv / torch.mm: same results, slower.
 """
 
 from __future__ import annotations

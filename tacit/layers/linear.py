@@ -6,6 +6,8 @@ cold in DRAM, [3072, 576] gate/up; docs/benchmarks.md has the measuring script):
   1 row:      torch.mv 19 GB/s      F.linear 13 GB/s
   2-32 rows:  W @ x.T  12-15 GB/s   F.linear 10-11 GB/s
   64+ rows:   F.linear wins (prefill is compute-bound anyway).
+With AVX512-BF16, 1-4 rows go to kernels/csrc/gemv_bf16.cpp instead: 22-27 GB/s, one pass
+over the weight for all rows.
 
 MergedLinear stacks several projections that read the same input (q/k/v, gate/up) into one
 weight: one GEMM launch instead of three, and a longer, more bandwidth-friendly row stream.
@@ -20,6 +22,7 @@ from torch import nn
 
 
 _SKINNY_ROWS = 32
+_KERNEL_ROWS = 4  # kernels/csrc/gemv_bf16.cpp handles 1-4 activation rows per weight pass
 # Set by the model runner when it runs bf16 on a CPU with AVX512-BF16 (kernels/cpu_gemv.py).
 bf16_gemv = None
 
@@ -31,11 +34,10 @@ def enable_bf16_gemv(kernel) -> None:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     rows = x.shape[0] if x.dim() == 2 else _SKINNY_ROWS + 1
-    if rows == 1:
-        if bf16_gemv is not None and weight.dtype == torch.bfloat16 and weight.device.type == "cpu":
-            out = bf16_gemv.gemv_bf16(weight, x[0].contiguous()).unsqueeze(0)
-        else:
-            out = torch.mv(weight, x[0]).unsqueeze(0)
+    if rows <= _KERNEL_ROWS and bf16_gemv is not None and weight.dtype == torch.bfloat16 and weight.device.type == "cpu":
+        out = bf16_gemv.gemm_bf16_skinny(weight, x.contiguous())
+    elif rows == 1:
+        out = torch.mv(weight, x[0]).unsqueeze(0)
     elif rows <= _SKINNY_ROWS:
         out = torch.mm(weight, x.t()).t().contiguous()
     else:

@@ -8,24 +8,26 @@ pytestmark = pytest.mark.skipif(not cpu_supports_avx512_bf16(), reason="CPU lack
 
 
 @pytest.mark.parametrize("n, k", [(1, 32), (7, 576), (960, 576), (576, 1536), (13, 100), (4099, 64)])
-def test_gemv_matches_fp32_reference(n, k):
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_gemv_matches_fp32_reference(n, k, m):
     kernel = load_gemv_kernel()
     assert kernel is not None, "the kernel failed to build on a CPU that supports it"
     g = torch.Generator().manual_seed(n * 1000 + k)
     w = torch.randn(n, k, generator=g).bfloat16()
-    x = torch.randn(k, generator=g).bfloat16()
-    ref = torch.mv(w.float(), x.float())
-    got = kernel.gemv_bf16(w, x).float()
+    x = torch.randn(m, k, generator=g).bfloat16()
+    ref = x.float() @ w.float().T
+    got = kernel.gemm_bf16_skinny(w, x).float()
     # Both accumulate in fp32; the result is rounded to bf16 once (8 mantissa bits).
     assert torch.allclose(got, ref, rtol=1e-2, atol=1e-2 * ref.abs().max().item())
 
 
-def test_linear_uses_kernel_for_one_bf16_row():
+@pytest.mark.parametrize("rows", [1, 3])
+def test_linear_uses_kernel_for_few_bf16_rows(rows):
     from tacit.layers import linear as lin
 
     kernel = load_gemv_kernel()
     layer = Linear(64, 48, bias=True).bfloat16()
-    x = torch.randn(1, 64).bfloat16()
+    x = torch.randn(rows, 64).bfloat16()
     ref = torch.nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float())
     prev = lin.bf16_gemv
     lin.enable_bf16_gemv(kernel)
@@ -33,5 +35,5 @@ def test_linear_uses_kernel_for_one_bf16_row():
         out = layer(x)
     finally:
         lin.enable_bf16_gemv(prev)
-    assert out.shape == (1, 48) and out.dtype == torch.bfloat16
+    assert out.shape == (rows, 48) and out.dtype == torch.bfloat16
     assert torch.allclose(out.float(), ref, rtol=2e-2, atol=2e-2)
