@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import AsyncIterator
@@ -18,7 +17,8 @@ from tacit.entrypoints.openai.protocol import (ChatCompletionChoice, ChatComplet
                                                ChatResponseMessage, ChatTokenLogprob, DeltaMessage, TopLogprob,
                                                UsageInfo, random_id)
 from tacit.entrypoints.openai.serving_common import (ServingContext, abort_on_disconnect, engine_error,
-                                                     final_outputs, logprob_entries, token_text)
+                                                     final_outputs_unless_disconnected, logprob_entries,
+                                                     token_text)
 from tacit.entrypoints.openai.serving_completion import SSE_HEADERS
 from tacit.outputs import CompletionOutput
 
@@ -62,16 +62,10 @@ class ChatServing:
 
     async def _full(self, req: ChatCompletionRequest, raw: Request, stream: RequestStream, request_id: str,
                     num_prompt_tokens: int) -> Response:
-        async with abort_on_disconnect(raw, self.ctx, [stream]) as disconnected:
-            gen = asyncio.ensure_future(final_outputs([stream]))
-            await asyncio.wait({gen, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-            if not gen.done():  # the client left; nobody reads an answer
-                gen.cancel()
-                return Response(status_code=499)
-            try:
-                (out,) = gen.result()
-            except Exception as e:
-                raise engine_error(e) from None
+        outs = await final_outputs_unless_disconnected(raw, self.ctx, [stream])
+        if outs is None:
+            return Response(status_code=499)
+        (out,) = outs
         choices = [ChatCompletionChoice(index=c.index, message=ChatResponseMessage(content=c.text),
                                         logprobs=self._logprobs(req, c, 0, len(c.token_ids)),
                                         finish_reason=c.finish_reason, stop_reason=c.stop_reason)

@@ -167,3 +167,19 @@ def logprob_entries(c: CompletionOutput, start: int, end: int) -> list[tuple[int
     # The engine thread appends to c.logprobs after this snapshot was taken; token_ids bound it.
     return list(zip(c.token_ids[start:end], c.logprobs[start:end]))
 
+
+
+async def final_outputs_unless_disconnected(request: Request, ctx: ServingContext,
+                                            streams: list[RequestStream]) -> list[RequestOutput] | None:
+    """The finished outputs of a non-streamed reply, or None if the client left first
+    (its requests are aborted and their blocks freed at that moment)."""
+    async with abort_on_disconnect(request, ctx, streams) as disconnected:
+        gen = asyncio.ensure_future(final_outputs(streams))
+        await asyncio.wait({gen, disconnected}, return_when=asyncio.FIRST_COMPLETED)
+        if not gen.done():  # nobody reads an answer
+            gen.cancel()
+            return None
+        try:
+            return gen.result()
+        except Exception as e:
+            raise engine_error(e) from None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import AsyncIterator
 
@@ -14,8 +13,9 @@ from tacit.entrypoints.openai.errors import error_sse
 from tacit.entrypoints.openai.protocol import (CompletionChoice, CompletionChunk, CompletionLogprobs,
                                                CompletionRequest, CompletionResponse, UsageInfo, random_id)
 from tacit.entrypoints.openai.serving_common import (ServingContext, abort_on_disconnect, engine_error,
-                                                     final_outputs, logprob_entries, merge_streams, token_text)
-from tacit.outputs import CompletionOutput, RequestOutput
+                                                     final_outputs_unless_disconnected, logprob_entries,
+                                                     merge_streams, token_text)
+from tacit.outputs import CompletionOutput
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies must not buffer a stream
 
@@ -59,16 +59,9 @@ class CompletionServing:
 
     async def _full(self, req: CompletionRequest, raw: Request, streams: list[RequestStream], request_id: str,
                     num_prompt_tokens: int) -> Response:
-        async with abort_on_disconnect(raw, self.ctx, streams) as disconnected:
-            gen = asyncio.ensure_future(final_outputs(streams))
-            await asyncio.wait({gen, disconnected}, return_when=asyncio.FIRST_COMPLETED)
-            if not gen.done():  # the client left; nobody reads an answer
-                gen.cancel()
-                return Response(status_code=499)
-            try:
-                outs: list[RequestOutput] = gen.result()
-            except Exception as e:
-                raise engine_error(e) from None
+        outs = await final_outputs_unless_disconnected(raw, self.ctx, streams)
+        if outs is None:
+            return Response(status_code=499)
         choices = []
         for pi, out in enumerate(outs):
             for c in out.outputs:
