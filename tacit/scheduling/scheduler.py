@@ -23,10 +23,6 @@ class SchedulerOutput:
     scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, num_new_tokens)
     preempted: list[Request] = field(default_factory=list)
 
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(n for _, n in self.scheduled)
-
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, policy: SchedulingPolicy | None = None) -> None:
