@@ -23,7 +23,7 @@ from torch import nn
 
 _SKINNY_ROWS = 32
 _KERNEL_ROWS = 4  # kernels/csrc/gemv_bf16.cpp handles 1-4 activation rows per weight pass
-# Set by the model runner when it runs bf16 on a CPU with AVX512-BF16 (kernels/cpu_gemv.py).
+# Set by the model runner when it runs bf16 on a CPU with AVX512-BF16 (kernels/cpu_kernels.py).
 bf16_gemv = None
 
 

@@ -5,20 +5,16 @@
 // a time so each load of an activation feeds 4 vdpbf16ps, and with up to 4 activation rows
 // (a batch of 4 decodes) each weight byte is read once for all of them. Prefetching 8 rows
 // ahead overlaps DRAM latency with the math.
+#include <ATen/Parallel.h>
 #include <torch/extension.h>
-#include <immintrin.h>
 #include <omp.h>
 
-#include <cstring>
+#include <algorithm>
 
+#include "bf16_common.h"
+
+namespace tacit {
 namespace {
-
-inline float bf16_to_float(uint16_t v) {
-  uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
 
 template <int M>
 void rows_kernel(const uint16_t* w, const uint16_t* x, float* y, int64_t n, int64_t row_begin, int64_t row_end,
@@ -62,17 +58,7 @@ void rows_kernel(const uint16_t* w, const uint16_t* x, float* y, int64_t n, int6
 
 }  // namespace
 
-// weight [N, K] bf16 contiguous, x [M, K] bf16 contiguous with 1 <= M <= 4 -> [M, N] bf16
-// (accumulated in fp32, rounded once).
-torch::Tensor gemm_bf16_skinny(torch::Tensor weight, torch::Tensor x) {
-  TORCH_CHECK(weight.scalar_type() == torch::kBFloat16 && x.scalar_type() == torch::kBFloat16, "bf16 only");
-  TORCH_CHECK(weight.is_contiguous() && x.is_contiguous() && weight.dim() == 2 && x.dim() == 2, "layout");
-  const int64_t n = weight.size(0), k = weight.size(1), m = x.size(0);
-  TORCH_CHECK(x.size(1) == k && m >= 1 && m <= 4, "shape: x must be [1..4, K]");
-  auto out = torch::empty({m, n}, torch::dtype(torch::kFloat32));
-  const auto* w = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
-  const auto* xv = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-  float* y = out.data_ptr<float>();
+void gemv_bf16(const uint16_t* w, const uint16_t* x, float* y, int64_t n, int64_t k, int m) {
   const int threads = std::max(1, std::min<int>(at::get_num_threads(), static_cast<int>((n + 63) / 64)));
 #pragma omp parallel num_threads(threads)
   {
@@ -82,16 +68,27 @@ torch::Tensor gemm_bf16_skinny(torch::Tensor weight, torch::Tensor x) {
     const int64_t begin = std::min<int64_t>(n, t * per), end = std::min<int64_t>(n, begin + per);
     if (begin < end) {
       switch (m) {
-        case 1: rows_kernel<1>(w, xv, y, n, begin, end, k); break;
-        case 2: rows_kernel<2>(w, xv, y, n, begin, end, k); break;
-        case 3: rows_kernel<3>(w, xv, y, n, begin, end, k); break;
-        default: rows_kernel<4>(w, xv, y, n, begin, end, k); break;
+        case 1: rows_kernel<1>(w, x, y, n, begin, end, k); break;
+        case 2: rows_kernel<2>(w, x, y, n, begin, end, k); break;
+        case 3: rows_kernel<3>(w, x, y, n, begin, end, k); break;
+        default: rows_kernel<4>(w, x, y, n, begin, end, k); break;
       }
     }
   }
+}
+
+// weight [N, K] bf16 contiguous, x [M, K] bf16 contiguous with 1 <= M <= 4 -> [M, N] bf16
+// (accumulated in fp32, rounded once).
+torch::Tensor gemm_bf16_skinny(torch::Tensor weight, torch::Tensor x) {
+  TORCH_CHECK(weight.scalar_type() == torch::kBFloat16 && x.scalar_type() == torch::kBFloat16, "bf16 only");
+  TORCH_CHECK(weight.is_contiguous() && x.is_contiguous() && weight.dim() == 2 && x.dim() == 2, "layout");
+  const int64_t n = weight.size(0), k = weight.size(1), m = x.size(0);
+  TORCH_CHECK(x.size(1) == k && m >= 1 && m <= 4, "shape: x must be [1..4, K]");
+  auto out = torch::empty({m, n}, torch::dtype(torch::kFloat32));
+  gemv_bf16(reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()),
+            reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), out.data_ptr<float>(), n, k,
+            static_cast<int>(m));
   return out.to(torch::kBFloat16);
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("gemm_bf16_skinny", &gemm_bf16_skinny, "bf16 weight x 1-4 activation rows (AVX512-BF16)");
-}
+}  // namespace tacit

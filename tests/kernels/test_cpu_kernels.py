@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from tacit.kernels.cpu_gemv import cpu_supports_avx512_bf16, load_gemv_kernel
+from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16, load_cpu_kernels
 from tacit.layers.linear import Linear
 
 pytestmark = pytest.mark.skipif(not cpu_supports_avx512_bf16(), reason="CPU lacks AVX512-BF16")
@@ -10,7 +10,7 @@ pytestmark = pytest.mark.skipif(not cpu_supports_avx512_bf16(), reason="CPU lack
 @pytest.mark.parametrize("n, k", [(1, 32), (7, 576), (960, 576), (576, 1536), (13, 100), (4099, 64)])
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
 def test_gemv_matches_fp32_reference(n, k, m):
-    kernel = load_gemv_kernel()
+    kernel = load_cpu_kernels()
     assert kernel is not None, "the kernel failed to build on a CPU that supports it"
     g = torch.Generator().manual_seed(n * 1000 + k)
     w = torch.randn(n, k, generator=g).bfloat16()
@@ -25,7 +25,7 @@ def test_gemv_matches_fp32_reference(n, k, m):
 def test_linear_uses_kernel_for_few_bf16_rows(rows):
     from tacit.layers import linear as lin
 
-    kernel = load_gemv_kernel()
+    kernel = load_cpu_kernels()
     layer = Linear(64, 48, bias=True).bfloat16()
     x = torch.randn(rows, 64).bfloat16()
     ref = torch.nn.functional.linear(x.float(), layer.weight.float(), layer.bias.float())

@@ -1,5 +1,7 @@
-"""The AVX512-BF16 skinny GEMM (csrc/gemv_bf16.cpp: 1-4 activation rows), compiled once on
-first use and cached.
+"""tacit's AVX512-BF16 CPU kernels, compiled once on first use and cached:
+
+- csrc/gemv_bf16.cpp: the skinny GEMM (1-4 activation rows) behind bf16 `Linear` in decode;
+- csrc/llama_decode.cpp: a whole Llama-family decode step in one call (kernels/cpu_fused_decode.py).
 
 Batch-1 decode is ~60% GEMV time; on this CPU torch.mv streams bf16 weights at 13-19 GB/s
 and this kernel at 22-27 GB/s (SmolLM2's layer shapes, weights cold in DRAM); with 2-4 rows
@@ -17,7 +19,8 @@ from types import ModuleType
 
 import torch
 
-_SOURCE = Path(__file__).parent / "csrc" / "gemv_bf16.cpp"
+_CSRC = Path(__file__).parent / "csrc"
+_SOURCES = ["gemv_bf16.cpp", "llama_decode.cpp", "bindings.cpp"]
 _module: ModuleType | None = None
 _tried = False
 
@@ -32,7 +35,7 @@ def cpu_supports_avx512_bf16() -> bool:
     return "avx512_bf16" in flags and "avx512f" in flags
 
 
-def load_gemv_kernel() -> ModuleType | None:
+def load_cpu_kernels() -> ModuleType | None:
     """The compiled module, or None (unsupported CPU, TACIT_NO_CPU_KERNELS=1, or a failed build)."""
     global _module, _tried
     if _tried:
@@ -49,16 +52,18 @@ def load_gemv_kernel() -> ModuleType | None:
     if shutil.which("ninja") is None:  # pip's ninja lives beside this interpreter, maybe not on PATH
         os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
-    build = cache_dir() / "kernels" / f"torch-{torch.__version__}"
+    # One directory per extension: two extensions sharing one would overwrite each other's ninja files.
+    build = cache_dir() / "kernels" / f"torch-{torch.__version__}" / "tacit_cpu_kernels"
     build.mkdir(parents=True, exist_ok=True)
     if not any(build.glob("*.so")):
-        print("tacit: compiling the AVX512-BF16 GEMV kernel (once, ~30 s) ...", file=sys.stderr, flush=True)
+        print("tacit: compiling the AVX512-BF16 CPU kernels (once, ~1 min) ...", file=sys.stderr, flush=True)
     try:
-        _module = load(name="tacit_gemv_bf16", sources=[str(_SOURCE)], build_directory=str(build),
-                       extra_cflags=["-O3", "-mavx512f", "-mavx512bf16", "-fopenmp"],
+        _module = load(name="tacit_cpu_kernels", sources=[str(_CSRC / s) for s in _SOURCES],
+                       build_directory=str(build), extra_include_paths=[str(_CSRC)],
+                       extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-fopenmp"],
                        extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # no compiler, no ninja, odd toolchain: fall back, do not fail the engine
-        print(f"tacit: AVX512-BF16 GEMV kernel unavailable ({type(e).__name__}: {str(e)[:200]}); using torch.mv",
+        print(f"tacit: AVX512-BF16 CPU kernels unavailable ({type(e).__name__}: {str(e)[:200]}): using the torch path",
               file=sys.stderr)
         _module = None
     return _module

@@ -1,0 +1,13 @@
+#include <torch/extension.h>
+
+#include "llama_decode.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("gemm_bf16_skinny", &tacit::gemm_bf16_skinny, "bf16 weight x 1-4 activation rows (AVX512-BF16)");
+  pybind11::class_<tacit::LlamaDecoder>(m, "LlamaDecoder")
+      .def(pybind11::init<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t,
+                          int64_t, double, double, int64_t>())
+      .def("add_layer", &tacit::LlamaDecoder::add_layer)
+      .def("forward", &tacit::LlamaDecoder::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def_property_readonly("num_layers", &tacit::LlamaDecoder::num_layers);
+}

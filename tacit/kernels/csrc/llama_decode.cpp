@@ -1,0 +1,320 @@
+// A whole Llama-family decode step in one C++ call.
+//
+// Why: at batch 1 a decode step of SmolLM2-135M streams 269 MB of weights (~11 ms at this
+// machine's ~23 GB/s), but eager torch ran it as ~1,500 small ops (norms, rotary, KV writes
+// and gathers, SDPA over one query) costing 2-30 us of dispatch each: ~15 ms of overhead on
+// top of the 9 ms of GEMVs. Here the step is one call, the layer's glue is a few vector
+// loops between the GEMVs, and attention reads K/V straight out of the paged cache blocks
+// instead of gathering the whole context into a padded copy first.
+//
+// Numerics follow eager torch's bf16 path op by op: each elementwise op computes in fp32 and
+// rounds to bf16 where torch would produce a bf16 tensor (RMSNorm: fp32 statistics, round,
+// then times the weight and round; rotary: each product and sum rounded; silu then times
+// up, each rounded). GEMVs accumulate in fp32 and round once, like the 1-4 row kernel the
+// torch path already uses. Attention computes scores, softmax and the weighted sum in fp32
+// and rounds the exp'd scores to bf16 before the V product, as torch's CPU flash attention
+// does for bf16 inputs. What remains different is fp32 summation order, which is why tests
+// compare against the torch path with a tolerance rather than bit for bit.
+#include "llama_decode.h"
+
+#include <ATen/Parallel.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "bf16_common.h"
+
+namespace tacit {
+namespace {
+
+using u16 = uint16_t;
+
+inline __m512 load16(const u16* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+inline void store16(u16* p, __m512 v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+inline __m512 round16(__m512 v) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
+}
+
+// exp for 16 floats (Cephes' polynomial, ~1 ulp): silu and softmax need it per element, and
+// scalar expf over SmolLM2's 1,536-wide MLP costs ~0.3 ms a step.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.37f));
+  __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                   _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(y, fx);
+}
+
+inline float exp1(float x) {
+  alignas(64) float buf[16] = {x};
+  _mm512_store_ps(buf, exp16(_mm512_load_ps(buf)));
+  return buf[0];
+}
+
+// HF's RMSNorm in bf16: statistics in fp32, normalize, round, times the weight, round.
+void rms_norm(const u16* x, const u16* weight, u16* out, int64_t n, float eps) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = load16(x + i);
+    acc = _mm512_fmadd_ps(v, v, acc);
+  }
+  float ss = _mm512_reduce_add_ps(acc);
+  for (; i < n; ++i) ss += bf16_to_float(x[i]) * bf16_to_float(x[i]);
+  const float rstd = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  const __m512 r = _mm512_set1_ps(rstd);
+  for (i = 0; i + 16 <= n; i += 16)
+    store16(out + i, _mm512_mul_ps(load16(weight + i), round16(_mm512_mul_ps(load16(x + i), r))));
+  for (; i < n; ++i) out[i] = float_to_bf16(bf16_to_float(weight[i]) * round_bf16(bf16_to_float(x[i]) * rstd));
+}
+
+// dst = round(src_f32) [+ bias, rounded again: torch adds the bias to the rounded GEMV output].
+void round_out(const float* src, const u16* bias, u16* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_loadu_ps(src + i);
+    if (bias) v = _mm512_add_ps(round16(v), load16(bias + i));
+    store16(dst + i, v);
+  }
+  for (; i < n; ++i) dst[i] = float_to_bf16(bias ? round_bf16(src[i]) + bf16_to_float(bias[i]) : src[i]);
+}
+
+// x = round(x + round(delta_f32) [+ bias]): the residual add after o_proj and down_proj.
+void residual_add(u16* x, const float* delta, const u16* bias, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 d = round16(_mm512_loadu_ps(delta + i));
+    if (bias) d = round16(_mm512_add_ps(d, load16(bias + i)));
+    store16(x + i, _mm512_add_ps(load16(x + i), d));
+  }
+  for (; i < n; ++i) {
+    float d = round_bf16(delta[i]);
+    if (bias) d = round_bf16(d + bf16_to_float(bias[i]));
+    x[i] = float_to_bf16(bf16_to_float(x[i]) + d);
+  }
+}
+
+// act = round(round(silu(round(gate))) * round(up)) from the fp32 gate_up GEMV output.
+void silu_mul(const float* gate_up, u16* act, int64_t n) {
+  int64_t i = 0;
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (; i + 16 <= n; i += 16) {
+    __m512 g = round16(_mm512_loadu_ps(gate_up + i));
+    __m512 u = round16(_mm512_loadu_ps(gate_up + n + i));
+    __m512 s = round16(_mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
+    store16(act + i, _mm512_mul_ps(s, u));
+  }
+  for (; i < n; ++i) {
+    float g = round_bf16(gate_up[i]), u = round_bf16(gate_up[n + i]);
+    act[i] = float_to_bf16(round_bf16(g / (1.0f + exp1(-g))) * u);
+  }
+}
+
+// Half-split rotary on one head in place, each product and sum rounded as in rotate_neox.
+void rotate_neox(u16* x, const u16* cos, const u16* sin, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = bf16_to_float(x[i]), x2 = bf16_to_float(x[i + half]);
+    const float c = bf16_to_float(cos[i]), s = bf16_to_float(sin[i]);
+    x[i] = float_to_bf16(round_bf16(x1 * c) - round_bf16(x2 * s));
+    x[i + half] = float_to_bf16(round_bf16(x2 * c) + round_bf16(x1 * s));
+  }
+}
+
+inline float dot_bf16(const u16* a, const u16* b, int64_t n) {
+  int64_t i = 0;
+  float s = 0.0f;
+  if (n >= 32) {
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 32 <= n; i += 32)
+      acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a + i), (__m512bh)_mm512_loadu_si512(b + i));
+    s = _mm512_reduce_add_ps(acc);
+  }
+  for (; i < n; ++i) s += bf16_to_float(a[i]) * bf16_to_float(b[i]);
+  return s;
+}
+
+const u16* bf16_ptr(const torch::Tensor& t) {
+  return t.defined() ? reinterpret_cast<const u16*>(t.data_ptr<at::BFloat16>()) : nullptr;
+}
+
+torch::Tensor checked(const torch::Tensor& t, const char* what, std::vector<int64_t> shape) {
+  TORCH_CHECK(t.scalar_type() == torch::kBFloat16 && t.is_contiguous() && t.device().is_cpu(), what,
+              ": must be a contiguous bf16 CPU tensor");
+  TORCH_CHECK(t.sizes().vec() == shape, what, ": shape ", t.sizes(), " but expected ", c10::IntArrayRef(shape));
+  return t;
+}
+
+}  // namespace
+
+LlamaDecoder::LlamaDecoder(torch::Tensor embed, torch::Tensor final_norm, torch::Tensor cos_table,
+                           torch::Tensor sin_table, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                           int64_t intermediate, double eps, double scale, int64_t block_size)
+    : num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim), intermediate_(intermediate),
+      block_size_(block_size), eps_(static_cast<float>(eps)), scale_(static_cast<float>(scale)) {
+  TORCH_CHECK(num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
+  TORCH_CHECK(head_dim % 2 == 0, "head_dim must be even for rotary");
+  hidden_ = embed.size(1);
+  embed_ = checked(embed, "embed_tokens", {embed.size(0), hidden_});
+  final_norm_ = checked(final_norm, "norm", {hidden_});
+  max_positions_ = cos_table.size(0);
+  cos_ = checked(cos_table, "cos table", {max_positions_, head_dim / 2});
+  sin_ = checked(sin_table, "sin table", {max_positions_, head_dim / 2});
+}
+
+void LlamaDecoder::add_layer(torch::Tensor input_norm, torch::Tensor qkv, std::optional<torch::Tensor> qkv_bias,
+                             std::optional<torch::Tensor> q_norm, std::optional<torch::Tensor> k_norm,
+                             torch::Tensor o_proj, std::optional<torch::Tensor> o_bias, torch::Tensor post_norm,
+                             torch::Tensor gate_up, torch::Tensor down, torch::Tensor kv_cache) {
+  const int64_t q = num_heads_ * head_dim_, kv = num_kv_heads_ * head_dim_, h = hidden_;
+  LlamaLayerWeights w;
+  w.input_norm = checked(input_norm, "input_layernorm", {h});
+  w.qkv = checked(qkv, "qkv_proj", {q + 2 * kv, h});
+  if (qkv_bias) w.qkv_bias = checked(*qkv_bias, "qkv_proj.bias", {q + 2 * kv});
+  TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q_norm and k_norm come together");
+  if (q_norm) {
+    w.q_norm = checked(*q_norm, "q_norm", {head_dim_});
+    w.k_norm = checked(*k_norm, "k_norm", {head_dim_});
+  }
+  w.o_proj = checked(o_proj, "o_proj", {h, q});
+  if (o_bias) w.o_bias = checked(*o_bias, "o_proj.bias", {h});
+  w.post_norm = checked(post_norm, "post_attention_layernorm", {h});
+  w.gate_up = checked(gate_up, "gate_up_proj", {2 * intermediate_, h});
+  w.down = checked(down, "down_proj", {h, intermediate_});
+  w.kv_cache = checked(kv_cache, "kv_cache", {2, kv_cache.size(1), block_size_, num_kv_heads_, head_dim_});
+  layers_.push_back(std::move(w));
+}
+
+void LlamaDecoder::attention(const u16* qkv, const int64_t* positions, const int64_t* tables, int64_t table_width,
+                             u16* kv_cache, u16* out, int m) const {
+  const int64_t d = head_dim_, hq = num_heads_, hkv = num_kv_heads_, group = hq / hkv;
+  const int64_t qkv_width = (hq + 2 * hkv) * d, cache_half = layers_[0].kv_cache.size(1) * block_size_ * hkv * d;
+  const int64_t items = static_cast<int64_t>(m) * hkv;
+  const int threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+  for (int64_t item = 0; item < items; ++item) {
+    const int64_t r = item / hkv, g = item % hkv, ctx = positions[r] + 1;
+    const u16* q = qkv + r * qkv_width + g * group * d;
+    const int64_t* table = tables + r * table_width;
+    std::vector<float> scores(group * ctx), acc(group * d, 0.0f);
+    for (int64_t j = 0; j < ctx; ++j) {
+      const u16* k = kv_cache + ((table[j / block_size_] * block_size_ + j % block_size_) * hkv + g) * d;
+      for (int64_t h = 0; h < group; ++h) scores[h * ctx + j] = dot_bf16(q + h * d, k, d) * scale_;
+    }
+    std::vector<float> sums(group);
+    for (int64_t h = 0; h < group; ++h) {
+      float* s = scores.data() + h * ctx;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < ctx; ++j) mx = std::max(mx, s[j]);
+      float sum = 0.0f;
+      int64_t j = 0;
+      const __m512 vmax = _mm512_set1_ps(mx);
+      __m512 vsum = _mm512_setzero_ps();
+      for (; j + 16 <= ctx; j += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), vmax));
+        vsum = _mm512_add_ps(vsum, e);
+        _mm512_storeu_ps(s + j, round16(e));
+      }
+      sum = _mm512_reduce_add_ps(vsum);
+      for (; j < ctx; ++j) {
+        const float e = exp1(s[j] - mx);
+        sum += e;
+        s[j] = round_bf16(e);
+      }
+      sums[h] = sum;
+    }
+    for (int64_t j = 0; j < ctx; ++j) {
+      const u16* v = kv_cache + cache_half + ((table[j / block_size_] * block_size_ + j % block_size_) * hkv + g) * d;
+      for (int64_t h = 0; h < group; ++h) {
+        const float p = scores[h * ctx + j];
+        float* a = acc.data() + h * d;
+        int64_t i = 0;
+        for (; i + 16 <= d; i += 16)
+          _mm512_storeu_ps(a + i, _mm512_fmadd_ps(_mm512_set1_ps(p), load16(v + i), _mm512_loadu_ps(a + i)));
+        for (; i < d; ++i) a[i] += p * bf16_to_float(v[i]);
+      }
+    }
+    u16* o = out + r * hq * d + g * group * d;
+    for (int64_t h = 0; h < group; ++h)
+      for (int64_t i = 0; i < d; ++i) o[h * d + i] = float_to_bf16(acc[h * d + i] / sums[h]);
+  }
+}
+
+torch::Tensor LlamaDecoder::forward(torch::Tensor token_ids, torch::Tensor positions, torch::Tensor block_tables) {
+  TORCH_CHECK(token_ids.scalar_type() == torch::kLong && positions.scalar_type() == torch::kLong &&
+                  block_tables.scalar_type() == torch::kLong,
+              "token_ids, positions and block_tables must be int64");
+  token_ids = token_ids.contiguous();
+  positions = positions.contiguous();
+  block_tables = block_tables.contiguous();
+  const int m = static_cast<int>(token_ids.size(0));
+  TORCH_CHECK(m >= 1 && m <= 4 && positions.size(0) == m && block_tables.dim() == 2 && block_tables.size(0) == m,
+              "forward takes 1-4 decode rows with matching positions and block tables");
+  const int64_t h = hidden_, d = head_dim_, hq = num_heads_, hkv = num_kv_heads_, inter = intermediate_;
+  const int64_t qkv_n = (hq + 2 * hkv) * d, width = block_tables.size(1);
+  const int64_t* tok = token_ids.data_ptr<int64_t>();
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  for (int r = 0; r < m; ++r) {
+    TORCH_CHECK(tok[r] >= 0 && tok[r] < embed_.size(0), "token id ", tok[r], " out of range");
+    TORCH_CHECK(pos[r] >= 0 && pos[r] < max_positions_, "position ", pos[r], " beyond the rotary table");
+    TORCH_CHECK((pos[r] + block_size_) / block_size_ <= width, "block table too narrow for position ", pos[r]);
+  }
+
+  std::vector<u16> x(m * h), normed(m * h), qkv(m * qkv_n), attn(m * hq * d), act(m * inter);
+  std::vector<float> f32(m * std::max({qkv_n, 2 * inter, h}));
+  const u16* embed = bf16_ptr(embed_);
+  for (int r = 0; r < m; ++r) std::memcpy(x.data() + r * h, embed + tok[r] * h, h * sizeof(u16));
+  const u16* cos = bf16_ptr(cos_);
+  const u16* sin = bf16_ptr(sin_);
+
+  for (const LlamaLayerWeights& w : layers_) {
+    for (int r = 0; r < m; ++r) rms_norm(x.data() + r * h, bf16_ptr(w.input_norm), normed.data() + r * h, h, eps_);
+    gemv_bf16(bf16_ptr(w.qkv), normed.data(), f32.data(), qkv_n, h, m);
+    u16* cache = reinterpret_cast<u16*>(w.kv_cache.data_ptr<at::BFloat16>());
+    const int64_t cache_half = w.kv_cache.size(1) * block_size_ * hkv * d;
+    for (int r = 0; r < m; ++r) {
+      u16* row = qkv.data() + r * qkv_n;
+      round_out(f32.data() + r * qkv_n, bf16_ptr(w.qkv_bias), row, qkv_n);
+      for (int64_t head = 0; head < hq + hkv; ++head) {
+        u16* v = row + head * d;
+        if (w.q_norm.defined()) rms_norm(v, bf16_ptr(head < hq ? w.q_norm : w.k_norm), v, d, eps_);
+        rotate_neox(v, cos + pos[r] * (d / 2), sin + pos[r] * (d / 2), d / 2);
+      }
+      const int64_t slot = tables[r * width + pos[r] / block_size_] * block_size_ + pos[r] % block_size_;
+      std::memcpy(cache + slot * hkv * d, row + hq * d, hkv * d * sizeof(u16));
+      std::memcpy(cache + cache_half + slot * hkv * d, row + (hq + hkv) * d, hkv * d * sizeof(u16));
+    }
+    attention(qkv.data(), pos, tables, width, cache, attn.data(), m);
+    gemv_bf16(bf16_ptr(w.o_proj), attn.data(), f32.data(), h, hq * d, m);
+    for (int r = 0; r < m; ++r) residual_add(x.data() + r * h, f32.data() + r * h, bf16_ptr(w.o_bias), h);
+    for (int r = 0; r < m; ++r) rms_norm(x.data() + r * h, bf16_ptr(w.post_norm), normed.data() + r * h, h, eps_);
+    gemv_bf16(bf16_ptr(w.gate_up), normed.data(), f32.data(), 2 * inter, h, m);
+    for (int r = 0; r < m; ++r) silu_mul(f32.data() + r * 2 * inter, act.data() + r * inter, inter);
+    gemv_bf16(bf16_ptr(w.down), act.data(), f32.data(), h, inter, m);
+    for (int r = 0; r < m; ++r) residual_add(x.data() + r * h, f32.data() + r * h, nullptr, h);
+  }
+
+  auto out = torch::empty({m, h}, torch::dtype(torch::kBFloat16));
+  u16* o = reinterpret_cast<u16*>(out.data_ptr<at::BFloat16>());
+  for (int r = 0; r < m; ++r) rms_norm(x.data() + r * h, bf16_ptr(final_norm_), o + r * h, h, eps_);
+  return out;
+}
+
+}  // namespace tacit

@@ -1,0 +1,42 @@
+// A whole Llama-family decode step (SmolLM2, Llama 2/3, Qwen2/2.5, Qwen3 dense) in one call,
+// for 1-4 single-token requests over tacit's paged bf16 KV cache.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <optional>
+#include <vector>
+
+namespace tacit {
+
+torch::Tensor gemm_bf16_skinny(torch::Tensor weight, torch::Tensor x);
+
+struct LlamaLayerWeights {
+  torch::Tensor input_norm, qkv, qkv_bias, q_norm, k_norm, o_proj, o_bias, post_norm, gate_up, down, kv_cache;
+};
+
+class LlamaDecoder {
+ public:
+  LlamaDecoder(torch::Tensor embed, torch::Tensor final_norm, torch::Tensor cos_table, torch::Tensor sin_table,
+               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps,
+               double scale, int64_t block_size);
+  void add_layer(torch::Tensor input_norm, torch::Tensor qkv, std::optional<torch::Tensor> qkv_bias,
+                 std::optional<torch::Tensor> q_norm, std::optional<torch::Tensor> k_norm, torch::Tensor o_proj,
+                 std::optional<torch::Tensor> o_bias, torch::Tensor post_norm, torch::Tensor gate_up,
+                 torch::Tensor down, torch::Tensor kv_cache);
+  // token_ids [m], positions [m] (the token's index in its sequence; the context is
+  // positions + 1 tokens), block_tables [m, B] -> final-normed hidden states [m, hidden] bf16.
+  torch::Tensor forward(torch::Tensor token_ids, torch::Tensor positions, torch::Tensor block_tables);
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+
+ private:
+  void attention(const uint16_t* qkv, const int64_t* positions, const int64_t* tables, int64_t table_width,
+                 uint16_t* kv_cache, uint16_t* out, int m) const;
+
+  torch::Tensor embed_, final_norm_, cos_, sin_;
+  int64_t hidden_, num_heads_, num_kv_heads_, head_dim_, intermediate_, block_size_, max_positions_;
+  float eps_, scale_;
+  std::vector<LlamaLayerWeights> layers_;
+};
+
+}  // namespace tacit

@@ -1,0 +1,94 @@
+"""The fused C++ decode step against the torch path it replaces, on the same KV cache."""
+
+import pytest
+import torch
+
+from tacit import LLM, SamplingParams
+from tacit.kernels.cpu_fused_decode import MAX_FUSED_DECODE_ROWS
+from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
+
+pytestmark = pytest.mark.skipif(not cpu_supports_avx512_bf16(), reason="CPU lacks AVX512-BF16")
+
+
+def both_paths(runner, sched, kv):
+    """Logits of one scheduled step from the fused decoder, then from the torch path."""
+    fused = runner.fused_decode
+    reqs, got = runner.compute_logits(sched, kv)
+    runner.fused_decode = None
+    try:
+        ref_reqs, ref = runner.compute_logits(sched, kv)  # rewrites this step's KV slots with torch's values
+    finally:
+        runner.fused_decode = fused
+    assert [r.request_id for r in reqs] == [r.request_id for r in ref_reqs]
+    return got.float(), ref.float()
+
+
+def step_both_ways(engine) -> int:
+    """Run the engine to the end, checking every fused step against the torch path; returns how many."""
+    checked = 0
+    while engine.has_unfinished_requests():
+        sched = engine.scheduler.schedule()
+        if engine.runner._uses_fused_decode(sched.scheduled):
+            got, ref = both_paths(engine.runner, sched, engine.kv)
+            # bf16 through two layers: ~1 ulp per op of drift from fp32 summation order.
+            scale = ref.abs().max().item()
+            assert (got - ref).abs().max().item() < 0.03 * scale, f"fused step {checked}: logits diverge"
+            top2 = ref.topk(2, dim=-1).values
+            clear = (top2[:, 0] - top2[:, 1]) > 0.05 * scale
+            assert torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])
+            checked += 1
+        # Step with this schedule: the torch path writes the KV and picks the tokens both see next.
+        engine.scheduler.schedule = lambda s=sched: s
+        try:
+            engine.step()
+        finally:
+            del engine.scheduler.schedule
+    return checked
+
+
+# llama: plain; llama3: tied embeddings, o_proj bias, llama3 rope; qwen2: qkv bias; qwen3: q/k norm.
+@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3"])
+def test_fused_decode_matches_torch_path(tiny_model_factory, arch):
+    _, _, path = tiny_model_factory(arch)
+    engine = LLM(str(path), dtype="bfloat16", block_size=4).engine
+    assert engine.runner.fused_decode is not None, "a dense Llama-family bf16 model should get the fused decoder"
+    # Different lengths, so rows cross block boundaries at different steps (block_size 4).
+    prompts = [[5, 6, 7], list(range(10, 31)), [40] * 9, list(range(50, 63))][:MAX_FUSED_DECODE_ROWS]
+    for p in prompts:
+        engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    assert step_both_ways(engine) == 23  # one prefill step, then 23 decode steps
+
+
+def test_one_token_prefill_chunk_rides_the_fused_step_without_sampling(tiny_model_factory):
+    _, _, path = tiny_model_factory("llama")
+    engine = LLM(str(path), dtype="bfloat16", max_num_batched_tokens=2).engine
+    # A 2-token budget: the 4-token prompt is fed one token a step beside the other's decodes.
+    engine.add_request([5], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), request_id="short")
+    engine.add_request([6, 7, 8, 9], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), request_id="long")
+    assert step_both_ways(engine) == 6
+
+
+def test_wide_decode_batches_take_the_torch_path(tiny_model_factory):
+    _, _, path = tiny_model_factory("llama")
+    llm = LLM(str(path), dtype="bfloat16")
+    runner = llm.engine.runner
+    calls = []
+    real = runner.fused_decode
+
+    class Spy:
+        def forward(self, *args):
+            calls.append(len(args[0]))
+            return real.forward(*args)
+
+    runner.fused_decode = Spy()
+    many = [[7 + i] for i in range(MAX_FUSED_DECODE_ROWS + 2)]
+    outs = llm.generate(many, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 3 for o in outs)
+    assert calls == [], "a decode batch wider than the GEMV kernel's rows takes the torch path"
+
+
+def test_models_the_fused_decoder_does_not_run_keep_the_torch_path(tiny_model_factory):
+    _, _, path = tiny_model_factory("qwen3_moe")
+    assert LLM(str(path), dtype="bfloat16").engine.runner.fused_decode is None
+    _, _, path = tiny_model_factory("llama")
+    assert LLM(str(path), dtype="float32").engine.runner.fused_decode is None
