@@ -143,10 +143,10 @@ def _print_ratios(r: dict[str, float]) -> None:
 
 def cmd_latency(args: argparse.Namespace) -> int:
     from tacit.bench import latency
-    from tacit.bench.hw import read_bandwidth
+    from tacit.bench.hw import peak_read_bandwidth
 
     _log("measuring read bandwidth ...")
-    bw = read_bandwidth() / 1e9
+    bw = peak_read_bandwidth() / 1e9
     engine, engines = _setup(args, args.peer)
     wbytes = latency.weight_bytes(engine.model)
     sizes = [int(x) for x in args.batch_sizes.split(",")]

@@ -4,9 +4,9 @@ The torch path runs a batch-1 decode step of SmolLM2-135M as ~1,500 small ops; t
 dispatch (~15 ms) cost more than streaming the weights (~9 ms). The fused decoder keeps the
 weights and KV caches the torch model already owns (no copy), takes the step's token ids,
 positions and block tables, and returns the final-normed hidden states; the model runner
-projects and samples them as usual. It runs steps where every request brings one token
-and there are at most MAX_FUSED_DECODE_ROWS of them, the rows the 1-4 row GEMV reads the
-weights once for; larger batches and prefills take the torch path.
+projects and samples them as usual. It runs every step in which each request brings one
+token (decode-only steps, however many rows); steps with a prefill chunk take the torch
+path, where the work is in large GEMMs and the dispatch overhead is small beside it.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ import torch
 from torch import nn
 
 from tacit.kernels.torch_attention import TorchAttentionBackend
-
-MAX_FUSED_DECODE_ROWS = 4
 
 
 def _unsupported_reason(model: nn.Module) -> str | None:

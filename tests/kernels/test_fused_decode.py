@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from tacit import LLM, SamplingParams
-from tacit.kernels.cpu_fused_decode import MAX_FUSED_DECODE_ROWS
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
 
 pytestmark = pytest.mark.skipif(not cpu_supports_avx512_bf16(), reason="CPU lacks AVX512-BF16")
@@ -48,13 +47,14 @@ def step_both_ways(engine) -> int:
 
 # llama: plain; llama3: tied embeddings, o_proj bias, llama3 rope; qwen2: qkv bias; qwen3: q/k norm.
 @pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3"])
-def test_fused_decode_matches_torch_path(tiny_model_factory, arch):
+@pytest.mark.parametrize("rows", [1, 4, 7])  # 1-4 rows: the GEMV kernel; more: oneDNN
+def test_fused_decode_matches_torch_path(tiny_model_factory, arch, rows):
     _, _, path = tiny_model_factory(arch)
     engine = LLM(str(path), dtype="bfloat16", block_size=4).engine
     assert engine.runner.fused_decode is not None, "a dense Llama-family bf16 model should get the fused decoder"
     # Different lengths, so rows cross block boundaries at different steps (block_size 4).
-    prompts = [[5, 6, 7], list(range(10, 31)), [40] * 9, list(range(50, 63))][:MAX_FUSED_DECODE_ROWS]
-    for p in prompts:
+    prompts = [[5, 6, 7], list(range(10, 31)), [40] * 9, list(range(50, 63)), [8], list(range(70, 140)), [9, 9]]
+    for p in prompts[:rows]:
         engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
     assert step_both_ways(engine) == 23  # one prefill step, then 23 decode steps
 
@@ -66,25 +66,6 @@ def test_one_token_prefill_chunk_rides_the_fused_step_without_sampling(tiny_mode
     engine.add_request([5], SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True), request_id="short")
     engine.add_request([6, 7, 8, 9], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True), request_id="long")
     assert step_both_ways(engine) == 6
-
-
-def test_wide_decode_batches_take_the_torch_path(tiny_model_factory):
-    _, _, path = tiny_model_factory("llama")
-    llm = LLM(str(path), dtype="bfloat16")
-    runner = llm.engine.runner
-    calls = []
-    real = runner.fused_decode
-
-    class Spy:
-        def forward(self, *args):
-            calls.append(len(args[0]))
-            return real.forward(*args)
-
-    runner.fused_decode = Spy()
-    many = [[7 + i] for i in range(MAX_FUSED_DECODE_ROWS + 2)]
-    outs = llm.generate(many, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
-    assert all(len(o.outputs[0].token_ids) == 3 for o in outs)
-    assert calls == [], "a decode batch wider than the GEMV kernel's rows takes the torch path"
 
 
 def test_models_the_fused_decoder_does_not_run_keep_the_torch_path(tiny_model_factory):
