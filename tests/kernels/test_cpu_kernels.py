@@ -8,7 +8,7 @@ pytestmark = pytest.mark.skipif(not cpu_supports_avx512_bf16(), reason="CPU lack
 
 
 @pytest.mark.parametrize("n, k", [(1, 32), (7, 576), (960, 576), (576, 1536), (13, 100), (4099, 64)])
-@pytest.mark.parametrize("m", [1, 2, 3, 4])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 12])
 def test_gemv_matches_fp32_reference(n, k, m):
     kernel = load_cpu_kernels()
     assert kernel is not None, "the kernel failed to build on a CPU that supports it"

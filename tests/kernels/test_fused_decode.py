@@ -47,13 +47,14 @@ def step_both_ways(engine) -> int:
 
 # llama: plain; llama3: tied embeddings, o_proj bias, llama3 rope; qwen2: qkv bias; qwen3: q/k norm.
 @pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3"])
-@pytest.mark.parametrize("rows", [1, 4, 7])  # 1-4 rows: the GEMV kernel; more: oneDNN
+@pytest.mark.parametrize("rows", [1, 4, 7, 14])  # 1-12 rows: the GEMV kernel; more: oneDNN
 def test_fused_decode_matches_torch_path(tiny_model_factory, arch, rows):
     _, _, path = tiny_model_factory(arch)
     engine = LLM(str(path), dtype="bfloat16", block_size=4).engine
     assert engine.runner.fused_decode is not None, "a dense Llama-family bf16 model should get the fused decoder"
     # Different lengths, so rows cross block boundaries at different steps (block_size 4).
     prompts = [[5, 6, 7], list(range(10, 31)), [40] * 9, list(range(50, 63)), [8], list(range(70, 140)), [9, 9]]
+    prompts += [[11 + i] * (3 * i + 2) for i in range(7)]
     for p in prompts[:rows]:
         engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
     assert step_both_ways(engine) == 23  # one prefill step, then 23 decode steps

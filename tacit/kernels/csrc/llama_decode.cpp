@@ -10,7 +10,7 @@
 // Numerics follow eager torch's bf16 path op by op: each elementwise op computes in fp32 and
 // rounds to bf16 where torch would produce a bf16 tensor (RMSNorm: fp32 statistics, round,
 // then times the weight and round; rotary: each product and sum rounded; silu then times
-// up, each rounded). GEMVs accumulate in fp32 and round once, like the 1-4 row kernel the
+// up, each rounded). GEMVs accumulate in fp32 and round once, like the 1-12 row kernel the
 // torch path already uses. Attention computes scores, softmax and the weighted sum in fp32
 // and rounds the exp'd scores to bf16 before the V product, as torch's CPU flash attention
 // does for bf16 inputs. What remains different is fp32 summation order, which is why tests
@@ -150,12 +150,12 @@ inline float dot_bf16(const u16* a, const u16* b, int64_t n) {
   return s;
 }
 
-// y[m, n] (fp32) = x[m, k] @ w^T. 1-4 rows: the AVX512-BF16 kernel reads each weight once for
-// all of them at ~25 GB/s. More rows: oneDNN (AMX on this CPU), phrased exactly as
-// layers/linear.py phrases it for the torch path, so both paths pick the same GEMM.
+// y[m, n] (fp32) = x[m, k] @ w^T. Up to 12 rows the AVX512-BF16 kernel reads each weight once
+// for all of them. More rows: oneDNN (AMX on this CPU), phrased exactly as layers/linear.py
+// phrases it for the torch path, so both paths pick the same GEMM.
 void project(const torch::Tensor& w, const uint16_t* x, float* y, int m) {
   const int64_t n = w.size(0), k = w.size(1);
-  if (m <= 4) {
+  if (m <= kMaxSkinnyRows) {
     gemv_bf16(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), x, y, n, k, m);
     return;
   }
