@@ -65,6 +65,9 @@ def make_config(arch: str, vocab: int):
             "original_max_position_embeddings": 64}, rope_theta=500000.0)
     if arch == "qwen2":
         return tf.Qwen2Config(**kw, rope_theta=1000000.0)
+    if arch == "qwen2_odd":  # widths that are not multiples of 16 or 32: the kernels' scalar tails
+        kw.update(hidden_size=72, intermediate_size=100, num_attention_heads=3, num_key_value_heads=1)
+        return tf.Qwen2Config(**kw, rope_theta=1000000.0)
     if arch == "qwen3":
         return tf.Qwen3Config(**kw, head_dim=32)
     if arch == "qwen3_moe":

@@ -153,7 +153,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
     rows = latency.run(engines, sizes, args.input_len, args.output_len, engine.config.model.hf["vocab_size"],
                        wbytes, bw, repeats=args.repeats, progress=_log)
     print(f"model {engine.source.path.name}, {engine.config.model.dtype}, weights {wbytes / 1e6:.0f} MB, "
-          f"read bandwidth {bw:.1f} GB/s, input {args.input_len}, output {args.output_len}")
+          f"peak read bandwidth {bw:.1f} GB/s, input {args.input_len}, output {args.output_len}")
     print(_table(rows))
     r = latency.ratios(rows, "decode_tok_s", "batch_size")
     _print_ratios(r)

@@ -46,7 +46,7 @@ class ModelRunner:
         self.num_blocks = self._num_blocks(free_memory)
         for m in layers:
             m.allocate_kv_cache(self.num_blocks, self.block_size, dtype, device)
-        # Small decode-only steps run as one C++ call when the model and CPU allow it.
+        # Decode-only steps run as one C++ call when the model and CPU allow it.
         self.fused_decode = None
         if kernels is not None:
             self.fused_decode = build_fused_decoder(model, kernels, self.block_size, config.model.max_model_len)

@@ -11,6 +11,7 @@ path, where the work is in large GEMMs and the dispatch overhead is small beside
 
 from __future__ import annotations
 
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -54,6 +55,14 @@ def build_fused_decoder(model: nn.Module, kernels: ModuleType, block_size: int, 
     """The C++ LlamaDecoder bound to `model`'s weights and KV caches, or None if it cannot run it."""
     if kernels is None or _unsupported_reason(model) is not None:
         return None
+    try:
+        return _bind(model, kernels, block_size, max_positions)
+    except (ValueError, RuntimeError) as e:  # a shape the kernel does not take: the torch path still runs it
+        print(f"tacit: fused decode step unavailable for this model ({e}); using the torch path", file=sys.stderr)
+        return None
+
+
+def _bind(model: nn.Module, kernels: ModuleType, block_size: int, max_positions: int) -> Any:
     lm = model.model
     layers = list(lm.layers)
     first = layers[0].self_attn

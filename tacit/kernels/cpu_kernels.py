@@ -1,6 +1,6 @@
 """tacit's AVX512-BF16 CPU kernels, compiled once on first use and cached:
 
-- csrc/gemv_bf16.cpp: the skinny GEMM (1-12 activation rows) behind bf16 `Linear` in decode;
+- csrc/gemv_bf16.cpp: the skinny GEMM (1-8 activation rows) behind bf16 `Linear` in decode;
 - csrc/llama_decode.cpp: a whole Llama-family decode step in one call (kernels/cpu_fused_decode.py).
 
 Batch-1 decode is ~60% GEMV time; on this CPU torch.mv streams bf16 weights at 13-19 GB/s

@@ -6,9 +6,9 @@ cold in DRAM, [3072, 576] gate/up; docs/benchmarks.md has the measuring script):
   1 row:      torch.mv 19 GB/s      F.linear 13 GB/s
   2-32 rows:  W @ x.T  12-15 GB/s   F.linear 10-11 GB/s
   64+ rows:   F.linear wins (prefill is compute-bound anyway).
-With AVX512-BF16, 1-12 rows go to kernels/csrc/gemv_bf16.cpp instead: one pass over the
-weight for all rows, 22-27 GB/s at 1-4 rows (for SmolLM2's 30 layers: 12 ms at 4 rows, 15 ms at
-8, 19 ms at 12, against oneDNN's 17-24 ms).
+With AVX512-BF16, 1-8 rows go to kernels/csrc/gemv_bf16.cpp instead: one pass over the
+weight for all rows (SmolLM2's 30 layers: 10.8 ms at 4 rows and 13.3 ms at 8 against
+oneDNN's 15.3 and 15.9 ms; docs/benchmarks.md has the script).
 
 MergedLinear stacks several projections that read the same input (q/k/v, gate/up) into one
 weight: one GEMM launch instead of three, and a longer, more bandwidth-friendly row stream.
@@ -23,7 +23,7 @@ from torch import nn
 
 
 _SKINNY_ROWS = 32
-_KERNEL_ROWS = 12  # kernels/csrc/gemv_bf16.cpp: 1-12 activation rows per weight pass (kMaxSkinnyRows)
+_KERNEL_ROWS = 8  # kernels/csrc/gemv_bf16.cpp: 1-8 activation rows per weight pass (kMaxSkinnyRows)
 # Set by the model runner when it runs bf16 on a CPU with AVX512-BF16 (kernels/cpu_kernels.py).
 bf16_gemv = None
 

@@ -1,14 +1,17 @@
+import os
+
 import pytest
 import torch
 
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16, load_cpu_kernels
 from tacit.layers.linear import Linear
 
-pytestmark = pytest.mark.skipif(not cpu_supports_avx512_bf16(), reason="CPU lacks AVX512-BF16")
+pytestmark = pytest.mark.skipif(not cpu_supports_avx512_bf16() or bool(os.environ.get("TACIT_NO_CPU_KERNELS")),
+                                reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set")
 
 
 @pytest.mark.parametrize("n, k", [(1, 32), (7, 576), (960, 576), (576, 1536), (13, 100), (4099, 64)])
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8, 12])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
 def test_gemv_matches_fp32_reference(n, k, m):
     kernel = load_cpu_kernels()
     assert kernel is not None, "the kernel failed to build on a CPU that supports it"

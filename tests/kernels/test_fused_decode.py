@@ -1,12 +1,14 @@
 """The fused C++ decode step against the torch path it replaces, on the same KV cache."""
 
+import os
 import pytest
 import torch
 
 from tacit import LLM, SamplingParams
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
 
-pytestmark = pytest.mark.skipif(not cpu_supports_avx512_bf16(), reason="CPU lacks AVX512-BF16")
+pytestmark = pytest.mark.skipif(not cpu_supports_avx512_bf16() or bool(os.environ.get("TACIT_NO_CPU_KERNELS")),
+                                reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set")
 
 
 def both_paths(runner, sched, kv):
@@ -29,14 +31,15 @@ def step_both_ways(engine) -> int:
         sched = engine.scheduler.schedule()
         if engine.runner._uses_fused_decode(sched.scheduled):
             got, ref = both_paths(engine.runner, sched, engine.kv)
-            # bf16 through two layers: ~1 ulp per op of drift from fp32 summation order.
+            # bf16 through two layers: ~1 ulp per op of drift from fp32 summation order, at most
+            # ~1.1% of the largest logit here; leaving out the 0.05-std qkv bias moves them ~5%.
             scale = ref.abs().max().item()
-            assert (got - ref).abs().max().item() < 0.03 * scale, f"fused step {checked}: logits diverge"
+            assert (got - ref).abs().max().item() < 0.02 * scale, f"fused step {checked}: logits diverge"
             top2 = ref.topk(2, dim=-1).values
             clear = (top2[:, 0] - top2[:, 1]) > 0.05 * scale
             assert torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])
             checked += 1
-        # Step with this schedule: the torch path writes the KV and picks the tokens both see next.
+        # Step with this schedule (on the fused path when it applies): its tokens feed both next step.
         engine.scheduler.schedule = lambda s=sched: s
         try:
             engine.step()
@@ -45,19 +48,45 @@ def step_both_ways(engine) -> int:
     return checked
 
 
-# llama: plain; llama3: tied embeddings, o_proj bias, llama3 rope; qwen2: qkv bias; qwen3: q/k norm.
-@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2", "qwen3"])
-@pytest.mark.parametrize("rows", [1, 4, 7, 14])  # 1-12 rows: the GEMV kernel; more: oneDNN
+# llama: plain; llama3: tied embeddings, o_proj bias, llama3 rope; qwen2: qkv bias; qwen3: q/k
+# norm; qwen2_odd: widths off multiples of 16/32. Rows 1-8: the GEMV kernel; 9-32: oneDNN mm;
+# 33+: F.linear with the bias inside.
+@pytest.mark.parametrize("arch, rows", [("llama", 1), ("llama", 4), ("llama", 14), ("llama3", 4), ("llama3", 14),
+                                        ("qwen2", 7), ("qwen2", 40), ("qwen3", 4), ("qwen3", 14),
+                                        ("qwen2_odd", 3), ("qwen2_odd", 40)])
 def test_fused_decode_matches_torch_path(tiny_model_factory, arch, rows):
     _, _, path = tiny_model_factory(arch)
     engine = LLM(str(path), dtype="bfloat16", block_size=4).engine
     assert engine.runner.fused_decode is not None, "a dense Llama-family bf16 model should get the fused decoder"
     # Different lengths, so rows cross block boundaries at different steps (block_size 4).
     prompts = [[5, 6, 7], list(range(10, 31)), [40] * 9, list(range(50, 63)), [8], list(range(70, 140)), [9, 9]]
-    prompts += [[11 + i] * (3 * i + 2) for i in range(7)]
+    prompts += [[11 + i % 50] * (i % 23 + 2) for i in range(rows)]
+    max_tokens = 24 if rows <= 14 else 6
     for p in prompts[:rows]:
-        engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
-    assert step_both_ways(engine) == 23  # one prefill step, then 23 decode steps
+        engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+    assert step_both_ways(engine) == max_tokens - 1  # one prefill step, then the decode steps
+
+
+def test_the_comparison_catches_a_missing_bias(tiny_model_factory):
+    """Negative control: a fused decoder bound without the qkv bias must fail the check above."""
+    from tacit.kernels.cpu_fused_decode import build_fused_decoder
+    from tacit.kernels.cpu_kernels import load_cpu_kernels
+
+    _, _, path = tiny_model_factory("qwen2")
+    engine = LLM(str(path), dtype="bfloat16", block_size=4).engine
+    attns = [layer.self_attn.qkv_proj for layer in engine.model.model.layers]
+    biases = [a.bias for a in attns]
+    for a in attns:
+        a.bias = torch.nn.Parameter(torch.zeros_like(a.bias))
+    try:
+        engine.runner.fused_decode = build_fused_decoder(engine.model, load_cpu_kernels(), 4, engine.max_model_len)
+    finally:
+        for a, b in zip(attns, biases):
+            a.bias = b
+    for i in range(4):
+        engine.add_request([5 + i] * (i + 1), SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+    with pytest.raises(AssertionError, match="logits diverge"):
+        step_both_ways(engine)
 
 
 def test_one_token_prefill_chunk_rides_the_fused_step_without_sampling(tiny_model_factory):

@@ -1,5 +1,5 @@
 // Shared pieces of tacit's AVX512-BF16 CPU kernels: bf16 <-> fp32 with torch's rounding,
-// and the skinny GEMM that streams a bf16 weight once for 1-12 activation rows.
+// and the skinny GEMM that streams a bf16 weight once for 1-8 activation rows.
 #pragma once
 
 #include <immintrin.h>
@@ -28,7 +28,7 @@ inline uint16_t float_to_bf16(float f) {
 
 inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 
-constexpr int kMaxSkinnyRows = 12;  // keep in step with _KERNEL_ROWS in layers/linear.py
+constexpr int kMaxSkinnyRows = 8;  // keep in step with _KERNEL_ROWS in layers/linear.py
 
 // y[m, n] (fp32) = x[m, k] @ w[n, k]^T for 1 <= m <= kMaxSkinnyRows, bf16 inputs, threads split
 // the rows of w.

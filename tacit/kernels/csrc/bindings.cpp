@@ -3,7 +3,7 @@
 #include "llama_decode.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("gemm_bf16_skinny", &tacit::gemm_bf16_skinny, "bf16 weight x 1-12 activation rows (AVX512-BF16)");
+  m.def("gemm_bf16_skinny", &tacit::gemm_bf16_skinny, "bf16 weight x 1-8 activation rows (AVX512-BF16)");
   pybind11::class_<tacit::LlamaDecoder>(m, "LlamaDecoder")
       .def(pybind11::init<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t,
                           int64_t, double, double, int64_t>())

@@ -1,13 +1,13 @@
-// bf16 weight x (1..12 rows of activations) for decode on x86 CPUs with AVX512-BF16.
+// bf16 weight x (1..8 rows of activations) for decode on x86 CPUs with AVX512-BF16.
 //
 // Decode streams every weight once per token, so the kernel's only job is to keep the
 // memory bus busy: weight rows are split across threads, each thread walks 4 weight rows at
-// a time so each load of an activation feeds 4 vdpbf16ps, and with up to 12 activation rows
-// (a batch of 12 decodes) each weight byte is read once for all of them; past 4 rows it walks
+// a time so each load of an activation feeds 4 vdpbf16ps, and with up to 8 activation rows
+// (a batch of 8 decodes) each weight byte is read once for all of them; past 4 rows it walks
 // 2 weight rows at a time so the accumulators still fit in registers. Prefetching 8 rows
-// ahead overlaps DRAM latency with the math. Past 12 rows the math, not memory, limits it
-// (16 rows: 23 ms against oneDNN's 20 ms for SmolLM2's layer weights), so callers switch to
-// oneDNN there.
+// ahead overlaps DRAM latency with the math. Past 8 rows the math, not memory, limits it
+// (12 rows: 18.4 ms against oneDNN's 16.3 ms for SmolLM2's layer weights; the script is in
+// docs/benchmarks.md), so callers switch to oneDNN there.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 #include <omp.h>
@@ -20,7 +20,7 @@ namespace tacit {
 namespace {
 
 // R weight rows x M activation rows: each weight load feeds M vdpbf16ps and each activation
-// load feeds R, with R * M accumulators kept in registers (at most 24 of the 32 zmm).
+// load feeds R, with R * M accumulators kept in registers (at most 16 of the 32 zmm).
 template <int R, int M>
 inline void tile_kernel(const uint16_t* w, const uint16_t* x, float* y, int64_t n, int64_t r, int64_t k) {
   const int64_t k32 = k - k % 32;
@@ -71,17 +71,17 @@ void gemv_bf16(const uint16_t* w, const uint16_t* x, float* y, int64_t n, int64_
     // Chunks are multiples of 4 rows so the 4-row inner kernel covers almost everything.
     const int64_t per = ((n + nt - 1) / nt + 3) / 4 * 4;
     const int64_t begin = std::min<int64_t>(n, t * per), end = std::min<int64_t>(n, begin + per);
-    if (begin < end) dispatch_rows<1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12>(m, w, x, y, n, begin, end, k);
+    if (begin < end) dispatch_rows<1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
   }
 }
 
-// weight [N, K] bf16 contiguous, x [M, K] bf16 contiguous with 1 <= M <= 12 -> [M, N] bf16
+// weight [N, K] bf16 contiguous, x [M, K] bf16 contiguous with 1 <= M <= 8 -> [M, N] bf16
 // (accumulated in fp32, rounded once).
 torch::Tensor gemm_bf16_skinny(torch::Tensor weight, torch::Tensor x) {
   TORCH_CHECK(weight.scalar_type() == torch::kBFloat16 && x.scalar_type() == torch::kBFloat16, "bf16 only");
   TORCH_CHECK(weight.is_contiguous() && x.is_contiguous() && weight.dim() == 2 && x.dim() == 2, "layout");
   const int64_t n = weight.size(0), k = weight.size(1), m = x.size(0);
-  TORCH_CHECK(x.size(1) == k && m >= 1 && m <= kMaxSkinnyRows, "shape: x must be [1..12, K]");
+  TORCH_CHECK(x.size(1) == k && m >= 1 && m <= kMaxSkinnyRows, "shape: x must be [1..8, K]");
   auto out = torch::empty({m, n}, torch::dtype(torch::kFloat32));
   gemv_bf16(reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()),
             reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), out.data_ptr<float>(), n, k,

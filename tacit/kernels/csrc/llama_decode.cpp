@@ -10,7 +10,7 @@
 // Numerics follow eager torch's bf16 path op by op: each elementwise op computes in fp32 and
 // rounds to bf16 where torch would produce a bf16 tensor (RMSNorm: fp32 statistics, round,
 // then times the weight and round; rotary: each product and sum rounded; silu then times
-// up, each rounded). GEMVs accumulate in fp32 and round once, like the 1-12 row kernel the
+// up, each rounded). GEMVs accumulate in fp32 and round once, like the 1-8 row kernel the
 // torch path already uses. Attention computes scores, softmax and the weighted sum in fp32
 // and rounds the exp'd scores to bf16 before the V product, as torch's CPU flash attention
 // does for bf16 inputs. What remains different is fp32 summation order, which is why tests
@@ -47,7 +47,9 @@ inline __m512 round16(__m512 v) {
 // exp for 16 floats (Cephes' polynomial, ~1 ulp): silu and softmax need it per element, and
 // scalar expf over SmolLM2's 1,536-wide MLP costs ~0.3 ms a step.
 inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.37f));
+  // Constant first: vmaxps/vminps return their second operand when one is NaN, so a NaN
+  // passes through (as in torch) instead of being clamped to a finite value.
+  x = _mm512_min_ps(_mm512_set1_ps(88.37f), _mm512_max_ps(_mm512_set1_ps(-87.3f), x));
   __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
                                    _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
   x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
@@ -150,18 +152,22 @@ inline float dot_bf16(const u16* a, const u16* b, int64_t n) {
   return s;
 }
 
-// y[m, n] (fp32) = x[m, k] @ w^T. Up to 12 rows the AVX512-BF16 kernel reads each weight once
+// y[m, n] (fp32) = x[m, k] @ w^T. Up to 8 rows the AVX512-BF16 kernel reads each weight once
 // for all of them. More rows: oneDNN (AMX on this CPU), phrased exactly as layers/linear.py
 // phrases it for the torch path, so both paths pick the same GEMM.
-void project(const torch::Tensor& w, const uint16_t* x, float* y, int m) {
+// Returns the bias still to add: F.linear (past 32 rows) adds it inside the GEMM, with one
+// rounding, the other phrasings add it to the rounded output.
+const torch::Tensor& project(const torch::Tensor& w, const torch::Tensor& bias, const uint16_t* x, float* y, int m) {
+  static const torch::Tensor kNone;
   const int64_t n = w.size(0), k = w.size(1);
   if (m <= kMaxSkinnyRows) {
     gemv_bf16(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), x, y, n, k, m);
-    return;
+    return bias;
   }
   auto xt = torch::from_blob(const_cast<uint16_t*>(x), {m, k}, torch::dtype(torch::kBFloat16));
-  auto out = m <= 32 ? torch::mm(w, xt.t()).t() : torch::linear(xt, w);
+  auto out = m <= 32 ? torch::mm(w, xt.t()).t() : torch::linear(xt, w, bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt);
   torch::from_blob(y, {m, n}, torch::dtype(torch::kFloat32)).copy_(out);
+  return m <= 32 ? bias : kNone;
 }
 
 const u16* bf16_ptr(const torch::Tensor& t) {
@@ -235,7 +241,7 @@ void LlamaDecoder::attention(const u16* qkv, const int64_t* positions, const int
     for (int64_t h = 0; h < group; ++h) {
       float* s = scores.data() + h * ctx;
       float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < ctx; ++j) mx = std::max(mx, s[j]);
+      for (int64_t j = 0; j < ctx; ++j) mx = std::isnan(s[j]) || s[j] > mx ? s[j] : mx;  // NaN wins, as in torch
       float sum = 0.0f;
       int64_t j = 0;
       const __m512 vmax = _mm512_set1_ps(mx);
@@ -289,6 +295,9 @@ torch::Tensor LlamaDecoder::forward(torch::Tensor token_ids, torch::Tensor posit
     TORCH_CHECK(tok[r] >= 0 && tok[r] < embed_.size(0), "token id ", tok[r], " out of range");
     TORCH_CHECK(pos[r] >= 0 && pos[r] < max_positions_, "position ", pos[r], " beyond the rotary table");
     TORCH_CHECK((pos[r] + block_size_) / block_size_ <= width, "block table too narrow for position ", pos[r]);
+    for (int64_t b = 0; b <= pos[r] / block_size_; ++b)
+      TORCH_CHECK(tables[r * width + b] >= 0 && tables[r * width + b] < layers_[0].kv_cache.size(1),
+                  "block id ", tables[r * width + b], " outside the KV pool");
   }
 
   std::vector<u16> x(m * h), normed(m * h), qkv(m * qkv_n), attn(m * hq * d), act(m * inter);
@@ -300,12 +309,12 @@ torch::Tensor LlamaDecoder::forward(torch::Tensor token_ids, torch::Tensor posit
 
   for (const LlamaLayerWeights& w : layers_) {
     for (int r = 0; r < m; ++r) rms_norm(x.data() + r * h, bf16_ptr(w.input_norm), normed.data() + r * h, h, eps_);
-    project(w.qkv, normed.data(), f32.data(), m);
+    const u16* qkv_bias = bf16_ptr(project(w.qkv, w.qkv_bias, normed.data(), f32.data(), m));
     u16* cache = reinterpret_cast<u16*>(w.kv_cache.data_ptr<at::BFloat16>());
     const int64_t cache_half = w.kv_cache.size(1) * block_size_ * hkv * d;
     for (int r = 0; r < m; ++r) {
       u16* row = qkv.data() + r * qkv_n;
-      round_out(f32.data() + r * qkv_n, bf16_ptr(w.qkv_bias), row, qkv_n);
+      round_out(f32.data() + r * qkv_n, qkv_bias, row, qkv_n);
       for (int64_t head = 0; head < hq + hkv; ++head) {
         u16* v = row + head * d;
         if (w.q_norm.defined()) rms_norm(v, bf16_ptr(head < hq ? w.q_norm : w.k_norm), v, d, eps_);
@@ -316,12 +325,12 @@ torch::Tensor LlamaDecoder::forward(torch::Tensor token_ids, torch::Tensor posit
       std::memcpy(cache + cache_half + slot * hkv * d, row + (hq + hkv) * d, hkv * d * sizeof(u16));
     }
     attention(qkv.data(), pos, tables, width, cache, attn.data(), m);
-    project(w.o_proj, attn.data(), f32.data(), m);
-    for (int r = 0; r < m; ++r) residual_add(x.data() + r * h, f32.data() + r * h, bf16_ptr(w.o_bias), h);
+    const u16* o_bias = bf16_ptr(project(w.o_proj, w.o_bias, attn.data(), f32.data(), m));
+    for (int r = 0; r < m; ++r) residual_add(x.data() + r * h, f32.data() + r * h, o_bias, h);
     for (int r = 0; r < m; ++r) rms_norm(x.data() + r * h, bf16_ptr(w.post_norm), normed.data() + r * h, h, eps_);
-    project(w.gate_up, normed.data(), f32.data(), m);
+    project(w.gate_up, torch::Tensor(), normed.data(), f32.data(), m);
     for (int r = 0; r < m; ++r) silu_mul(f32.data() + r * 2 * inter, act.data() + r * inter, inter);
-    project(w.down, act.data(), f32.data(), m);
+    project(w.down, torch::Tensor(), act.data(), f32.data(), m);
     for (int r = 0; r < m; ++r) residual_add(x.data() + r * h, f32.data() + r * h, nullptr, h);
   }
 
