@@ -2,18 +2,23 @@
 
 Each step spends at most max_num_batched_tokens: running requests first (one token for a
 decode, a chunk for a prefill still in progress), then waiting requests in the policy's
-order. Prefill chunks and decodes share one forward pass. When the KV pool runs dry the
-policy's victim (FCFS: the newest running request) is preempted: its blocks are freed and it
-is recomputed later from its prompt plus the tokens it already produced, so its output is
-exactly what it would have been.
+order. Prefill chunks and decodes share one forward pass, and no request prefills more than
+long_prefill_token_threshold tokens a step, so a long prompt is spread over several steps
+instead of stalling every decode in one. When the KV pool runs dry the policy's victim (FCFS:
+the newest running request) is preempted: its blocks are freed and it is recomputed later from
+its prompt plus the tokens it already produced, so its output is exactly what it would have
+been.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from tacit.config import SchedulerConfig
 from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.scheduling.cost_model import StepCostModel
 from tacit.scheduling.policy import FCFSPolicy, SchedulingPolicy
 from tacit.scheduling.request import Request, RequestStatus
 
@@ -25,15 +30,27 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, policy: SchedulingPolicy | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, policy: SchedulingPolicy | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.kv = kv
         self.policy = policy or FCFSPolicy()
+        self.clock = clock
+        self.now = clock()
+        self.cost = StepCostModel()  # the engine feeds it every step's measured time
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.policy.bind(self)
+
+    @property
+    def prefill_tokens_per_step(self) -> int:
+        """What one step has left for prefill beside the running decodes."""
+        return max(1, self.config.max_num_batched_tokens - len(self.running))
 
     def add_request(self, request: Request) -> None:
+        self.now = self.clock()
+        self.policy.admit(request)  # raises to refuse, before anything is queued
         self.waiting.append(request)
 
     def has_unfinished_requests(self) -> bool:
@@ -49,16 +66,34 @@ class Scheduler:
         self.waiting.append(request)
         out.preempted.append(request)
 
+    def _waiting_key(self, req: Request) -> tuple:
+        # Aged requests first (FCFS among them), then the policy's order.
+        aging = self.config.aging_s
+        if not req.aged and aging is not None and self.now - req.arrival_time >= aging:
+            req.aged = True
+        if req.aged:
+            return (0, req.arrival_time, req.arrival_seq)
+        return (1, *self.policy.waiting_key(req))
+
     def _next_waiting(self) -> Request:
-        return min(self.waiting, key=self.policy.waiting_key)
+        return min(self.waiting, key=self._waiting_key)
+
+    def _outranks(self, waiting: Request, running: Request) -> bool:
+        if running.aged:
+            return False  # the aging bound: once it has aged and got in, nothing pushes it out
+        return self.policy.outranks(waiting, running)
+
+    def _pick_victim(self, candidates: list[Request]) -> Request:
+        fresh = [r for r in candidates if not r.aged]
+        return self.policy.pick_victim(fresh or candidates)
 
     def _make_room_for_urgent(self, out: SchedulerOutput) -> None:
         """Preempt lower-ranked running work so the best waiting request can start this step."""
         if not self.waiting or not self.running:
             return
         head = self._next_waiting()
-        need = self.kv.blocks_needed(min(head.num_tokens, self.config.max_num_batched_tokens))
-        outranked = [r for r in self.running if self.policy.outranks(head, r)]
+        need = self.kv.blocks_needed(head.num_computed_tokens + self._chunk(head, self.config.max_num_batched_tokens))
+        outranked = [r for r in self.running if self._outranks(head, r)]
         reclaimable = sum(len(self.kv.block_tables.get(r.request_id, [])) for r in outranked)
         if not outranked or self.kv.pool.num_free_blocks + reclaimable < need:
             return  # preempting would not let it in: do not throw away their work for nothing
@@ -67,11 +102,19 @@ class Scheduler:
             short_of_blocks = need > self.kv.pool.num_free_blocks
             if not (short_of_slots or short_of_blocks) or not outranked:
                 return
-            victim = self.policy.pick_victim(outranked)
+            victim = self._pick_victim(outranked)
             outranked.remove(victim)
             self._preempt(victim, out)
 
+    def _chunk(self, req: Request, budget: int) -> int:
+        """Tokens req may compute this step: all it has left, capped by the budget and the
+        per-request long-prefill threshold (0 means no cap)."""
+        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        cap = self.config.long_prefill_token_threshold
+        return min(n, cap) if cap and self.config.enable_chunked_prefill else n
+
     def schedule(self) -> SchedulerOutput:
+        self.now = self.clock()
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         chunked = self.config.enable_chunked_prefill
@@ -81,14 +124,14 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            n = self._chunk(req, budget)
             if not chunked and n < req.num_tokens - req.num_computed_tokens:
                 i += 1
                 continue
             scheduled = True
             while not self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n):
                 # Only requests not yet given slots this step are candidates (they sit at i and after).
-                victim = self.policy.pick_victim(self.running[i:])
+                victim = self._pick_victim(self.running[i:])
                 self._preempt(victim, out)
                 if victim is req:
                     scheduled = False
@@ -103,11 +146,9 @@ class Scheduler:
         while (self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs
                and (urgent_preemption or not out.preempted)):
             req = self._next_waiting()
-            n = req.num_tokens - req.num_computed_tokens
-            if n > budget:
-                if not chunked:
-                    break
-                n = budget
+            n = self._chunk(req, budget)
+            if n < req.num_tokens - req.num_computed_tokens and not chunked:
+                break
             if not self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n):
                 break
             self.waiting.remove(req)

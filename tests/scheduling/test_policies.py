@@ -93,8 +93,8 @@ def test_priority_output_identical_after_preemption(tiny_llama):
 
 
 def test_bad_policy_and_priority_are_clear_errors(tiny_llama):
-    with pytest.raises(ValueError, match="scheduling_policy='sjf' is not known; valid: fcfs, priority"):
-        LLM(str(tiny_llama[2]), scheduling_policy="sjf")
+    with pytest.raises(ValueError, match="scheduling_policy=.lifo. is not known; valid: fcfs, priority, sjf, sla"):
+        LLM(str(tiny_llama[2]), scheduling_policy="lifo")
     llm = LLM(str(tiny_llama[2]), dtype="float32")
     with pytest.raises(ValueError, match="priority='high' is invalid"):
         llm.generate(["hi"], SamplingParams(max_tokens=2), priority=["high"])
