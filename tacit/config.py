@@ -162,9 +162,10 @@ class SchedulerConfig:
                     raise ValueError(f"slo_classes[{prio}][{key!r}]={ms!r} is invalid: must be milliseconds > 0")
 
 
-# 512 tokens: on the default model (bf16, 2 cores) a 2,048-token prefill step takes ~1.9 s, so a
-# long prompt given the whole budget stalls 63 decodes for that long; capped at 512 tokens a
-# step costs ~0.5 s, and the prompt still needs only 4 steps. Figures: docs/benchmarks.md.
+# 512 tokens: on the default model (bf16, 2 cores) a 2,000-token prompt prefilled in one step
+# took 1.5 s beside 32 decodes, so each of them waited 1.5 s for that token. Capped at 512, four
+# steps of 0.28-0.38 s, 1.3 s in all; at 256, steps of 0.19-0.25 s but 1.7 s in all (each step
+# pays the weights again). 512 cuts the stall 4x for no loss. Command: docs/benchmarks.md.
 DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 512
 
 

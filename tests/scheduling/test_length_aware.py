@@ -101,3 +101,31 @@ def test_engine_scores_the_predictor_on_finished_requests(tiny_llama):
     llm.engine.step()
     llm.engine.abort_request(rid)
     assert p.num_scored == 4
+
+
+def test_long_prompt_is_prefilled_in_bounded_chunks_beside_decodes():
+    kv = KVCacheManager(num_blocks=512, block_size=4)
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=1024, long_prefill_token_threshold=128), kv)
+    s.add_request(make_req("chat", 4, max_tokens=20))
+    run_step(s)
+    s.add_request(make_req("long", 600, max_tokens=2))
+    chunks = []
+    while s.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in s.running):
+        out = s.schedule()
+        plan = {r.request_id: n for r, n in out.scheduled}
+        assert plan.get("chat") == 1  # the decode goes on every step
+        chunks.append(plan["long"])
+        for req, n in out.scheduled:
+            req.num_computed_tokens += n
+            if req.num_computed_tokens == req.num_tokens:
+                req.append_output_token(7)
+    assert chunks == [128, 128, 128, 128, 88]
+
+
+def test_chunk_cap_keeps_tokens_identical(tiny_llama):
+    path = str(tiny_llama[2])
+    prompts = [[9] * 300, [5, 6, 7], [11] * 40]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    ref = [o.outputs[0].token_ids for o in LLM(path, dtype="float32", long_prefill_token_threshold=0).generate(prompts, params)]
+    capped = LLM(path, dtype="float32", long_prefill_token_threshold=32).generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in capped] == ref
