@@ -190,6 +190,8 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.scheduler.preemption_mode == "swap" and not self.cache.swap_space:
+            raise ValueError("preemption_mode='swap' needs swap_space > 0 (GiB of host memory for swapped KV)")
         if not self.scheduler.enable_chunked_prefill and self.scheduler.max_num_batched_tokens < self.model.max_model_len:
             # Without chunking a whole prompt must fit in one step's budget.
             self.scheduler.max_num_batched_tokens = self.model.max_model_len

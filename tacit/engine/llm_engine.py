@@ -13,9 +13,10 @@ import torch
 
 from tacit.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
 from tacit.engine.detokenizer import IncrementalDetokenizer
-from tacit.engine.model_runner import ModelRunner
+from tacit.engine.model_runner import ModelRunner, kv_cache_layers
 from tacit.loader import ModelSource, open_model
 from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.memory.swap import KVSwapper
 from tacit.models.build import build_model
 from tacit.outputs import CompletionOutput, Logprob, RequestOutput
 from tacit.platforms import get_platform
@@ -59,6 +60,9 @@ class LLMEngine:
         self.runner = ModelRunner(self.config, self.model, self.device, platform.free_memory_bytes())
         self.kv = KVCacheManager(self.runner.num_blocks, block_size)
         self.scheduler = Scheduler(self.config.scheduler, self.kv, get_policy(scheduling_policy))
+        if swap_space > 0:
+            self.scheduler.swapper = KVSwapper(kv_cache_layers(self.model), self.runner.num_blocks, block_size,
+                                               self.runner.bytes_per_block, int(swap_space * (1 << 30)))
         self.predictor = OutputLengthPredictor()
         self.max_model_len = model_cfg.max_model_len
         self.eos_token_ids = frozenset(model_cfg.eos_token_ids)

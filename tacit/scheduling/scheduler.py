@@ -5,9 +5,10 @@ decode, a chunk for a prefill still in progress), then waiting requests in the p
 order. Prefill chunks and decodes share one forward pass, and no request prefills more than
 long_prefill_token_threshold tokens a step, so a long prompt is spread over several steps
 instead of stalling every decode in one. When the KV pool runs dry the policy's victim (FCFS:
-the newest running request) is preempted: its blocks are freed and it is recomputed later from
-its prompt plus the tokens it already produced, so its output is exactly what it would have
-been.
+the newest running request) is preempted: its blocks are freed, and either its KV is swapped
+to host memory and copied back on resume, or it is recomputed from its prompt plus the tokens
+it already produced, whichever the measured costs say is cheaper (tacit/memory/swap.py).
+Either way its output is exactly what it would have been.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Callable
 
 from tacit.config import SchedulerConfig
 from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.memory.swap import KVSwapper
 from tacit.scheduling.cost_model import StepCostModel
 from tacit.scheduling.policy import FCFSPolicy, SchedulingPolicy
 from tacit.scheduling.request import Request, RequestStatus
@@ -41,6 +43,7 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.swapper: KVSwapper | None = None  # the engine sets it when swap_space > 0
         self.policy.bind(self)
 
     @property
@@ -56,10 +59,22 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def _should_swap(self, request: Request, num_blocks: int) -> bool:
+        mode = self.config.preemption_mode
+        if self.swapper is None or mode == "recompute" or not num_blocks or not self.swapper.has_room(num_blocks):
+            return False  # "swap" with the swap space full falls back to recompute
+        return mode == "swap" or (self.swapper.cost_s(num_blocks)
+                                  < request.num_computed_tokens * self.cost.prefill_s_per_token)
+
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         self.running.remove(request)
+        num_blocks = self.kv.blocks_needed(request.num_computed_tokens)
+        if self._should_swap(request, num_blocks):
+            # Before the blocks are freed: this same schedule() may hand them to someone else.
+            self.swapper.swap_out(request.request_id, self.kv.block_tables[request.request_id][:num_blocks])
+        else:
+            request.num_computed_tokens = 0
         self.kv.free(request.request_id)
-        request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions += 1
@@ -151,6 +166,8 @@ class Scheduler:
                 break
             if not self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n):
                 break
+            if self.swapper is not None and self.swapper.holds(req.request_id):
+                self.swapper.swap_in(req.request_id, self.kv.block_tables[req.request_id])
             self.waiting.remove(req)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
@@ -165,3 +182,5 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         self.kv.free(request.request_id)
+        if self.swapper is not None:
+            self.swapper.drop(request.request_id)
