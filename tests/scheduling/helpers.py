@@ -26,7 +26,11 @@ def make_req(rid: str, n_prompt: int, priority: int = 0, max_tokens: int = 8, ar
 def run_step(s: Scheduler, now: float | None = None) -> list[str]:
     """One step: computed tokens advance, a request level with its tokens samples token 7 and
     finishes at max_tokens. Returns the scheduled ids."""
-    out = s.schedule()
+    return [r.request_id for r, _ in advance(s, s.schedule(), now)]
+
+
+def advance(s: Scheduler, out, now: float | None = None) -> list:
+    """Apply a SchedulerOutput as if the model had run it; returns out.scheduled."""
     for req, n in out.scheduled:
         req.num_computed_tokens += n
         if req.num_computed_tokens == req.num_tokens:
@@ -36,4 +40,4 @@ def run_step(s: Scheduler, now: float | None = None) -> list[str]:
             if len(req.output_token_ids) >= req.max_tokens:
                 req.finish("length")
                 s.finish(req)
-    return [r.request_id for r, _ in out.scheduled]
+    return out.scheduled

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from helpers import FakeClock, make_req, run_step
+from helpers import FakeClock, advance, make_req, run_step
 from tacit import LLM, SamplingParams
 from tacit.config import SchedulerConfig
 from tacit.memory.kv_cache_manager import KVCacheManager
@@ -115,10 +115,7 @@ def test_long_prompt_is_prefilled_in_bounded_chunks_beside_decodes():
         plan = {r.request_id: n for r, n in out.scheduled}
         assert plan.get("chat") == 1  # the decode goes on every step
         chunks.append(plan["long"])
-        for req, n in out.scheduled:
-            req.num_computed_tokens += n
-            if req.num_computed_tokens == req.num_tokens:
-                req.append_output_token(7)
+        advance(s, out)
     assert chunks == [128, 128, 128, 128, 88]
 
 
