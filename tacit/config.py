@@ -120,6 +120,11 @@ class SchedulerConfig:
     # cannot fill the whole budget and stall everyone else's decode. 0 turns the cap off. See
     # DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD for the measured reason behind the default.
     long_prefill_token_threshold: int = -1
+    # vLLM's knob and default: how many prompts longer than the threshold prefill in one step.
+    # The cap above bounds each; this bounds their sum. Without it four 1,500-token prompts
+    # filled a 2,048-token step (~1 s) and put the interactive p99 TTFT at ~2 s in the
+    # mixed-priority benchmark (docs/benchmarks.md).
+    max_long_partial_prefills: int = 1
     # A request that has waited this long since arrival is served before every request that
     # has not (FCFS among such requests), and no newer request preempts it: the bound that
     # keeps priority, sjf and sla from starving anyone. None: strict order, as vLLM's priority.
@@ -136,7 +141,7 @@ class SchedulerConfig:
 
         if self.policy not in POLICIES:
             raise ValueError(f"scheduling_policy={self.policy!r} is not known; valid: {', '.join(POLICIES)}")
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_long_partial_prefills"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r} is invalid: must be an integer >= 1")

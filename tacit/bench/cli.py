@@ -48,7 +48,7 @@ def add_bench_parser(sub) -> None:
     sv.add_argument("--url", default="http://127.0.0.1:8000")
     sv.add_argument("--model", default=None, help="model name to send (default: the server's first /v1/models)")
     sv.add_argument("--api-key", default=None)
-    sv.add_argument("--num-prompts", type=int, default=64)
+    sv.add_argument("--num-prompts", type=int, default=None, help="default 64 (--scenario: 120)")
     sv.add_argument("--dist", default="longtail", choices=DISTRIBUTIONS)
     sv.add_argument("--input-len", type=int, default=128)
     sv.add_argument("--output-len", type=int, default=64)
@@ -197,6 +197,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.scenario:
         return cmd_scenario(args)
     slo = serve.parse_slo(args.slo)
+    args.num_prompts = args.num_prompts or 64
     model = args.model
     if model is None:
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -236,6 +237,7 @@ def cmd_scenario(args: argparse.Namespace) -> int:
         raise ValueError(f"--policies {args.policies!r}: {', '.join(bad) or 'none given'} not known; "
                          f"valid: {', '.join(POLICIES)}")
     rate = args.request_rate if math.isfinite(args.request_rate) else scenario.DEFAULT_RATE
+    args.num_prompts = args.num_prompts or scenario.DEFAULT_NUM_PROMPTS
     idle, rows = scenario.run_scenario(policies, shlex.split(args.server_args), args.num_prompts, args.input_len,
                                        args.output_len, rate, args.idle_requests, args.seed, log=_log)
     print(f"scenario {args.scenario}: {args.num_prompts} requests ({scenario.INTERACTIVE_SHARE:.0%} interactive) "

@@ -34,6 +34,7 @@ class LLMEngine:
                  num_kv_blocks: int | None = None, kv_cache_memory: int | None = None,
                  enable_chunked_prefill: bool = True, seed: int = 0, device: str = "auto",
                  scheduling_policy: str = "fcfs", long_prefill_token_threshold: int = -1,
+                 max_long_partial_prefills: int = 1,
                  aging_s: float | None = 60.0, slo_classes: dict[int, dict[str, float]] | None = None,
                  slo_admission: str = "reject", preemption_mode: str = "auto", swap_space: float = 4.0) -> None:
         platform = get_platform(device)
@@ -49,7 +50,8 @@ class LLMEngine:
                               swap_space=swap_space),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                       enable_chunked_prefill=enable_chunked_prefill, policy=scheduling_policy,
-                                      long_prefill_token_threshold=long_prefill_token_threshold, aging_s=aging_s,
+                                      long_prefill_token_threshold=long_prefill_token_threshold,
+                                      max_long_partial_prefills=max_long_partial_prefills, aging_s=aging_s,
                                       slo_classes=slo_classes or {}, slo_admission=slo_admission,
                                       preemption_mode=preemption_mode),
             device=platform.name, seed=seed)

@@ -22,6 +22,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduling-policy", default="fcfs", help="fcfs | priority | sjf | sla")
     p.add_argument("--long-prefill-token-threshold", type=int, default=-1,
                    help="most prompt tokens one request prefills per step (0: no cap; default 512)")
+    p.add_argument("--max-long-partial-prefills", type=int, default=1,
+                   help="how many prompts longer than the threshold prefill in one step")
     p.add_argument("--aging-s", type=float, default=60.0,
                    help="seconds after which a waiting request goes ahead of all newer ones (0: never)")
     p.add_argument("--slo-class", action="append", default=[], metavar="PRIORITY:ttft=MS,tpot=MS",
@@ -41,6 +43,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 enable_chunked_prefill=not args.no_chunked_prefill, seed=args.seed,
                 scheduling_policy=args.scheduling_policy,
                 long_prefill_token_threshold=args.long_prefill_token_threshold,
+                max_long_partial_prefills=args.max_long_partial_prefills,
                 aging_s=args.aging_s or None, slo_classes=dict(parse_slo_class(s) for s in args.slo_class),
                 slo_admission=args.slo_admission, preemption_mode=args.preemption_mode, swap_space=args.swap_space)
 

@@ -4,7 +4,8 @@ Each step spends at most max_num_batched_tokens: running requests first (one tok
 decode, a chunk for a prefill still in progress), then waiting requests in the policy's
 order. Prefill chunks and decodes share one forward pass, and no request prefills more than
 long_prefill_token_threshold tokens a step, so a long prompt is spread over several steps
-instead of stalling every decode in one. When the KV pool runs dry the policy's victim (FCFS:
+instead of stalling every decode in one, and at most max_long_partial_prefills such prompts
+prefill in one step (shorter ones may pass them). When the KV pool runs dry the policy's victim (FCFS:
 the newest running request) is preempted: its blocks are freed, and either its KV is swapped
 to host memory and copied back on resume, or it is recomputed from its prompt plus the tokens
 it already produced, whichever the measured costs say is cheaper (tacit/memory/swap.py).
@@ -90,8 +91,13 @@ class Scheduler:
             return (0, req.arrival_time, req.arrival_seq)
         return (1, *self.policy.waiting_key(req))
 
-    def _next_waiting(self) -> Request:
-        return min(self.waiting, key=self._waiting_key)
+    def _next_waiting(self, short_only: bool = False) -> Request | None:
+        pool = [r for r in self.waiting if not self._is_long(r)] if short_only else self.waiting
+        return min(pool, key=self._waiting_key) if pool else None
+
+    def _is_long(self, req: Request) -> bool:
+        cap = self.config.long_prefill_token_threshold
+        return bool(cap) and req.num_tokens - req.num_computed_tokens > cap
 
     def _outranks(self, waiting: Request, running: Request) -> bool:
         if running.aged:
@@ -135,14 +141,19 @@ class Scheduler:
         chunked = self.config.enable_chunked_prefill
         self._make_room_for_urgent(out)
         urgent_preemption = bool(out.preempted)
+        # Long prompts prefilling this step: at most max_long_partial_prefills of them, so a burst
+        # of long prompts cannot fill the whole token budget between two decodes.
+        long_slots = self.config.max_long_partial_prefills
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = self._chunk(req, budget)
-            if not chunked and n < req.num_tokens - req.num_computed_tokens:
+            long = self._is_long(req)
+            if (not chunked and n < req.num_tokens - req.num_computed_tokens) or (long and not long_slots):
                 i += 1
                 continue
+            long_slots -= long
             scheduled = True
             while not self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n):
                 # Only requests not yet given slots this step are candidates (they sit at i and after).
@@ -160,8 +171,11 @@ class Scheduler:
         # a priority preemption, admitting is the point.
         while (self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs
                and (urgent_preemption or not out.preempted)):
-            req = self._next_waiting()
+            req = self._next_waiting(short_only=not long_slots)
+            if req is None:
+                break
             n = self._chunk(req, budget)
+            long = self._is_long(req)
             if n < req.num_tokens - req.num_computed_tokens and not chunked:
                 break
             if not self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n):
@@ -173,6 +187,7 @@ class Scheduler:
             self.running.append(req)
             out.scheduled.append((req, n))
             budget -= n
+            long_slots -= long
         return out
 
     def finish(self, request: Request) -> None:

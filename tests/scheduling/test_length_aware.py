@@ -126,3 +126,24 @@ def test_chunk_cap_keeps_tokens_identical(tiny_llama):
     ref = [o.outputs[0].token_ids for o in LLM(path, dtype="float32", long_prefill_token_threshold=0).generate(prompts, params)]
     capped = LLM(path, dtype="float32", long_prefill_token_threshold=32).generate(prompts, params)
     assert [o.outputs[0].token_ids for o in capped] == ref
+
+
+def test_one_long_prompt_prefills_at_a_time_and_short_ones_pass_it():
+    kv = KVCacheManager(num_blocks=1024, block_size=4)
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=2048, long_prefill_token_threshold=128,
+                                  max_long_partial_prefills=1), kv)
+    for rid in ("long-a", "long-b"):
+        s.add_request(make_req(rid, 300, max_tokens=2))
+    s.add_request(make_req("short", 20, max_tokens=2))
+    plans = []
+    while s.waiting or s.running:
+        out = s.schedule()
+        plans.append({r.request_id: n for r, n in out.scheduled})
+        advance(s, out)
+    # long-b waits until long-a is down to its last 44 tokens (no longer "long"); short never waits.
+    assert plans[0] == {"long-a": 128, "short": 20}
+    assert plans[1] == {"long-a": 128, "short": 1}
+    assert plans[2] == {"long-a": 44, "long-b": 128}
+    assert max(sum(n for r, n in p.items() if r.startswith("long")) for p in plans) <= 128 + 44
+    with pytest.raises(ValueError, match="max_long_partial_prefills=0 is invalid"):
+        SchedulerConfig(max_long_partial_prefills=0)
