@@ -93,6 +93,10 @@ def run_scenario(policies: list[str], server_args: list[str], num_prompts: int, 
     idle_specs = [s for s in workload(idle_requests * 8, input_len, output_len, seed + 1) if s.interactive]
     idle: dict = {}
     rows = []
+    # The operator's view of the same targets, as priority classes (only sla reads them).
+    classes = [f"{prio}:ttft={slo['ttft_slo_ms']:g},tpot={slo['tpot_slo_ms']:g}"
+               for prio, slo in ((0, INTERACTIVE_SLO), (1, BATCH_SLO))]
+    server_args = [a for c in classes for a in ("--slo-class", c)] + list(server_args)
     for k, policy in enumerate(policies):
         log(f"[{policy}] starting tacit serve --scheduling-policy {policy} {' '.join(server_args)}")
         with TacitServer(["--scheduling-policy", policy, *server_args]) as server:

@@ -35,6 +35,16 @@ class SchedulingPolicy(ABC):
     def admit(self, req: Request) -> None:
         """Raise (a ValueError naming the reason) to refuse a request as it arrives."""
 
+    def on_start(self, req: Request) -> None:
+        """req joined the running set (for policies that keep running aggregates)."""
+
+    def on_stop(self, req: Request) -> None:
+        """req left the running set: preempted, finished or aborted."""
+
+    def token_budget(self, max_num_batched_tokens: int) -> int:
+        """Tokens this step may compute."""
+        return max_num_batched_tokens
+
     @abstractmethod
     def waiting_key(self, req: Request) -> tuple:
         """Smaller runs first."""

@@ -69,6 +69,7 @@ class Scheduler:
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         self.running.remove(request)
+        self.policy.on_stop(request)
         num_blocks = self.kv.blocks_needed(request.num_computed_tokens)
         if self._should_swap(request, num_blocks):
             # Before the blocks are freed: this same schedule() may hand them to someone else.
@@ -137,7 +138,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         self.now = self.clock()
         out = SchedulerOutput()
-        budget = self.config.max_num_batched_tokens
+        budget = self.policy.token_budget(self.config.max_num_batched_tokens)
         chunked = self.config.enable_chunked_prefill
         self._make_room_for_urgent(out)
         urgent_preemption = bool(out.preempted)
@@ -185,6 +186,7 @@ class Scheduler:
             self.waiting.remove(req)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
+            self.policy.on_start(req)
             out.scheduled.append((req, n))
             budget -= n
             long_slots -= long
@@ -194,6 +196,7 @@ class Scheduler:
         """Drop a finished or aborted request and give its blocks back at once."""
         if request in self.running:
             self.running.remove(request)
+            self.policy.on_stop(request)
         elif request in self.waiting:
             self.waiting.remove(request)
         self.kv.free(request.request_id)

@@ -125,3 +125,25 @@ def test_slo_class_flag_parses_and_rejects_garbage():
     assert parse_slo_class("0:ttft=500,tpot=100") == (0, {"ttft_ms": 500.0, "tpot_ms": 100.0})
     with pytest.raises(ValueError, match="write PRIORITY:ttft=MS,tpot=MS"):
         parse_slo_class("interactive")
+
+
+def test_sla_sizes_steps_to_the_tightest_target():
+    clock = FakeClock()
+    s = sla_scheduler(clock, slo_classes={0: {"ttft_ms": 1000}})
+    teach(s.cost)  # step = 10 ms + 2 ms a decode + 1 ms a prefill token
+    assert s.policy.token_budget(2048) == 490  # half the class TTFT: 500 ms - 10 ms base
+    r = make_req("chat", 4, max_tokens=50)
+    r.tpot_slo = 0.1
+    s.add_request(r)
+    run_step(s)
+    # 100 ms TPOT, one decode running: 100 - 12 = 88 ms of prefill, plus the decode itself.
+    assert s.policy.token_budget(2048) == 89
+    s.add_request(make_req("big", 1000))
+    plan = {req.request_id: n for req, n in s.schedule().scheduled}
+    assert plan == {"chat": 1, "big": 88}
+    s.finish(r)
+    assert s.policy.step_target_s() == 0.5  # its TPOT no longer counts
+    r2 = make_req("hopeless", 4)
+    r2.tpot_slo = 0.001  # below a decode-only step: capping would not help it
+    s.policy.on_start(r2)
+    assert s.policy.token_budget(2048) == 2048
