@@ -3,11 +3,12 @@ meet its TTFT.
 
 A request's next token is due at its deadline (arrival + TTFT target for the first token;
 last token + TPOT target after a preemption). Its latest start is that deadline minus the time
-its remaining prefill needs, estimated from measured steps (StepCostModel). Waiting work runs
-in order of latest start (least slack first: slack = latest start - now, and `now` is the same
-for everyone, so the order needs no clock). Work whose latest start has passed can no longer
-meet its target; it is deferred behind everything that still can, and behind work with no
-target, because serving it first would only make others miss too (goodput, not throughput).
+its remaining prefill needs, estimated from measured steps (StepCostModel). Within a priority
+class, waiting work runs in order of latest start (least slack first: slack = latest start -
+now, and `now` is the same for everyone, so the order needs no clock). Work whose latest start
+has passed can no longer meet its target; it is deferred behind everything in its class that
+still can, and behind work with no target, because serving it first would only make others
+miss too (goodput, not throughput).
 
 Admission: on arrival, a request with a TTFT target whose estimated time to first token (its
 own prefill plus the prefill queued ahead of it, at the measured per-token cost, plus a step's
@@ -77,12 +78,15 @@ class SLAPolicy(PriorityPolicy):
         return req.next_token_deadline - s.cost.prefill_s(remaining, s.prefill_tokens_per_step, len(s.running))
 
     def waiting_key(self, req: Request) -> tuple:
+        # Priority class first: by slack alone, an interactive request that had just missed its
+        # 500 ms TTFT went behind every batch job still inside its 60 s one, and waited 6.2 s
+        # (the mixed-priority benchmark's p99). Within a class, least slack first.
         latest = self._latest_start(req)
         if latest == float("inf"):
-            return (_NO_TARGET, req.arrival_time, req.arrival_seq)
+            return (req.priority, _NO_TARGET, req.arrival_time, req.arrival_seq)
         if req.slo_deferred or latest < self.scheduler.now:
-            return (_LATE, latest, req.arrival_seq)
-        return (_ON_TIME, latest, req.arrival_seq)
+            return (req.priority, _LATE, latest, req.arrival_seq)
+        return (req.priority, _ON_TIME, latest, req.arrival_seq)
 
     def victim_key(self, req: Request) -> tuple:
         # Lowest class first, then whoever's next token is due latest (no target: never due).

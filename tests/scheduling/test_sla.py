@@ -147,3 +147,18 @@ def test_sla_sizes_steps_to_the_tightest_target():
     r2.tpot_slo = 0.001  # below a decode-only step: capping would not help it
     s.policy.on_start(r2)
     assert s.policy.token_budget(2048) == 2048
+
+
+def test_sla_late_request_stays_ahead_of_a_lower_class():
+    clock = FakeClock()
+    s = sla_scheduler(clock, max_num_seqs=1)
+    teach(s.cost)
+    clock.t = 100.0
+    s.add_request(make_req("batch", 8, priority=1, arrival=99.0, ttft_ms=60_000))
+    s.add_request(make_req("late-chat", 8, priority=0, arrival=90.0, ttft_ms=500))
+    s.add_request(make_req("chat", 8, priority=0, arrival=99.9, ttft_ms=500))
+    order = []
+    while s.waiting or s.running:
+        clock.t += 0.01
+        order += [r for r in run_step(s) if r not in order]
+    assert order == ["chat", "late-chat", "batch"]
