@@ -153,7 +153,8 @@ class SchedulerConfig:
         if self.aging_s is not None and (not isinstance(self.aging_s, (int, float)) or self.aging_s <= 0):
             raise ValueError(f"aging_s={self.aging_s!r} is invalid: must be seconds > 0, or None for no aging")
         if self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode={self.preemption_mode!r} is not known; valid: {', '.join(PREEMPTION_MODES)}")
+            raise ValueError(f"preemption_mode={self.preemption_mode!r} is not known; "
+                             f"valid: {', '.join(PREEMPTION_MODES)}")
         if self.slo_admission not in SLO_ADMISSION:
             raise ValueError(f"slo_admission={self.slo_admission!r} is not known; valid: {', '.join(SLO_ADMISSION)}")
         self.slo_classes = {k: dict(v) for k, v in (self.slo_classes or {}).items()}
@@ -183,7 +184,8 @@ def parse_slo_class(spec: str) -> tuple[int, dict[str, float]]:
             raise ValueError
         return int(prio), targets
     except ValueError:
-        raise ValueError(f"--slo-class {spec!r} is invalid; write PRIORITY:ttft=MS,tpot=MS, e.g. 0:ttft=500,tpot=100") from None
+        raise ValueError(f"--slo-class {spec!r} is invalid; write PRIORITY:ttft=MS,tpot=MS, "
+                         f"e.g. 0:ttft=500,tpot=100") from None
 
 
 @dataclass

@@ -17,8 +17,8 @@ class LLM:
                  num_kv_blocks: int | None = None, kv_cache_memory: int | None = None,
                  enable_chunked_prefill: bool = True, seed: int = 0, device: str = "auto",
                  scheduling_policy: str = "fcfs", **scheduling_options: Any) -> None:
-        """scheduling_options: LLMEngine's long_prefill_token_threshold, max_long_partial_prefills, aging_s, slo_classes,
-        slo_admission, preemption_mode, swap_space."""
+        """scheduling_options: LLMEngine's long_prefill_token_threshold, max_long_partial_prefills,
+        aging_s, slo_classes, slo_admission, preemption_mode, swap_space."""
         self.engine = LLMEngine(model=model, dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
                                 num_kv_blocks=num_kv_blocks, kv_cache_memory=kv_cache_memory,

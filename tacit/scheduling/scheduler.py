@@ -2,14 +2,15 @@
 
 Each step spends at most max_num_batched_tokens: running requests first (one token for a
 decode, a chunk for a prefill still in progress), then waiting requests in the policy's
-order. Prefill chunks and decodes share one forward pass, and no request prefills more than
-long_prefill_token_threshold tokens a step, so a long prompt is spread over several steps
-instead of stalling every decode in one, and at most max_long_partial_prefills such prompts
-prefill in one step (shorter ones may pass them). When the KV pool runs dry the policy's victim (FCFS:
-the newest running request) is preempted: its blocks are freed, and either its KV is swapped
-to host memory and copied back on resume, or it is recomputed from its prompt plus the tokens
-it already produced, whichever the measured costs say is cheaper (tacit/memory/swap.py).
-Either way its output is exactly what it would have been.
+order. Prefill chunks and decodes share one forward pass. No request prefills more than
+long_prefill_token_threshold tokens a step and at most max_long_partial_prefills such long
+prompts prefill in one step (shorter ones may pass them), so long prompts are spread over
+several steps instead of stalling every decode in one. When the KV pool runs dry the policy's
+victim (FCFS: the newest running request) is preempted: its blocks are freed, and either its
+KV is swapped to host memory and copied back on resume, or it is recomputed from its prompt
+plus the tokens it already produced, whichever the measured costs say is cheaper
+(tacit/memory/swap.py). Either way its output is exactly what it would have been. A policy may
+also size each step's token budget (sla does, from the measured step costs).
 """
 
 from __future__ import annotations
