@@ -25,6 +25,13 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     n: int = 1
     skip_special_tokens: bool = True
+    # Scheduling hints ride here because every entry point already carries SamplingParams per
+    # request. Targets (ms) feed the sla policy and goodput; None falls back to the request's
+    # priority class (SchedulerConfig.slo_classes). expected_output_tokens is the client's
+    # guess at its answer's length, one feature of the output-length predictor.
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+    expected_output_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -63,6 +70,13 @@ class SamplingParams:
             raise bad("stop", self.stop, "must be a non-empty string or a list of non-empty strings")
         if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", self.stop_token_ids, "must be a list of token ids >= 0")
+        for name in ("ttft_slo_ms", "tpot_slo_ms"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0):
+                raise bad(name, v, "must be milliseconds > 0 or None")
+        e = self.expected_output_tokens
+        if e is not None and (not isinstance(e, int) or isinstance(e, bool) or e < 1):
+            raise bad("expected_output_tokens", e, "must be an integer >= 1 or None")
         if self.top_k == 0:
             self.top_k = -1
 

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from tacit.bench.scenario import SCENARIOS
 from tacit.bench.workloads import DISTRIBUTIONS
 
 
@@ -47,7 +48,7 @@ def add_bench_parser(sub) -> None:
     sv.add_argument("--url", default="http://127.0.0.1:8000")
     sv.add_argument("--model", default=None, help="model name to send (default: the server's first /v1/models)")
     sv.add_argument("--api-key", default=None)
-    sv.add_argument("--num-prompts", type=int, default=64)
+    sv.add_argument("--num-prompts", type=int, default=None, help="default 64 (--scenario: 120)")
     sv.add_argument("--dist", default="longtail", choices=DISTRIBUTIONS)
     sv.add_argument("--input-len", type=int, default=128)
     sv.add_argument("--output-len", type=int, default=64)
@@ -58,6 +59,11 @@ def add_bench_parser(sub) -> None:
     sv.add_argument("--seed", type=int, default=0)
     sv.add_argument("--json", default=None)
     sv.add_argument("--plot", default=None, help="PNG: end-to-end latency CDF")
+    sv.add_argument("--scenario", default=None, choices=SCENARIOS,
+                    help="start a tacit server per --policies and run this workload against each (no --url)")
+    sv.add_argument("--policies", default="fcfs,priority,sjf,sla", help="scheduling policies the scenario compares")
+    sv.add_argument("--server-args", default="", help="extra `tacit serve` flags for the scenario's servers")
+    sv.add_argument("--idle-requests", type=int, default=10, help="interactive requests timed on an idle server")
     sv.set_defaults(func=cmd_serve)
 
 
@@ -188,7 +194,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from tacit.bench import serve
 
+    if args.scenario:
+        return cmd_scenario(args)
     slo = serve.parse_slo(args.slo)
+    args.num_prompts = args.num_prompts or 64
     model = args.model
     if model is None:
         headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -213,3 +222,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         plot_cdf({model: [x * 1000 for x in e2e]}, "end-to-end latency (ms)", args.plot, "latency CDF")
     return 0 if res["completed"] else 1
+
+
+def cmd_scenario(args: argparse.Namespace) -> int:
+    import math
+    import shlex
+
+    from tacit.bench import scenario
+    from tacit.scheduling.policy import POLICIES
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad or not policies:
+        raise ValueError(f"--policies {args.policies!r}: {', '.join(bad) or 'none given'} not known; "
+                         f"valid: {', '.join(POLICIES)}")
+    rate = args.request_rate if math.isfinite(args.request_rate) else scenario.DEFAULT_RATE
+    args.num_prompts = args.num_prompts or scenario.DEFAULT_NUM_PROMPTS
+    idle, rows = scenario.run_scenario(policies, shlex.split(args.server_args), args.num_prompts, args.input_len,
+                                       args.output_len, rate, args.idle_requests, args.seed, log=_log)
+    print(f"scenario {args.scenario}: {args.num_prompts} requests ({scenario.INTERACTIVE_SHARE:.0%} interactive) "
+          f"at {rate} req/s; idle interactive TTFT p50 {idle['idle_ttft_p50']:.1f} ms, p99 {idle['idle_ttft_p99']:.1f} ms")
+    print(_table(rows))
+    for line in scenario.verdicts(idle, rows):
+        print(line)
+    _write(args, {"idle": idle, "rows": rows})
+    return 0 if all(r["done"] for r in rows) else 1

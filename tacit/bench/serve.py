@@ -50,13 +50,19 @@ def parse_slo(spec: str | None) -> dict[str, float]:
     return out
 
 
+def meets(r: RequestResult, slo: dict[str, float]) -> bool:
+    """Did a finished request meet every bound in slo (seconds; keys ttft, tpot, e2e)?"""
+    return all((getattr(r, k) if k != "tpot" else (r.tpot or 0.0)) <= v for k, v in slo.items())
+
+
 def _prompt(n_words: int, rng: np.random.Generator) -> str:
     return " ".join(rng.choice(_WORDS, n_words))
 
 
-async def _one(client, url: str, model: str, prompt: str, max_tokens: int, headers: dict) -> RequestResult:
+async def _one(client, url: str, model: str, prompt: str, max_tokens: int, headers: dict,
+               extra: dict | None = None) -> RequestResult:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "stream_options": {"include_usage": True}, **(extra or {})}
     t0 = time.perf_counter()
     last = None
     res = RequestResult(ok=False)
@@ -91,7 +97,7 @@ async def _one(client, url: str, model: str, prompt: str, max_tokens: int, heade
     return res
 
 
-async def _run(url: str, model: str, requests: list[tuple[str, int]], rate: float, burstiness: float,
+async def _run(url: str, model: str, requests: list[tuple[str, int, dict]], rate: float, burstiness: float,
                max_concurrency: int | None, api_key: str | None, seed: int) -> tuple[list[RequestResult], float]:
     import httpx
 
@@ -100,16 +106,16 @@ async def _run(url: str, model: str, requests: list[tuple[str, int]], rate: floa
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     timeout = httpx.Timeout(600.0, connect=10.0)
     async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None)) as client:
-        async def guarded(p: str, n: int) -> RequestResult:
+        async def guarded(p: str, n: int, extra: dict) -> RequestResult:
             if limit is None:
-                return await _one(client, url, model, p, n, headers)
+                return await _one(client, url, model, p, n, headers, extra)
             async with limit:
-                return await _one(client, url, model, p, n, headers)
+                return await _one(client, url, model, p, n, headers, extra)
 
         tasks = []
         t0 = time.perf_counter()
-        for p, n in requests:
-            tasks.append(asyncio.create_task(guarded(p, n)))
+        for p, n, extra in requests:
+            tasks.append(asyncio.create_task(guarded(p, n, extra)))
             if math.isfinite(rate):
                 await asyncio.sleep(rng.gamma(burstiness, 1.0 / (rate * burstiness)))
         results = await asyncio.gather(*tasks)
@@ -129,12 +135,12 @@ def run(url: str, model: str, num_prompts: int, dist: str, input_len: int, outpu
         slo: dict[str, float] | None = None, api_key: str | None = None, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     pairs = sample_lengths(dist, num_prompts, input_len, output_len, seed=seed)
-    requests = [(_prompt(i, rng), o) for i, o in pairs]
+    requests = [(_prompt(i, rng), o, {}) for i, o in pairs]
     results, duration = asyncio.run(_run(url.rstrip("/"), model, requests, rate, burstiness, max_concurrency,
                                          api_key, seed))
     ok = [r for r in results if r.ok]
     slo = slo or {}
-    good = [r for r in ok if all((getattr(r, k) if k != "tpot" else (r.tpot or 0.0)) <= v for k, v in slo.items())]
+    good = [r for r in ok if meets(r, slo)]
     out_tokens = sum(r.output_tokens for r in ok)
     return {
         "completed": len(ok), "failed": len(results) - len(ok), "duration_s": duration,

@@ -28,6 +28,7 @@ from tacit.engine.llm_engine import LLMEngine
 from tacit.engine.metrics import EngineSnapshot, ServingMetrics
 from tacit.outputs import RequestOutput
 from tacit.sampling_params import SamplingParams
+from tacit.scheduling.sla import SLOUnattainableError
 
 logger = logging.getLogger("tacit.engine")
 
@@ -282,8 +283,10 @@ class AsyncLLMEngine:
             try:
                 self.engine.add_request(cmd.prompt, cmd.params, cmd.request_id, cmd.priority)
                 self._streams[cmd.request_id] = cmd.stream
-            except ValueError as e:  # the caller's fault: tell them, carry on
+            except ValueError as e:  # the caller's fault (or, for sla admission, the load's): tell them
                 error = e
+                if isinstance(e, SLOUnattainableError):
+                    self.metrics.count_request("slo_rejected")
             except Exception as e:  # not the caller's fault, but still no reason to die
                 logger.exception("add_request failed")
                 error = RuntimeError(f"could not add the request: {e!r}")
@@ -378,4 +381,5 @@ class AsyncLLMEngine:
             num_running=len(e.scheduler.running), num_waiting=len(e.scheduler.waiting),
             kv_blocks_used=e.kv.pool.num_used_blocks, kv_blocks_free=e.kv.pool.num_free_blocks,
             prompt_tokens=e.stats["prompt_tokens"], generation_tokens=e.stats["generation_tokens"],
-            num_preemptions=e.scheduler.num_preemptions, num_steps=e.num_steps)
+            num_preemptions=e.scheduler.num_preemptions, num_steps=e.num_steps,
+            length_predictor_mae=e.predictor.mean_abs_error or 0.0, length_predictor_scored=e.predictor.num_scored)

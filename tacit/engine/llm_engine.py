@@ -13,13 +13,15 @@ import torch
 
 from tacit.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
 from tacit.engine.detokenizer import IncrementalDetokenizer
-from tacit.engine.model_runner import ModelRunner
+from tacit.engine.model_runner import ModelRunner, kv_cache_layers
 from tacit.loader import ModelSource, open_model
 from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.memory.swap import KVSwapper
 from tacit.models.build import build_model
 from tacit.outputs import CompletionOutput, Logprob, RequestOutput
 from tacit.platforms import get_platform
 from tacit.sampling_params import SamplingParams
+from tacit.scheduling.length_predictor import OutputLengthPredictor
 from tacit.scheduling.policy import get_policy
 from tacit.scheduling.request import Request
 from tacit.scheduling.scheduler import Scheduler, SchedulerOutput
@@ -31,7 +33,10 @@ class LLMEngine:
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, block_size: int = 16,
                  num_kv_blocks: int | None = None, kv_cache_memory: int | None = None,
                  enable_chunked_prefill: bool = True, seed: int = 0, device: str = "auto",
-                 scheduling_policy: str = "fcfs") -> None:
+                 scheduling_policy: str = "fcfs", long_prefill_token_threshold: int = -1,
+                 max_long_partial_prefills: int = 1,
+                 aging_s: float | None = 60.0, slo_classes: dict[int, dict[str, float]] | None = None,
+                 slo_admission: str = "reject", preemption_mode: str = "auto", swap_space: float = 4.0) -> None:
         platform = get_platform(device)
         self.platform = platform
         source: ModelSource = open_model(model)
@@ -41,9 +46,14 @@ class LLMEngine:
                                 eos_token_ids=source.eos_token_ids, max_model_len=max_model_len or 0)
         self.config = EngineConfig(
             model=model_cfg,
-            cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks, kv_cache_memory=kv_cache_memory),
+            cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks, kv_cache_memory=kv_cache_memory,
+                              swap_space=swap_space),
             scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                      enable_chunked_prefill=enable_chunked_prefill, policy=scheduling_policy),
+                                      enable_chunked_prefill=enable_chunked_prefill, policy=scheduling_policy,
+                                      long_prefill_token_threshold=long_prefill_token_threshold,
+                                      max_long_partial_prefills=max_long_partial_prefills, aging_s=aging_s,
+                                      slo_classes=slo_classes or {}, slo_admission=slo_admission,
+                                      preemption_mode=preemption_mode),
             device=platform.name, seed=seed)
         torch.manual_seed(seed)
         self.tokenizer: Tokenizer = source.tokenizer
@@ -52,6 +62,10 @@ class LLMEngine:
         self.runner = ModelRunner(self.config, self.model, self.device, platform.free_memory_bytes())
         self.kv = KVCacheManager(self.runner.num_blocks, block_size)
         self.scheduler = Scheduler(self.config.scheduler, self.kv, get_policy(scheduling_policy))
+        if swap_space > 0:
+            self.scheduler.swapper = KVSwapper(kv_cache_layers(self.model), self.runner.num_blocks, block_size,
+                                               self.runner.bytes_per_block, int(swap_space * (1 << 30)))
+        self.predictor = OutputLengthPredictor()
         self.max_model_len = model_cfg.max_model_len
         self.eos_token_ids = frozenset(model_cfg.eos_token_ids)
         self._children: dict[str, list[Request]] = {}
@@ -97,17 +111,33 @@ class LLMEngine:
         if parent in self._children:
             raise ValueError(f"request_id {parent!r} is already in use")
         children = []
-        for i in range(params.n):
-            child_params = params if params.n == 1 or params.seed is None else replace(params, seed=params.seed + i)
-            child_id = parent if params.n == 1 else f"{parent}#{i}"
-            req = Request(child_id, ids, child_params, max_tokens, prompt=text, priority=priority,
-                          parent_id=parent, index=i)
-            self._detok[child_id] = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
-            children.append(req)
-            self.scheduler.add_request(req)
+        ttft, tpot = self._slo_targets(params, priority)
+        predicted = self.predictor.predict(len(ids), max_tokens, params.temperature, params.expected_output_tokens)
+        try:
+            for i in range(params.n):
+                child_params = params if params.n == 1 or params.seed is None else replace(params, seed=params.seed + i)
+                child_id = parent if params.n == 1 else f"{parent}#{i}"
+                req = Request(child_id, ids, child_params, max_tokens, prompt=text, priority=priority,
+                              parent_id=parent, index=i)
+                req.ttft_slo, req.tpot_slo, req.predicted_output_tokens = ttft, tpot, predicted
+                self.scheduler.add_request(req)  # the policy may refuse it (sla admission)
+                self._detok[child_id] = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens)
+                children.append(req)
+        except ValueError:
+            for req in children:  # all of an n>1 request or none of it
+                self.scheduler.finish(req)
+                self._detok.pop(req.request_id, None)
+            raise
         self._children[parent] = children
         self.stats["prompt_tokens"] += len(ids)
         return parent
+
+    def _slo_targets(self, params: SamplingParams, priority: int) -> tuple[float | None, float | None]:
+        """(TTFT, TPOT) targets in seconds: the request's own, else its priority class's."""
+        cls = self.config.scheduler.slo_classes.get(priority, {})
+        ttft = params.ttft_slo_ms if params.ttft_slo_ms is not None else cls.get("ttft_ms")
+        tpot = params.tpot_slo_ms if params.tpot_slo_ms is not None else cls.get("tpot_ms")
+        return (None if ttft is None else ttft / 1000, None if tpot is None else tpot / 1000)
 
     def abort_request(self, request_id: str) -> None:
         for req in self._children.pop(request_id, []):
@@ -125,10 +155,18 @@ class LLMEngine:
         sched: SchedulerOutput = self.scheduler.schedule()
         if not sched.scheduled:
             return []
+        t0 = time.perf_counter()
         sampled_reqs, sampler_out = self.runner.execute(sched, self.kv)
+        elapsed = time.perf_counter() - t0
         self.num_steps += 1
+        prefill_tokens = decodes = 0
         for req, n in sched.scheduled:
             req.num_computed_tokens += n
+            if n == 1:
+                decodes += 1
+            else:
+                prefill_tokens += n
+        self.scheduler.cost.observe(prefill_tokens, decodes, elapsed)
         now = time.monotonic()
         touched: dict[str, None] = {}
         for row, req in enumerate(sampled_reqs):
@@ -136,6 +174,7 @@ class LLMEngine:
             touched[req.parent_id] = None
             if req.is_finished:
                 self.scheduler.finish(req)
+                self._learn_length(req)
         outputs = []
         for parent in touched:
             out = self._output(parent)
@@ -144,6 +183,11 @@ class LLMEngine:
                 for req in self._children.pop(parent):
                     self._detok.pop(req.request_id, None)
         return outputs
+
+    def _learn_length(self, req: Request) -> None:
+        p = req.params
+        self.predictor.observe(req.num_prompt_tokens, req.max_tokens, p.temperature, p.expected_output_tokens,
+                               req.predicted_output_tokens, len(req.output_token_ids))
 
     def _append(self, req: Request, token: int, logprob, now: float) -> None:
         req.append_output_token(token)

@@ -44,6 +44,8 @@ class EngineSnapshot:
     generation_tokens: int = 0
     num_preemptions: int = 0
     num_steps: int = 0
+    length_predictor_mae: float = 0.0
+    length_predictor_scored: int = 0
 
 
 @dataclass
@@ -76,6 +78,11 @@ class ServingMetrics:
         metric("tacit_generation_tokens_total", "counter", "Tokens generated.", s.generation_tokens)
         metric("tacit_num_preemptions_total", "counter", "Sequences preempted for KV space.", s.num_preemptions)
         metric("tacit_engine_steps_total", "counter", "Engine steps (forward passes) run.", s.num_steps)
+        metric("tacit_output_length_predictor_mae", "gauge",
+               "Mean absolute error (tokens) of the output-length predictor over finished requests.",
+               s.length_predictor_mae)
+        metric("tacit_output_length_predictor_scored_total", "counter",
+               "Finished requests the output-length predictor was scored on.", s.length_predictor_scored)
 
         with self._lock:
             requests = dict(self.requests)

@@ -19,15 +19,33 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-memory", type=int, default=None, help="bytes for the KV pool")
     p.add_argument("--no-chunked-prefill", action="store_true")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--scheduling-policy", default="fcfs", help="fcfs | priority")
+    p.add_argument("--scheduling-policy", default="fcfs", help="fcfs | priority | sjf | sla")
+    p.add_argument("--long-prefill-token-threshold", type=int, default=-1,
+                   help="most prompt tokens one request prefills per step (0: no cap; default 512)")
+    p.add_argument("--max-long-partial-prefills", type=int, default=1,
+                   help="how many prompts longer than the threshold prefill in one step")
+    p.add_argument("--aging-s", type=float, default=60.0,
+                   help="seconds after which a waiting request goes ahead of all newer ones (0: never)")
+    p.add_argument("--slo-class", action="append", default=[], metavar="PRIORITY:ttft=MS,tpot=MS",
+                   help="default TTFT/TPOT targets for a priority class (repeatable), e.g. 0:ttft=500,tpot=100")
+    p.add_argument("--slo-admission", default="reject", help="reject | defer: what sla does with a request "
+                   "whose estimated TTFT misses its target")
+    p.add_argument("--preemption-mode", default="auto", help="auto | recompute | swap")
+    p.add_argument("--swap-space", type=float, default=4.0, help="GiB of host memory for swapped-out KV blocks")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
+    from tacit.config import parse_slo_class
+
     return dict(model=args.model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                 max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                 block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, kv_cache_memory=args.kv_cache_memory,
                 enable_chunked_prefill=not args.no_chunked_prefill, seed=args.seed,
-                scheduling_policy=args.scheduling_policy)
+                scheduling_policy=args.scheduling_policy,
+                long_prefill_token_threshold=args.long_prefill_token_threshold,
+                max_long_partial_prefills=args.max_long_partial_prefills,
+                aging_s=args.aging_s or None, slo_classes=dict(parse_slo_class(s) for s in args.slo_class),
+                slo_admission=args.slo_admission, preemption_mode=args.preemption_mode, swap_space=args.swap_space)
 
 
 def load_llm(args: argparse.Namespace):

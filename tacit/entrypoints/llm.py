@@ -16,12 +16,14 @@ class LLM:
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, block_size: int = 16,
                  num_kv_blocks: int | None = None, kv_cache_memory: int | None = None,
                  enable_chunked_prefill: bool = True, seed: int = 0, device: str = "auto",
-                 scheduling_policy: str = "fcfs") -> None:
+                 scheduling_policy: str = "fcfs", **scheduling_options: Any) -> None:
+        """scheduling_options: LLMEngine's long_prefill_token_threshold, max_long_partial_prefills,
+        aging_s, slo_classes, slo_admission, preemption_mode, swap_space."""
         self.engine = LLMEngine(model=model, dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                                 max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
                                 num_kv_blocks=num_kv_blocks, kv_cache_memory=kv_cache_memory,
                                 enable_chunked_prefill=enable_chunked_prefill, seed=seed, device=device,
-                                scheduling_policy=scheduling_policy)
+                                scheduling_policy=scheduling_policy, **scheduling_options)
 
     def get_tokenizer(self):
         return self.engine.tokenizer

@@ -55,6 +55,23 @@ class Request:
             self.generator = torch.Generator().manual_seed(params.seed)
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
+        # Scheduling state: targets in seconds (None: no target), the predicted output length,
+        # and whether it has waited past the aging bound (sticky: it keeps that standing).
+        self.ttft_slo: float | None = None
+        self.tpot_slo: float | None = None
+        self.predicted_output_tokens = max_tokens
+        self.aged = False
+        self.slo_deferred = False  # admitted although its TTFT estimate misses (sla, "defer")
+
+    @property
+    def next_token_deadline(self) -> float:
+        """When its next token is due under its targets: the first by arrival + TTFT target, a
+        later one (after a preemption) by the last token's time + TPOT target; inf if none."""
+        if self.first_token_time is None:
+            return self.arrival_time + self.ttft_slo if self.ttft_slo is not None else float("inf")
+        if self.tpot_slo is None or self.last_token_time is None:
+            return float("inf")
+        return self.last_token_time + self.tpot_slo
 
     @property
     def num_tokens(self) -> int:

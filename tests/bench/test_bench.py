@@ -58,3 +58,31 @@ def test_bench_throughput_cli(tiny_llama, tmp_path):
     data = json.loads(out.read_text())
     assert [row["engine"] for row in data["rows"]] == ["tacit", "transformers"]
     assert "tacit/transformers" in data["ratios"]
+
+
+def test_mixed_priority_workload_is_seeded_and_shaped():
+    from tacit.bench.scenario import workload
+
+    specs = workload(500, 64, 32, seed=2)
+    assert [s.prompt for s in specs] == [s.prompt for s in workload(500, 64, 32, seed=2)]
+    hi = [s for s in specs if s.interactive]
+    assert 0.15 < len(hi) / len(specs) < 0.25
+    assert {s.extra["priority"] for s in hi} == {0} and {s.extra["priority"] for s in specs if not s.interactive} == {1}
+    assert all(s.slo["ttft"] < t.slo["ttft"] for s in hi[:5] for t in specs if not t.interactive)
+
+
+def test_bench_serve_scenario_runs_every_policy(tiny_llama, tmp_path):
+    out = tmp_path / "scenario.json"
+    r = subprocess.run([sys.executable, "-m", "tacit.entrypoints.cli", "bench", "serve", "--scenario", "mixed-priority",
+                        "--policies", "fcfs,sla", "--num-prompts", "10", "--idle-requests", "2", "--request-rate", "50",
+                        "--input-len", "8", "--output-len", "4", "--json", str(out),
+                        "--server-args", f"--model {tiny_llama[2]} --dtype float32"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert [row["policy"] for row in data["rows"]] == ["fcfs", "sla"]
+    assert all(row["done"] + row["failed"] == 10 for row in data["rows"])
+    assert data["idle"]["idle_requests"] == 2 and "high-priority p99 TTFT" in r.stdout
+    bad = subprocess.run([sys.executable, "-m", "tacit.entrypoints.cli", "bench", "serve", "--scenario",
+                          "mixed-priority", "--policies", "fcfs,lifo"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "lifo not known; valid: fcfs, priority, sjf, sla" in bad.stderr

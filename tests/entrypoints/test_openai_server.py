@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,15 +23,10 @@ pytest.importorskip("uvicorn")
 from tiny_models import build_hf_model  # noqa: E402
 
 from tacit import LLM, SamplingParams  # noqa: E402
+from tacit.bench.launch import free_port, parse_metrics, stop_process, wait_healthy  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -46,43 +40,21 @@ class Server:
             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.log: list[str] = []
         threading.Thread(target=self._drain, daemon=True).start()
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n" + "".join(self.log))
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("server did not become healthy:\n" + "".join(self.log))
+        try:
+            wait_healthy(self.url, self.proc, 120, lambda: "".join(self.log))
+        except RuntimeError:
+            self.stop()
+            raise
 
     def _drain(self) -> None:  # keep the pipe from filling up
         for line in self.proc.stdout:
             self.log.append(line)
 
     def metrics(self) -> dict[str, float]:
-        out = {}
-        for line in httpx.get(f"{self.url}/metrics").text.splitlines():
-            if line.startswith("#") or not line:
-                continue
-            name_labels, value = line.rsplit(" ", 1)
-            name, _, labels = name_labels.partition("{")
-            extra = [x for x in labels.rstrip("}").split(",") if x and not x.startswith("model_name=")]
-            out[f"{name}{{{','.join(extra)}}}" if extra else name] = float(value)
-        return out
+        return parse_metrics(httpx.get(f"{self.url}/metrics").text)
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc)
 
 
 @pytest.fixture(scope="module")

@@ -2,26 +2,13 @@
 
 import pytest
 
+from helpers import make_req, run_step
+
 from tacit import LLM, SamplingParams
 from tacit.config import SchedulerConfig
 from tacit.memory.kv_cache_manager import KVCacheManager
-from tacit.sampling_params import SamplingParams as SP
 from tacit.scheduling.policy import PriorityPolicy
-from tacit.scheduling.request import Request
 from tacit.scheduling.scheduler import Scheduler
-
-
-def make_req(rid: str, n_prompt: int, priority: int = 0) -> Request:
-    return Request(rid, list(range(1, n_prompt + 1)), SP(max_tokens=8), max_tokens=8, priority=priority)
-
-
-def run_step(s: Scheduler) -> list[str]:
-    out = s.schedule()
-    for req, n in out.scheduled:
-        req.num_computed_tokens += n
-        if req.num_computed_tokens == req.num_tokens:
-            req.append_output_token(7)
-    return [r.request_id for r, _ in out.scheduled]
 
 
 def test_priority_preempts_when_batch_slots_are_full():
@@ -93,8 +80,8 @@ def test_priority_output_identical_after_preemption(tiny_llama):
 
 
 def test_bad_policy_and_priority_are_clear_errors(tiny_llama):
-    with pytest.raises(ValueError, match="scheduling_policy='sjf' is not known; valid: fcfs, priority"):
-        LLM(str(tiny_llama[2]), scheduling_policy="sjf")
+    with pytest.raises(ValueError, match="scheduling_policy=.lifo. is not known; valid: fcfs, priority, sjf, sla"):
+        LLM(str(tiny_llama[2]), scheduling_policy="lifo")
     llm = LLM(str(tiny_llama[2]), dtype="float32")
     with pytest.raises(ValueError, match="priority='high' is invalid"):
         llm.generate(["hi"], SamplingParams(max_tokens=2), priority=["high"])

@@ -42,8 +42,8 @@ def bad_request(message: str, param: str | None = None) -> OpenAIError:
     return OpenAIError(400, message, "invalid_request_error", param)
 
 
-def overloaded(message: str) -> OpenAIError:
-    return OpenAIError(503, message, "server_overloaded", headers={"Retry-After": str(RETRY_AFTER_S)})
+def overloaded(message: str, param: str | None = None) -> OpenAIError:
+    return OpenAIError(503, message, "server_overloaded", param, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 _PARAM_IN_MESSAGE = re.compile(r"^SamplingParams\.(\w+)=")

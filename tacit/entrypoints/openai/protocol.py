@@ -58,6 +58,12 @@ class SamplingRequest(OpenAIModel):
     ignore_eos: StrictBool = False
     min_tokens: StrictInt = 0
     priority: StrictInt = 0
+    # tacit's scheduling extensions (docs in README): TTFT/TPOT targets for the sla policy and
+    # goodput (unset: the priority class's default), and a guess at the answer's length that
+    # the output-length predictor takes as a feature.
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+    expected_output_tokens: StrictInt | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -73,7 +79,8 @@ class SamplingRequest(OpenAIModel):
         kw: dict[str, Any] = dict(max_tokens=max_tokens, n=self.n, stop=self.stop, stop_token_ids=self.stop_token_ids,
                                   seed=self.seed, presence_penalty=self.presence_penalty,
                                   frequency_penalty=self.frequency_penalty, ignore_eos=self.ignore_eos,
-                                  min_tokens=self.min_tokens, logprobs=logprobs)
+                                  min_tokens=self.min_tokens, logprobs=logprobs, ttft_slo_ms=self.ttft_slo_ms,
+                                  tpot_slo_ms=self.tpot_slo_ms, expected_output_tokens=self.expected_output_tokens)
         # OpenAI's defaults are temperature 1, top_p 1: "unset" means that, not greedy.
         for name in ("temperature", "top_p", "top_k", "min_p"):
             value = getattr(self, name)

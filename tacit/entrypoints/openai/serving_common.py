@@ -14,6 +14,7 @@ from tacit.engine.async_engine import (AsyncLLMEngine, EngineDeadError, EngineSt
 from tacit.entrypoints.openai.errors import OpenAIError, bad_request, from_value_error, overloaded
 from tacit.outputs import CompletionOutput, Logprob, RequestOutput
 from tacit.sampling_params import SamplingParams
+from tacit.scheduling.sla import SLOUnattainableError
 
 
 class ServingContext:
@@ -57,6 +58,8 @@ class ServingContext:
         except BaseException as e:
             for s in streams:
                 self.engine.abort(s.request_id)
+            if isinstance(e, SLOUnattainableError):  # a load condition, not a bad request
+                raise overloaded(str(e), "ttft_slo_ms") from None
             if isinstance(e, ValueError):
                 raise from_value_error(e) from None
             if isinstance(e, QueueFullError):
