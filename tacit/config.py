@@ -145,6 +145,8 @@ class SchedulerConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r} is invalid: must be an integer >= 1")
+        if not isinstance(self.enable_chunked_prefill, bool):
+            raise ValueError(f"enable_chunked_prefill={self.enable_chunked_prefill!r} is invalid: must be true or false")
         if self.long_prefill_token_threshold == -1:
             self.long_prefill_token_threshold = DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD
         t = self.long_prefill_token_threshold

@@ -100,8 +100,9 @@ def _setup(args: argparse.Namespace, peers: list[str]):
     from tacit.entrypoints.cli import engine_kwargs
 
     kwargs = engine_kwargs(args)
-    kwargs["model"] = resolve_bench_model(args.model)
-    kwargs["dtype"] = "bfloat16" if args.dtype == "auto" else args.dtype  # bf16 is this CPU's fast path
+    kwargs["model"] = resolve_bench_model(kwargs.get("model"))
+    if kwargs.get("dtype", "auto") == "auto":
+        kwargs["dtype"] = "bfloat16"  # bf16 is this CPU's fast path
     engine = LLMEngine(**kwargs)
     path, dtype = engine.source.path, engine.config.model.dtype
     engines = [TacitBench(engine)]

@@ -6,24 +6,22 @@ from typing import Any, Iterator, Sequence
 
 from tacit.engine.llm_engine import LLMEngine
 from tacit.outputs import RequestOutput
+from tacit.recipe import merge_engine_args
 from tacit.sampling_params import SamplingParams
 
 Prompt = str | list[int]
 
 
 class LLM:
-    def __init__(self, model: str | None = None, dtype: str = "auto", max_model_len: int | None = None,
-                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, block_size: int = 16,
-                 num_kv_blocks: int | None = None, kv_cache_memory: int | None = None,
-                 enable_chunked_prefill: bool = True, seed: int = 0, device: str = "auto",
-                 scheduling_policy: str = "fcfs", **scheduling_options: Any) -> None:
-        """scheduling_options: LLMEngine's long_prefill_token_threshold, max_long_partial_prefills,
-        aging_s, slo_classes, slo_admission, preemption_mode, swap_space."""
-        self.engine = LLMEngine(model=model, dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                                max_num_batched_tokens=max_num_batched_tokens, block_size=block_size,
-                                num_kv_blocks=num_kv_blocks, kv_cache_memory=kv_cache_memory,
-                                enable_chunked_prefill=enable_chunked_prefill, seed=seed, device=device,
-                                scheduling_policy=scheduling_policy, **scheduling_options)
+    def __init__(self, model: str | None = None, recipe: str | None = None, **engine_args: Any) -> None:
+        """engine_args: LLMEngine's keywords (dtype, max_model_len, max_num_seqs, max_num_batched_tokens,
+        block_size, num_kv_blocks, kv_cache_memory, enable_chunked_prefill, seed, device,
+        scheduling_policy, long_prefill_token_threshold, max_long_partial_prefills, aging_s,
+        slo_classes, slo_admission, preemption_mode, swap_space). recipe: a recipe YAML (or its
+        folder) whose settings apply wherever a keyword here does not say otherwise."""
+        if model is not None:
+            engine_args["model"] = model
+        self.engine = LLMEngine(**merge_engine_args(recipe, engine_args))
 
     def get_tokenizer(self):
         return self.engine.tokenizer

@@ -13,8 +13,12 @@ from entrypoints.test_openai_server import REPO, Server  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def sla_server(tiny_llama):
-    s = Server(tiny_llama[2], "--scheduling-policy", "sla", "--slo-class", "0:ttft=60000,tpot=5000")
+def sla_server(tiny_llama, tmp_path_factory):
+    # The policy comes from the flag, over the recipe's; the SLO classes from the recipe.
+    recipe = tmp_path_factory.mktemp("recipe") / "recipe.yaml"
+    recipe.write_text("scheduler:\n  policy: priority\n"
+                      "  slo_classes: {0: {ttft_ms: 60000, tpot_ms: 5000}, 5: {ttft_ms: 0.001}}\n")
+    s = Server(tiny_llama[2], "--recipe", str(recipe), "--scheduling-policy", "sla")
     yield s
     assert s.stop() == 0, "".join(s.log)
 
@@ -29,10 +33,12 @@ def test_sla_server_admits_rejects_and_reports(sla_server, tiny_llama):
     assert r.status_code == 503 and r.headers.get("retry-after")
     err = r.json()["error"]
     assert err["param"] == "ttft_slo_ms" and "ttft_slo_ms=0" in err["message"] and "estimates" in err["message"]
+    r = httpx.post(url, json={**body, "priority": 5}, timeout=60)  # the recipe's class 5 target
+    assert r.status_code == 503 and "ttft_slo_ms=0" in r.json()["error"]["message"]
     r = httpx.post(url, json={**body, "tpot_slo_ms": -1}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tpot_slo_ms"
     m = sla_server.metrics()
-    assert m['tacit_requests_total{finish_reason="slo_rejected"}'] == 1
+    assert m['tacit_requests_total{finish_reason="slo_rejected"}'] == 2
     assert m["tacit_output_length_predictor_scored_total"] == 2
     assert "tacit_output_length_predictor_mae" in m
     r = httpx.post(url, json=body, timeout=60)  # still serving

@@ -88,14 +88,15 @@ def build_app(engine: AsyncLLMEngine, model_name: str, api_key: str | None = Non
     return app
 
 
-def served_model_name(args: argparse.Namespace) -> str:
+def served_model_name(args: argparse.Namespace, model: str | None) -> str:
+    """--served-model-name, else the model as given (flag or recipe), else the default model's name."""
     if getattr(args, "served_model_name", None):
         return args.served_model_name
-    if args.model is None:
+    if model is None:
         from tacit.loader.default_model import DEFAULT_MODEL_FILE
 
         return DEFAULT_MODEL_FILE.split(".")[0]  # "SmolLM2-135M-Instruct"
-    return args.model
+    return model
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -106,11 +107,13 @@ def run_server(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     t0 = time.perf_counter()
-    print(f"tacit: loading {args.model or 'the default model (SmolLM2-135M-Instruct)'} ...", file=sys.stderr, flush=True)
+    kwargs = engine_kwargs(args)
+    print(f"tacit: loading {kwargs.get('model') or 'the default model (SmolLM2-135M-Instruct)'} ...", file=sys.stderr,
+          flush=True)
     # Load before binding the port: /health answering means the model is ready.
-    engine = AsyncLLMEngine.from_engine_args(max_waiting=args.max_waiting, **engine_kwargs(args))
+    engine = AsyncLLMEngine.from_engine_args(max_waiting=args.max_waiting, **kwargs)
     engine.start()  # builds the model on the engine thread; raises what loading raised
-    name = served_model_name(args)
+    name = served_model_name(args, kwargs.get("model"))
     e = engine.engine
     print(f"tacit: loaded {Path(e.source.path).name} in {time.perf_counter() - t0:.1f}s ({e.config.model.dtype}, "
           f"{e.runner.num_blocks} KV blocks, max_model_len {e.max_model_len}); serving `{name}` on "
