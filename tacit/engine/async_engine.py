@@ -376,10 +376,4 @@ class AsyncLLMEngine:
             pass  # the loop is closed; the caller is gone
 
     def _publish(self) -> None:
-        e = self.engine
-        self.metrics.snapshot = EngineSnapshot(
-            num_running=len(e.scheduler.running), num_waiting=len(e.scheduler.waiting),
-            kv_blocks_used=e.kv.pool.num_used_blocks, kv_blocks_free=e.kv.pool.num_free_blocks,
-            prompt_tokens=e.stats["prompt_tokens"], generation_tokens=e.stats["generation_tokens"],
-            num_preemptions=e.scheduler.num_preemptions, num_steps=e.num_steps,
-            length_predictor_mae=e.predictor.mean_abs_error or 0.0, length_predictor_scored=e.predictor.num_scored)
+        self.metrics.snapshot = EngineSnapshot.of(self.engine)

@@ -10,6 +10,10 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tacit.engine.llm_engine import LLMEngine
 
 # Seconds. TTFT spans a queue wait plus a prefill (ms to tens of s under load); inter-token
 # latency is one decode step (sub-ms for a tiny model, ~10-100 ms for a 135M one on CPU).
@@ -43,9 +47,24 @@ class EngineSnapshot:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     num_preemptions: int = 0
+    num_swapped_out: int = 0
+    num_swapped_in: int = 0
+    swap_blocks_used: int = 0
     num_steps: int = 0
     length_predictor_mae: float = 0.0
     length_predictor_scored: int = 0
+
+    @classmethod
+    def of(cls, engine: "LLMEngine") -> "EngineSnapshot":
+        s, swap = engine.scheduler, engine.scheduler.swapper
+        return cls(num_running=len(s.running), num_waiting=len(s.waiting), kv_blocks_used=engine.kv.pool.num_used_blocks,
+                   kv_blocks_free=engine.kv.pool.num_free_blocks, prompt_tokens=engine.stats["prompt_tokens"],
+                   generation_tokens=engine.stats["generation_tokens"], num_preemptions=s.num_preemptions,
+                   num_swapped_out=swap.num_swapped_out if swap else 0,
+                   num_swapped_in=swap.num_swapped_in if swap else 0,
+                   swap_blocks_used=swap.used_blocks if swap else 0, num_steps=engine.num_steps,
+                   length_predictor_mae=engine.predictor.mean_abs_error or 0.0,
+                   length_predictor_scored=engine.predictor.num_scored)
 
 
 @dataclass
@@ -76,7 +95,12 @@ class ServingMetrics:
         metric("tacit_kv_blocks_free", "gauge", "KV cache blocks free.", s.kv_blocks_free)
         metric("tacit_prompt_tokens_total", "counter", "Prompt tokens admitted.", s.prompt_tokens)
         metric("tacit_generation_tokens_total", "counter", "Tokens generated.", s.generation_tokens)
-        metric("tacit_num_preemptions_total", "counter", "Sequences preempted for KV space.", s.num_preemptions)
+        metric("tacit_num_preemptions_total", "counter",
+               "Sequences preempted (for KV space or a batch slot), by swap or recompute.", s.num_preemptions)
+        metric("tacit_num_swapped_out_total", "counter",
+               "Preemptions whose KV was copied to host memory rather than recomputed later.", s.num_swapped_out)
+        metric("tacit_num_swapped_in_total", "counter", "Swapped-out KV copied back on resume.", s.num_swapped_in)
+        metric("tacit_swap_blocks_used", "gauge", "KV blocks held in host swap space.", s.swap_blocks_used)
         metric("tacit_engine_steps_total", "counter", "Engine steps (forward passes) run.", s.num_steps)
         metric("tacit_output_length_predictor_mae", "gauge",
                "Mean absolute error (tokens) of the output-length predictor over finished requests.",

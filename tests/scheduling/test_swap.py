@@ -8,6 +8,8 @@ from torch import nn
 from helpers import FakeClock, make_req, run_step
 from tacit import LLM, SamplingParams
 from tacit.config import SchedulerConfig
+from tacit.engine.llm_engine import LLMEngine
+from tacit.engine.metrics import EngineSnapshot, ServingMetrics
 from tacit.memory.kv_cache_manager import KVCacheManager
 from tacit.memory.swap import KVSwapper, block_dim
 from tacit.scheduling.policy import get_policy
@@ -17,7 +19,7 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPTS = [[5 + i] * (40 + 10 * i) for i in range(6)]
 
 
-def preempting_run(path: str, mode: str, **kw) -> tuple[list[list[int]], Scheduler]:
+def preempting_run(path: str, mode: str, **kw) -> tuple[list[list[int]], LLMEngine]:
     """Three low-priority requests start, three urgent ones push them out of max_num_seqs=2."""
     llm = LLM(path, dtype="float32", scheduling_policy="priority", max_num_seqs=2, preemption_mode=mode, **kw)
     e = llm.engine
@@ -30,18 +32,24 @@ def preempting_run(path: str, mode: str, **kw) -> tuple[list[list[int]], Schedul
         for out in e.step():
             if out.finished:
                 results[out.request_id] = out.outputs[0].token_ids
-    return [results[i] for i in ids], e.scheduler
+    return [results[i] for i in ids], e
 
 
 @pytest.mark.parametrize("arch", ["llama", "deepseek_v3"])
 def test_swap_and_recompute_resume_with_identical_tokens(tiny_model_factory, arch):
     path = str(tiny_model_factory(arch)[2])
     ref = [o.outputs[0].token_ids for o in LLM(path, dtype="float32").generate(PROMPTS, PARAMS)]
-    swapped, s = preempting_run(path, "swap")
+    swapped, engine = preempting_run(path, "swap")
+    s = engine.scheduler
     assert s.num_preemptions > 0 and s.swapper.num_swapped_out == s.num_preemptions
     assert s.swapper.num_swapped_in == s.swapper.num_swapped_out and s.swapper.used_blocks == 0
     assert swapped == ref
-    recomputed, s = preempting_run(path, "recompute")
+    metrics = ServingMetrics(snapshot=EngineSnapshot.of(engine))
+    text = metrics.render_prometheus("m")
+    assert f'tacit_num_swapped_out_total{{model_name="m"}} {s.num_preemptions}' in text
+    assert f'tacit_num_swapped_in_total{{model_name="m"}} {s.num_preemptions}' in text
+    recomputed, engine = preempting_run(path, "recompute")
+    s = engine.scheduler
     assert s.num_preemptions > 0 and s.swapper.num_swapped_out == 0
     assert recomputed == ref
 
