@@ -135,6 +135,10 @@ class SchedulerConfig:
     # What the sla policy does with a request whose estimated TTFT already misses its target.
     slo_admission: str = "reject"
     preemption_mode: str = "auto"
+    # A waiting request that outranks someone in the step in flight, with at most this many
+    # prompt tokens, is prefilled between two of that step's layers rather than after it (the
+    # online engine only; fcfs never lets anyone cut in). 0: never. See DEFAULT_CUT_IN_PREFILL_TOKENS.
+    cut_in_prefill_tokens: int = -1
 
     def __post_init__(self) -> None:
         from tacit.scheduling.policy import POLICIES
@@ -152,6 +156,11 @@ class SchedulerConfig:
         t = self.long_prefill_token_threshold
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:
             raise ValueError(f"long_prefill_token_threshold={t!r} is invalid: must be an integer >= 0 (0: no cap)")
+        if self.cut_in_prefill_tokens == -1:
+            self.cut_in_prefill_tokens = DEFAULT_CUT_IN_PREFILL_TOKENS
+        t = self.cut_in_prefill_tokens
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+            raise ValueError(f"cut_in_prefill_tokens={t!r} is invalid: must be an integer >= 0 (0: never cut in)")
         if self.aging_s is not None and (not isinstance(self.aging_s, (int, float)) or self.aging_s <= 0):
             raise ValueError(f"aging_s={self.aging_s!r} is invalid: must be seconds > 0, or None for no aging")
         if self.preemption_mode not in PREEMPTION_MODES:
@@ -175,6 +184,12 @@ class SchedulerConfig:
 # steps of 0.28-0.38 s, 1.3 s in all; at 256, steps of 0.19-0.25 s but 1.7 s in all (each step
 # pays the weights again). 512 cuts the stall 4x for no loss. Command: docs/benchmarks.md.
 DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 512
+
+
+# 256 tokens: the cut-in's prefill delays every request of the step it cuts into. An interactive
+# turn's prompt (~30-200 tokens) prefills in ~40-150 ms on the default model (bf16, 2 cores);
+# a longer prompt is not interactive-sized and waits for the step to end like everyone else.
+DEFAULT_CUT_IN_PREFILL_TOKENS = 256
 
 
 def parse_slo_class(spec: str) -> tuple[int, dict[str, float]]:

@@ -29,7 +29,7 @@ SECTIONS: dict[str, dict[str, str]] = {
     "scheduler": {"policy": "scheduling_policy",
                   **{k: k for k in ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
                                     "long_prefill_token_threshold", "max_long_partial_prefills", "aging_s",
-                                    "slo_classes", "slo_admission", "preemption_mode")}},
+                                    "slo_classes", "slo_admission", "preemption_mode", "cut_in_prefill_tokens")}},
 }
 INFO_KEYS = ("name", "description", "hardware")
 RECIPE_FILE = "recipe.yaml"

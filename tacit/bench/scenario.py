@@ -83,6 +83,7 @@ def _summary(policy: str, specs: list[Spec], results: list[RequestResult], durat
             "hi_tpot_p99": tpot["p99"], "done": len(ok), "failed": len(results) - len(ok),
             "out_tok_s": sum(r.output_tokens for r in ok) / duration, "goodput_req_s": len(good) / duration,
             "preempt": int(after.get("tacit_num_preemptions_total", 0) - before.get("tacit_num_preemptions_total", 0)),
+            "cut_in": int(after.get("tacit_num_cut_ins_total", 0) - before.get("tacit_num_cut_ins_total", 0)),
             "pred_mae_tok": mae, "mean_out_tok": float(np.mean([r.output_tokens for r in ok])) if ok else float("nan")}
 
 

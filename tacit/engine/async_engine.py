@@ -142,6 +142,7 @@ class AsyncLLMEngine:
         self.metrics = ServingMetrics()
         self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}  # engine thread only
+        self._deferred: list[_Abort | _Stop] = []  # engine thread only: commands held back mid-step
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="tacit-engine", daemon=True)
         self._ready = threading.Event()
@@ -221,6 +222,7 @@ class AsyncLLMEngine:
     def _run(self) -> None:
         try:
             self.engine = self._engine_factory()
+            self.engine.between_layers = self._between_layers
             self._publish()
         except BaseException as e:
             self._build_error = e
@@ -251,23 +253,46 @@ class AsyncLLMEngine:
             self._drain_rejecting(stop_reason)
             self._publish()
 
-    def _apply_commands(self, block: bool, timeout: float | None = None) -> bool:
-        """Apply queued adds/aborts; with block, wait for the first one. False means stop."""
+    def _apply_commands(self, block: bool, timeout: float | None = None, adds_only: bool = False) -> bool:
+        """Apply queued adds/aborts; with block, wait for the first one. False means stop.
+
+        adds_only (mid-step): aborts and stops wait for the step to end, since the step in
+        flight is still writing the KV blocks an abort would free."""
+        if not adds_only and self._deferred:
+            pending, self._deferred = self._deferred, []
+            for cmd in pending:
+                if not self._apply(cmd):
+                    return False
         try:
             cmd = self._commands.get(timeout=timeout) if block else self._commands.get_nowait()
         except queue.Empty:
             return True
         while True:
-            if isinstance(cmd, _Stop):
+            if adds_only and not isinstance(cmd, _Add):
+                self._deferred.append(cmd)
+            elif not self._apply(cmd):
                 return False
-            if isinstance(cmd, _Add):
-                self._add(cmd)
-            else:
-                self._abort(cmd.request_id)
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 return True
+
+    def _apply(self, cmd: _Add | _Abort | _Stop) -> bool:
+        if isinstance(cmd, _Stop):
+            return False
+        if isinstance(cmd, _Add):
+            self._add(cmd)
+        else:
+            self._abort(cmd.request_id)
+        return True
+
+    def _between_layers(self) -> None:
+        """Mid-step: take new requests in and let those the policy says may cut in prefill now,
+        so an interactive request's first token does not wait for a loaded step to end."""
+        if self._commands.empty():
+            return
+        self._apply_commands(block=False, adds_only=True)
+        self._deliver(self.engine.cut_in_step())
 
     def _num_waiting_requests(self) -> int:
         # Parents, not sequences: an n=4 request is one request for the queue bound.
@@ -313,6 +338,9 @@ class AsyncLLMEngine:
             for rid in failed:
                 self._fail(rid, EngineStepError(f"the engine step failed: {e!r}"))
             return
+        self._deliver(outputs)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
         now = time.monotonic()
         deliveries: dict[asyncio.AbstractEventLoop, _Delivery] = {}
         for out in outputs:

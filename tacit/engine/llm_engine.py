@@ -8,12 +8,14 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import replace
+from typing import Callable
 
 import torch
 
 from tacit.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
 from tacit.engine.detokenizer import IncrementalDetokenizer
 from tacit.engine.model_runner import ModelRunner, kv_cache_layers
+from tacit.forward_context import set_layer_hook
 from tacit.loader import ModelSource, open_model
 from tacit.memory.kv_cache_manager import KVCacheManager
 from tacit.memory.swap import KVSwapper
@@ -36,7 +38,8 @@ class LLMEngine:
                  scheduling_policy: str = "fcfs", long_prefill_token_threshold: int = -1,
                  max_long_partial_prefills: int = 1,
                  aging_s: float | None = 60.0, slo_classes: dict[int, dict[str, float]] | None = None,
-                 slo_admission: str = "reject", preemption_mode: str = "auto", swap_space: float = 4.0) -> None:
+                 slo_admission: str = "reject", preemption_mode: str = "auto", swap_space: float = 4.0,
+                 cut_in_prefill_tokens: int = -1) -> None:
         platform = get_platform(device)
         self.platform = platform
         source: ModelSource = open_model(model)
@@ -53,7 +56,7 @@ class LLMEngine:
                                       long_prefill_token_threshold=long_prefill_token_threshold,
                                       max_long_partial_prefills=max_long_partial_prefills, aging_s=aging_s,
                                       slo_classes=slo_classes or {}, slo_admission=slo_admission,
-                                      preemption_mode=preemption_mode),
+                                      preemption_mode=preemption_mode, cut_in_prefill_tokens=cut_in_prefill_tokens),
             device=platform.name, seed=seed)
         torch.manual_seed(seed)
         self.tokenizer: Tokenizer = source.tokenizer
@@ -73,6 +76,11 @@ class LLMEngine:
         self._ids = itertools.count()
         self.num_steps = 0
         self.stats = {"prompt_tokens": 0, "generation_tokens": 0}
+        # Called between the layers of a step in flight; the online engine sets it to take new
+        # requests in and run cut_in_step() (AsyncLLMEngine._between_layers). None offline.
+        self.between_layers: Callable[[], None] | None = None
+        self.num_cut_ins = 0
+        self._cut_in_s = 0.0
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -155,9 +163,29 @@ class LLMEngine:
         sched: SchedulerOutput = self.scheduler.schedule()
         if not sched.scheduled:
             return []
+        cut_in_before = self._cut_in_s
+        with set_layer_hook(self.between_layers):
+            t0 = time.perf_counter()
+            sampled_reqs, sampler_out = self.runner.execute(sched, self.kv)
+            # Cut-ins ran inside this step's forward; the cost model learns each step on its own.
+            elapsed = time.perf_counter() - t0 - (self._cut_in_s - cut_in_before)
+        return self._finish_step(sched, sampled_reqs, sampler_out, elapsed)
+
+    def cut_in_step(self) -> list[RequestOutput]:
+        """Prefill the requests Scheduler.schedule_cut_in() picks, now: called between two
+        layers of the step in flight (through between_layers), never on its own."""
+        sched = self.scheduler.schedule_cut_in()
+        if not sched.scheduled:
+            return []
         t0 = time.perf_counter()
         sampled_reqs, sampler_out = self.runner.execute(sched, self.kv)
         elapsed = time.perf_counter() - t0
+        self._cut_in_s += elapsed
+        self.num_cut_ins += len(sched.scheduled)
+        return self._finish_step(sched, sampled_reqs, sampler_out, elapsed)
+
+    def _finish_step(self, sched: SchedulerOutput, sampled_reqs: list[Request], sampler_out,
+                     elapsed: float) -> list[RequestOutput]:
         self.num_steps += 1
         prefill_tokens = decodes = 0
         for req, n in sched.scheduled:

@@ -50,6 +50,7 @@ class EngineSnapshot:
     num_swapped_out: int = 0
     num_swapped_in: int = 0
     swap_blocks_used: int = 0
+    num_cut_ins: int = 0
     num_steps: int = 0
     length_predictor_mae: float = 0.0
     length_predictor_scored: int = 0
@@ -62,7 +63,8 @@ class EngineSnapshot:
                    generation_tokens=engine.stats["generation_tokens"], num_preemptions=s.num_preemptions,
                    num_swapped_out=swap.num_swapped_out if swap else 0,
                    num_swapped_in=swap.num_swapped_in if swap else 0,
-                   swap_blocks_used=swap.used_blocks if swap else 0, num_steps=engine.num_steps,
+                   swap_blocks_used=swap.used_blocks if swap else 0, num_cut_ins=engine.num_cut_ins,
+                   num_steps=engine.num_steps,
                    length_predictor_mae=engine.predictor.mean_abs_error or 0.0,
                    length_predictor_scored=engine.predictor.num_scored)
 
@@ -101,6 +103,8 @@ class ServingMetrics:
                "Preemptions whose KV was copied to host memory rather than recomputed later.", s.num_swapped_out)
         metric("tacit_num_swapped_in_total", "counter", "Swapped-out KV copied back on resume.", s.num_swapped_in)
         metric("tacit_swap_blocks_used", "gauge", "KV blocks held in host swap space.", s.swap_blocks_used)
+        metric("tacit_num_cut_ins_total", "counter",
+               "Requests prefilled between the layers of a step in flight rather than after it.", s.num_cut_ins)
         metric("tacit_engine_steps_total", "counter", "Engine steps (forward passes) run.", s.num_steps)
         metric("tacit_output_length_predictor_mae", "gauge",
                "Mean absolute error (tokens) of the output-length predictor over finished requests.",

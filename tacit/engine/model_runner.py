@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from tacit.config import EngineConfig
-from tacit.forward_context import AttentionGroup, AttentionMetadata, set_forward_context
+from tacit.forward_context import (AttentionGroup, AttentionMetadata, has_layer_hook, layer_boundary,
+                                   set_forward_context)
 from tacit.kernels.cpu_fused_decode import build_fused_decoder
 from tacit.layers.sampler import Sampler, SamplerOutput
 from tacit.memory.kv_cache_manager import KVCacheManager
@@ -20,6 +21,9 @@ from tacit.scheduling.request import Request
 from tacit.scheduling.scheduler import SchedulerOutput
 
 _DEFAULT_KV_BUDGET = 2 << 30  # 2 GiB, capped by what the batch limits could ever use
+# Below this many rows a fused decode step is short (~11 ms at 1 row, ~40 ms at 8 on the default
+# model) and runs as one call; above, one call per layer (~20 us each) lets urgent work cut in.
+_CUT_IN_MIN_ROWS = 8
 
 
 def kv_cache_layers(model: nn.Module) -> list[nn.Module]:
@@ -181,7 +185,16 @@ class ModelRunner:
         for r, _ in scheduled:
             t = kv.block_tables[r.request_id][:width]
             tables.append(t + [0] * (width - len(t)))
-        return self.fused_decode.forward(torch.tensor(token_ids), torch.tensor(positions), torch.tensor(tables))
+        ids, pos, tables = torch.tensor(token_ids), torch.tensor(positions), torch.tensor(tables)
+        if len(scheduled) < _CUT_IN_MIN_ROWS or not has_layer_hook():
+            return self.fused_decode.forward(ids, pos, tables)
+        # Layer by layer, so an urgent prefill can cut in at a layer boundary (engine/cut_in.py).
+        x = self.fused_decode.embed(ids)
+        for layer in range(self.fused_decode.num_layers):
+            if layer:
+                layer_boundary()
+            self.fused_decode.run_layers(x, pos, tables, layer, layer + 1)
+        return self.fused_decode.final_norm(x)
 
     def _uses_fused_decode(self, scheduled: list[tuple[Request, int]]) -> bool:
         return self.fused_decode is not None and all(n == 1 for _, n in scheduled)

@@ -34,6 +34,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slo-admission", default=None, help="reject | defer: what sla does with a request "
                    "whose estimated TTFT misses its target (default reject)")
     p.add_argument("--preemption-mode", default=None, help="auto | recompute | swap (default auto)")
+    p.add_argument("--cut-in-prefill-tokens", type=int, default=None,
+                   help="a waiting request that outranks someone in the step in flight and has at most this many "
+                        "prompt tokens is prefilled between that step's layers (tacit serve; 0: never; default 256)")
     p.add_argument("--swap-space", type=float, default=None,
                    help="GiB of host memory for swapped-out KV blocks (default 4)")
 
@@ -49,7 +52,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                  seed=args.seed, scheduling_policy=args.scheduling_policy,
                  long_prefill_token_threshold=args.long_prefill_token_threshold,
                  max_long_partial_prefills=args.max_long_partial_prefills, slo_admission=args.slo_admission,
-                 preemption_mode=args.preemption_mode, swap_space=args.swap_space)
+                 preemption_mode=args.preemption_mode, swap_space=args.swap_space,
+                 cut_in_prefill_tokens=args.cut_in_prefill_tokens)
     given = {k: v for k, v in given.items() if v is not None}
     if args.no_chunked_prefill:
         given["enable_chunked_prefill"] = False

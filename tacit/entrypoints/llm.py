@@ -17,8 +17,9 @@ class LLM:
         """engine_args: LLMEngine's keywords (dtype, max_model_len, max_num_seqs, max_num_batched_tokens,
         block_size, num_kv_blocks, kv_cache_memory, enable_chunked_prefill, seed, device,
         scheduling_policy, long_prefill_token_threshold, max_long_partial_prefills, aging_s,
-        slo_classes, slo_admission, preemption_mode, swap_space). recipe: a recipe YAML (or its
-        folder) whose settings apply wherever a keyword here does not say otherwise."""
+        slo_classes, slo_admission, preemption_mode, swap_space, cut_in_prefill_tokens).
+        recipe: a recipe YAML (or its folder) whose settings apply wherever a keyword here does
+        not say otherwise."""
         if model is not None:
             engine_args["model"] = model
         self.engine = LLMEngine(**merge_engine_args(recipe, engine_args))

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tacit.config import ModelConfig
+from tacit.forward_context import layer_boundary
 from tacit.layers.attention import Attention
 from tacit.layers.linear import Linear, MergedLinear
 from tacit.layers.norm import RMSNorm
@@ -91,7 +92,9 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            if i:
+                layer_boundary()
             x = layer(x, self.rotary, cos, sin)
         return self.norm(x)
 

@@ -103,3 +103,34 @@ def test_models_the_fused_decoder_does_not_run_keep_the_torch_path(tiny_model_fa
     assert LLM(str(path), dtype="bfloat16").engine.runner.fused_decode is None
     _, _, path = tiny_model_factory("llama")
     assert LLM(str(path), dtype="float32").engine.runner.fused_decode is None
+
+
+def test_layer_by_layer_step_equals_one_call_and_lets_a_cut_in_run(tiny_model_factory):
+    """With a layer hook installed (the online engine), the fused step runs one C++ call per
+    layer; it must give the same bits as one call, and a cut-in prefill between layers must not
+    disturb the step it cuts into."""
+    from tacit.forward_context import set_layer_hook
+
+    _, _, path = tiny_model_factory("qwen2")
+    engine = LLM(str(path), dtype="bfloat16", scheduling_policy="priority").engine
+    for i in range(12):
+        engine.add_request([11 + i] * (i + 3), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+                           priority=1)
+    engine.step()
+    sched = engine.scheduler.schedule()
+    assert engine.runner._uses_fused_decode(sched.scheduled) and len(sched.scheduled) == 12
+    _, one_call = engine.runner.compute_logits(sched, engine.kv)
+    calls = []
+
+    def hook():
+        calls.append(1)
+        if len(calls) == 1:
+            engine.add_request([3, 4, 5, 6], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True),
+                               request_id="urgent", priority=0)
+            assert engine.cut_in_step(), "the urgent request should have cut in"
+
+    with set_layer_hook(hook):
+        _, by_layer = engine.runner.compute_logits(sched, engine.kv)
+    assert len(calls) == len(engine.model.model.layers) - 1  # one boundary between each two layers
+    assert torch.equal(one_call, by_layer)
+    assert engine.num_cut_ins == 1

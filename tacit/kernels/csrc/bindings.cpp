@@ -9,5 +9,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           int64_t, double, double, int64_t>())
       .def("add_layer", &tacit::LlamaDecoder::add_layer)
       .def("forward", &tacit::LlamaDecoder::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("embed", &tacit::LlamaDecoder::embed)
+      .def("run_layers", &tacit::LlamaDecoder::run_layers, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("final_norm", &tacit::LlamaDecoder::final_norm)
       .def_property_readonly("num_layers", &tacit::LlamaDecoder::num_layers);
 }

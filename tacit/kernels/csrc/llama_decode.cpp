@@ -276,39 +276,62 @@ void LlamaDecoder::attention(const u16* qkv, const int64_t* positions, const int
   }
 }
 
-torch::Tensor LlamaDecoder::forward(torch::Tensor token_ids, torch::Tensor positions, torch::Tensor block_tables) {
-  TORCH_CHECK(token_ids.scalar_type() == torch::kLong && positions.scalar_type() == torch::kLong &&
-                  block_tables.scalar_type() == torch::kLong,
-              "token_ids, positions and block_tables must be int64");
-  token_ids = token_ids.contiguous();
-  positions = positions.contiguous();
-  block_tables = block_tables.contiguous();
-  const int m = static_cast<int>(token_ids.size(0));
+void LlamaDecoder::check_rows(const torch::Tensor& positions, const torch::Tensor& block_tables, int64_t m) const {
+  TORCH_CHECK(positions.scalar_type() == torch::kLong && block_tables.scalar_type() == torch::kLong,
+              "positions and block_tables must be int64");
+  TORCH_CHECK(positions.is_contiguous() && block_tables.is_contiguous(), "positions and block_tables must be contiguous");
   TORCH_CHECK(m >= 1 && positions.size(0) == m && block_tables.dim() == 2 && block_tables.size(0) == m,
-              "forward takes decode rows with matching positions and block tables");
-  const int64_t h = hidden_, d = head_dim_, hq = num_heads_, hkv = num_kv_heads_, inter = intermediate_;
-  const int64_t qkv_n = (hq + 2 * hkv) * d, width = block_tables.size(1);
-  const int64_t* tok = token_ids.data_ptr<int64_t>();
+              "decode rows need matching positions and block tables");
+  const int64_t width = block_tables.size(1);
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
-  for (int r = 0; r < m; ++r) {
-    TORCH_CHECK(tok[r] >= 0 && tok[r] < embed_.size(0), "token id ", tok[r], " out of range");
+  for (int64_t r = 0; r < m; ++r) {
     TORCH_CHECK(pos[r] >= 0 && pos[r] < max_positions_, "position ", pos[r], " beyond the rotary table");
     TORCH_CHECK((pos[r] + block_size_) / block_size_ <= width, "block table too narrow for position ", pos[r]);
     for (int64_t b = 0; b <= pos[r] / block_size_; ++b)
       TORCH_CHECK(tables[r * width + b] >= 0 && tables[r * width + b] < layers_[0].kv_cache.size(1),
                   "block id ", tables[r * width + b], " outside the KV pool");
   }
+}
 
-  std::vector<u16> x(m * h), normed(m * h), qkv(m * qkv_n), attn(m * hq * d), act(m * inter);
+torch::Tensor LlamaDecoder::embed(torch::Tensor token_ids) const {
+  TORCH_CHECK(token_ids.scalar_type() == torch::kLong && token_ids.dim() == 1 && token_ids.size(0) >= 1,
+              "token_ids must be a non-empty 1-D int64 tensor");
+  token_ids = token_ids.contiguous();
+  const int64_t m = token_ids.size(0), h = hidden_;
+  const int64_t* tok = token_ids.data_ptr<int64_t>();
+  auto x = torch::empty({m, h}, torch::dtype(torch::kBFloat16));
+  u16* out = reinterpret_cast<u16*>(x.data_ptr<at::BFloat16>());
+  const u16* table = bf16_ptr(embed_);
+  for (int64_t r = 0; r < m; ++r) {
+    TORCH_CHECK(tok[r] >= 0 && tok[r] < embed_.size(0), "token id ", tok[r], " out of range");
+    std::memcpy(out + r * h, table + tok[r] * h, h * sizeof(u16));
+  }
+  return x;
+}
+
+void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::Tensor block_tables, int64_t begin,
+                              int64_t end) {
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.size(1) == hidden_ && x.is_contiguous(),
+              "x must be a contiguous [rows, hidden] bf16 tensor from embed()");
+  TORCH_CHECK(0 <= begin && begin <= end && end <= num_layers(), "layer range [", begin, ", ", end, ") outside [0, ",
+              num_layers(), ")");
+  const int m = static_cast<int>(x.size(0));
+  check_rows(positions, block_tables, m);
+  const int64_t h = hidden_, d = head_dim_, hq = num_heads_, hkv = num_kv_heads_, inter = intermediate_;
+  const int64_t qkv_n = (hq + 2 * hkv) * d, width = block_tables.size(1);
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  u16* xs = reinterpret_cast<u16*>(x.data_ptr<at::BFloat16>());
+
+  std::vector<u16> normed(m * h), qkv(m * qkv_n), attn(m * hq * d), act(m * inter);
   std::vector<float> f32(m * std::max({qkv_n, 2 * inter, h}));
-  const u16* embed = bf16_ptr(embed_);
-  for (int r = 0; r < m; ++r) std::memcpy(x.data() + r * h, embed + tok[r] * h, h * sizeof(u16));
   const u16* cos = bf16_ptr(cos_);
   const u16* sin = bf16_ptr(sin_);
 
-  for (const LlamaLayerWeights& w : layers_) {
-    for (int r = 0; r < m; ++r) rms_norm(x.data() + r * h, bf16_ptr(w.input_norm), normed.data() + r * h, h, eps_);
+  for (int64_t l = begin; l < end; ++l) {
+    const LlamaLayerWeights& w = layers_[l];
+    for (int r = 0; r < m; ++r) rms_norm(xs + r * h, bf16_ptr(w.input_norm), normed.data() + r * h, h, eps_);
     const u16* qkv_bias = bf16_ptr(project(w.qkv, w.qkv_bias, normed.data(), f32.data(), m));
     u16* cache = reinterpret_cast<u16*>(w.kv_cache.data_ptr<at::BFloat16>());
     const int64_t cache_half = w.kv_cache.size(1) * block_size_ * hkv * d;
@@ -326,18 +349,30 @@ torch::Tensor LlamaDecoder::forward(torch::Tensor token_ids, torch::Tensor posit
     }
     attention(qkv.data(), pos, tables, width, cache, attn.data(), m);
     const u16* o_bias = bf16_ptr(project(w.o_proj, w.o_bias, attn.data(), f32.data(), m));
-    for (int r = 0; r < m; ++r) residual_add(x.data() + r * h, f32.data() + r * h, o_bias, h);
-    for (int r = 0; r < m; ++r) rms_norm(x.data() + r * h, bf16_ptr(w.post_norm), normed.data() + r * h, h, eps_);
+    for (int r = 0; r < m; ++r) residual_add(xs + r * h, f32.data() + r * h, o_bias, h);
+    for (int r = 0; r < m; ++r) rms_norm(xs + r * h, bf16_ptr(w.post_norm), normed.data() + r * h, h, eps_);
     project(w.gate_up, torch::Tensor(), normed.data(), f32.data(), m);
     for (int r = 0; r < m; ++r) silu_mul(f32.data() + r * 2 * inter, act.data() + r * inter, inter);
     project(w.down, torch::Tensor(), act.data(), f32.data(), m);
-    for (int r = 0; r < m; ++r) residual_add(x.data() + r * h, f32.data() + r * h, nullptr, h);
+    for (int r = 0; r < m; ++r) residual_add(xs + r * h, f32.data() + r * h, nullptr, h);
   }
+}
 
+torch::Tensor LlamaDecoder::final_norm(torch::Tensor x) const {
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.size(1) == hidden_ && x.is_contiguous(),
+              "x must be a contiguous [rows, hidden] bf16 tensor from embed()");
+  const int64_t m = x.size(0), h = hidden_;
   auto out = torch::empty({m, h}, torch::dtype(torch::kBFloat16));
+  const u16* xs = reinterpret_cast<const u16*>(x.data_ptr<at::BFloat16>());
   u16* o = reinterpret_cast<u16*>(out.data_ptr<at::BFloat16>());
-  for (int r = 0; r < m; ++r) rms_norm(x.data() + r * h, bf16_ptr(final_norm_), o + r * h, h, eps_);
+  for (int64_t r = 0; r < m; ++r) rms_norm(xs + r * h, bf16_ptr(final_norm_), o + r * h, h, eps_);
   return out;
+}
+
+torch::Tensor LlamaDecoder::forward(torch::Tensor token_ids, torch::Tensor positions, torch::Tensor block_tables) {
+  torch::Tensor x = embed(token_ids);
+  run_layers(x, positions.contiguous(), block_tables.contiguous(), 0, num_layers());
+  return final_norm(x);
 }
 
 }  // namespace tacit

@@ -27,9 +27,15 @@ class LlamaDecoder {
   // token_ids [m], positions [m] (the token's index in its sequence; the context is
   // positions + 1 tokens), block_tables [m, B] -> final-normed hidden states [m, hidden] bf16.
   torch::Tensor forward(torch::Tensor token_ids, torch::Tensor positions, torch::Tensor block_tables);
+  // The same step in pieces, so the caller can act between layers (an urgent prefill cutting
+  // into a long step): x = embed(ids); run_layers(x, ..., begin, end) in place; final_norm(x).
+  torch::Tensor embed(torch::Tensor token_ids) const;
+  void run_layers(torch::Tensor x, torch::Tensor positions, torch::Tensor block_tables, int64_t begin, int64_t end);
+  torch::Tensor final_norm(torch::Tensor x) const;
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
  private:
+  void check_rows(const torch::Tensor& positions, const torch::Tensor& block_tables, int64_t m) const;
   void attention(const uint16_t* qkv, const int64_t* positions, const int64_t* tables, int64_t table_width,
                  uint16_t* kv_cache, uint16_t* out, int m) const;
 
