@@ -20,8 +20,10 @@ lower-priority work gets preempted, which is not known at arrival.
 Step length: a step serves every running request one token, so its length is everyone's TPOT
 that step, and a request arriving mid-step waits for it before its own prefill step. The sla
 policy therefore sizes each step's token budget (StepCostModel) so the step fits within the
-tightest TPOT target of the running requests and half the tightest TTFT target of any
-configured priority class (arrival waits one step, then prefills in the next). Without it the
+tightest TPOT target of the running requests and, with cut-in turned off
+(cut_in_prefill_tokens=0), half the tightest TTFT target of any configured priority class
+(arrival waits one step, then prefills in the next). With cut-in on, an urgent arrival is
+prefilled at the next layer boundary, so only TPOT bounds the step. Without it the
 mixed-priority benchmark's interactive p99 TTFT was 1.6 s: 2,048-token steps of batch
 prefills took ~1 s each. When a decode-only step already misses the target, prefill still
 gets half a decode step's worth so new work is admitted.
@@ -58,10 +60,14 @@ class SLAPolicy(PriorityPolicy):
                 del self._running_tpot[req.tpot_slo]
 
     def step_target_s(self) -> float:
-        """The longest a step may take: tightest running TPOT, half the tightest class TTFT."""
-        classes = self.scheduler.config.slo_classes.values()
-        ttft = min((c["ttft_ms"] / 1000 for c in classes if "ttft_ms" in c), default=float("inf"))
-        return min(min(self._running_tpot, default=float("inf")), ttft / 2)
+        """The longest a step may take: tightest running TPOT, and half the tightest class TTFT
+        unless requests can cut into a step in flight (then an arrival does not wait it out)."""
+        tpot = min(self._running_tpot, default=float("inf"))
+        config = self.scheduler.config
+        if config.cut_in_prefill_tokens:
+            return tpot
+        ttft = min((c["ttft_ms"] / 1000 for c in config.slo_classes.values() if "ttft_ms" in c), default=float("inf"))
+        return min(tpot, ttft / 2)
 
     def token_budget(self, max_num_batched_tokens: int) -> int:
         s = self.scheduler

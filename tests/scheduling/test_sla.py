@@ -129,7 +129,7 @@ def test_slo_class_flag_parses_and_rejects_garbage():
 
 def test_sla_sizes_steps_to_the_tightest_target():
     clock = FakeClock()
-    s = sla_scheduler(clock, slo_classes={0: {"ttft_ms": 1000}})
+    s = sla_scheduler(clock, slo_classes={0: {"ttft_ms": 1000}}, cut_in_prefill_tokens=0)
     teach(s.cost)  # step = 10 ms + 2 ms a decode + 1 ms a prefill token
     assert s.policy.token_budget(2048) == 490  # half the class TTFT: 500 ms - 10 ms base
     r = make_req("chat", 4, max_tokens=50)
@@ -147,6 +147,17 @@ def test_sla_sizes_steps_to_the_tightest_target():
     r2.tpot_slo = 0.001  # below a decode-only step (12 ms): prefill gets half of one, 6 tokens
     s.policy.on_start(r2)
     assert s.policy.token_budget(2048) in (1 + 5, 1 + 6)  # 6 ms at 1 ms a token, float-rounded
+
+
+def test_with_cut_in_only_tpot_bounds_the_step():
+    s = sla_scheduler(FakeClock(), slo_classes={0: {"ttft_ms": 1000}})  # cut-in on by default
+    teach(s.cost)
+    assert s.policy.step_target_s() == float("inf") and s.policy.token_budget(2048) == 2048
+    r = make_req("chat", 4, max_tokens=50)
+    r.tpot_slo = 0.1
+    s.add_request(r)
+    run_step(s)
+    assert s.policy.step_target_s() == 0.1 and s.policy.token_budget(2048) == 89
 
 
 def test_sla_late_request_stays_ahead_of_a_lower_class():
