@@ -1,7 +1,8 @@
 """tacit's AVX512-BF16 CPU kernels, compiled once on first use and cached:
 
 - csrc/gemv_bf16.cpp: the skinny GEMM (1-8 activation rows) behind bf16 `Linear` in decode;
-- csrc/llama_decode.cpp: a whole Llama-family decode step in one call (kernels/cpu_fused_decode.py).
+- csrc/llama_decode.cpp: a whole Llama-family decode step in one call (kernels/cpu_fused_decode.py);
+- csrc/decode_attention.cpp: that step's attention, read straight from the paged KV cache.
 
 Batch-1 decode is ~60% GEMV time; on this CPU torch.mv streams bf16 weights at 13-19 GB/s
 and this kernel at 22-27 GB/s (SmolLM2's layer shapes, weights cold in DRAM); with 2-4 rows
@@ -20,7 +21,7 @@ from types import ModuleType
 import torch
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = ["gemv_bf16.cpp", "llama_decode.cpp", "bindings.cpp"]
+_SOURCES = ["gemv_bf16.cpp", "decode_attention.cpp", "llama_decode.cpp", "bindings.cpp"]
 _module: ModuleType | None = None
 _tried = False
 

@@ -22,47 +22,15 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "bf16_common.h"
+#include "bf16_vec.h"
+#include "decode_attention.h"
 
 namespace tacit {
 namespace {
 
 using u16 = uint16_t;
-
-inline __m512 load16(const u16* p) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
-
-inline void store16(u16* p, __m512 v) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
-}
-
-inline __m512 round16(__m512 v) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
-}
-
-// exp for 16 floats (Cephes' polynomial, ~1 ulp): silu and softmax need it per element, and
-// scalar expf over SmolLM2's 1,536-wide MLP costs ~0.3 ms a step.
-inline __m512 exp16(__m512 x) {
-  // Constant first: vmaxps/vminps return their second operand when one is NaN, so a NaN
-  // passes through (as in torch) instead of being clamped to a finite value.
-  x = _mm512_min_ps(_mm512_set1_ps(88.37f), _mm512_max_ps(_mm512_set1_ps(-87.3f), x));
-  __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                   _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(y, fx);
-}
 
 inline float exp1(float x) {
   alignas(64) float buf[16] = {x};
@@ -139,19 +107,6 @@ void rotate_neox(u16* x, const u16* cos, const u16* sin, int64_t half) {
   }
 }
 
-inline float dot_bf16(const u16* a, const u16* b, int64_t n) {
-  int64_t i = 0;
-  float s = 0.0f;
-  if (n >= 32) {
-    __m512 acc = _mm512_setzero_ps();
-    for (; i + 32 <= n; i += 32)
-      acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a + i), (__m512bh)_mm512_loadu_si512(b + i));
-    s = _mm512_reduce_add_ps(acc);
-  }
-  for (; i < n; ++i) s += bf16_to_float(a[i]) * bf16_to_float(b[i]);
-  return s;
-}
-
 // y[m, n] (fp32) = x[m, k] @ w^T. Up to 8 rows the AVX512-BF16 kernel reads each weight once
 // for all of them. More rows: oneDNN (AMX on this CPU), phrased exactly as layers/linear.py
 // phrases it for the torch path, so both paths pick the same GEMM.
@@ -219,61 +174,6 @@ void LlamaDecoder::add_layer(torch::Tensor input_norm, torch::Tensor qkv, std::o
   w.down = checked(down, "down_proj", {h, intermediate_});
   w.kv_cache = checked(kv_cache, "kv_cache", {2, kv_cache.size(1), block_size_, num_kv_heads_, head_dim_});
   layers_.push_back(std::move(w));
-}
-
-void LlamaDecoder::attention(const u16* qkv, const int64_t* positions, const int64_t* tables, int64_t table_width,
-                             u16* kv_cache, u16* out, int m) const {
-  const int64_t d = head_dim_, hq = num_heads_, hkv = num_kv_heads_, group = hq / hkv;
-  const int64_t qkv_width = (hq + 2 * hkv) * d, cache_half = layers_[0].kv_cache.size(1) * block_size_ * hkv * d;
-  const int64_t items = static_cast<int64_t>(m) * hkv;
-  const int threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-  for (int64_t item = 0; item < items; ++item) {
-    const int64_t r = item / hkv, g = item % hkv, ctx = positions[r] + 1;
-    const u16* q = qkv + r * qkv_width + g * group * d;
-    const int64_t* table = tables + r * table_width;
-    std::vector<float> scores(group * ctx), acc(group * d, 0.0f);
-    for (int64_t j = 0; j < ctx; ++j) {
-      const u16* k = kv_cache + ((table[j / block_size_] * block_size_ + j % block_size_) * hkv + g) * d;
-      for (int64_t h = 0; h < group; ++h) scores[h * ctx + j] = dot_bf16(q + h * d, k, d) * scale_;
-    }
-    std::vector<float> sums(group);
-    for (int64_t h = 0; h < group; ++h) {
-      float* s = scores.data() + h * ctx;
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < ctx; ++j) mx = std::isnan(s[j]) || s[j] > mx ? s[j] : mx;  // NaN wins, as in torch
-      float sum = 0.0f;
-      int64_t j = 0;
-      const __m512 vmax = _mm512_set1_ps(mx);
-      __m512 vsum = _mm512_setzero_ps();
-      for (; j + 16 <= ctx; j += 16) {
-        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), vmax));
-        vsum = _mm512_add_ps(vsum, e);
-        _mm512_storeu_ps(s + j, round16(e));
-      }
-      sum = _mm512_reduce_add_ps(vsum);
-      for (; j < ctx; ++j) {
-        const float e = exp1(s[j] - mx);
-        sum += e;
-        s[j] = round_bf16(e);
-      }
-      sums[h] = sum;
-    }
-    for (int64_t j = 0; j < ctx; ++j) {
-      const u16* v = kv_cache + cache_half + ((table[j / block_size_] * block_size_ + j % block_size_) * hkv + g) * d;
-      for (int64_t h = 0; h < group; ++h) {
-        const float p = scores[h * ctx + j];
-        float* a = acc.data() + h * d;
-        int64_t i = 0;
-        for (; i + 16 <= d; i += 16)
-          _mm512_storeu_ps(a + i, _mm512_fmadd_ps(_mm512_set1_ps(p), load16(v + i), _mm512_loadu_ps(a + i)));
-        for (; i < d; ++i) a[i] += p * bf16_to_float(v[i]);
-      }
-    }
-    u16* o = out + r * hq * d + g * group * d;
-    for (int64_t h = 0; h < group; ++h)
-      for (int64_t i = 0; i < d; ++i) o[h * d + i] = float_to_bf16(acc[h * d + i] / sums[h]);
-  }
 }
 
 void LlamaDecoder::check_rows(const torch::Tensor& positions, const torch::Tensor& block_tables, int64_t m) const {
@@ -347,7 +247,8 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
       std::memcpy(cache + slot * hkv * d, row + hq * d, hkv * d * sizeof(u16));
       std::memcpy(cache + cache_half + slot * hkv * d, row + (hq + hkv) * d, hkv * d * sizeof(u16));
     }
-    attention(qkv.data(), pos, tables, width, cache, attn.data(), m);
+    const PagedKV paged{cache, cache + cache_half, block_size_, hkv, d};
+    decode_attention(qkv.data(), qkv_n, pos, tables, width, paged, hq, scale_, attn.data(), m);
     const u16* o_bias = bf16_ptr(project(w.o_proj, w.o_bias, attn.data(), f32.data(), m));
     for (int r = 0; r < m; ++r) residual_add(xs + r * h, f32.data() + r * h, o_bias, h);
     for (int r = 0; r < m; ++r) rms_norm(xs + r * h, bf16_ptr(w.post_norm), normed.data() + r * h, h, eps_);

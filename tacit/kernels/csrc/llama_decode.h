@@ -36,8 +36,6 @@ class LlamaDecoder {
 
  private:
   void check_rows(const torch::Tensor& positions, const torch::Tensor& block_tables, int64_t m) const;
-  void attention(const uint16_t* qkv, const int64_t* positions, const int64_t* tables, int64_t table_width,
-                 uint16_t* kv_cache, uint16_t* out, int m) const;
 
   torch::Tensor embed_, final_norm_, cos_, sin_;
   int64_t hidden_, num_heads_, num_kv_heads_, head_dim_, intermediate_, block_size_, max_positions_;
