@@ -5,8 +5,9 @@ dispatch (~15 ms) cost more than streaming the weights (~9 ms). The fused decode
 weights and KV caches the torch model already owns (no copy), takes the step's token ids,
 positions and block tables, and returns the final-normed hidden states; the model runner
 projects and samples them as usual. It runs every step in which each request brings one
-token (decode-only steps, however many rows); steps with a prefill chunk take the torch
-path, where the work is in large GEMMs and the dispatch overhead is small beside it.
+token (decode-only steps, however many rows), and the one-token rows of mixed steps, whose
+prefill chunks take the torch path (the work there is in large GEMMs and the dispatch
+overhead is small beside it; see ModelRunner._splits_mixed_step).
 """
 
 from __future__ import annotations

@@ -134,3 +134,31 @@ def test_layer_by_layer_step_equals_one_call_and_lets_a_cut_in_run(tiny_model_fa
     assert len(calls) == len(engine.model.model.layers) - 1  # one boundary between each two layers
     assert torch.equal(one_call, by_layer)
     assert engine.num_cut_ins == 1
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_odd"])
+def test_mixed_step_runs_decodes_fused_and_prefill_on_torch(tiny_model_factory, arch):
+    """A step with decodes and a prefill chunk: split into the fused decoder and the torch path,
+    its logits match the torch path's for the whole step, rows in scheduled order."""
+    _, _, path = tiny_model_factory(arch)
+    engine = LLM(str(path), dtype="bfloat16", block_size=4).engine
+    for p in ([5, 6, 7], list(range(10, 31)), [40] * 9):
+        engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    for _ in range(3):  # the prefill step, then decodes
+        engine.step()
+    engine.add_request(list(range(50, 63)), SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    sched = engine.scheduler.schedule()
+    lengths = [n for _, n in sched.scheduled]
+    assert sorted(lengths) == [1, 1, 1, 13], "expected three decodes beside one 13-token prefill"
+    # The prefill between decodes: the split must put the rows back in this order.
+    decodes = [s for s in sched.scheduled if s[1] == 1]
+    sched.scheduled[:] = decodes[:1] + [s for s in sched.scheduled if s[1] > 1] + decodes[1:]
+    engine.runner.split_min_decodes = 1
+    assert engine.runner._splits_mixed_step(sched.scheduled)
+    got, ref = both_paths(engine.runner, sched, engine.kv)
+    assert got.shape[0] == 4
+    scale = ref.abs().max().item()
+    assert (got - ref).abs().max().item() < 0.02 * scale, "split step: logits diverge"
+    top2 = ref.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.05 * scale
+    assert torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])
