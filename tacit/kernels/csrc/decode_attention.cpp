@@ -222,7 +222,11 @@ void decode_attention(const u16* q, int64_t q_stride, const int64_t* positions, 
   const int64_t d = kv.head_dim, hkv = kv.num_kv_heads, bs = kv.block_size, group = num_heads / hkv;
   const int64_t items = static_cast<int64_t>(m) * hkv;
   const int threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+  // With rows to spare, a thread takes all kv heads of a row in turn: the K/V rows of one
+  // slot sit side by side, so the lines the hardware prefetcher pulls in past this head's are
+  // the next item's. 64 rows, ctx 300: 42-51 ms against 47-59 with items dealt one by one.
+  const int chunk = m >= 2 * threads ? static_cast<int>(hkv) : 1;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, chunk)
   for (int64_t item = 0; item < items; ++item) {
     thread_local Scratch sc;
     const int64_t r = item / hkv, g = item % hkv, ctx = positions[r] + 1;
