@@ -243,7 +243,7 @@ def cmd_scenario(args: argparse.Namespace) -> int:
                                        args.output_len, rate, args.idle_requests, args.seed, log=_log)
     print(f"scenario {args.scenario}: {args.num_prompts} requests ({scenario.INTERACTIVE_SHARE:.0%} interactive) "
           f"at {rate} req/s; idle interactive TTFT p50 {idle['idle_ttft_p50']:.1f} ms, p99 {idle['idle_ttft_p99']:.1f} ms")
-    print(_table(rows))
+    print(_table([{k: v for k, v in r.items() if k != "hi_ttft_ms"} for r in rows]))
     for line in scenario.verdicts(idle, rows):
         print(line)
     _write(args, {"idle": idle, "rows": rows})

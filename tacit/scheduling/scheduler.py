@@ -150,6 +150,11 @@ class Scheduler:
         self.policy.on_start(req)
         out.scheduled.append((req, n))
 
+    def may_cut_in(self, req: Request) -> bool:
+        """Would req be prefilled inside the step in flight if it arrived now (blocks allowing)?"""
+        return (0 < req.num_tokens <= self.config.cut_in_prefill_tokens and not req.num_computed_tokens
+                and not req.num_preemptions and any(self._outranks(req, r) for r in self.running))
+
     def schedule_cut_in(self) -> SchedulerOutput:
         """Requests to prefill now, between two layers of the step in flight (which is why
         only fresh ones qualify: a preempted request's blocks may be swapped or half-computed)."""
@@ -160,9 +165,7 @@ class Scheduler:
         self.now = self.clock()
         for req in sorted(self.waiting, key=self._waiting_key):
             n = req.num_tokens
-            if req.num_computed_tokens or req.num_preemptions or n > budget:
-                continue
-            if not any(self._outranks(req, r) for r in self.running):
+            if n > budget or not self.may_cut_in(req):
                 continue
             if not self.kv.allocate_slots(req.request_id, 0, n):
                 break

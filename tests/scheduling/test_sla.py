@@ -173,3 +173,20 @@ def test_sla_late_request_stays_ahead_of_a_lower_class():
         clock.t += 0.01
         order += [r for r in run_step(s) if r not in order]
     assert order == ["chat", "late-chat", "batch"]
+
+
+def test_admission_counts_on_cut_in_for_a_request_that_may_cut_in():
+    """A queue that would make a short urgent request miss does not refuse it when it can cut
+    into the step in flight; the same request with cut-in off is refused."""
+    for cut_in, refused in ((256, False), (0, True)):
+        s = sla_scheduler(FakeClock(), max_num_seqs=4, cut_in_prefill_tokens=cut_in)
+        teach(s.cost)  # 1 ms a prefill token
+        s.add_request(make_req("batch", 2000, priority=1))
+        run_step(s)  # 512 of its prompt tokens: ~1.5 s of prefill still ahead of anyone queued
+        urgent = make_req("chat", 20, priority=0, ttft_ms=200)
+        if refused:
+            with pytest.raises(SLOUnattainableError, match="ttft_slo_ms=200"):
+                s.add_request(urgent)
+        else:
+            s.add_request(urgent)
+            assert s.policy.estimate_ttft(urgent)[0] < 0.05
