@@ -144,9 +144,9 @@ def test_sla_sizes_steps_to_the_tightest_target():
     s.finish(r)
     assert s.policy.step_target_s() == 0.5  # its TPOT no longer counts
     r2 = make_req("hopeless", 4)
-    r2.tpot_slo = 0.001  # below a decode-only step (12 ms): prefill gets half of one, 6 tokens
+    r2.tpot_slo = 0.001  # below a decode-only step (12 ms): missed anyway, so prefill is not throttled
     s.policy.on_start(r2)
-    assert s.policy.token_budget(2048) in (1 + 5, 1 + 6)  # 6 ms at 1 ms a token, float-rounded
+    assert s.policy.token_budget(2048) == 2048
 
 
 def test_with_cut_in_only_tpot_bounds_the_step():
