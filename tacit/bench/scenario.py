@@ -109,10 +109,11 @@ def run_scenario(policies: list[str], server_args: list[str], num_prompts: int, 
                 t = _stats([r.ttft for r in res if r.ok])
                 idle = {"idle_ttft_p50": t["p50"], "idle_ttft_p99": t["p99"], "idle_requests": len(res)}
                 log(f"[{policy}] idle interactive TTFT p50 {t['p50']:.0f} ms, p99 {t['p99']:.0f} ms")
+            probe = machine_probe()
             before = server.metrics()
             log(f"[{policy}] {len(specs)} requests at {rate} req/s ...")
             results, duration = _load(server.url, model, specs, rate, seed)
-            rows.append(_summary(policy, specs, results, duration, before, server.metrics()))
+            rows.append({**_summary(policy, specs, results, duration, before, server.metrics()), **probe})
             # For --json: each interactive request's TTFT in arrival order (ms; None if refused),
             # so a tail can be traced to when it arrived.
             rows[-1]["hi_ttft_ms"] = [round(r.ttft * 1000, 1) if r.ok else None
@@ -121,6 +122,20 @@ def run_scenario(policies: list[str], server_args: list[str], num_prompts: int, 
             for e in errors[:3]:
                 log(f"[{policy}] error: {e}")
     return idle, rows
+
+
+def machine_probe() -> dict[str, float]:
+    """Read bandwidth and bf16 matmul speed just before a policy's run (~0.5 s, server idle).
+
+    The policies run one after another, and on a shared host the machine's speed drifted by
+    2-3x within one session (bf16 matmul 1.77 then 0.55 TFLOP/s): a row is only comparable with
+    another whose probe reads about the same.
+    """
+    import torch
+
+    from tacit.bench.hw import matmul_flops, read_bandwidth
+
+    return {"probe_read_GBps": read_bandwidth(256, 3) / 1e9, "probe_bf16_TFLOPs": matmul_flops(torch.bfloat16) / 1e12}
 
 
 def _model_name(url: str) -> str:

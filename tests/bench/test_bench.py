@@ -72,6 +72,8 @@ def test_mixed_priority_workload_is_seeded_and_shaped():
 
 
 def test_bench_serve_scenario_runs_every_policy(tiny_llama, tmp_path):
+    from tacit.bench.scenario import workload
+
     out = tmp_path / "scenario.json"
     r = subprocess.run([sys.executable, "-m", "tacit.entrypoints.cli", "bench", "serve", "--scenario", "mixed-priority",
                         "--policies", "fcfs,sla", "--num-prompts", "10", "--idle-requests", "2", "--request-rate", "50",
@@ -82,6 +84,8 @@ def test_bench_serve_scenario_runs_every_policy(tiny_llama, tmp_path):
     data = json.loads(out.read_text())
     assert [row["policy"] for row in data["rows"]] == ["fcfs", "sla"]
     assert all(row["done"] + row["failed"] == 10 for row in data["rows"])
+    assert all(row["probe_bf16_TFLOPs"] > 0 and row["probe_read_GBps"] > 0 for row in data["rows"])
+    assert all(len(row["hi_ttft_ms"]) == sum(s.interactive for s in workload(10, 8, 4, 0)) for row in data["rows"])
     assert data["idle"]["idle_requests"] == 2 and "high-priority p99 TTFT" in r.stdout
     bad = subprocess.run([sys.executable, "-m", "tacit.entrypoints.cli", "bench", "serve", "--scenario",
                           "mixed-priority", "--policies", "fcfs,lifo"], capture_output=True, text=True, timeout=60)
