@@ -67,7 +67,8 @@ def get_attention_metadata() -> AttentionMetadata:
 
 # Called between the decoder layers of the step in flight. The online engine installs one so a
 # request that must start now (an interactive prompt arriving during a 200 ms loaded step) can
-# be prefilled at the next layer boundary instead of after the whole step (engine/cut_in.py).
+# be prefilled at the next layer boundary instead of after the whole step
+# (Scheduler.schedule_cut_in, LLMEngine.cut_in_step).
 _layer_hook: Callable[[], None] | None = None
 
 

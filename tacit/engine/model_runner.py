@@ -196,7 +196,8 @@ class ModelRunner:
         ids, pos, tables = torch.tensor(token_ids), torch.tensor(positions), torch.tensor(tables)
         if len(scheduled) < _CUT_IN_MIN_ROWS or not has_layer_hook():
             return self.fused_decode.forward(ids, pos, tables)
-        # Layer by layer, so an urgent prefill can cut in at a layer boundary (engine/cut_in.py).
+        # Layer by layer, so an urgent prefill can cut in at a layer boundary
+        # (Scheduler.schedule_cut_in, LLMEngine.cut_in_step).
         x = self.fused_decode.embed(ids)
         for layer in range(self.fused_decode.num_layers):
             if layer:
