@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 
@@ -63,37 +63,3 @@ def get_attention_metadata() -> AttentionMetadata:
     if _context is None:
         raise RuntimeError("attention called outside a model-runner step (no forward context set)")
     return _context
-
-
-# Called between the decoder layers of the step in flight. The online engine installs one so a
-# request that must start now (an interactive prompt arriving during a 200 ms loaded step) can
-# be prefilled at the next layer boundary instead of after the whole step
-# (Scheduler.schedule_cut_in, LLMEngine.cut_in_step).
-_layer_hook: Callable[[], None] | None = None
-
-
-@contextmanager
-def set_layer_hook(hook: Callable[[], None] | None) -> Iterator[None]:
-    global _layer_hook
-    prev, _layer_hook = _layer_hook, hook
-    try:
-        yield
-    finally:
-        _layer_hook = prev
-
-
-def has_layer_hook() -> bool:
-    return _layer_hook is not None
-
-
-def layer_boundary() -> None:
-    """Run the layer hook, if any; the forward it may run inside has no hook of its own."""
-    global _layer_hook
-    hook = _layer_hook
-    if hook is None:
-        return
-    _layer_hook = None
-    try:
-        hook()
-    finally:
-        _layer_hook = hook

@@ -1,4 +1,5 @@
-"""What the engine hands back: vLLM's RequestOutput / CompletionOutput shapes."""
+"""What the engine hands back (vLLM's RequestOutput / CompletionOutput shapes), and what the model
+runner hands the scheduler each step (ModelRunnerOutput)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,22 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: dict[str, float] = field(default_factory=dict)
+
+# (chosen token's logprob, its rank, [(token_id, logprob), ...] top-n) for one sampled row.
+RawLogprobs = tuple[float, int, list[tuple[int, float]]]
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What the model runner hands back to the scheduler for one step: plain data, vLLM v1's name.
+
+    Only requests that sampled this step appear (a prefill chunk short of its request's last
+    prompt token samples nothing).
+    """
+
+    req_ids: list[str] = field(default_factory=list)
+    sampled_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[RawLogprobs | None] = field(default_factory=list)
+    # Seconds the runner spent on this step's own forward and sampling, not counting work run
+    # between its layers (a cut-in prefill): what the step-cost model learns from.
+    execute_s: float = 0.0

@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 from tacit.engine.llm_engine import LLMEngine
-from tacit.engine.metrics import EngineSnapshot, ServingMetrics
+from tacit.engine.metrics import ServingMetrics
 from tacit.outputs import RequestOutput
 from tacit.sampling_params import SamplingParams
-from tacit.scheduling.sla import SLOUnattainableError
+from tacit.scheduling.errors import SLOUnattainableError
+from tacit.tokenizer import Tokenizer
 
 logger = logging.getLogger("tacit.engine")
 
@@ -169,6 +170,14 @@ class AsyncLLMEngine:
             raise self._build_error
 
     @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
     def is_running(self) -> bool:
         return self._thread.is_alive()
 
@@ -296,7 +305,7 @@ class AsyncLLMEngine:
 
     def _num_waiting_requests(self) -> int:
         # Parents, not sequences: an n=4 request is one request for the queue bound.
-        return len({r.parent_id for r in self.engine.scheduler.waiting})
+        return self.engine.get_stats().num_waiting_parents
 
     def _add(self, cmd: _Add) -> None:
         error: BaseException | None = None
@@ -334,7 +343,7 @@ class AsyncLLMEngine:
             logger.exception("engine step failed")
             # The requests scheduled in the failed step are now running; drop those (if schedule()
             # itself failed nothing is running, and every request is suspect).
-            failed = {r.parent_id for r in self.engine.scheduler.running} or set(self._streams)
+            failed = self.engine.running_request_ids() or set(self._streams)
             for rid in failed:
                 self._fail(rid, EngineStepError(f"the engine step failed: {e!r}"))
             return
@@ -404,4 +413,4 @@ class AsyncLLMEngine:
             pass  # the loop is closed; the caller is gone
 
     def _publish(self) -> None:
-        self.metrics.snapshot = EngineSnapshot.of(self.engine)
+        self.metrics.snapshot = self.engine.get_stats()

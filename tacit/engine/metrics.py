@@ -10,10 +10,8 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from tacit.engine.llm_engine import LLMEngine
+from tacit.scheduling.scheduler import SchedulerStats
 
 # Seconds. TTFT spans a queue wait plus a prefill (ms to tens of s under load); inter-token
 # latency is one decode step (sub-ms for a tiny model, ~10-100 ms for a 135M one on CPU).
@@ -42,6 +40,7 @@ class Histogram:
 class EngineSnapshot:
     num_running: int = 0
     num_waiting: int = 0
+    num_waiting_parents: int = 0
     kv_blocks_used: int = 0
     kv_blocks_free: int = 0
     prompt_tokens: int = 0
@@ -56,17 +55,14 @@ class EngineSnapshot:
     length_predictor_scored: int = 0
 
     @classmethod
-    def of(cls, engine: "LLMEngine") -> "EngineSnapshot":
-        s, swap = engine.scheduler, engine.scheduler.swapper
-        return cls(num_running=len(s.running), num_waiting=len(s.waiting), kv_blocks_used=engine.kv.pool.num_used_blocks,
-                   kv_blocks_free=engine.kv.pool.num_free_blocks, prompt_tokens=engine.stats["prompt_tokens"],
-                   generation_tokens=engine.stats["generation_tokens"], num_preemptions=s.num_preemptions,
-                   num_swapped_out=swap.num_swapped_out if swap else 0,
-                   num_swapped_in=swap.num_swapped_in if swap else 0,
-                   swap_blocks_used=swap.used_blocks if swap else 0, num_cut_ins=engine.num_cut_ins,
-                   num_steps=engine.num_steps,
-                   length_predictor_mae=engine.predictor.mean_abs_error or 0.0,
-                   length_predictor_scored=engine.predictor.num_scored)
+    def of(cls, s: SchedulerStats, prompt_tokens: int, generation_tokens: int, num_steps: int) -> "EngineSnapshot":
+        """The scheduler's counters plus the engine's own (LLMEngine.get_stats)."""
+        return cls(num_running=s.num_running, num_waiting=s.num_waiting, num_waiting_parents=s.num_waiting_parents,
+                   kv_blocks_used=s.kv_blocks_used, kv_blocks_free=s.kv_blocks_free, prompt_tokens=prompt_tokens,
+                   generation_tokens=generation_tokens, num_preemptions=s.num_preemptions,
+                   num_swapped_out=s.num_swapped_out, num_swapped_in=s.num_swapped_in,
+                   swap_blocks_used=s.swap_blocks_used, num_cut_ins=s.num_cut_ins, num_steps=num_steps,
+                   length_predictor_mae=s.length_predictor_mae, length_predictor_scored=s.length_predictor_scored)
 
 
 @dataclass

@@ -1,24 +1,31 @@
-"""ModelRunner: a SchedulerOutput in, sampled tokens out.
+"""ModelRunner: a SchedulerOutput in, a ModelRunnerOutput out.
 
-It turns the step's requests into one flat batch (input_ids, positions, slot_mapping and the
+It keeps its own state per request (request_state.py) from the plain data the scheduler sends,
+turns the step's rows into one flat batch (input_ids, positions, slot_mapping and the
 attention metadata, built once per step in numpy rather than per layer or per request in
-torch), runs the model, projects only the rows that sample, and calls the sampler.
+torch), drives the model's decoder layers itself (so work can run between two of them: a
+cut-in prefill), projects only the rows that sample, and calls the sampler.
 """
 
 from __future__ import annotations
+
+import time
+from typing import Callable
 
 import numpy as np
 import torch
 from torch import nn
 
 from tacit.config import EngineConfig
-from tacit.forward_context import (AttentionGroup, AttentionMetadata, has_layer_hook, layer_boundary,
-                                   set_forward_context)
+from tacit.engine.request_state import CachedRequestState, update_request_states
+from tacit.forward_context import AttentionGroup, AttentionMetadata, set_forward_context
 from tacit.kernels.cpu_fused_decode import build_fused_decoder
-from tacit.layers.sampler import Sampler, SamplerOutput
-from tacit.memory.kv_cache_manager import KVCacheManager
-from tacit.scheduling.request import Request
-from tacit.scheduling.scheduler import SchedulerOutput
+from tacit.layers.sampler import Sampler, SamplingMetadata
+from tacit.outputs import ModelRunnerOutput
+from tacit.scheduling.scheduler_output import SchedulerOutput
+
+# A step's rows: each request's state and the tokens it computes this step, in batch order.
+Rows = list[tuple[CachedRequestState, int]]
 
 _DEFAULT_KV_BUDGET = 2 << 30  # 2 GiB, capped by what the batch limits could ever use
 # Below this many rows a fused decode step is short (~11 ms at 1 row, ~40 ms at 8 on the default
@@ -62,6 +69,7 @@ class ModelRunner:
         if kernels is not None:
             self.fused_decode = build_fused_decoder(model, kernels, self.block_size, config.model.max_model_len)
         self.split_min_decodes = _SPLIT_MIN_DECODES
+        self.requests: dict[str, CachedRequestState] = {}
 
     def _num_blocks(self, free_memory: int) -> int:
         cache = self.config.cache
@@ -76,12 +84,11 @@ class ModelRunner:
             raise ValueError(f"kv_cache_memory={budget} bytes is below one KV block ({self.bytes_per_block} bytes)")
         return int(num)
 
-    def _block_tables(self, scheduled: list[tuple[Request, int]], kv: KVCacheManager,
-                      seq_lens: np.ndarray) -> np.ndarray:
+    def _block_tables(self, rows: Rows, seq_lens: np.ndarray) -> np.ndarray:
         max_blocks = -(-int(seq_lens.max()) // self.block_size)
-        tables = np.zeros((len(scheduled), max_blocks), dtype=np.int64)
-        for i, (r, _) in enumerate(scheduled):
-            t = kv.block_tables[r.request_id]
+        tables = np.zeros((len(rows), max_blocks), dtype=np.int64)
+        for i, (r, _) in enumerate(rows):
+            t = r.block_ids
             tables[i, :len(t)] = t[:max_blocks]
         return tables
 
@@ -158,57 +165,67 @@ class ModelRunner:
                               block_tables=torch.from_numpy(block_list[None, :]).to(dev),
                               attn_mask=torch.from_numpy(mask).to(dev)[None, None], num_reqs=1, max_query_len=total)
 
-    def _build(self, scheduled: list[tuple[Request, int]], kv: KVCacheManager):
+    def _build(self, rows: Rows):
         bs = self.block_size
-        num_new = np.array([n for _, n in scheduled], dtype=np.int64)
-        computed = np.array([r.num_computed_tokens for r, _ in scheduled], dtype=np.int64)
-        num_reqs, total = len(scheduled), int(num_new.sum())
+        num_new = np.array([n for _, n in rows], dtype=np.int64)
+        computed = np.array([r.num_computed_tokens for r, _ in rows], dtype=np.int64)
+        num_reqs, total = len(rows), int(num_new.sum())
         starts = np.zeros(num_reqs + 1, dtype=np.int64)
         np.cumsum(num_new, out=starts[1:])
         token_ids = np.fromiter(
-            (t for (r, n), c in zip(scheduled, computed) for t in r.all_token_ids[c:c + n]), dtype=np.int64, count=total)
+            (t for (r, n), c in zip(rows, computed) for t in r.token_ids[c:c + n]), dtype=np.int64, count=total)
         req_of_token = np.repeat(np.arange(num_reqs), num_new)
         offset_in_query = np.arange(total) - starts[req_of_token]
         positions = computed[req_of_token] + offset_in_query
-        tables = self._block_tables(scheduled, kv, computed + num_new)
+        tables = self._block_tables(rows, computed + num_new)
         slot_mapping = tables[req_of_token, positions // bs] * bs + positions % bs
         groups = [self._group(reqs, num_new, computed, tables, req_of_token if len(sets) > 1 else None)
                   for sets in [self._group_requests(num_new, computed)] for reqs in sets]
         meta = AttentionMetadata(slot_mapping=torch.from_numpy(slot_mapping).to(self.device), groups=groups,
                                  num_tokens=total)
         # A request samples when this step brings it level with all its tokens (not mid-prefill).
-        samples = [i for i, ((r, n), c) in enumerate(zip(scheduled, computed)) if c + n == r.num_tokens]
+        samples = [i for i, ((r, n), c) in enumerate(zip(rows, computed)) if c + n == r.num_tokens]
         sample_rows = starts[1:][samples] - 1
         dev = self.device
         return (torch.from_numpy(token_ids).to(dev), torch.from_numpy(positions).to(dev), meta,
                 samples, torch.from_numpy(sample_rows).to(dev))
 
-    def _fused_decode_hidden(self, scheduled: list[tuple[Request, int]], kv: KVCacheManager) -> torch.Tensor:
-        """Final hidden states of a decode-only step, from one C++ call."""
+    @staticmethod
+    def _run_layers(run: Callable[[int, int], None], num_layers: int,
+                    between_layers: Callable[[], None] | None) -> None:
+        """The one loop over decoder layers, for the torch and the fused paths alike: all at once,
+        or one at a time with between_layers() at every boundary."""
+        if between_layers is None:
+            run(0, num_layers)
+            return
+        for layer in range(num_layers):
+            if layer:
+                between_layers()
+            run(layer, layer + 1)
+
+    def _fused_decode_hidden(self, rows: Rows, between_layers: Callable[[], None] | None) -> torch.Tensor:
+        """Final hidden states of one-token rows, from the C++ decoder."""
         bs = self.block_size
-        positions = [r.num_computed_tokens for r, _ in scheduled]
-        token_ids = [r.all_token_ids[p] for (r, _), p in zip(scheduled, positions)]
+        positions = [r.num_computed_tokens for r, _ in rows]
+        token_ids = [r.token_ids[p] for (r, _), p in zip(rows, positions)]
         width = max(positions) // bs + 1
         tables = []
-        for r, _ in scheduled:
-            t = kv.block_tables[r.request_id][:width]
+        for r, _ in rows:
+            t = r.block_ids[:width]
             tables.append(t + [0] * (width - len(t)))
         ids, pos, tables = torch.tensor(token_ids), torch.tensor(positions), torch.tensor(tables)
-        if len(scheduled) < _CUT_IN_MIN_ROWS or not has_layer_hook():
-            return self.fused_decode.forward(ids, pos, tables)
-        # Layer by layer, so an urgent prefill can cut in at a layer boundary
-        # (Scheduler.schedule_cut_in, LLMEngine.cut_in_step).
-        x = self.fused_decode.embed(ids)
-        for layer in range(self.fused_decode.num_layers):
-            if layer:
-                layer_boundary()
-            self.fused_decode.run_layers(x, pos, tables, layer, layer + 1)
-        return self.fused_decode.final_norm(x)
+        fused = self.fused_decode
+        if len(rows) < _CUT_IN_MIN_ROWS:
+            between_layers = None  # a short step runs as one call: a boundary costs more than it saves
+        x = fused.embed(ids)
+        self._run_layers(lambda begin, end: fused.run_layers(x, pos, tables, begin, end), fused.num_layers,
+                         between_layers)
+        return fused.final_norm(x)
 
-    def _uses_fused_decode(self, scheduled: list[tuple[Request, int]]) -> bool:
-        return self.fused_decode is not None and all(n == 1 for _, n in scheduled)
+    def _uses_fused_decode(self, rows: Rows) -> bool:
+        return self.fused_decode is not None and all(n == 1 for _, n in rows)
 
-    def _splits_mixed_step(self, scheduled: list[tuple[Request, int]]) -> bool:
+    def _splits_mixed_step(self, rows: Rows) -> bool:
         """Whether a step with prefill chunks sends its one-token rows through the fused decoder.
 
         In a mixed step the torch path gathers every decode row's KV into padded copies and runs
@@ -217,51 +234,84 @@ class ModelRunner:
         """
         if self.fused_decode is None:
             return False
-        return sum(n == 1 for _, n in scheduled) >= self.split_min_decodes
+        return sum(n == 1 for _, n in rows) >= self.split_min_decodes
 
-    def _fused_part(self, scheduled: list[tuple[Request, int]], kv: KVCacheManager) -> tuple[list[int], torch.Tensor]:
-        hidden = self._fused_decode_hidden(scheduled, kv)
+    def _fused_part(self, rows: Rows, between_layers: Callable[[], None] | None) -> tuple[list[int], torch.Tensor]:
+        hidden = self._fused_decode_hidden(rows, between_layers)
         # A one-token step can also be the last prompt token of a chunked prefill that is
         # not yet level with its request (only those level with all their tokens sample).
-        samples = [i for i, (r, _) in enumerate(scheduled) if r.num_computed_tokens + 1 == r.num_tokens]
-        return samples, hidden if len(samples) == len(scheduled) else hidden[samples]
+        samples = [i for i, (r, _) in enumerate(rows) if r.num_computed_tokens + 1 == r.num_tokens]
+        return samples, hidden if len(samples) == len(rows) else hidden[samples]
 
-    def _torch_part(self, scheduled: list[tuple[Request, int]], kv: KVCacheManager) -> tuple[list[int], torch.Tensor]:
-        input_ids, positions, meta, samples, sample_rows = self._build(scheduled, kv)
+    def _torch_part(self, rows: Rows, between_layers: Callable[[], None] | None) -> tuple[list[int], torch.Tensor]:
+        input_ids, positions, meta, samples, sample_rows = self._build(rows)
+        model = self.model
         with set_forward_context(meta):
-            hidden = self.model(input_ids, positions)
+            state = model.begin_forward(input_ids, positions)
+            self._run_layers(lambda begin, end: model.forward_layers(state, begin, end), model.num_layers,
+                             between_layers)
+            hidden = model.end_forward(state)
         return samples, hidden[sample_rows]
 
-    def _split_part(self, scheduled: list[tuple[Request, int]], kv: KVCacheManager) -> tuple[list[int], torch.Tensor]:
+    def _split_part(self, rows: Rows, between_layers: Callable[[], None] | None) -> tuple[list[int], torch.Tensor]:
         """One-token rows through the fused decoder, the rest through torch, rows back in
         scheduled order. The two forwards write the KV slots of disjoint requests."""
-        decodes = [i for i, (_, n) in enumerate(scheduled) if n == 1]
-        prefills = [i for i, (_, n) in enumerate(scheduled) if n > 1]
-        dec_samples, dec_hidden = self._fused_part([scheduled[i] for i in decodes], kv)
-        pre_samples, pre_hidden = self._torch_part([scheduled[i] for i in prefills], kv)
+        decodes = [i for i, (_, n) in enumerate(rows) if n == 1]
+        prefills = [i for i, (_, n) in enumerate(rows) if n > 1]
+        dec_samples, dec_hidden = self._fused_part([rows[i] for i in decodes], between_layers)
+        pre_samples, pre_hidden = self._torch_part([rows[i] for i in prefills], between_layers)
         index = [decodes[i] for i in dec_samples] + [prefills[i] for i in pre_samples]
         order = sorted(range(len(index)), key=index.__getitem__)
         hidden = torch.cat([dec_hidden, pre_hidden.to(dec_hidden.dtype)])[torch.tensor(order, dtype=torch.long)]
         return [index[i] for i in order], hidden
 
-    @torch.inference_mode()
-    def compute_logits(self, out: SchedulerOutput, kv: KVCacheManager) -> tuple[list[Request], torch.Tensor | None]:
-        """Run the step's forward: (requests that sample, their logits); writes this step's KV."""
-        if not out.scheduled:
-            return [], None
-        if self._uses_fused_decode(out.scheduled):
-            samples, hidden = self._fused_part(out.scheduled, kv)
-        elif self._splits_mixed_step(out.scheduled):
-            samples, hidden = self._split_part(out.scheduled, kv)
-        else:
-            samples, hidden = self._torch_part(out.scheduled, kv)
-        if not samples:
-            return [], None
-        return [out.scheduled[i][0] for i in samples], self.model.compute_logits(hidden)
+    def rows(self, scheduler_output: SchedulerOutput) -> Rows:
+        return [(self.requests[rid], n) for rid, n in scheduler_output.num_scheduled_tokens.items()]
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, kv: KVCacheManager) -> tuple[list[Request], SamplerOutput | None]:
-        requests, logits = self.compute_logits(out, kv)
-        if logits is None:
+    def compute_logits(self, rows: Rows, between_layers: Callable[[], None] | None = None
+                       ) -> tuple[list[int], torch.Tensor | None]:
+        """Run the step's forward: (indexes of the rows that sample, their logits); writes this
+        step's KV. between_layers, if given, runs at every decoder-layer boundary."""
+        if not rows:
             return [], None
-        return requests, self.sampler(logits, requests)
+        if self._uses_fused_decode(rows):
+            samples, hidden = self._fused_part(rows, between_layers)
+        elif self._splits_mixed_step(rows):
+            samples, hidden = self._split_part(rows, between_layers)
+        else:
+            samples, hidden = self._torch_part(rows, between_layers)
+        if not samples:
+            return [], None
+        return samples, self.model.compute_logits(hidden)
+
+    @torch.inference_mode()
+    def execute(self, scheduler_output: SchedulerOutput,
+                between_layers: Callable[[], None] | None = None) -> ModelRunnerOutput:
+        """Apply the step's request changes, run it and sample. Time spent inside between_layers
+        (a cut-in runs another execute() there) is left out of execute_s."""
+        update_request_states(self.requests, scheduler_output)
+        if scheduler_output.is_empty():
+            return ModelRunnerOutput()
+        t0 = time.perf_counter()
+        nested_s = 0.0
+        hook = None
+        if between_layers is not None:
+            def hook() -> None:
+                nonlocal nested_s
+                t = time.perf_counter()
+                between_layers()
+                nested_s += time.perf_counter() - t
+        rows = self.rows(scheduler_output)
+        samples, logits = self.compute_logits(rows, hook)
+        out = ModelRunnerOutput()
+        if logits is not None:
+            states = [rows[i][0] for i in samples]
+            metadata = SamplingMetadata([r.sampling_params for r in states], [r.output_token_ids for r in states],
+                                        [r.generator for r in states])
+            sampled = self.sampler(logits, metadata)
+            for state, token in zip(states, sampled.token_ids):
+                state.token_ids.append(token)
+            out = ModelRunnerOutput([r.req_id for r in states], sampled.token_ids, sampled.logprobs)
+        out.execute_s = time.perf_counter() - t0 - nested_s
+        return out

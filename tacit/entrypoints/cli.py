@@ -73,7 +73,7 @@ def load_llm(args: argparse.Namespace):
           flush=True)
     llm = LLM(**kwargs)
     print(f"tacit: loaded {llm.engine.source.path.name} in {time.perf_counter() - t0:.1f}s "
-          f"({llm.engine.config.model.dtype}, {llm.engine.runner.num_blocks} KV blocks)", file=sys.stderr, flush=True)
+          f"({llm.engine.config.model.dtype}, {llm.engine.num_kv_blocks} KV blocks)", file=sys.stderr, flush=True)
     return llm
 
 

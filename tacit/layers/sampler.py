@@ -12,7 +12,21 @@ from dataclasses import dataclass
 
 import torch
 
-from tacit.scheduling.request import Request
+from tacit.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingMetadata:
+    """What the sampler needs of the rows that sample, one entry per row (built by the runner
+    from its own request state; the sampler never sees a scheduler's Request)."""
+
+    params: list[SamplingParams]
+    output_token_ids: list[list[int]]  # tokens generated so far (penalties count these)
+    # A per-request generator makes a seeded sample independent of what else is batched.
+    generators: list[torch.Generator | None]
+
+    def __len__(self) -> int:
+        return len(self.params)
 
 
 @dataclass
@@ -23,36 +37,36 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         logits = logits.float()
-        params = [r.params for r in requests]
+        params = metadata.params
         if any(p.needs_penalties for p in params):
-            logits = self._apply_penalties(logits, requests)
+            logits = self._apply_penalties(logits, metadata)
         greedy_ids = logits.argmax(dim=-1)
         if all(p.greedy for p in params):
             tokens = greedy_ids
         else:
-            tokens = self._sample(logits, requests, greedy_ids)
+            tokens = self._sample(logits, metadata, greedy_ids)
         token_list = tokens.tolist()
-        logprobs: list = [None] * len(requests)
+        logprobs: list = [None] * len(params)
         want = [i for i, p in enumerate(params) if p.logprobs is not None]
         if want:
-            logprobs = self._logprobs(logits, tokens, requests, want)
+            logprobs = self._logprobs(logits, tokens, params, want)
         return SamplerOutput(token_list, logprobs)
 
-    def _apply_penalties(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+    def _apply_penalties(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         # OpenAI semantics: subtract frequency * count and presence * [count > 0] over generated tokens.
         counts = torch.zeros_like(logits)
-        for row, req in enumerate(requests):
-            if req.output_token_ids:
-                ids = torch.tensor(req.output_token_ids, dtype=torch.long)
+        for row, output_ids in enumerate(metadata.output_token_ids):
+            if output_ids:
+                ids = torch.tensor(output_ids, dtype=torch.long)
                 counts[row].index_add_(0, ids, torch.ones(len(ids)))
-        freq = torch.tensor([r.params.frequency_penalty for r in requests])[:, None]
-        pres = torch.tensor([r.params.presence_penalty for r in requests])[:, None]
+        freq = torch.tensor([p.frequency_penalty for p in metadata.params])[:, None]
+        pres = torch.tensor([p.presence_penalty for p in metadata.params])[:, None]
         return logits - freq * counts - pres * (counts > 0).float()
 
-    def _sample(self, logits: torch.Tensor, requests: list[Request], greedy_ids: torch.Tensor) -> torch.Tensor:
-        params = [r.params for r in requests]
+    def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata, greedy_ids: torch.Tensor) -> torch.Tensor:
+        params = metadata.params
         vocab = logits.shape[-1]
         temp = torch.tensor([1.0 if p.greedy else p.temperature for p in params])[:, None]
         logits = logits / temp
@@ -76,17 +90,18 @@ class Sampler:
             threshold = probs.max(dim=-1, keepdim=True).values * min_p[:, None]
             probs = probs.masked_fill(probs < threshold, 0.0)
         noise = torch.empty_like(probs)
-        unseeded = [i for i, r in enumerate(requests) if r.generator is None]
+        generators = metadata.generators
+        unseeded = [i for i, g in enumerate(generators) if g is None]
         if unseeded:
             noise[unseeded] = torch.empty(len(unseeded), vocab).exponential_()
-        for i, r in enumerate(requests):
-            if r.generator is not None:
-                noise[i] = torch.empty(vocab).exponential_(generator=r.generator)
+        for i, g in enumerate(generators):
+            if g is not None:
+                noise[i] = torch.empty(vocab).exponential_(generator=g)
         sampled = (probs / noise).argmax(dim=-1)
         is_greedy = torch.tensor([p.greedy for p in params])
         return torch.where(is_greedy, greedy_ids, sampled)
 
-    def _logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, requests: list[Request],
+    def _logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams],
                   rows: list[int]) -> list:
         # Logprobs of the model's distribution (after penalties, before temperature/top-k/top-p),
         # as vLLM reports them by default.
@@ -94,11 +109,11 @@ class Sampler:
         chosen = tokens[rows]
         chosen_lp = lp.gather(1, chosen[:, None])[:, 0]
         ranks = (lp > chosen_lp[:, None]).sum(dim=-1) + 1
-        n_max = max(requests[i].params.logprobs for i in rows)
+        n_max = max(params[i].logprobs for i in rows)
         top_vals, top_ids = lp.topk(max(n_max, 1), dim=-1) if n_max else (None, None)
-        out: list = [None] * len(requests)
+        out: list = [None] * len(params)
         for j, i in enumerate(rows):
-            n = requests[i].params.logprobs
+            n = params[i].logprobs
             top = list(zip(top_ids[j, :n].tolist(), top_vals[j, :n].tolist())) if n else []
             out[i] = (float(chosen_lp[j]), int(ranks[j]), top)
         return out

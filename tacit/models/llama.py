@@ -5,6 +5,8 @@ Weight names are Hugging Face's, so a checkpoint loads by name with no mapping t
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
@@ -12,7 +14,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from tacit.config import ModelConfig
-from tacit.forward_context import layer_boundary
 from tacit.layers.attention import Attention
 from tacit.layers.linear import Linear, MergedLinear
 from tacit.layers.norm import RMSNorm
@@ -89,14 +90,34 @@ class LlamaModel(nn.Module):
             self.rotary = RotaryEmbedding(rotary_dim, int(cfg.get("max_position_embeddings", 2048)), cfg.rope,
                                           interleaved=interleaved_rope)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def begin_forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> "DecoderState":
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        for i, layer in enumerate(self.layers):
-            if i:
-                layer_boundary()
-            x = layer(x, self.rotary, cos, sin)
-        return self.norm(x)
+        return DecoderState(x, cos, sin)
+
+    def forward_layers(self, state: "DecoderState", begin: int, end: int) -> None:
+        x = state.hidden
+        for layer in itertools.islice(self.layers, begin, end):  # slicing a ModuleList builds a new one
+            x = layer(x, self.rotary, state.cos, state.sin)
+        state.hidden = x
+
+    def end_forward(self, state: "DecoderState") -> torch.Tensor:
+        return self.norm(state.hidden)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        state = self.begin_forward(input_ids, positions)
+        self.forward_layers(state, 0, len(self.layers))
+        return self.end_forward(state)
+
+
+@dataclass
+class DecoderState:
+    """A forward in progress between two decoder layers: the model runner drives the layer loop
+    (ModelRunner._run_layers) so that other work can run at a layer boundary."""
+
+    hidden: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
 
 
 class CausalLM(nn.Module):
@@ -113,6 +134,20 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
+
+    # The layer loop, exposed so the model runner can drive it (see DecoderState).
+    @property
+    def num_layers(self) -> int:
+        return len(self.model.layers)
+
+    def begin_forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> DecoderState:
+        return self.model.begin_forward(input_ids, positions)
+
+    def forward_layers(self, state: DecoderState, begin: int, end: int) -> None:
+        self.model.forward_layers(state, begin, end)
+
+    def end_forward(self, state: DecoderState) -> torch.Tensor:
+        return self.model.end_forward(state)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

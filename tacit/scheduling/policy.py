@@ -16,23 +16,61 @@ request that has waited that long goes ahead of all that have not, so none starv
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from tacit.scheduling.request import Request
 
 if TYPE_CHECKING:
-    from tacit.scheduling.scheduler import Scheduler
+    from tacit.config import SchedulerConfig
+    from tacit.scheduling.cost_model import StepCostModel
+
+
+class SchedulerView:
+    """What a policy may read of the scheduler, and nothing it can change: the clock, the queues
+    (as tuples), the measured step costs and the configuration. The scheduler passes one to
+    every hook that needs more than the request at hand."""
+
+    __slots__ = ("_scheduler",)
+
+    def __init__(self, scheduler) -> None:  # a Scheduler; not typed to keep this module below it
+        self._scheduler = scheduler
+
+    @property
+    def now(self) -> float:
+        return self._scheduler.now
+
+    @property
+    def config(self) -> "SchedulerConfig":
+        return self._scheduler.config
+
+    @property
+    def cost(self) -> "StepCostModel":
+        return self._scheduler.cost
+
+    @property
+    def waiting(self) -> tuple[Request, ...]:
+        return tuple(self._scheduler.waiting)
+
+    @property
+    def running(self) -> tuple[Request, ...]:
+        return tuple(self._scheduler.running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._scheduler.running)
+
+    @property
+    def prefill_tokens_per_step(self) -> int:
+        return self._scheduler.prefill_tokens_per_step
+
+    def may_cut_in(self, req: Request) -> bool:
+        return self._scheduler.may_cut_in(req)
 
 
 class SchedulingPolicy(ABC):
     name: str
-    scheduler: "Scheduler"
 
-    def bind(self, scheduler: "Scheduler") -> None:
-        """The scheduler whose clock, cost model and queues the policy may read."""
-        self.scheduler = scheduler
-
-    def admit(self, req: Request) -> None:
+    def admit(self, req: Request, state: SchedulerView) -> None:
         """Raise (a ValueError naming the reason) to refuse a request as it arrives."""
 
     def on_start(self, req: Request) -> None:
@@ -41,12 +79,12 @@ class SchedulingPolicy(ABC):
     def on_stop(self, req: Request) -> None:
         """req left the running set: preempted, finished or aborted."""
 
-    def token_budget(self, max_num_batched_tokens: int) -> int:
+    def token_budget(self, max_num_batched_tokens: int, state: SchedulerView) -> int:
         """Tokens this step may compute."""
         return max_num_batched_tokens
 
     @abstractmethod
-    def waiting_key(self, req: Request) -> tuple:
+    def waiting_key(self, req: Request, state: SchedulerView) -> tuple:
         """Smaller runs first."""
 
     def pick_victim(self, candidates: list[Request]) -> Request:
@@ -62,10 +100,28 @@ class SchedulingPolicy(ABC):
         return False
 
 
-class FCFSPolicy(SchedulingPolicy):
-    name = "fcfs"
+# name -> policy class; filled by @register_policy as each policy module is imported
+# (tacit/scheduling/__init__.py imports them all).
+POLICIES: dict[str, type[SchedulingPolicy]] = {}
 
-    def waiting_key(self, req: Request) -> tuple:
+
+def register_policy(name: str) -> Callable[[type[SchedulingPolicy]], type[SchedulingPolicy]]:
+    def register(cls: type[SchedulingPolicy]) -> type[SchedulingPolicy]:
+        cls.name = name
+        POLICIES[name] = cls
+        return cls
+    return register
+
+
+def get_policy(name: str) -> SchedulingPolicy:
+    if name not in POLICIES:
+        raise ValueError(f"scheduling_policy={name!r} is not known; valid: {', '.join(POLICIES)}")
+    return POLICIES[name]()
+
+
+@register_policy("fcfs")
+class FCFSPolicy(SchedulingPolicy):
+    def waiting_key(self, req: Request, state: SchedulerView) -> tuple:
         # Preempted requests come back ahead of everything that arrived after them.
         return (req.arrival_time, req.arrival_seq)
 
@@ -73,10 +129,9 @@ class FCFSPolicy(SchedulingPolicy):
         return (req.arrival_time, req.arrival_seq)
 
 
+@register_policy("priority")
 class PriorityPolicy(SchedulingPolicy):
-    name = "priority"
-
-    def waiting_key(self, req: Request) -> tuple:
+    def waiting_key(self, req: Request, state: SchedulerView) -> tuple:
         return (req.priority, req.arrival_time, req.arrival_seq)
 
     def victim_key(self, req: Request) -> tuple:
@@ -87,27 +142,14 @@ class PriorityPolicy(SchedulingPolicy):
 
 
 def predicted_remaining(req: Request) -> int:
-    return max(req.predicted_output_tokens - len(req.output_token_ids), 1)
+    predicted = req.predicted_output_tokens if req.predicted_output_tokens is not None else req.max_tokens
+    return max(predicted - len(req.output_token_ids), 1)
 
 
+@register_policy("sjf")
 class SJFPolicy(PriorityPolicy):
-    name = "sjf"
-
-    def waiting_key(self, req: Request) -> tuple:
+    def waiting_key(self, req: Request, state: SchedulerView) -> tuple:
         return (req.priority, predicted_remaining(req), req.arrival_time, req.arrival_seq)
 
     def victim_key(self, req: Request) -> tuple:
         return (req.priority, predicted_remaining(req), req.arrival_time, req.arrival_seq)
-
-
-POLICIES = ("fcfs", "priority", "sjf", "sla")
-
-
-def get_policy(name: str) -> SchedulingPolicy:
-    from tacit.scheduling.sla import SLAPolicy
-
-    classes: dict[str, type[SchedulingPolicy]] = {"fcfs": FCFSPolicy, "priority": PriorityPolicy, "sjf": SJFPolicy,
-                                                  "sla": SLAPolicy}
-    if name not in classes:
-        raise ValueError(f"scheduling_policy={name!r} is not known; valid: {', '.join(POLICIES)}")
-    return classes[name]()

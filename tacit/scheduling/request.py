@@ -1,7 +1,8 @@
-"""Request: one sequence's tokens and progress, in vLLM v1's model.
+"""Request: one sequence's tokens and progress as the scheduler sees them, in vLLM v1's model.
 
 There is no prefill phase: num_computed_tokens catches up with num_tokens, a chunk per step,
-and a request whose computed tokens reach num_tokens samples its next token.
+and a request whose computed tokens reach num_tokens samples its next token. Text, logprobs
+and detokenizer state are the output processor's; the sampler's generator is the runner's.
 """
 
 from __future__ import annotations
@@ -9,8 +10,6 @@ from __future__ import annotations
 import enum
 import itertools
 import time
-
-import torch
 
 from tacit.sampling_params import SamplingParams
 
@@ -27,12 +26,11 @@ class RequestStatus(enum.Enum):
 
 class Request:
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 max_tokens: int, prompt: str | None = None, priority: int = 0,
+                 max_tokens: int, priority: int = 0,
                  parent_id: str | None = None, index: int = 0, arrival_time: float | None = None) -> None:
         self.request_id = request_id
         self.parent_id = parent_id or request_id
         self.index = index
-        self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
         self.max_tokens = max_tokens
@@ -46,20 +44,13 @@ class Request:
         self.num_preemptions = 0
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
-        self.output_text = ""
-        self.logprobs: list | None = [] if params.logprobs is not None else None
-        self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
-        # A per-request generator makes a seeded sample independent of what else is batched.
-        self.generator: torch.Generator | None = None
-        if params.seed is not None:
-            self.generator = torch.Generator().manual_seed(params.seed)
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         # Scheduling state: targets in seconds (None: no target), the predicted output length,
         # and whether it has waited past the aging bound (sticky: it keeps that standing).
         self.ttft_slo: float | None = None
         self.tpot_slo: float | None = None
-        self.predicted_output_tokens = max_tokens
+        self.predicted_output_tokens: int | None = None  # Scheduler.add_request predicts it if unset
         self.aged = False
         self.slo_deferred = False  # admitted although its TTFT estimate misses (sla, "defer")
 

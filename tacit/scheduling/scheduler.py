@@ -18,42 +18,80 @@ engine therefore asks schedule_cut_in() between two layers of the step in flight
 waiting request that outranks someone in that step and whose whole prompt fits
 cut_in_prefill_tokens is prefilled there and then, and joins the running set (the next
 schedule() preempts back down to max_num_seqs if the cut-in went over it).
+
+One step, in vLLM v1's contract: schedule() -> SchedulerOutput (plain data) -> the model runner
+-> ModelRunnerOutput -> update_from_output(), the one place that advances num_computed_tokens,
+appends sampled tokens, times first tokens, checks EOS / stop ids / max_tokens and frees the
+blocks of whatever finished. Detokenization and stop strings are the output processor's.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
 from tacit.config import SchedulerConfig
 from tacit.memory.kv_cache_manager import KVCacheManager
 from tacit.memory.swap import KVSwapper
+from tacit.outputs import ModelRunnerOutput, RawLogprobs
 from tacit.scheduling.cost_model import StepCostModel
-from tacit.scheduling.policy import FCFSPolicy, SchedulingPolicy
+from tacit.scheduling.length_predictor import OutputLengthPredictor
+from tacit.scheduling.policy import FCFSPolicy, SchedulerView, SchedulingPolicy
 from tacit.scheduling.request import Request, RequestStatus
+from tacit.scheduling.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 
 
-@dataclass
-class SchedulerOutput:
-    scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, num_new_tokens)
-    preempted: list[Request] = field(default_factory=list)
+@dataclass(frozen=True)
+class EngineCoreOutput:
+    """One request's news from one step (vLLM v1's name): the token it sampled, and whether that
+    ended it. The output processor turns these into text and RequestOutputs."""
+
+    req_id: str
+    new_token_id: int
+    logprobs: RawLogprobs | None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """Counters for /metrics and benchmarks, read in one call (nothing reaches into the parts)."""
+
+    num_running: int
+    num_waiting: int
+    num_waiting_parents: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+    num_preemptions: int
+    num_swapped_out: int
+    num_swapped_in: int
+    swap_blocks_used: int
+    num_cut_ins: int
+    length_predictor_mae: float
+    length_predictor_scored: int
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, kv: KVCacheManager, policy: SchedulingPolicy | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, swapper: KVSwapper | None = None,
+                 eos_token_ids: Iterable[int] = ()) -> None:
         self.config = config
         self.kv = kv
         self.policy = policy or FCFSPolicy()
         self.clock = clock
         self.now = clock()
-        self.cost = StepCostModel()  # the engine feeds it every step's measured time
+        self.cost = StepCostModel()  # learns every step's measured time (update_from_output)
+        self.predictor = OutputLengthPredictor()  # learns every finished request's length
+        self.swapper = swapper  # None: preemption always recomputes
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
-        self.swapper: KVSwapper | None = None  # the engine sets it when swap_space > 0
-        self.policy.bind(self)
+        self.num_cut_ins = 0
+        self._finished_req_ids: list[str] = []  # for the runner, with the next SchedulerOutput
+        self.view = SchedulerView(self)
 
     @property
     def prefill_tokens_per_step(self) -> int:
@@ -61,12 +99,21 @@ class Scheduler:
         return max(1, self.config.max_num_batched_tokens - len(self.running))
 
     def add_request(self, request: Request) -> None:
+        """Queue a request; the policy may refuse it (raising) before anything is queued."""
         self.now = self.clock()
-        self.policy.admit(request)  # raises to refuse, before anything is queued
+        if request.predicted_output_tokens is None:
+            p = request.params
+            request.predicted_output_tokens = self.predictor.predict(
+                request.num_prompt_tokens, request.max_tokens, p.temperature, p.expected_output_tokens)
+        self.policy.admit(request, self.view)
         self.waiting.append(request)
+        self.requests[request.request_id] = request
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self.requests.get(request_id)
 
     def _should_swap(self, request: Request, num_blocks: int) -> bool:
         mode = self.config.preemption_mode
@@ -75,13 +122,13 @@ class Scheduler:
         return mode == "swap" or (self.swapper.cost_s(num_blocks)
                                   < request.num_computed_tokens * self.cost.prefill_s_per_token)
 
-    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+    def _preempt(self, request: Request, preempted: list[Request]) -> None:
         self.running.remove(request)
         self.policy.on_stop(request)
         num_blocks = self.kv.blocks_needed(request.num_computed_tokens)
         if self._should_swap(request, num_blocks):
             # Before the blocks are freed: this same schedule() may hand them to someone else.
-            self.swapper.swap_out(request.request_id, self.kv.block_tables[request.request_id][:num_blocks])
+            self.swapper.swap_out(request.request_id, self.kv.get_block_ids(request.request_id)[:num_blocks])
         else:
             request.num_computed_tokens = 0
         self.kv.free(request.request_id)
@@ -89,7 +136,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.append(request)
-        out.preempted.append(request)
+        preempted.append(request)
 
     def _waiting_key(self, req: Request) -> tuple:
         # Aged requests first (FCFS among them), then the policy's order.
@@ -98,7 +145,7 @@ class Scheduler:
             req.aged = True
         if req.aged:
             return (0, req.arrival_time, req.arrival_seq)
-        return (1, *self.policy.waiting_key(req))
+        return (1, *self.policy.waiting_key(req, self.view))
 
     def _next_waiting(self, short_only: bool = False) -> Request | None:
         pool = [r for r in self.waiting if not self._is_long(r)] if short_only else self.waiting
@@ -117,24 +164,24 @@ class Scheduler:
         fresh = [r for r in candidates if not r.aged]
         return self.policy.pick_victim(fresh or candidates)
 
-    def _make_room_for_urgent(self, out: SchedulerOutput) -> None:
+    def _make_room_for_urgent(self, preempted: list[Request]) -> None:
         """Preempt lower-ranked running work so the best waiting request can start this step."""
         if not self.waiting or not self.running:
             return
         head = self._next_waiting()
         need = self.kv.blocks_needed(head.num_computed_tokens + self._chunk(head, self.config.max_num_batched_tokens))
         outranked = [r for r in self.running if self._outranks(head, r)]
-        reclaimable = sum(len(self.kv.block_tables.get(r.request_id, [])) for r in outranked)
-        if not outranked or self.kv.pool.num_free_blocks + reclaimable < need:
+        reclaimable = sum(self.kv.num_blocks_of(r.request_id) for r in outranked)
+        if not outranked or self.kv.num_free_blocks + reclaimable < need:
             return  # preempting would not let it in: do not throw away their work for nothing
         while True:
             short_of_slots = len(self.running) >= self.config.max_num_seqs
-            short_of_blocks = need > self.kv.pool.num_free_blocks
+            short_of_blocks = need > self.kv.num_free_blocks
             if not (short_of_slots or short_of_blocks) or not outranked:
                 return
             victim = self._pick_victim(outranked)
             outranked.remove(victim)
-            self._preempt(victim, out)
+            self._preempt(victim, preempted)
 
     def _chunk(self, req: Request, budget: int) -> int:
         """Tokens req may compute this step: all it has left, capped by the budget and the
@@ -143,12 +190,28 @@ class Scheduler:
         cap = self.config.long_prefill_token_threshold
         return min(n, cap) if cap and self.config.enable_chunked_prefill else n
 
-    def _start(self, req: Request, n: int, out: SchedulerOutput) -> None:
+    def _start(self, req: Request) -> None:
         self.waiting.remove(req)
         req.status = RequestStatus.RUNNING
         self.running.append(req)
         self.policy.on_start(req)
-        out.scheduled.append((req, n))
+
+    def _output(self, scheduled: list[tuple[Request, int, list[int] | None]],
+                preempted: list[Request]) -> SchedulerOutput:
+        """The step as plain data; new_blocks None marks a request the runner gets whole."""
+        out = SchedulerOutput(preempted_req_ids=[r.request_id for r in preempted],
+                              finished_req_ids=self._finished_req_ids)
+        self._finished_req_ids = []
+        for req, n, new_blocks in scheduled:
+            out.num_scheduled_tokens[req.request_id] = n
+            if new_blocks is None:
+                out.scheduled_new_reqs.append(NewRequestData(
+                    req.request_id, list(req.prompt_token_ids), list(req.output_token_ids), req.params,
+                    self.kv.get_block_ids(req.request_id), req.num_computed_tokens))
+            else:
+                out.scheduled_cached_reqs.append(CachedRequestData(req.request_id, new_blocks,
+                                                                   req.num_computed_tokens))
+        return out
 
     def may_cut_in(self, req: Request) -> bool:
         """Would req be prefilled inside the step in flight if it arrived now (blocks allowing)?"""
@@ -158,34 +221,37 @@ class Scheduler:
     def schedule_cut_in(self) -> SchedulerOutput:
         """Requests to prefill now, between two layers of the step in flight (which is why
         only fresh ones qualify: a preempted request's blocks may be swapped or half-computed)."""
-        out = SchedulerOutput()
+        scheduled: list[tuple[Request, int, list[int] | None]] = []
         budget = self.config.cut_in_prefill_tokens
         if not budget or not self.running or not self.waiting:
-            return out
+            return self._output(scheduled, [])
         self.now = self.clock()
         for req in sorted(self.waiting, key=self._waiting_key):
             n = req.num_tokens
             if n > budget or not self.may_cut_in(req):
                 continue
-            if not self.kv.allocate_slots(req.request_id, 0, n):
+            if self.kv.allocate_slots(req.request_id, 0, n) is None:
                 break
-            self._start(req, n, out)
+            self._start(req)
+            scheduled.append((req, n, None))
             budget -= n
-        return out
+        self.num_cut_ins += len(scheduled)
+        return self._output(scheduled, [])
 
-    def _trim_running(self, out: SchedulerOutput) -> None:
+    def _trim_running(self, preempted: list[Request]) -> None:
         """Cut-ins join the running set even when it is full; preempt back to max_num_seqs."""
         while len(self.running) > self.config.max_num_seqs:
-            self._preempt(self._pick_victim(self.running), out)
+            self._preempt(self._pick_victim(self.running), preempted)
 
     def schedule(self) -> SchedulerOutput:
         self.now = self.clock()
-        out = SchedulerOutput()
-        budget = self.policy.token_budget(self.config.max_num_batched_tokens)
+        scheduled: list[tuple[Request, int, list[int] | None]] = []
+        preempted: list[Request] = []
+        budget = self.policy.token_budget(self.config.max_num_batched_tokens, self.view)
         chunked = self.config.enable_chunked_prefill
-        self._trim_running(out)
-        self._make_room_for_urgent(out)
-        urgent_preemption = bool(out.preempted)
+        self._trim_running(preempted)
+        self._make_room_for_urgent(preempted)
+        urgent_preemption = bool(preempted)
         # Long prompts prefilling this step: at most max_long_partial_prefills of them, so a burst
         # of long prompts cannot fill the whole token budget between two decodes.
         long_slots = self.config.max_long_partial_prefills
@@ -199,23 +265,23 @@ class Scheduler:
                 i += 1
                 continue
             long_slots -= long
-            scheduled = True
-            while not self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n):
+            new_blocks = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n)
+            while new_blocks is None:
                 # Only requests not yet given slots this step are candidates (they sit at i and after).
                 victim = self._pick_victim(self.running[i:])
-                self._preempt(victim, out)
+                self._preempt(victim, preempted)
                 if victim is req:
-                    scheduled = False
                     break
-            if scheduled:
-                out.scheduled.append((req, n))
+                new_blocks = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n)
+            if new_blocks is not None:
+                scheduled.append((req, n, new_blocks))
                 budget -= n
                 i += 1
 
         # Admitting new work in a step that ran out of blocks would just thrash the pool; after
         # a priority preemption, admitting is the point.
         while (self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs
-               and (urgent_preemption or not out.preempted)):
+               and (urgent_preemption or not preempted)):
             req = self._next_waiting(short_only=not long_slots)
             if req is None:
                 break
@@ -223,22 +289,87 @@ class Scheduler:
             long = self._is_long(req)
             if n < req.num_tokens - req.num_computed_tokens and not chunked:
                 break
-            if not self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n):
+            if self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n) is None:
                 break
             if self.swapper is not None and self.swapper.holds(req.request_id):
-                self.swapper.swap_in(req.request_id, self.kv.block_tables[req.request_id])
-            self._start(req, n, out)
+                self.swapper.swap_in(req.request_id, self.kv.get_block_ids(req.request_id))
+            self._start(req)
+            scheduled.append((req, n, None))
             budget -= n
             long_slots -= long
-        return out
+        return self._output(scheduled, preempted)
 
-    def finish(self, request: Request) -> None:
-        """Drop a finished or aborted request and give its blocks back at once."""
-        if request in self.running:
-            self.running.remove(request)
-            self.policy.on_stop(request)
-        elif request in self.waiting:
-            self.waiting.remove(request)
-        self.kv.free(request.request_id)
+    # ---- after the step ---------------------------------------------------------------------
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        """Advance every scheduled request by the tokens it computed, append what was sampled,
+        finish (and free) requests that hit EOS, a stop token id or max_tokens."""
+        prefill_tokens = decodes = 0
+        for req_id, n in scheduler_output.num_scheduled_tokens.items():
+            req = self.requests.get(req_id)
+            if req is not None:
+                req.num_computed_tokens += n
+            if n == 1:
+                decodes += 1
+            else:
+                prefill_tokens += n
+        self.cost.observe(prefill_tokens, decodes, runner_output.execute_s)
+        now = self.clock()
+        outputs = []
+        for req_id, token, logprobs in zip(runner_output.req_ids, runner_output.sampled_token_ids,
+                                           runner_output.logprobs):
+            req = self.requests.get(req_id)
+            if req is None or req.is_finished:
+                continue  # aborted while its step ran
+            req.append_output_token(token)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            req.last_token_time = now
+            reason, stop_reason = self._check_stop(req, token)
+            if reason is not None:
+                self.finish_request(req_id, reason, stop_reason)
+            outputs.append(EngineCoreOutput(req_id, token, logprobs, reason, stop_reason))
+        return outputs
+
+    def _check_stop(self, req: Request, token: int) -> tuple[str | None, int | None]:
+        p = req.params
+        n_out = len(req.output_token_ids)
+        if n_out >= p.min_tokens and ((not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids):
+            return "stop", token
+        if n_out >= req.max_tokens:
+            return "length", None
+        return None, None
+
+    def finish_request(self, request_id: str, reason: str, stop_reason: int | str | None = None) -> None:
+        """End a request (finished, stopped by a stop string, or aborted) and give its blocks
+        back at once; the runner drops its state with the next SchedulerOutput."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return
+        if not req.is_finished:
+            req.finish(reason, stop_reason)
+        if req in self.running:
+            self.running.remove(req)
+            self.policy.on_stop(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(request_id)
         if self.swapper is not None:
-            self.swapper.drop(request.request_id)
+            self.swapper.drop(request_id)
+        self._finished_req_ids.append(request_id)
+        if reason in ("stop", "length"):  # an abort says nothing about how long it would have run
+            p = req.params
+            self.predictor.observe(req.num_prompt_tokens, req.max_tokens, p.temperature, p.expected_output_tokens,
+                                   req.predicted_output_tokens, len(req.output_token_ids))
+
+    def make_stats(self) -> SchedulerStats:
+        swap = self.swapper
+        return SchedulerStats(
+            num_running=len(self.running), num_waiting=len(self.waiting),
+            num_waiting_parents=len({r.parent_id for r in self.waiting}),
+            kv_blocks_used=self.kv.num_used_blocks, kv_blocks_free=self.kv.num_free_blocks,
+            num_preemptions=self.num_preemptions, num_swapped_out=swap.num_swapped_out if swap else 0,
+            num_swapped_in=swap.num_swapped_in if swap else 0, swap_blocks_used=swap.used_blocks if swap else 0,
+            num_cut_ins=self.num_cut_ins, length_predictor_mae=self.predictor.mean_abs_error or 0.0,
+            length_predictor_scored=self.predictor.num_scored)

@@ -34,19 +34,17 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tacit.scheduling.policy import PriorityPolicy
+from tacit.scheduling.errors import SLOUnattainableError
+from tacit.scheduling.policy import PriorityPolicy, SchedulerView, register_policy
 from tacit.scheduling.request import Request
 
 _ON_TIME, _NO_TARGET, _LATE = 0, 1, 2
 
-
-class SLOUnattainableError(ValueError):
-    """The sla policy refused a request whose TTFT target its estimate already misses."""
+__all__ = ["SLAPolicy", "SLOUnattainableError"]
 
 
+@register_policy("sla")
 class SLAPolicy(PriorityPolicy):
-    name = "sla"
-
     def __init__(self) -> None:
         self._running_tpot: Counter[float] = Counter()  # TPOT targets of running requests
 
@@ -60,43 +58,42 @@ class SLAPolicy(PriorityPolicy):
             if not self._running_tpot[req.tpot_slo]:
                 del self._running_tpot[req.tpot_slo]
 
-    def step_target_s(self) -> float:
+    def step_target_s(self, state: SchedulerView) -> float:
         """The longest a step may take: tightest running TPOT, and half the tightest class TTFT
         unless requests can cut into a step in flight (then an arrival does not wait it out)."""
         tpot = min(self._running_tpot, default=float("inf"))
-        config = self.scheduler.config
+        config = state.config
         if config.cut_in_prefill_tokens:
             return tpot
         ttft = min((c["ttft_ms"] / 1000 for c in config.slo_classes.values() if "ttft_ms" in c), default=float("inf"))
         return min(tpot, ttft / 2)
 
-    def token_budget(self, max_num_batched_tokens: int) -> int:
-        s = self.scheduler
-        target = self.step_target_s()
+    def token_budget(self, max_num_batched_tokens: int, state: SchedulerView) -> int:
+        s = state
+        target = self.step_target_s(state)
         per_token = s.cost.prefill_s_per_token
         if target == float("inf") or per_token <= 0:
             return max_num_batched_tokens
-        decodes = s.cost.step_s(0, len(s.running))
+        decodes = s.cost.step_s(0, s.num_running)
         if decodes >= target:
             # The target is missed whatever this step prefills: throttling prefill then only
             # costs throughput. Giving prefill half a decode step instead held the mixed-priority
             # benchmark's sla throughput at 0.82x fcfs while its goodput fell below priority's.
             return max_num_batched_tokens
-        return max(1, min(max_num_batched_tokens, len(s.running) + int((target - decodes) / per_token)))
+        return max(1, min(max_num_batched_tokens, s.num_running + int((target - decodes) / per_token)))
 
-    def _latest_start(self, req: Request) -> float:
-        s = self.scheduler
+    def _latest_start(self, req: Request, s: SchedulerView) -> float:
         remaining = req.num_tokens - req.num_computed_tokens
-        return req.next_token_deadline - s.cost.prefill_s(remaining, s.prefill_tokens_per_step, len(s.running))
+        return req.next_token_deadline - s.cost.prefill_s(remaining, s.prefill_tokens_per_step, s.num_running)
 
-    def waiting_key(self, req: Request) -> tuple:
+    def waiting_key(self, req: Request, state: SchedulerView) -> tuple:
         # Priority class first: by slack alone, an interactive request that had just missed its
         # 500 ms TTFT went behind every batch job still inside its 60 s one, and waited 6.2 s
         # (the mixed-priority benchmark's p99). Within a class, least slack first.
-        latest = self._latest_start(req)
+        latest = self._latest_start(req, state)
         if latest == float("inf"):
             return (req.priority, _NO_TARGET, req.arrival_time, req.arrival_seq)
-        if req.slo_deferred or latest < self.scheduler.now:
+        if req.slo_deferred or latest < state.now:
             return (req.priority, _LATE, latest, req.arrival_seq)
         return (req.priority, _ON_TIME, latest, req.arrival_seq)
 
@@ -104,27 +101,26 @@ class SLAPolicy(PriorityPolicy):
         # Lowest class first, then whoever's next token is due latest (no target: never due).
         return (req.priority, req.next_token_deadline, req.arrival_time, req.arrival_seq)
 
-    def estimate_ttft(self, req: Request) -> tuple[float, int]:
+    def estimate_ttft(self, req: Request, s: SchedulerView) -> tuple[float, int]:
         """(seconds to its first token if it joined the queue now, prefill tokens queued ahead)."""
-        s = self.scheduler
         if s.may_cut_in(req):
             # It will be prefilled at the next layer boundary of the step in flight, ahead of
             # the queue: without this, admission refused interactive requests at estimates of
             # 1.0-1.6 s that cut-in would have served in ~0.2 s (mixed-priority benchmark).
             return s.cost.step_s(req.num_tokens, 0), 0
-        key = self.waiting_key(req)
-        ahead = sum(r.num_tokens - r.num_computed_tokens for r in s.waiting if self.waiting_key(r) < key)
+        key = self.waiting_key(req, s)
+        ahead = sum(r.num_tokens - r.num_computed_tokens for r in s.waiting if self.waiting_key(r, s) < key)
         ahead += sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in s.running)
         total = ahead + req.num_tokens - req.num_computed_tokens
-        return s.cost.prefill_s(total, s.prefill_tokens_per_step, len(s.running)), ahead
+        return s.cost.prefill_s(total, s.prefill_tokens_per_step, s.num_running), ahead
 
-    def admit(self, req: Request) -> None:
+    def admit(self, req: Request, state: SchedulerView) -> None:
         if req.ttft_slo is None:
             return
-        est, ahead = self.estimate_ttft(req)
+        est, ahead = self.estimate_ttft(req, state)
         if est <= req.ttft_slo:
             return
-        s = self.scheduler
+        s = state
         if s.config.slo_admission == "defer":
             req.slo_deferred = True
             return
@@ -132,5 +128,5 @@ class SLAPolicy(PriorityPolicy):
             f"request {req.request_id} cannot meet its TTFT target ttft_slo_ms={req.ttft_slo * 1000:.0f}: the sla "
             f"policy estimates {est * 1000:.0f} ms to its first token ({req.num_tokens} prompt tokens plus {ahead} "
             f"queued ahead of it at {s.cost.prefill_s_per_token * 1000:.3f} ms/token measured, beside "
-            f"{len(s.running)} running requests); retry later, raise ttft_slo_ms, or run with "
+            f"{s.num_running} running requests); retry later, raise ttft_slo_ms, or run with "
             f"slo_admission='defer' to queue it anyway")

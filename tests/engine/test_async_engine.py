@@ -83,7 +83,7 @@ def test_failed_step_fails_its_requests_and_the_loop_goes_on(make_engine):
 
     out = asyncio.run(main())
     assert out.finished and len(out.outputs[0].token_ids) == 8
-    assert engine.engine.kv.pool.num_used_blocks == 0
+    assert engine.engine.get_stats().kv_blocks_used == 0
 
 
 def test_abort_frees_blocks_and_waiting_queue_is_bounded(make_engine):

@@ -36,14 +36,14 @@ def test_stop_token_ids_and_eos(llm):
     assert out.token_ids == base.token_ids[:base.token_ids.index(stop_at) + 1]
     assert out.finish_reason == "stop" and out.stop_reason == stop_at
     # The same token as the model's EOS stops generation unless ignore_eos.
-    llm.engine.eos_token_ids = frozenset({stop_at})
+    llm.engine.scheduler.eos_token_ids = frozenset({stop_at})
     try:
         eos = llm.generate(["Paris is"], greedy(max_tokens=8))[0].outputs[0]
         assert eos.finish_reason == "stop" and eos.token_ids[-1] == stop_at
         ignored = llm.generate(["Paris is"], greedy(max_tokens=8, ignore_eos=True))[0].outputs[0]
         assert ignored.token_ids == base.token_ids and ignored.finish_reason == "length"
     finally:
-        llm.engine.eos_token_ids = frozenset(llm.engine.config.model.eos_token_ids)
+        llm.engine.scheduler.eos_token_ids = frozenset(llm.engine.config.model.eos_token_ids)
 
 
 def test_stop_string_truncates_text(llm):

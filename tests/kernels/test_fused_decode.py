@@ -5,32 +5,36 @@ import pytest
 import torch
 
 from tacit import LLM, SamplingParams
+from tacit.engine.request_state import update_request_states
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
 
 pytestmark = pytest.mark.skipif(not cpu_supports_avx512_bf16() or bool(os.environ.get("TACIT_NO_CPU_KERNELS")),
                                 reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set")
 
 
-def both_paths(runner, sched, kv):
-    """Logits of one scheduled step from the fused decoder, then from the torch path."""
+def both_paths(runner, rows, compute=None):
+    """Logits of one step's rows from the fused decoder, then from the torch path."""
+    compute = compute or runner.compute_logits
     fused = runner.fused_decode
-    reqs, got = runner.compute_logits(sched, kv)
+    samples, got = compute(rows)
     runner.fused_decode = None
     try:
-        ref_reqs, ref = runner.compute_logits(sched, kv)  # rewrites this step's KV slots with torch's values
+        ref_samples, ref = compute(rows)  # rewrites this step's KV slots with torch's values
     finally:
         runner.fused_decode = fused
-    assert [r.request_id for r in reqs] == [r.request_id for r in ref_reqs]
+    assert samples == ref_samples
     return got.float(), ref.float()
 
 
 def step_both_ways(engine) -> int:
     """Run the engine to the end, checking every fused step against the torch path; returns how many."""
-    checked = 0
-    while engine.has_unfinished_requests():
-        sched = engine.scheduler.schedule()
-        if engine.runner._uses_fused_decode(sched.scheduled):
-            got, ref = both_paths(engine.runner, sched, engine.kv)
+    runner, checked = engine.runner, 0
+    real = runner.compute_logits
+
+    def checking(rows, between_layers=None):
+        nonlocal checked
+        if runner._uses_fused_decode(rows):
+            got, ref = both_paths(runner, rows, real)
             # bf16 through two layers: ~1 ulp per op of drift from fp32 summation order, at most
             # ~1.1% of the largest logit here; leaving out the 0.05-std qkv bias moves them ~5%.
             scale = ref.abs().max().item()
@@ -39,13 +43,23 @@ def step_both_ways(engine) -> int:
             clear = (top2[:, 0] - top2[:, 1]) > 0.05 * scale
             assert torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])
             checked += 1
-        # Step with this schedule (on the fused path when it applies): its tokens feed both next step.
-        engine.scheduler.schedule = lambda s=sched: s
-        try:
+        # Then the step itself (on the fused path when it applies): its tokens feed both next step.
+        return real(rows, between_layers)
+
+    runner.compute_logits = checking
+    try:
+        while engine.has_unfinished_requests():
             engine.step()
-        finally:
-            del engine.scheduler.schedule
+    finally:
+        del runner.compute_logits
     return checked
+
+
+def scheduled_rows(engine):
+    """Schedule one step and hand its rows to the runner's state, without running it."""
+    sched = engine.scheduler.schedule()
+    update_request_states(engine.runner.requests, sched)
+    return engine.runner.rows(sched)
 
 
 # llama: plain; llama3: tied embeddings, o_proj bias, llama3 rope; qwen2: qkv bias; qwen3: q/k
@@ -106,20 +120,18 @@ def test_models_the_fused_decoder_does_not_run_keep_the_torch_path(tiny_model_fa
 
 
 def test_layer_by_layer_step_equals_one_call_and_lets_a_cut_in_run(tiny_model_factory):
-    """With a layer hook installed (the online engine), the fused step runs one C++ call per
+    """Given a between_layers callback (the online engine), the fused step runs one C++ call per
     layer; it must give the same bits as one call, and a cut-in prefill between layers must not
     disturb the step it cuts into."""
-    from tacit.forward_context import set_layer_hook
-
     _, _, path = tiny_model_factory("qwen2")
     engine = LLM(str(path), dtype="bfloat16", scheduling_policy="priority").engine
     for i in range(12):
         engine.add_request([11 + i] * (i + 3), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
                            priority=1)
     engine.step()
-    sched = engine.scheduler.schedule()
-    assert engine.runner._uses_fused_decode(sched.scheduled) and len(sched.scheduled) == 12
-    _, one_call = engine.runner.compute_logits(sched, engine.kv)
+    rows = scheduled_rows(engine)
+    assert engine.runner._uses_fused_decode(rows) and len(rows) == 12
+    _, one_call = engine.runner.compute_logits(rows)
     calls = []
 
     def hook():
@@ -129,11 +141,10 @@ def test_layer_by_layer_step_equals_one_call_and_lets_a_cut_in_run(tiny_model_fa
                                request_id="urgent", priority=0)
             assert engine.cut_in_step(), "the urgent request should have cut in"
 
-    with set_layer_hook(hook):
-        _, by_layer = engine.runner.compute_logits(sched, engine.kv)
-    assert len(calls) == len(engine.model.model.layers) - 1  # one boundary between each two layers
+    _, by_layer = engine.runner.compute_logits(rows, hook)
+    assert len(calls) == engine.model.num_layers - 1  # one boundary between each two layers
     assert torch.equal(one_call, by_layer)
-    assert engine.num_cut_ins == 1
+    assert engine.get_stats().num_cut_ins == 1
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen2_odd"])
@@ -147,15 +158,15 @@ def test_mixed_step_runs_decodes_fused_and_prefill_on_torch(tiny_model_factory, 
     for _ in range(3):  # the prefill step, then decodes
         engine.step()
     engine.add_request(list(range(50, 63)), SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-    sched = engine.scheduler.schedule()
-    lengths = [n for _, n in sched.scheduled]
+    rows = scheduled_rows(engine)
+    lengths = [n for _, n in rows]
     assert sorted(lengths) == [1, 1, 1, 13], "expected three decodes beside one 13-token prefill"
     # The prefill between decodes: the split must put the rows back in this order.
-    decodes = [s for s in sched.scheduled if s[1] == 1]
-    sched.scheduled[:] = decodes[:1] + [s for s in sched.scheduled if s[1] > 1] + decodes[1:]
+    decodes = [s for s in rows if s[1] == 1]
+    rows = decodes[:1] + [s for s in rows if s[1] > 1] + decodes[1:]
     engine.runner.split_min_decodes = 1
-    assert engine.runner._splits_mixed_step(sched.scheduled)
-    got, ref = both_paths(engine.runner, sched, engine.kv)
+    assert engine.runner._splits_mixed_step(rows)
+    got, ref = both_paths(engine.runner, rows)
     assert got.shape[0] == 4
     scale = ref.abs().max().item()
     assert (got - ref).abs().max().item() < 0.02 * scale, "split step: logits diverge"

@@ -4,18 +4,17 @@ import pytest
 import torch
 
 from tacit import LLM, SamplingParams
-from tacit.layers.sampler import Sampler
-from tacit.scheduling.request import Request
+from tacit.layers.sampler import Sampler, SamplingMetadata
 
 
-def req(**kw) -> Request:
-    return Request("r", [1], SamplingParams(**kw), max_tokens=8)
+def metadata(*params: SamplingParams, output_token_ids: list[list[int]] | None = None) -> SamplingMetadata:
+    gens = [None if p.seed is None else torch.Generator().manual_seed(p.seed) for p in params]
+    return SamplingMetadata(list(params), output_token_ids or [[] for _ in params], gens)
 
 
 def draw(logits: torch.Tensor, n: int, **kw) -> list[int]:
     sampler = Sampler()
-    rows = [req(**kw) for _ in range(n)]
-    return sampler(logits.expand(n, -1).clone(), rows).token_ids
+    return sampler(logits.expand(n, -1).clone(), metadata(*[SamplingParams(**kw) for _ in range(n)])).token_ids
 
 
 LOGITS = torch.tensor([[4.0, 3.0, 2.5, 2.0, 1.0, 0.0, -1.0, -3.0]])
@@ -58,22 +57,21 @@ def test_temperature_statistics(temperature):
 def test_seeded_rows_independent_of_batch():
     sampler = Sampler()
     logits = torch.randn(1, 50)
-    alone = sampler(logits.clone(), [req(temperature=1.0, seed=7)]).token_ids
+    alone = sampler(logits.clone(), metadata(SamplingParams(temperature=1.0, seed=7))).token_ids
     for _ in range(3):
-        rows = [req(temperature=1.0), req(temperature=1.0, seed=7), req(temperature=0.0)]
+        rows = metadata(SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, seed=7),
+                        SamplingParams(temperature=0.0))
         batch = torch.cat([torch.randn(1, 50), logits, torch.randn(1, 50)])
         assert sampler(batch, rows).token_ids[1] == alone[0]
 
 
 def test_penalties_lower_repeated_tokens():
-    r = req(temperature=0.0, frequency_penalty=2.0)
-    r.output_token_ids = [0, 0]
-    assert Sampler()(LOGITS.clone(), [r]).token_ids == [1]  # 4 - 2*2 = 0 < 3
+    r = metadata(SamplingParams(temperature=0.0, frequency_penalty=2.0), output_token_ids=[[0, 0]])
+    assert Sampler()(LOGITS.clone(), r).token_ids == [1]  # 4 - 2*2 = 0 < 3
 
 
 def test_logprobs_of_chosen_and_top_n():
-    r = req(temperature=0.0, logprobs=3)
-    out = Sampler()(LOGITS.clone(), [r])
+    out = Sampler()(LOGITS.clone(), metadata(SamplingParams(temperature=0.0, logprobs=3)))
     chosen_lp, rank, top = out.logprobs[0]
     ref = LOGITS[0].log_softmax(-1)
     assert rank == 1 and math.isclose(chosen_lp, float(ref[0]), rel_tol=1e-5)

@@ -33,7 +33,7 @@ def test_gguf_chat_template_and_eos(gguf_pair):
     tok = llm.get_tokenizer()
     assert tok.decode(ids, skip_special_tokens=False) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert tok.encode("<|im_end|>", add_special_tokens=False) == [tok.eos_token_id]
-    assert llm.engine.eos_token_ids == {tok.eos_token_id}
+    assert set(llm.engine.config.model.eos_token_ids) == {tok.eos_token_id}
 
 
 def test_quantized_tensor_dequantizes_close(tmp_path):

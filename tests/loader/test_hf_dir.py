@@ -14,7 +14,7 @@ def test_sharded_safetensors_and_generation_config_eos(tiny_llama, tmp_path):
     assert len(set(index["weight_map"].values())) > 1
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
     llm = LLM(str(tmp_path), dtype="float32")
-    assert llm.engine.eos_token_ids == {2, 7}
+    assert set(llm.engine.config.model.eos_token_ids) == {2, 7}
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     ref = LLM(str(path), dtype="float32").generate([[5, 6, 7]], params)[0].outputs[0].token_ids
     assert llm.generate([[5, 6, 7]], params)[0].outputs[0].token_ids == ref

@@ -71,5 +71,6 @@ def test_preemption_resumes_exactly(reference):
     # 24 blocks of 16 = 384 slots: the 300-token prompt alone needs 20 of them.
     llm = LLM(str(path), dtype="float32", num_kv_blocks=24, block_size=16, max_num_batched_tokens=128)
     check(llm.generate(prompts, GREEDY), prompts, expected)
-    assert llm.engine.scheduler.num_preemptions > 0
-    assert llm.engine.kv.pool.num_free_blocks == 24
+    stats = llm.engine.get_stats()
+    assert stats.num_preemptions > 0
+    assert stats.kv_blocks_free == 24

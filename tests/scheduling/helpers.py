@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from tacit.outputs import ModelRunnerOutput
 from tacit.sampling_params import SamplingParams
 from tacit.scheduling.request import Request
 from tacit.scheduling.scheduler import Scheduler
+from tacit.scheduling.scheduler_output import SchedulerOutput
 
 
 class FakeClock:
@@ -26,18 +28,19 @@ def make_req(rid: str, n_prompt: int, priority: int = 0, max_tokens: int = 8, ar
 def run_step(s: Scheduler, now: float | None = None) -> list[str]:
     """One step: computed tokens advance, a request level with its tokens samples token 7 and
     finishes at max_tokens. Returns the scheduled ids."""
-    return [r.request_id for r, _ in advance(s, s.schedule(), now)]
+    return advance(s, s.schedule(), now)
 
 
-def advance(s: Scheduler, out, now: float | None = None) -> list:
-    """Apply a SchedulerOutput as if the model had run it; returns out.scheduled."""
-    for req, n in out.scheduled:
-        req.num_computed_tokens += n
-        if req.num_computed_tokens == req.num_tokens:
-            req.append_output_token(7)
-            if now is not None and req.first_token_time is None:
-                req.first_token_time = now
-            if len(req.output_token_ids) >= req.max_tokens:
-                req.finish("length")
-                s.finish(req)
-    return out.scheduled
+def advance(s: Scheduler, out: SchedulerOutput, now: float | None = None) -> list[str]:
+    """Hand a SchedulerOutput back through update_from_output as if the model had run it (every
+    request level with its tokens samples token 7); returns the scheduled ids. `now` sets the
+    scheduler's clock for the step's token times, when its clock is a FakeClock."""
+    if now is not None and isinstance(s.clock, FakeClock):
+        s.clock.t = now
+    sampled = [rid for rid, n in out.num_scheduled_tokens.items()
+               if s.requests[rid].num_computed_tokens + n == s.requests[rid].num_tokens]
+    # The step "takes" what the cost model predicts, so faking steps does not disturb what tests teach it.
+    decodes = sum(n == 1 for n in out.num_scheduled_tokens.values())
+    seconds = s.cost.step_s(out.total_num_scheduled_tokens - decodes, decodes)
+    s.update_from_output(out, ModelRunnerOutput(sampled, [7] * len(sampled), [None] * len(sampled), seconds))
+    return out.req_ids

@@ -47,7 +47,7 @@ def test_urgent_request_cuts_in_and_every_output_is_unchanged(tiny_llama):
     assert state["boundaries"] > 0, "the step offered no layer boundary"
     first = [o for o in state["cut_in_outputs"] if o.request_id == state["urgent"]]
     assert first and len(first[0].outputs[0].token_ids) == 1, "the urgent request got no token mid-step"
-    assert e.num_cut_ins == 1
+    assert e.get_stats().num_cut_ins == 1
     assert out == ref
 
 
@@ -55,7 +55,7 @@ def test_cut_in_past_max_num_seqs_is_preempted_back_with_identical_tokens(tiny_l
     path = str(tiny_llama[2])
     ref = _reference(path)
     out, _, e = _run_with_arrival(path, "priority", max_num_seqs=3)
-    assert e.num_cut_ins == 1 and e.scheduler.num_preemptions >= 1
+    assert e.get_stats().num_cut_ins == 1 and e.scheduler.num_preemptions >= 1
     assert out == ref
 
 
@@ -68,7 +68,7 @@ def test_cut_in_past_max_num_seqs_is_preempted_back_with_identical_tokens(tiny_l
 def test_no_cut_in_when_the_policy_or_the_cap_says_no(tiny_llama, policy, priority, kw):
     path = str(tiny_llama[2])
     out, state, e = _run_with_arrival(path, policy, urgent_priority=priority, **kw)
-    assert e.num_cut_ins == 0 and not state["cut_in_outputs"]
+    assert e.get_stats().num_cut_ins == 0 and not state["cut_in_outputs"]
     assert out == _reference(path)
 
 

@@ -94,13 +94,14 @@ def test_engine_scores_the_predictor_on_finished_requests(tiny_llama):
     llm = LLM(str(tiny_llama[2]), dtype="float32", scheduling_policy="sjf")
     params = [SamplingParams(max_tokens=m, ignore_eos=True, temperature=0.0) for m in (3, 9, 5, 7)]
     llm.generate([[5, 6, 7]] * 4, params)
-    p = llm.engine.predictor
-    assert p.num_scored == 4 and p.mean_abs_error is not None
+    stats = llm.engine.get_stats()
+    # Nothing had finished when they arrived, so each was predicted at max_tokens, which ignore_eos hits.
+    assert stats.length_predictor_scored == 4 and stats.length_predictor_mae == 0.0
     # An aborted request says nothing about the length it would have had.
     rid = llm.engine.add_request([5, 6], SamplingParams(max_tokens=50))
     llm.engine.step()
     llm.engine.abort_request(rid)
-    assert p.num_scored == 4
+    assert llm.engine.get_stats().length_predictor_scored == 4
 
 
 def test_long_prompt_is_prefilled_in_bounded_chunks_beside_decodes():
@@ -112,7 +113,7 @@ def test_long_prompt_is_prefilled_in_bounded_chunks_beside_decodes():
     chunks = []
     while s.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in s.running):
         out = s.schedule()
-        plan = {r.request_id: n for r, n in out.scheduled}
+        plan = dict(out.num_scheduled_tokens)
         assert plan.get("chat") == 1  # the decode goes on every step
         chunks.append(plan["long"])
         advance(s, out)
@@ -138,7 +139,7 @@ def test_one_long_prompt_prefills_at_a_time_and_short_ones_pass_it():
     plans = []
     while s.waiting or s.running:
         out = s.schedule()
-        plans.append({r.request_id: n for r, n in out.scheduled})
+        plans.append(dict(out.num_scheduled_tokens))
         advance(s, out)
     # long-b waits until long-a is down to its last 44 tokens (no longer "long"); short never waits.
     assert plans[0] == {"long-a": 128, "short": 20}

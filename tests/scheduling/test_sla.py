@@ -131,33 +131,33 @@ def test_sla_sizes_steps_to_the_tightest_target():
     clock = FakeClock()
     s = sla_scheduler(clock, slo_classes={0: {"ttft_ms": 1000}}, cut_in_prefill_tokens=0)
     teach(s.cost)  # step = 10 ms + 2 ms a decode + 1 ms a prefill token
-    assert s.policy.token_budget(2048) == 490  # half the class TTFT: 500 ms - 10 ms base
+    assert s.policy.token_budget(2048, s.view) == 490  # half the class TTFT: 500 ms - 10 ms base
     r = make_req("chat", 4, max_tokens=50)
     r.tpot_slo = 0.1
     s.add_request(r)
     run_step(s)
     # 100 ms TPOT, one decode running: 100 - 12 = 88 ms of prefill, plus the decode itself.
-    assert s.policy.token_budget(2048) == 89
+    assert s.policy.token_budget(2048, s.view) == 89
     s.add_request(make_req("big", 1000))
-    plan = {req.request_id: n for req, n in s.schedule().scheduled}
+    plan = dict(s.schedule().num_scheduled_tokens)
     assert plan == {"chat": 1, "big": 88}
-    s.finish(r)
-    assert s.policy.step_target_s() == 0.5  # its TPOT no longer counts
+    s.finish_request(r.request_id, "abort")
+    assert s.policy.step_target_s(s.view) == 0.5  # its TPOT no longer counts
     r2 = make_req("hopeless", 4)
     r2.tpot_slo = 0.001  # below a decode-only step (12 ms): missed anyway, so prefill is not throttled
     s.policy.on_start(r2)
-    assert s.policy.token_budget(2048) == 2048
+    assert s.policy.token_budget(2048, s.view) == 2048
 
 
 def test_with_cut_in_only_tpot_bounds_the_step():
     s = sla_scheduler(FakeClock(), slo_classes={0: {"ttft_ms": 1000}})  # cut-in on by default
     teach(s.cost)
-    assert s.policy.step_target_s() == float("inf") and s.policy.token_budget(2048) == 2048
+    assert s.policy.step_target_s(s.view) == float("inf") and s.policy.token_budget(2048, s.view) == 2048
     r = make_req("chat", 4, max_tokens=50)
     r.tpot_slo = 0.1
     s.add_request(r)
     run_step(s)
-    assert s.policy.step_target_s() == 0.1 and s.policy.token_budget(2048) == 89
+    assert s.policy.step_target_s(s.view) == 0.1 and s.policy.token_budget(2048, s.view) == 89
 
 
 def test_sla_late_request_stays_ahead_of_a_lower_class():
@@ -189,4 +189,4 @@ def test_admission_counts_on_cut_in_for_a_request_that_may_cut_in():
                 s.add_request(urgent)
         else:
             s.add_request(urgent)
-            assert s.policy.estimate_ttft(urgent)[0] < 0.05
+            assert s.policy.estimate_ttft(urgent, s.view)[0] < 0.05

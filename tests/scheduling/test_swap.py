@@ -9,7 +9,7 @@ from helpers import FakeClock, make_req, run_step
 from tacit import LLM, SamplingParams
 from tacit.config import SchedulerConfig
 from tacit.engine.llm_engine import LLMEngine
-from tacit.engine.metrics import EngineSnapshot, ServingMetrics
+from tacit.engine.metrics import ServingMetrics
 from tacit.memory.kv_cache_manager import KVCacheManager
 from tacit.memory.swap import KVSwapper, block_dim
 from tacit.scheduling.policy import get_policy
@@ -44,7 +44,7 @@ def test_swap_and_recompute_resume_with_identical_tokens(tiny_model_factory, arc
     assert s.num_preemptions > 0 and s.swapper.num_swapped_out == s.num_preemptions
     assert s.swapper.num_swapped_in == s.swapper.num_swapped_out and s.swapper.used_blocks == 0
     assert swapped == ref
-    metrics = ServingMetrics(snapshot=EngineSnapshot.of(engine))
+    metrics = ServingMetrics(snapshot=engine.get_stats())
     text = metrics.render_prometheus("m")
     assert f'tacit_num_swapped_out_total{{model_name="m"}} {s.num_preemptions}' in text
     assert f'tacit_num_swapped_in_total{{model_name="m"}} {s.num_preemptions}' in text

@@ -116,7 +116,7 @@ def run_server(args: argparse.Namespace) -> int:
     name = served_model_name(args, kwargs.get("model"))
     e = engine.engine
     print(f"tacit: loaded {Path(e.source.path).name} in {time.perf_counter() - t0:.1f}s ({e.config.model.dtype}, "
-          f"{e.runner.num_blocks} KV blocks, max_model_len {e.max_model_len}); serving `{name}` on "
+          f"{e.num_kv_blocks} KV blocks, max_model_len {e.max_model_len}); serving `{name}` on "
           f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     app = build_app(engine, name, args.api_key)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False,

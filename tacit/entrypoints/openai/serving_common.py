@@ -14,7 +14,7 @@ from tacit.engine.async_engine import (AsyncLLMEngine, EngineDeadError, EngineSt
 from tacit.entrypoints.openai.errors import OpenAIError, bad_request, from_value_error, overloaded
 from tacit.outputs import CompletionOutput, Logprob, RequestOutput
 from tacit.sampling_params import SamplingParams
-from tacit.scheduling.sla import SLOUnattainableError
+from tacit.scheduling.errors import SLOUnattainableError
 
 
 class ServingContext:
@@ -23,8 +23,8 @@ class ServingContext:
         self.model_name = model_name
         # The tokenizer is only read (HF tokenizers encode is thread-safe); tokenizing here
         # keeps that work off the engine thread, so long prompts do not stall a step.
-        self.tokenizer = engine.engine.tokenizer
-        self.max_model_len = engine.engine.max_model_len
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:

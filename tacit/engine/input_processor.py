@@ -1,0 +1,80 @@
+"""InputProcessor: a prompt and its sampling parameters in, the scheduler's Requests out.
+
+It tokenizes, checks everything a client can get wrong before anything is queued or allocated
+(token ids in range, the prompt shorter than the context, prompt + max_tokens within the whole
+KV pool, the priority an integer), resolves the request's latency targets from its priority
+class, and fans an n>1 request out into n sequences with their own seeds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from tacit.sampling_params import SamplingParams
+from tacit.scheduling.request import Request
+from tacit.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class ProcessedRequest:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    children: list[Request]  # one per output sequence (n of them)
+
+
+class InputProcessor:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int, kv_capacity_tokens: int,
+                 slo_classes: dict[int, dict[str, float]]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.slo_classes = slo_classes
+
+    def tokenize_prompt(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token ids {bad[:5]} are out of range; valid ids are 0..{self.vocab_size - 1}")
+            return None, list(prompt)
+        raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+
+    def process(self, request_id: str, prompt: str | list[int], params: SamplingParams | None,
+                priority: int = 0) -> ProcessedRequest:
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        text, ids = self.tokenize_prompt(prompt)
+        if not ids:
+            raise ValueError("prompt is empty: it must hold at least one token")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt is {len(ids)} tokens, but max_model_len is {self.max_model_len}: "
+                             f"it must be shorter, leaving room for at least one generated token")
+        room = self.max_model_len - len(ids)
+        max_tokens = min(params.max_tokens or room, room)
+        need = len(ids) + max_tokens
+        if need > self.kv_capacity_tokens:
+            raise ValueError(f"prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) needs {need} KV slots, "
+                             f"more than the whole KV pool holds ({self.kv_capacity_tokens}); "
+                             f"lower max_tokens or raise num_kv_blocks / kv_cache_memory")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority={priority!r} is invalid: must be an integer (lower runs first)")
+        ttft, tpot = self._slo_targets(params, priority)
+        children = []
+        for i in range(params.n):
+            child_params = params if params.n == 1 or params.seed is None else replace(params, seed=params.seed + i)
+            child_id = request_id if params.n == 1 else f"{request_id}#{i}"
+            req = Request(child_id, ids, child_params, max_tokens, priority=priority, parent_id=request_id, index=i)
+            req.ttft_slo, req.tpot_slo = ttft, tpot
+            children.append(req)
+        return ProcessedRequest(request_id, text, ids, children)
+
+    def _slo_targets(self, params: SamplingParams, priority: int) -> tuple[float | None, float | None]:
+        """(TTFT, TPOT) targets in seconds: the request's own, else its priority class's."""
+        cls = self.slo_classes.get(priority, {})
+        ttft = params.ttft_slo_ms if params.ttft_slo_ms is not None else cls.get("ttft_ms")
+        tpot = params.tpot_slo_ms if params.tpot_slo_ms is not None else cls.get("tpot_ms")
+        return (None if ttft is None else ttft / 1000, None if tpot is None else tpot / 1000)

@@ -1,0 +1,151 @@
+"""OutputProcessor: the scheduler's per-step token news in, RequestOutputs out.
+
+It owns everything about a request's output that the scheduler does not need: incremental
+detokenization, stop strings (found in text, so only here), logprobs turned into Logprob
+entries with their decoded text, and the grouping of an n>1 request's sequences under their
+parent id. A stop string ends a sequence here; the engine then tells the scheduler to free it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from tacit.engine.detokenizer import IncrementalDetokenizer
+from tacit.outputs import CompletionOutput, Logprob, RequestOutput
+from tacit.sampling_params import SamplingParams
+from tacit.scheduling.request import Request
+from tacit.scheduling.scheduler import EngineCoreOutput
+from tacit.tokenizer import Tokenizer
+
+
+@dataclass
+class SequenceState:
+    index: int
+    params: SamplingParams
+    detokenizer: IncrementalDetokenizer
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def visible_text(self) -> str:
+        """Text safe to show now: while a stop string could still be completing, hold back its prefix."""
+        if self.finished or not self.params.stop:
+            return self.text
+        hold = max(len(s) for s in self.params.stop) - 1
+        return self.text[:len(self.text) - hold] if hold else self.text
+
+
+@dataclass
+class ParentState:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    arrival_time: float
+    sequences: dict[str, SequenceState]
+    first_token_time: float | None = None
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._parents: dict[str, ParentState] = {}
+        self._parent_of: dict[str, str] = {}  # sequence id -> parent id
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._parents
+
+    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                    children: list[Request]) -> None:
+        sequences = {}
+        for req in children:
+            p = req.params
+            seq = SequenceState(req.index, p, IncrementalDetokenizer(self.tokenizer, prompt_token_ids,
+                                                                     p.skip_special_tokens))
+            if p.logprobs is not None:
+                seq.logprobs, seq.cumulative_logprob = [], 0.0
+            sequences[req.request_id] = seq
+            self._parent_of[req.request_id] = request_id
+        self._parents[request_id] = ParentState(request_id, prompt, list(prompt_token_ids),
+                                                children[0].arrival_time, sequences)
+
+    def abort_request(self, request_id: str) -> list[str]:
+        """Forget a parent request; returns its sequence ids (for the scheduler to free)."""
+        parent = self._parents.pop(request_id, None)
+        if parent is None:
+            return []
+        for seq_id in parent.sequences:
+            self._parent_of.pop(seq_id, None)
+        return list(parent.sequences)
+
+    def process_outputs(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], list[tuple[str, str]]]:
+        """(a RequestOutput per parent that changed, [(sequence id, stop string)] for the
+        sequences a stop string ended, which the scheduler must now finish)."""
+        now = time.monotonic()
+        touched: dict[str, None] = {}
+        stopped: list[tuple[str, str]] = []
+        for out in outputs:
+            parent_id = self._parent_of.get(out.req_id)
+            if parent_id is None:
+                continue  # aborted
+            parent = self._parents[parent_id]
+            if parent.first_token_time is None:
+                parent.first_token_time = now
+            stop = self._append(parent.sequences[out.req_id], out)
+            if stop is not None:
+                stopped.append((out.req_id, stop))
+            touched[parent_id] = None
+        results = []
+        for parent_id in touched:
+            result = self._request_output(self._parents[parent_id])
+            results.append(result)
+            if result.finished:
+                self.abort_request(parent_id)
+        return results, stopped
+
+    def _append(self, seq: SequenceState, out: EngineCoreOutput) -> str | None:
+        """Take one sampled token; returns the stop string if one ended the sequence."""
+        token = out.new_token_id
+        seq.token_ids.append(token)
+        p = seq.params
+        if out.logprobs is not None:
+            chosen_lp, rank, top = out.logprobs
+            entry = {tid: Logprob(lp, r + 1, self.tokenizer.decode([tid], False)) for r, (tid, lp) in enumerate(top)}
+            entry.setdefault(token, Logprob(chosen_lp, rank, self.tokenizer.decode([token], False)))
+            seq.logprobs.append(entry)
+            seq.cumulative_logprob += chosen_lp
+        delta = seq.detokenizer.step(token)
+        seq.text += delta
+        if p.stop and delta:
+            longest = max(len(s) for s in p.stop)
+            window_start = max(0, len(seq.text) - len(delta) - longest + 1)
+            for s in p.stop:
+                at = seq.text.find(s, window_start)
+                if at != -1 and len(seq.token_ids) >= p.min_tokens:
+                    seq.text = seq.text[:at]
+                    seq.finish_reason, seq.stop_reason = "stop", s
+                    return s
+        if out.finish_reason is not None:
+            seq.text += seq.detokenizer.flush()
+            seq.finish_reason, seq.stop_reason = out.finish_reason, out.stop_reason
+        return None
+
+    @staticmethod
+    def _request_output(parent: ParentState) -> RequestOutput:
+        completions = [CompletionOutput(index=s.index, text=s.visible_text(), token_ids=list(s.token_ids),
+                                        cumulative_logprob=s.cumulative_logprob, logprobs=s.logprobs,
+                                        finish_reason=s.finish_reason, stop_reason=s.stop_reason)
+                       for s in parent.sequences.values()]
+        metrics = {"arrival_time": parent.arrival_time}
+        if parent.first_token_time is not None:
+            metrics["first_token_time"] = parent.first_token_time
+        return RequestOutput(parent.request_id, parent.prompt, list(parent.prompt_token_ids), completions,
+                             finished=all(s.finished for s in parent.sequences.values()),
+                             metrics=metrics)

@@ -1,0 +1,55 @@
+"""The model runner's own copy of each request's state, kept from one SchedulerOutput to the next.
+
+The scheduler sends a request whole once (NewRequestData) and then only what changed
+(CachedRequestData); the runner appends the tokens it samples itself. Nothing here is shared
+with the scheduler's Request, so the runner could live in another process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tacit.sampling_params import SamplingParams
+from tacit.scheduling.scheduler_output import SchedulerOutput
+
+
+@dataclass
+class CachedRequestState:
+    req_id: str
+    token_ids: list[int]  # prompt, then every token sampled so far
+    num_prompt_tokens: int
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    # Seeded requests draw their sampling noise from their own generator; it lives as long as the
+    # request (across preemptions), so a seeded output never depends on what else was batched.
+    generator: torch.Generator | None = field(default=None, repr=False)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+
+def update_request_states(states: dict[str, CachedRequestState], out: SchedulerOutput) -> None:
+    """Apply one SchedulerOutput: drop finished requests, (re)build new and resumed ones, grow
+    running ones by their new blocks."""
+    for req_id in out.finished_req_ids:
+        states.pop(req_id, None)
+    for new in out.scheduled_new_reqs:
+        old = states.get(new.req_id)  # a request resumed after a preemption keeps its generator
+        generator = old.generator if old is not None else None
+        if generator is None and new.sampling_params.seed is not None:
+            generator = torch.Generator().manual_seed(new.sampling_params.seed)
+        states[new.req_id] = CachedRequestState(
+            new.req_id, [*new.prompt_token_ids, *new.output_token_ids], len(new.prompt_token_ids),
+            new.sampling_params, list(new.block_ids), new.num_computed_tokens, generator)
+    for cached in out.scheduled_cached_reqs:
+        state = states[cached.req_id]
+        state.block_ids.extend(cached.new_block_ids)
+        state.num_computed_tokens = cached.num_computed_tokens

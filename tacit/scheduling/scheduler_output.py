@@ -1,0 +1,62 @@
+"""SchedulerOutput: what one step runs, handed from the scheduler to the model runner as plain data.
+
+vLLM v1's shape (core/sched/output.py): a request the runner has not seen, or one resumed after
+a preemption, comes whole (NewRequestData: its tokens, sampling parameters and every block);
+a request already running comes as a delta (CachedRequestData: the blocks added this step).
+The runner keeps its own copy of each request's state from these, so nothing below the
+scheduler ever holds a live Request, and with several worker processes this same object is
+what each of them receives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tacit.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class NewRequestData:
+    """A request the runner must (re)build its state for: first scheduled, or resumed."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    # Tokens already generated (non-empty only for a request resumed after a preemption that the
+    # runner dropped, so its next position and penalties see them).
+    output_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass(frozen=True)
+class CachedRequestData:
+    """A request the runner already holds: where it stands now and the blocks it gained."""
+
+    req_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
+    scheduled_cached_reqs: list[CachedRequestData] = field(default_factory=list)
+    # req_id -> tokens it computes this step, in row order (the runner's batch follows it).
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    # Preempted this step: the runner keeps their state (the scheduler resends them whole on
+    # resume) but they are not in this step's batch.
+    preempted_req_ids: list[str] = field(default_factory=list)
+    # Finished or aborted since the previous output: the runner drops their state.
+    finished_req_ids: list[str] = field(default_factory=list)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def req_ids(self) -> list[str]:
+        return list(self.num_scheduled_tokens)
+
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens
