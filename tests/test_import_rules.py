@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # layer (a package, matched with its submodules) -> forbidden prefixes, and why.
+# fmt: off
 RULES: list[tuple[str, tuple[str, ...], str]] = [
     ("tacit.entrypoints", ("tacit.bench",),
      "the user-facing CLI/server must not ship the benchmark harness or its peers' dependencies"),
@@ -33,6 +34,7 @@ RULES: list[tuple[str, tuple[str, ...], str]] = [
     ("tacit.engine", ("tacit.entrypoints", "tacit.bench"),
      "the engine is the library core; the CLI, server and benchmarks wrap it"),
 ]
+# fmt: on
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIR = ROOT / "tacit"
@@ -61,8 +63,9 @@ class Violation:
     why: str
 
     def __str__(self) -> str:
-        return (f"{self.path}:{self.line} -> {self.imported}  "
-                f"[{self.layer} must not import {self.forbidden}: {self.why}]")
+        return (
+            f"{self.path}:{self.line} -> {self.imported}  [{self.layer} must not import {self.forbidden}: {self.why}]"
+        )
 
 
 def walk_package(package_dir: Path = PACKAGE_DIR) -> list[Module]:
@@ -160,19 +163,20 @@ def _synthetic(name: str, source: str, is_package: bool = False) -> Module:
 
 def test_checker_reports_a_broken_rule():
     """Negative control: a fake kernel that imports a model, in every form the walker must see."""
-    fake = _synthetic("tacit.kernels.fake", "\n".join([
-        "from __future__ import annotations",                       # 1
-        "from typing import TYPE_CHECKING",                         # 2
-        "import tacit.models.llama",                                # 3 absolute import
-        "from tacit.forward_context import AttentionMetadata",      # 4 allowed
-        "if TYPE_CHECKING:",                                        # 5
-        "    from tacit.engine.llm_engine import LLMEngine",        # 6 type-only, still counted
-        "def f():",                                                 # 7
-        "    from ..layers import sampler",                         # 8 relative, inside a function
-        "    from tacit import LLM",                                # 9 re-exported from entrypoints
-        "    from . import torch_attention",                        # 10 allowed (same layer)
-        "    import os",                                            # 11 not tacit
-    ]))
+    source = """\
+from __future__ import annotations
+from typing import TYPE_CHECKING
+import tacit.models.llama  # line 3: absolute import
+from tacit.forward_context import AttentionMetadata  # allowed
+if TYPE_CHECKING:
+    from tacit.engine.llm_engine import LLMEngine  # line 6: type-only, still counted
+def f():
+    from ..layers import sampler  # line 8: relative, inside a function
+    from tacit import LLM  # line 9: re-exported by tacit/__init__ from tacit.entrypoints.llm
+    from . import torch_attention  # allowed: same layer
+    import os  # not tacit
+"""
+    fake = _synthetic("tacit.kernels.fake", source)
     modules = [
         fake,
         _synthetic("tacit", "from tacit.entrypoints.llm import LLM\n", is_package=True),
