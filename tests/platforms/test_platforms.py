@@ -1,0 +1,61 @@
+"""tacit.platforms: get_platform picks a Platform for "cpu", "cuda" or "auto"."""
+
+import pytest
+import torch
+
+from tacit.platforms import Platform, get_platform
+from tacit.platforms.cpu import CpuPlatform
+from tacit.platforms.cuda import CudaPlatform
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+
+
+def test_cpu_platform():
+    p = get_platform("cpu")
+    assert isinstance(p, CpuPlatform) and isinstance(p, Platform)
+    assert p.name == "cpu" and p.device_type == "cpu" and p.dist_backend == "gloo"
+    assert p.is_available()
+    assert p.device() == torch.device("cpu")
+    assert p.device(3) == torch.device("cpu")  # CPU has no index
+    assert p.default_dtype() is torch.bfloat16
+
+
+def test_cpu_free_memory_is_sane():
+    free = get_platform("cpu").free_memory_bytes()
+    assert isinstance(free, int)
+    assert 64 * 2**20 < free < 2**50  # more than 64 MiB, less than a petabyte
+
+
+def test_cpu_with_an_index_is_the_cpu_platform():
+    assert isinstance(get_platform("cpu:0"), CpuPlatform)
+
+
+@no_cuda
+def test_auto_without_cuda_is_cpu():
+    assert isinstance(get_platform("auto"), CpuPlatform)
+    assert isinstance(get_platform(), CpuPlatform)  # "auto" is the default
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_auto_with_cuda_is_cuda():
+    p = get_platform("auto")
+    assert isinstance(p, CudaPlatform)
+    assert p.device() == torch.device("cuda", 0)
+    assert p.free_memory_bytes() > 0
+
+
+@no_cuda
+@pytest.mark.parametrize("device", ["cuda", "cuda:0"])
+def test_cuda_without_a_gpu_is_refused_clearly(device):
+    assert not CudaPlatform().is_available()
+    with pytest.raises(ValueError, match=rf"device='{device}' was asked for but is not available on this machine"):
+        get_platform(device)
+
+
+@pytest.mark.parametrize("device", ["npu", "tpu:0", "CPU", ""])
+def test_unknown_device_is_refused_naming_the_valid_ones(device):
+    with pytest.raises(ValueError) as err:
+        get_platform(device)
+    message = str(err.value)
+    assert f"device={device!r} is not supported" in message
+    assert "valid: auto, cpu, cuda" in message
