@@ -18,16 +18,16 @@ def test_capacity_tokens():
 
 def test_prefill_allocates_just_enough_blocks():
     kv = KVCacheManager(num_blocks=10, block_size=4)
-    assert kv.allocate_slots("a", num_computed_tokens=0, num_new_tokens=9)
+    assert kv.allocate_slots("a", num_computed_tokens=0, num_new_tokens=9) is not None
     assert kv.pool.num_used_blocks == 3
 
 
 def test_decode_grows_the_table_one_block_at_a_time():
     kv = KVCacheManager(num_blocks=10, block_size=4)
-    assert kv.allocate_slots("a", 0, 4)  # prompt fills block 1 exactly
+    assert kv.allocate_slots("a", 0, 4) is not None  # prompt fills block 1 exactly
     used = [kv.pool.num_used_blocks]
     for computed in range(4, 13):  # one decode token per step: tokens 5..13
-        assert kv.allocate_slots("a", computed, 1)
+        assert kv.allocate_slots("a", computed, 1) is not None
         used.append(kv.pool.num_used_blocks)
     # a new block only when a token spills over a block boundary (tokens 5 and 9 and 13)
     assert used == [1, 2, 2, 2, 2, 3, 3, 3, 3, 4]
@@ -35,32 +35,44 @@ def test_decode_grows_the_table_one_block_at_a_time():
 
 def test_allocate_within_existing_blocks_is_free_of_charge():
     kv = KVCacheManager(num_blocks=2, block_size=8)
-    assert kv.allocate_slots("a", 0, 8)
-    assert kv.allocate_slots("a", 0, 8)  # same span again: nothing new
-    assert kv.allocate_slots("a", 3, 2)  # within the span already held
+    first = kv.allocate_slots("a", 0, 8)
+    assert len(first) == 1 and kv.get_block_ids("a") == first
+    assert kv.allocate_slots("a", 0, 8) == []  # same span again: nothing new
+    assert kv.allocate_slots("a", 3, 2) == []  # within the span already held
     assert kv.pool.num_used_blocks == 1
+
+
+def test_allocate_slots_returns_the_new_blocks_in_table_order():
+    kv = KVCacheManager(num_blocks=6, block_size=4)
+    a = kv.allocate_slots("a", 0, 6)
+    b = kv.allocate_slots("b", 0, 3)
+    more = kv.allocate_slots("a", 6, 4)  # 10 tokens: a third block
+    assert len(a) == 2 and len(b) == 1 and len(more) == 1
+    assert kv.get_block_ids("a") == a + more and kv.num_blocks_of("a") == 3
+    assert not set(kv.get_block_ids("a")) & set(b)
+    assert kv.get_computed_blocks("c") == ([], 0)  # no prefix cache: a new request starts from zero
 
 
 def test_short_pool_returns_false_and_allocates_nothing():
     kv = KVCacheManager(num_blocks=3, block_size=4)
-    assert kv.allocate_slots("a", 0, 8)  # 2 blocks
-    assert not kv.allocate_slots("b", 0, 8)  # needs 2, 1 free
+    assert kv.allocate_slots("a", 0, 8) is not None  # 2 blocks
+    assert kv.allocate_slots("b", 0, 8) is None  # needs 2, 1 free
     assert kv.pool.num_free_blocks == 1
-    assert not kv.allocate_slots("a", 8, 5)  # needs 2 more, 1 free
+    assert kv.allocate_slots("a", 8, 5) is None  # needs 2 more, 1 free
     assert kv.pool.num_free_blocks == 1
     # what does fit still fits
-    assert kv.allocate_slots("b", 0, 4)
+    assert kv.allocate_slots("b", 0, 4) is not None
     assert kv.pool.num_free_blocks == 0
 
 
 def test_free_returns_a_requests_blocks():
     kv = KVCacheManager(num_blocks=4, block_size=4)
-    assert kv.allocate_slots("a", 0, 8)
-    assert kv.allocate_slots("b", 0, 4)
+    assert kv.allocate_slots("a", 0, 8) is not None
+    assert kv.allocate_slots("b", 0, 4) is not None
     kv.free("a")
     assert kv.pool.num_free_blocks == 3
     # a freed request starts from an empty table
-    assert kv.allocate_slots("a", 0, 4)
+    assert kv.allocate_slots("a", 0, 4) is not None
     assert kv.pool.num_used_blocks == 2
     kv.free("a")
     kv.free("b")
@@ -70,7 +82,7 @@ def test_free_returns_a_requests_blocks():
 def test_free_unknown_or_twice_is_harmless():
     kv = KVCacheManager(num_blocks=2, block_size=4)
     kv.free("nobody")
-    assert kv.allocate_slots("a", 0, 4)
+    assert kv.allocate_slots("a", 0, 4) is not None
     kv.free("a")
     kv.free("a")  # must not return the block twice
     assert kv.pool.num_free_blocks == 2
@@ -78,15 +90,15 @@ def test_free_unknown_or_twice_is_harmless():
 
 def test_free_after_a_refused_allocation():
     kv = KVCacheManager(num_blocks=1, block_size=4)
-    assert not kv.allocate_slots("a", 0, 8)
+    assert kv.allocate_slots("a", 0, 8) is None
     kv.free("a")
     assert kv.pool.num_free_blocks == 1
 
 
 def test_freed_blocks_serve_a_waiting_request():
     kv = KVCacheManager(num_blocks=4, block_size=4)
-    assert kv.allocate_slots("a", 0, 16)
-    assert not kv.allocate_slots("b", 0, 8)
+    assert kv.allocate_slots("a", 0, 16) is not None
+    assert kv.allocate_slots("b", 0, 8) is None
     kv.free("a")
-    assert kv.allocate_slots("b", 0, 8)
+    assert kv.allocate_slots("b", 0, 8) is not None
     assert kv.pool.num_used_blocks == 2
