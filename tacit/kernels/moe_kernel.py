@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Callable
 
 import torch
 
 
 class MoEKernel(ABC):
+    name: str
+
     @abstractmethod
     def __call__(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                  topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """x [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I];
         topk_weights/ids [T, K] -> sum_k w_k * expert_k(x) as [T, H]."""
+
+
+# name -> MoEKernel class; each implementation registers itself with @register_moe_kernel, and the
+# conformance test (tests/kernels/test_moe_conformance.py) runs every entry against the reference.
+MOE_KERNELS: dict[str, type[MoEKernel]] = {}
+
+
+def register_moe_kernel(name: str) -> Callable[[type[MoEKernel]], type[MoEKernel]]:
+    def register(cls: type[MoEKernel]) -> type[MoEKernel]:
+        cls.name = name
+        MOE_KERNELS[name] = cls
+        return cls
+    return register

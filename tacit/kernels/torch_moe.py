@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tacit.kernels.moe_kernel import MoEKernel
+from tacit.kernels.moe_kernel import MoEKernel, register_moe_kernel
 
 
+@register_moe_kernel("torch")
 class TorchMoEKernel(MoEKernel):
     def __call__(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                  topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
