@@ -1,4 +1,4 @@
-"""`tacit ...`: generate, chat, serve, fetch."""
+"""`tacit generate | chat | serve | fetch`: the entrypoints' commands (the `tacit` parser itself: tacit/cli.py)."""
 
 from __future__ import annotations
 
@@ -113,26 +113,3 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     f = sub.add_parser("fetch", help="fetch the embedded default model into the cache")
     f.set_defaults(func=cmd_fetch)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tacit", description="tacit: an LLM inference engine")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_parsers(sub)
-    from tacit.bench.cli import add_bench_parser
-
-    add_bench_parser(sub)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"tacit: error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
