@@ -1,8 +1,9 @@
 """tacit: an LLM inference engine written as a book of optimization recipes."""
 
+from tacit.engine.arg_utils import EngineArgs
 from tacit.entrypoints.llm import LLM
 from tacit.outputs import CompletionOutput, Logprob, RequestOutput
 from tacit.sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
+__all__ = ["LLM", "EngineArgs", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob"]
 __version__ = "0.1.0"

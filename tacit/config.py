@@ -36,32 +36,39 @@ def normalize_rope(hf: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
-    """A model's architecture, read from config.json (or GGUF metadata mapped onto the same keys)."""
+    """A model's architecture, read from config.json (or GGUF metadata mapped onto the same keys).
+
+    Frozen: __post_init__ fills in what derives from `hf` (object.__setattr__, at construction
+    only); nothing changes it afterwards.
+    """
 
     path: str
     hf: dict[str, Any]
     dtype: torch.dtype
     architecture: str = ""
     eos_token_ids: list[int] = field(default_factory=list)
+    # 0: the model's max_position_embeddings.
     max_model_len: int = 0
+    rope: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.hf = dict(self.hf)
+        hf = dict(self.hf)
         # transformers 5 writes some keys under their attribute-map alias; real checkpoints use the originals.
         for original, alias in _KEY_ALIASES:
-            if self.hf.get(original) is None and self.hf.get(alias) is not None:
-                self.hf[original] = self.hf[alias]
-        archs = self.hf.get("architectures") or []
+            if hf.get(original) is None and hf.get(alias) is not None:
+                hf[original] = hf[alias]
+        object.__setattr__(self, "hf", hf)
+        archs = hf.get("architectures") or []
         if not self.architecture:
             if not archs:
                 raise ValueError(f"{self.path}: config has no 'architectures' entry; cannot tell which model this is")
-            self.architecture = archs[0]
-        self.rope = normalize_rope(self.hf)
-        limit = int(self.hf.get("max_position_embeddings", 2048))
+            object.__setattr__(self, "architecture", archs[0])
+        object.__setattr__(self, "rope", normalize_rope(hf))
+        limit = int(hf.get("max_position_embeddings", 2048))
         if not self.max_model_len:
-            self.max_model_len = limit
+            object.__setattr__(self, "max_model_len", limit)
         elif self.max_model_len > limit and self.rope["rope_type"] == "default":
             raise ValueError(
                 f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings={limit}"
@@ -84,7 +91,7 @@ class ModelConfig:
         return int(self.get("num_key_value_heads", self.hf["num_attention_heads"]))
 
 
-@dataclass
+@dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
@@ -105,12 +112,25 @@ class CacheConfig:
             raise ValueError(f"swap_space={self.swap_space!r} is invalid: must be GiB >= 0 (0 turns swapping off)")
 
 
+# 512 tokens: on the default model (bf16, 2 cores) a 2,000-token prompt prefilled in one step
+# took 1.5 s beside 32 decodes, so each of them waited 1.5 s for that token. Capped at 512, four
+# steps of 0.28-0.38 s, 1.3 s in all; at 256, steps of 0.19-0.25 s but 1.7 s in all (each step
+# pays the weights again). 512 cuts the stall 4x for no loss. Command: docs/benchmarks.md.
+DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 512
+
+
+# 256 tokens: the cut-in's prefill delays every request of the step it cuts into. An interactive
+# turn's prompt (~30-200 tokens) prefills in ~40-150 ms on the default model (bf16, 2 cores);
+# a longer prompt is not interactive-sized and waits for the step to end like everyone else.
+DEFAULT_CUT_IN_PREFILL_TOKENS = 256
+
+
 PREEMPTION_MODES = ("auto", "recompute", "swap")
 SLO_ADMISSION = ("reject", "defer")
 SLO_KEYS = ("ttft_ms", "tpot_ms")
 
 
-@dataclass
+@dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
@@ -119,7 +139,7 @@ class SchedulerConfig:
     # vLLM's knob: one request prefills at most this many tokens a step, so a long prompt
     # cannot fill the whole budget and stall everyone else's decode. 0 turns the cap off. See
     # DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD for the measured reason behind the default.
-    long_prefill_token_threshold: int = -1
+    long_prefill_token_threshold: int = DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD
     # vLLM's knob and default: how many prompts longer than the threshold prefill in one step.
     # The cap above bounds each; this bounds their sum. Without it four 1,500-token prompts
     # filled a 2,048-token step (~1 s) and put the interactive p99 TTFT at ~2 s in the
@@ -138,7 +158,7 @@ class SchedulerConfig:
     # A waiting request that outranks someone in the step in flight, with at most this many
     # prompt tokens, is prefilled between two of that step's layers rather than after it (the
     # online engine only; fcfs never lets anyone cut in). 0: never. See DEFAULT_CUT_IN_PREFILL_TOKENS.
-    cut_in_prefill_tokens: int = -1
+    cut_in_prefill_tokens: int = DEFAULT_CUT_IN_PREFILL_TOKENS
 
     def __post_init__(self) -> None:
         from tacit.scheduling.policy import POLICIES
@@ -151,13 +171,9 @@ class SchedulerConfig:
                 raise ValueError(f"{name}={v!r} is invalid: must be an integer >= 1")
         if not isinstance(self.enable_chunked_prefill, bool):
             raise ValueError(f"enable_chunked_prefill={self.enable_chunked_prefill!r} is invalid: must be true or false")
-        if self.long_prefill_token_threshold == -1:
-            self.long_prefill_token_threshold = DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD
         t = self.long_prefill_token_threshold
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:
             raise ValueError(f"long_prefill_token_threshold={t!r} is invalid: must be an integer >= 0 (0: no cap)")
-        if self.cut_in_prefill_tokens == -1:
-            self.cut_in_prefill_tokens = DEFAULT_CUT_IN_PREFILL_TOKENS
         t = self.cut_in_prefill_tokens
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:
             raise ValueError(f"cut_in_prefill_tokens={t!r} is invalid: must be an integer >= 0 (0: never cut in)")
@@ -168,7 +184,8 @@ class SchedulerConfig:
                              f"valid: {', '.join(PREEMPTION_MODES)}")
         if self.slo_admission not in SLO_ADMISSION:
             raise ValueError(f"slo_admission={self.slo_admission!r} is not known; valid: {', '.join(SLO_ADMISSION)}")
-        self.slo_classes = {k: dict(v) for k, v in (self.slo_classes or {}).items()}
+        # A copy, so the caller's dict (a recipe's, a CLI's) cannot change a built config.
+        object.__setattr__(self, "slo_classes", {k: dict(v) for k, v in (self.slo_classes or {}).items()})
         for prio, targets in self.slo_classes.items():
             if not isinstance(prio, int) or isinstance(prio, bool):
                 raise ValueError(f"slo_classes key {prio!r} is invalid: must be an integer priority")
@@ -177,19 +194,6 @@ class SchedulerConfig:
                     raise ValueError(f"slo_classes[{prio}] key {key!r} is not known; valid: {', '.join(SLO_KEYS)}")
                 if not isinstance(ms, (int, float)) or isinstance(ms, bool) or ms <= 0:
                     raise ValueError(f"slo_classes[{prio}][{key!r}]={ms!r} is invalid: must be milliseconds > 0")
-
-
-# 512 tokens: on the default model (bf16, 2 cores) a 2,000-token prompt prefilled in one step
-# took 1.5 s beside 32 decodes, so each of them waited 1.5 s for that token. Capped at 512, four
-# steps of 0.28-0.38 s, 1.3 s in all; at 256, steps of 0.19-0.25 s but 1.7 s in all (each step
-# pays the weights again). 512 cuts the stall 4x for no loss. Command: docs/benchmarks.md.
-DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 512
-
-
-# 256 tokens: the cut-in's prefill delays every request of the step it cuts into. An interactive
-# turn's prompt (~30-200 tokens) prefills in ~40-150 ms on the default model (bf16, 2 cores);
-# a longer prompt is not interactive-sized and waits for the step to end like everyone else.
-DEFAULT_CUT_IN_PREFILL_TOKENS = 256
 
 
 def parse_slo_class(spec: str) -> tuple[int, dict[str, float]]:
@@ -205,8 +209,15 @@ def parse_slo_class(spec: str) -> tuple[int, dict[str, float]]:
                          f"e.g. 0:ttft=500,tpot=100") from None
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineConfig:
+    """The three configs together, and the checks that need more than one of them.
+
+    It checks and never rewrites: resolving one config from another (such as raising
+    max_num_batched_tokens to max_model_len without chunked prefill) is EngineArgs' job, done
+    once before these are built (tacit/engine/arg_utils.py).
+    """
+
     model: ModelConfig
     cache: CacheConfig
     scheduler: SchedulerConfig
@@ -218,4 +229,6 @@ class EngineConfig:
             raise ValueError("preemption_mode='swap' needs swap_space > 0 (GiB of host memory for swapped KV)")
         if not self.scheduler.enable_chunked_prefill and self.scheduler.max_num_batched_tokens < self.model.max_model_len:
             # Without chunking a whole prompt must fit in one step's budget.
-            self.scheduler.max_num_batched_tokens = self.model.max_model_len
+            raise ValueError(f"enable_chunked_prefill=False needs max_num_batched_tokens >= max_model_len "
+                             f"({self.scheduler.max_num_batched_tokens} < {self.model.max_model_len}): "
+                             f"a whole prompt must fit in one step")

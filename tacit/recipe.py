@@ -2,15 +2,17 @@
 
 A recipe is the deployable half of a recipe folder (recipes/<name>/recipe.yaml; its README says
 why each choice, with the measured numbers). Its sections name the seam they configure, and
-their keys are LLMEngine's keyword arguments (with `model.path` for `model` and
-`scheduler.policy` for `scheduling_policy`, the names a reader of the YAML looks for):
+their keys are EngineArgs' fields (with `model.path` for `model` and `scheduler.policy` for
+`scheduling_policy`, the names a reader of the YAML looks for); each field's metadata says its
+section and key (tacit/engine/arg_utils.py):
 
     name: smollm2-135m-cpu
     model: {dtype: bfloat16}
     scheduler: {policy: sla, slo_classes: {0: {ttft_ms: 500, tpot_ms: 400}}}
 
 Whatever the caller passes explicitly (a `tacit serve` flag, an LLM(...) keyword) wins over the
-recipe, and the recipe wins over the engine's defaults, as a vLLM `--config` file does.
+recipe, and the recipe wins over the engine's defaults, as a vLLM `--config` file does
+(EngineArgs.from_kwargs).
 """
 
 from __future__ import annotations
@@ -21,16 +23,10 @@ from typing import Any
 
 import yaml
 
-# section -> {YAML key: LLMEngine keyword}
-SECTIONS: dict[str, dict[str, str]] = {
-    "model": {"path": "model", "dtype": "dtype", "max_model_len": "max_model_len", "seed": "seed"},
-    "platform": {"device": "device"},
-    "cache": {k: k for k in ("block_size", "num_kv_blocks", "kv_cache_memory", "swap_space")},
-    "scheduler": {"policy": "scheduling_policy",
-                  **{k: k for k in ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
-                                    "long_prefill_token_threshold", "max_long_partial_prefills", "aging_s",
-                                    "slo_classes", "slo_admission", "preemption_mode", "cut_in_prefill_tokens")}},
-}
+from tacit.engine.arg_utils import EngineArgs
+
+# section -> {YAML key: EngineArgs field}
+SECTIONS: dict[str, dict[str, str]] = EngineArgs.recipe_sections()
 INFO_KEYS = ("name", "description", "hardware")
 RECIPE_FILE = "recipe.yaml"
 
@@ -84,31 +80,9 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def _check(path: Path, args: dict[str, Any]) -> None:
-    """Fail on load, naming the file, rather than deep inside engine start-up."""
-    from tacit.config import CacheConfig, SchedulerConfig, parse_dtype
-
-    sched = {k: v for k, v in args.items() if k in SECTIONS["scheduler"].values()}
-    if "scheduling_policy" in sched:
-        sched["policy"] = sched.pop("scheduling_policy")
-    cache = {k: v for k, v in args.items() if k in SECTIONS["cache"].values()}
+    """Fail on load, naming the file, rather than deep inside engine start-up: the engine's own
+    checks (EngineArgs.check builds the configs), run on the recipe's settings alone."""
     try:
-        SchedulerConfig(**sched)
-        CacheConfig(**cache)
-        if args.get("dtype", "auto") != "auto":
-            parse_dtype(args["dtype"])
-        for key in ("max_model_len", "seed"):
-            v = args.get(key)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-                raise ValueError(f"{key}={v!r} is invalid: must be an integer >= 0")
-        for key in ("model", "device"):
-            if args.get(key) is not None and not isinstance(args[key], str):
-                raise ValueError(f"{key}={args[key]!r} is invalid: must be a string")
+        EngineArgs(**args).check()
     except (TypeError, ValueError) as e:
         raise ValueError(f"recipe {path}: {e}") from None
-
-
-def merge_engine_args(recipe: str | Path | None, explicit: dict[str, Any]) -> dict[str, Any]:
-    """Engine keyword arguments: the recipe's, overridden by the caller's explicit ones."""
-    if recipe is None:
-        return dict(explicit)
-    return {**load_recipe(recipe).engine_args, **explicit}

@@ -85,6 +85,6 @@ def test_missing_recipe_is_named(tmp_path):
 
 def test_cli_refuses_a_broken_recipe_before_loading(tmp_path):
     path = _write(tmp_path, "scheduler: {policy: lifo}\n")
-    r = subprocess.run([sys.executable, "-m", "tacit.entrypoints.cli", "serve", "--recipe", str(path)],
+    r = subprocess.run([sys.executable, "-m", "tacit.cli", "serve", "--recipe", str(path)],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "scheduling_policy='lifo' is not known" in r.stderr and str(path) in r.stderr

@@ -9,21 +9,20 @@ from pathlib import Path
 
 from tacit.bench.scenario import SCENARIOS
 from tacit.bench.workloads import DISTRIBUTIONS
+from tacit.engine.arg_utils import EngineArgs
 
 
 PEERS = ["transformers", "llama.cpp"]
 
 
-def add_bench_parser(sub) -> None:
-    from tacit.entrypoints.cli import add_engine_args
-
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="measure this machine and tacit (see docs/benchmarks.md)")
     bsub = b.add_subparsers(dest="bench", required=True)
     hw = bsub.add_parser("hw", help="memory bandwidth and matmul FLOP/s of this machine")
     hw.add_argument("--json", default=None)
     hw.set_defaults(func=cmd_hw)
     lat = bsub.add_parser("latency", help="TTFT and decode tok/s per batch size")
-    add_engine_args(lat)
+    EngineArgs.add_cli_args(lat)
     lat.add_argument("--batch-sizes", default="1,4,16")
     lat.add_argument("--input-len", type=int, default=128)
     lat.add_argument("--output-len", type=int, default=64)
@@ -33,7 +32,7 @@ def add_bench_parser(sub) -> None:
     lat.add_argument("--plot", default=None, help="PNG: decode tok/s against batch size")
     lat.set_defaults(func=cmd_latency)
     tp = bsub.add_parser("throughput", help="offline throughput over N requests")
-    add_engine_args(tp)
+    EngineArgs.add_cli_args(tp)
     tp.add_argument("--num-prompts", type=int, default=256)
     tp.add_argument("--dist", default="longtail", choices=DISTRIBUTIONS)
     tp.add_argument("--input-len", type=int, default=128, help="median (longtail) or mean input length")
@@ -92,18 +91,19 @@ def _log(msg: str) -> None:
 
 def _setup(args: argparse.Namespace, peers: list[str]):
     """tacit's engine plus the peers, all on the same weights and dtype."""
+    from dataclasses import replace
+
     import torch
 
     from tacit.bench.peers.tacit_engine import TacitBench
     from tacit.bench.random_model import resolve_bench_model
     from tacit.engine.llm_engine import LLMEngine
-    from tacit.entrypoints.cli import engine_kwargs
 
-    kwargs = engine_kwargs(args)
-    kwargs["model"] = resolve_bench_model(kwargs.get("model"))
-    if kwargs.get("dtype", "auto") == "auto":
-        kwargs["dtype"] = "bfloat16"  # bf16 is this CPU's fast path
-    engine = LLMEngine(**kwargs)
+    engine_args = EngineArgs.from_cli_args(args)
+    engine_args = replace(engine_args, model=resolve_bench_model(engine_args.model),
+                          # bf16 is this CPU's fast path
+                          dtype="bfloat16" if engine_args.dtype == "auto" else engine_args.dtype)
+    engine = LLMEngine(engine_args=engine_args)
     path, dtype = engine.source.path, engine.config.model.dtype
     engines = [TacitBench(engine)]
     for peer in peers:

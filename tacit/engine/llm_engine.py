@@ -10,11 +10,11 @@
 from __future__ import annotations
 
 import itertools
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
-from tacit.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype
+from tacit.engine.arg_utils import EngineArgs
 from tacit.engine.input_processor import InputProcessor
 from tacit.engine.metrics import EngineSnapshot
 from tacit.engine.model_runner import ModelRunner, kv_cache_layers
@@ -33,33 +33,22 @@ from tacit.tokenizer import Tokenizer
 
 
 class LLMEngine:
-    def __init__(self, model: str | None = None, dtype: str = "auto", max_model_len: int | None = None,
-                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, block_size: int = 16,
-                 num_kv_blocks: int | None = None, kv_cache_memory: int | None = None,
-                 enable_chunked_prefill: bool = True, seed: int = 0, device: str = "auto",
-                 scheduling_policy: str = "fcfs", long_prefill_token_threshold: int = -1,
-                 max_long_partial_prefills: int = 1,
-                 aging_s: float | None = 60.0, slo_classes: dict[int, dict[str, float]] | None = None,
-                 slo_admission: str = "reject", preemption_mode: str = "auto", swap_space: float = 4.0,
-                 cut_in_prefill_tokens: int = -1) -> None:
-        platform = get_platform(device)
+    def __init__(self, model: str | None = None, *, engine_args: EngineArgs | None = None, **kwargs: Any) -> None:
+        """model and kwargs: EngineArgs' fields (LLMEngine(path, dtype="float32", ...)); or engine_args, built."""
+        if engine_args is None:
+            engine_args = EngineArgs.from_kwargs(model=model, **kwargs)
+        elif model is not None or kwargs:
+            raise ValueError("pass LLMEngine either engine_args or keyword arguments, not both")
+        self.engine_args = engine_args
+        platform = get_platform(engine_args.device)
         self.platform = platform
-        source: ModelSource = open_model(model)
+        source: ModelSource = open_model(engine_args.model)
         self.source = source
-        torch_dtype = platform.default_dtype() if dtype == "auto" else parse_dtype(dtype)
-        model_cfg = ModelConfig(path=str(source.path), hf=source.hf_config, dtype=torch_dtype,
-                                eos_token_ids=source.eos_token_ids, max_model_len=max_model_len or 0)
-        self.config = EngineConfig(
-            model=model_cfg,
-            cache=CacheConfig(block_size=block_size, num_kv_blocks=num_kv_blocks, kv_cache_memory=kv_cache_memory,
-                              swap_space=swap_space),
-            scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                      enable_chunked_prefill=enable_chunked_prefill, policy=scheduling_policy,
-                                      long_prefill_token_threshold=long_prefill_token_threshold,
-                                      max_long_partial_prefills=max_long_partial_prefills, aging_s=aging_s,
-                                      slo_classes=slo_classes or {}, slo_admission=slo_admission,
-                                      preemption_mode=preemption_mode, cut_in_prefill_tokens=cut_in_prefill_tokens),
-            device=platform.name, seed=seed)
+        self.config = engine_args.create_engine_config(source, platform)
+        # The names the rest of __init__ reads, from the resolved configs.
+        model_cfg, seed = self.config.model, self.config.seed
+        block_size, swap_space = self.config.cache.block_size, self.config.cache.swap_space
+        scheduling_policy = self.config.scheduler.policy
         torch.manual_seed(seed)
         self.tokenizer: Tokenizer = source.tokenizer
         self.device = platform.device()

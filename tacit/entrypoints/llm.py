@@ -4,25 +4,25 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Sequence
 
+from tacit.engine.arg_utils import EngineArgs
 from tacit.engine.llm_engine import LLMEngine
 from tacit.outputs import RequestOutput
-from tacit.recipe import merge_engine_args
 from tacit.sampling_params import SamplingParams
 
 Prompt = str | list[int]
 
 
 class LLM:
-    def __init__(self, model: str | None = None, recipe: str | None = None, **engine_args: Any) -> None:
-        """engine_args: LLMEngine's keywords (dtype, max_model_len, max_num_seqs, max_num_batched_tokens,
-        block_size, num_kv_blocks, kv_cache_memory, enable_chunked_prefill, seed, device,
-        scheduling_policy, long_prefill_token_threshold, max_long_partial_prefills, aging_s,
-        slo_classes, slo_admission, preemption_mode, swap_space, cut_in_prefill_tokens).
-        recipe: a recipe YAML (or its folder) whose settings apply wherever a keyword here does
-        not say otherwise."""
-        if model is not None:
-            engine_args["model"] = model
-        self.engine = LLMEngine(**merge_engine_args(recipe, engine_args))
+    def __init__(self, model: str | None = None, recipe: str | None = None, *,
+                 engine_args: EngineArgs | None = None, **kwargs: Any) -> None:
+        # The docstring is generated below, from EngineArgs' fields.
+        if engine_args is None:
+            if model is not None:
+                kwargs["model"] = model
+            engine_args = EngineArgs.from_kwargs(recipe=recipe, **kwargs)
+        elif model is not None or recipe is not None or kwargs:
+            raise ValueError("pass LLM either engine_args or a model, recipe and keywords, not both")
+        self.engine = LLMEngine(engine_args=engine_args)
 
     def get_tokenizer(self):
         return self.engine.tokenizer
@@ -85,3 +85,12 @@ class LLM:
                     return
         finally:
             self.engine.abort_request(rid)
+
+
+LLM.__init__.__doc__ = f"""Load a model and build the engine.
+
+recipe: a recipe YAML (or its folder) whose settings apply wherever a keyword does not say otherwise.
+engine_args: an EngineArgs built already (e.g. from the command line), instead of the keywords.
+Keywords (EngineArgs' fields):
+{EngineArgs.keyword_doc()}
+"""

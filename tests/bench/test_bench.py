@@ -36,7 +36,7 @@ def test_ratios_pair_by_pair():
 
 def test_bench_latency_cli_with_transformers_peer(tiny_llama, tmp_path):
     out = tmp_path / "lat.json"
-    r = subprocess.run([sys.executable, "-m", "tacit.entrypoints.cli", "bench", "latency", "--model", str(tiny_llama[2]),
+    r = subprocess.run([sys.executable, "-m", "tacit.cli", "bench", "latency", "--model", str(tiny_llama[2]),
                         "--dtype", "float32", "--batch-sizes", "1,2", "--input-len", "8", "--output-len", "4",
                         "--repeats", "1", "--peer", "transformers", "--json", str(out)],
                        capture_output=True, text=True, timeout=300)
@@ -50,7 +50,7 @@ def test_bench_latency_cli_with_transformers_peer(tiny_llama, tmp_path):
 
 def test_bench_throughput_cli(tiny_llama, tmp_path):
     out = tmp_path / "tp.json"
-    r = subprocess.run([sys.executable, "-m", "tacit.entrypoints.cli", "bench", "throughput", "--model",
+    r = subprocess.run([sys.executable, "-m", "tacit.cli", "bench", "throughput", "--model",
                         str(tiny_llama[2]), "--dtype", "float32", "--num-prompts", "12", "--input-len", "16",
                         "--output-len", "4", "--peer", "transformers", "--json", str(out)],
                        capture_output=True, text=True, timeout=300)
@@ -75,7 +75,7 @@ def test_bench_serve_scenario_runs_every_policy(tiny_llama, tmp_path):
     from tacit.bench.scenario import workload
 
     out = tmp_path / "scenario.json"
-    r = subprocess.run([sys.executable, "-m", "tacit.entrypoints.cli", "bench", "serve", "--scenario", "mixed-priority",
+    r = subprocess.run([sys.executable, "-m", "tacit.cli", "bench", "serve", "--scenario", "mixed-priority",
                         "--policies", "fcfs,sla", "--num-prompts", "10", "--idle-requests", "2", "--request-rate", "50",
                         "--input-len", "8", "--output-len", "4", "--json", str(out),
                         "--server-args", f"--model {tiny_llama[2]} --dtype float32"],
@@ -87,6 +87,6 @@ def test_bench_serve_scenario_runs_every_policy(tiny_llama, tmp_path):
     assert all(row["probe_bf16_TFLOPs"] > 0 and row["probe_read_GBps"] > 0 for row in data["rows"])
     assert all(len(row["hi_ttft_ms"]) == sum(s.interactive for s in workload(10, 8, 4, 0)) for row in data["rows"])
     assert data["idle"]["idle_requests"] == 2 and "high-priority p99 TTFT" in r.stdout
-    bad = subprocess.run([sys.executable, "-m", "tacit.entrypoints.cli", "bench", "serve", "--scenario",
+    bad = subprocess.run([sys.executable, "-m", "tacit.cli", "bench", "serve", "--scenario",
                           "mixed-priority", "--policies", "fcfs,lifo"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "lifo not known; valid: fcfs, priority, sjf, sla" in bad.stderr

@@ -129,14 +129,14 @@ def test_missing_default_model_names_the_fetch_command(tmp_path, monkeypatch):
 
 
 def test_cli_reports_missing_model(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "tacit.entrypoints.cli", "generate", "--model", str(tmp_path / "m"),
+    r = subprocess.run([sys.executable, "-m", "tacit.cli", "generate", "--model", str(tmp_path / "m"),
                         "--prompt", "hi"], capture_output=True, text=True)
     assert r.returncode == 2 and "does not exist" in r.stderr
 
 
 @pytest.mark.skipif(not default_model_path().exists(), reason="default model not fetched (run: tacit fetch)")
 def test_cli_chat_scripted_answers_paris():
-    r = subprocess.run([sys.executable, "-m", "tacit.entrypoints.cli", "chat", "--max-tokens", "24"],
+    r = subprocess.run([sys.executable, "-m", "tacit.cli", "chat", "--max-tokens", "24"],
                        input="What is the capital of France?\n", capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout

@@ -35,7 +35,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tacit.entrypoints.cli", "serve", "--model", str(model), "--port", str(self.port),
+            [sys.executable, "-m", "tacit.cli", "serve", "--model", str(model), "--port", str(self.port),
              "--dtype", "float32", "--shutdown-timeout", "10", *extra],
             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.log: list[str] = []

@@ -51,6 +51,6 @@ def test_sla_server_admits_rejects_and_reports(sla_server, tiny_llama):
     (["--preemption-mode", "drop"], "preemption_mode='drop' is not known"),
 ])
 def test_serve_refuses_bad_scheduling_flags(tiny_llama, flags, match):
-    r = subprocess.run([sys.executable, "-m", "tacit.entrypoints.cli", "serve", "--model", str(tiny_llama[2]),
+    r = subprocess.run([sys.executable, "-m", "tacit.cli", "serve", "--model", str(tiny_llama[2]),
                         *flags], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and match in r.stderr, r.stderr

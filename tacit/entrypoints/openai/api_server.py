@@ -19,6 +19,7 @@ from typing import AsyncIterator
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
+from tacit.engine.arg_utils import EngineArgs
 from tacit.engine.async_engine import AsyncLLMEngine
 from tacit.entrypoints.openai.errors import OpenAIError, install_error_handlers, parse_body
 from tacit.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
@@ -103,17 +104,15 @@ def run_server(args: argparse.Namespace) -> int:
     """Load the model, serve until SIGTERM/SIGINT, then drain and exit 0."""
     import uvicorn
 
-    from tacit.entrypoints.cli import engine_kwargs
-
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     t0 = time.perf_counter()
-    kwargs = engine_kwargs(args)
-    print(f"tacit: loading {kwargs.get('model') or 'the default model (SmolLM2-135M-Instruct)'} ...", file=sys.stderr,
+    engine_args = EngineArgs.from_cli_args(args)
+    print(f"tacit: loading {engine_args.model or 'the default model (SmolLM2-135M-Instruct)'} ...", file=sys.stderr,
           flush=True)
     # Load before binding the port: /health answering means the model is ready.
-    engine = AsyncLLMEngine.from_engine_args(max_waiting=args.max_waiting, **kwargs)
+    engine = AsyncLLMEngine.from_engine_args(max_waiting=args.max_waiting, engine_args=engine_args)
     engine.start()  # builds the model on the engine thread; raises what loading raised
-    name = served_model_name(args, kwargs.get("model"))
+    name = served_model_name(args, engine_args.model)
     e = engine.engine
     print(f"tacit: loaded {Path(e.source.path).name} in {time.perf_counter() - t0:.1f}s ({e.config.model.dtype}, "
           f"{e.num_kv_blocks} KV blocks, max_model_len {e.max_model_len}); serving `{name}` on "

@@ -1,0 +1,32 @@
+"""`tacit ...`: the command line. It sits above both halves of the package: the entrypoints'
+commands (generate, chat, serve, fetch) and the benchmarks' (bench), which share only the engine
+flags (EngineArgs.add_cli_args) and never import each other."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tacit.bench.cli import add_bench_parser
+from tacit.entrypoints.cli import add_parsers
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tacit", description="tacit: an LLM inference engine")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parsers(sub)
+    add_bench_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"tacit: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
