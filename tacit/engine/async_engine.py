@@ -21,33 +21,23 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 from tacit.engine.llm_engine import LLMEngine
 from tacit.engine.metrics import ServingMetrics
+from tacit.engine.request_stream import (EngineDeadError, EngineStepError, QueueFullError, RequestAbortedError,
+                                         RequestStream, StepDelivery)
 from tacit.outputs import RequestOutput
 from tacit.sampling_params import SamplingParams
 from tacit.scheduling.errors import SLOUnattainableError
 from tacit.tokenizer import Tokenizer
 
+# The handler-side types live in request_stream.py; they are re-exported here for the server.
+__all__ = ["AsyncLLMEngine", "EngineDeadError", "EngineStepError", "QueueFullError", "RequestAbortedError",
+           "RequestStream"]
+
 logger = logging.getLogger("tacit.engine")
-
-
-class QueueFullError(RuntimeError):
-    """The waiting queue holds max_waiting requests: the caller should retry later (HTTP 503)."""
-
-
-class EngineStepError(RuntimeError):
-    """A step raised while this request was in it; the request is dropped, the engine goes on."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine thread has stopped (shutdown, or a bug outside a step)."""
-
-
-class RequestAbortedError(RuntimeError):
-    """The handler itself gave up on this request (its client went away)."""
 
 
 @dataclass
@@ -67,69 +57,6 @@ class _Abort:
 @dataclass
 class _Stop:
     pass
-
-
-class RequestStream:
-    """The handler's end of one request: cumulative RequestOutputs, newest last."""
-
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
-        self.request_id = request_id
-        self.loop = loop
-        self.accepted: asyncio.Future[None] = loop.create_future()
-        self.finished = False
-        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        # Engine-thread bookkeeping for the latency histograms (handlers never read these).
-        self.arrival_time = time.monotonic()
-        self.first_token_seen = False
-        self.tokens_seen: dict[int, int] = {}
-        self.last_token_time: dict[int, float] = {}
-
-    # -- called on the event loop, scheduled by the engine thread --
-    def _accept(self, error: BaseException | None) -> None:
-        if self.accepted.done():  # the handler was cancelled while waiting
-            return
-        if error is None:
-            self.accepted.set_result(None)
-        else:
-            self.accepted.set_exception(error)
-
-    def _put(self, item: RequestOutput | BaseException) -> None:
-        self._queue.put_nowait(item)
-
-    def cancel(self) -> None:
-        """Wake whoever iterates this stream with RequestAbortedError: after an abort the engine
-        sends nothing more, and an iterator left waiting would wait forever. Event loop only."""
-        if not self.finished:
-            self._put(RequestAbortedError(f"request {self.request_id} was aborted"))
-
-    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        while not self.finished:
-            item = await self._queue.get()
-            # Outputs are cumulative, so a handler that fell behind (slow client) skips to the
-            # newest one instead of replaying every step: its deltas just get bigger.
-            error = item if isinstance(item, BaseException) else None
-            while error is None and not self._queue.empty():
-                nxt = self._queue.get_nowait()
-                if isinstance(nxt, BaseException):
-                    error = nxt
-                else:
-                    item = nxt
-            if error is not None:
-                self.finished = True
-                raise error
-            assert isinstance(item, RequestOutput)
-            self.finished = item.finished
-            yield item
-
-
-@dataclass
-class _Delivery:
-    """Everything one step produced for one event loop: a single cross-thread wakeup per step."""
-    items: list[tuple[RequestStream, Any]] = field(default_factory=list)
-
-    def __call__(self) -> None:
-        for stream, item in self.items:
-            stream._put(item)
 
 
 class AsyncLLMEngine:
@@ -351,7 +278,7 @@ class AsyncLLMEngine:
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         now = time.monotonic()
-        deliveries: dict[asyncio.AbstractEventLoop, _Delivery] = {}
+        deliveries: dict[asyncio.AbstractEventLoop, StepDelivery] = {}
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
@@ -361,7 +288,7 @@ class AsyncLLMEngine:
                 del self._streams[out.request_id]
                 for c in out.outputs:
                     self.metrics.count_request(c.finish_reason or "unknown")
-            deliveries.setdefault(stream.loop, _Delivery()).items.append((stream, out))
+            deliveries.setdefault(stream.loop, StepDelivery()).items.append((stream, out))
         for loop, delivery in deliveries.items():
             try:
                 loop.call_soon_threadsafe(delivery)

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError
 from starlette.requests import Request
 
-from tacit.engine.async_engine import RequestStream
+from tacit.engine.request_stream import RequestStream
 from tacit.entrypoints.openai.errors import bad_request, error_sse
 from tacit.entrypoints.openai.protocol import (ChatCompletionChoice, ChatCompletionChunk, ChatCompletionRequest,
                                                ChatCompletionResponse, ChatCompletionStreamChoice, ChatLogprobs,

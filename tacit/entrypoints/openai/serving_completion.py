@@ -8,7 +8,7 @@ from typing import AsyncIterator
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import Request
 
-from tacit.engine.async_engine import RequestStream
+from tacit.engine.request_stream import RequestStream
 from tacit.entrypoints.openai.errors import error_sse
 from tacit.entrypoints.openai.protocol import (CompletionChoice, CompletionChunk, CompletionLogprobs,
                                                CompletionRequest, CompletionResponse, UsageInfo, random_id)
