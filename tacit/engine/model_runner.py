@@ -15,6 +15,7 @@ from tacit.config import EngineConfig
 from tacit.forward_context import (AttentionGroup, AttentionMetadata, has_layer_hook, layer_boundary,
                                    set_forward_context)
 from tacit.kernels.cpu_fused_decode import build_fused_decoder
+from tacit.layers.linear import select_linear_method, use_linear_method
 from tacit.layers.sampler import Sampler, SamplerOutput
 from tacit.memory.kv_cache_manager import KVCacheManager
 from tacit.scheduling.request import Request
@@ -47,10 +48,10 @@ class ModelRunner:
         kernels = None
         if device.type == "cpu" and config.model.dtype == torch.bfloat16:
             from tacit.kernels.cpu_kernels import load_cpu_kernels
-            from tacit.layers.linear import enable_bf16_gemv
 
             kernels = load_cpu_kernels()
-            enable_bf16_gemv(kernels)
+        # Chosen once for the model: how its linear layers multiply.
+        use_linear_method(model, select_linear_method(device.type, config.model.dtype))
         layers = kv_cache_layers(model)
         dtype = config.model.dtype
         self.bytes_per_block = self.block_size * sum(m.kv_numel_per_token() for m in layers) * dtype.itemsize
