@@ -13,7 +13,6 @@ from torch import nn
 
 from tacit.config import EngineConfig
 from tacit.forward_context import has_layer_hook, layer_boundary, set_forward_context
-from tacit.kernels.cpu_fused_decode import build_fused_decoder
 from tacit.layers.attention_selector import select_attention_backend
 from tacit.layers.kv_cache import KVCacheLayer
 from tacit.layers.linear import select_linear_method, use_linear_method
@@ -64,8 +63,9 @@ class ModelRunner:
             m.allocate_kv_cache(self.num_blocks, self.block_size, dtype, device)
         # Decode-only steps run as one C++ call when the model and CPU allow it.
         self.fused_decode = None
-        if kernels is not None:
-            self.fused_decode = build_fused_decoder(model, kernels, self.block_size, config.model.max_model_len)
+        build_fused_decoder = getattr(model, "build_fused_decoder", None)
+        if kernels is not None and build_fused_decoder is not None:
+            self.fused_decode = build_fused_decoder(kernels, self.block_size, config.model.max_model_len)
         self.split_min_decodes = _SPLIT_MIN_DECODES
 
     def _num_blocks(self, free_memory: int) -> int:
