@@ -18,8 +18,10 @@ from torch import nn
 
 from tacit.config import EngineConfig
 from tacit.engine.request_state import CachedRequestState, update_request_states
-from tacit.forward_context import AttentionGroup, AttentionMetadata, set_forward_context
-from tacit.kernels.cpu_fused_decode import build_fused_decoder
+from tacit.forward_context import set_forward_context
+from tacit.layers.attention_selector import select_attention_backend
+from tacit.layers.kv_cache import KVCacheLayer
+from tacit.layers.linear import select_linear_method, use_linear_method
 from tacit.layers.sampler import Sampler, SamplingMetadata
 from tacit.outputs import ModelRunnerOutput
 from tacit.scheduling.scheduler_output import SchedulerOutput
@@ -40,8 +42,8 @@ _CUT_IN_MIN_ROWS = 8
 _SPLIT_MIN_DECODES = 1
 
 
-def kv_cache_layers(model: nn.Module) -> list[nn.Module]:
-    return [m for m in model.modules() if hasattr(m, "allocate_kv_cache")]
+def kv_cache_layers(model: nn.Module) -> list[KVCacheLayer]:
+    return [m for m in model.modules() if isinstance(m, KVCacheLayer)]
 
 
 class ModelRunner:
@@ -54,11 +56,14 @@ class ModelRunner:
         kernels = None
         if device.type == "cpu" and config.model.dtype == torch.bfloat16:
             from tacit.kernels.cpu_kernels import load_cpu_kernels
-            from tacit.layers.linear import enable_bf16_gemv
 
             kernels = load_cpu_kernels()
-            enable_bf16_gemv(kernels)
+        # Chosen once for the model: how its linear layers multiply, which backend attends.
+        use_linear_method(model, select_linear_method(device.type, config.model.dtype))
+        self.attn_backend = select_attention_backend(device.type, config.model.dtype, config.model)
         layers = kv_cache_layers(model)
+        for m in layers:
+            m.set_attention_backend(self.attn_backend)
         dtype = config.model.dtype
         self.bytes_per_block = self.block_size * sum(m.kv_numel_per_token() for m in layers) * dtype.itemsize
         self.num_blocks = self._num_blocks(free_memory)
@@ -66,8 +71,9 @@ class ModelRunner:
             m.allocate_kv_cache(self.num_blocks, self.block_size, dtype, device)
         # Decode-only steps run as one C++ call when the model and CPU allow it.
         self.fused_decode = None
-        if kernels is not None:
-            self.fused_decode = build_fused_decoder(model, kernels, self.block_size, config.model.max_model_len)
+        build_fused_decoder = getattr(model, "build_fused_decoder", None)
+        if kernels is not None and build_fused_decoder is not None:
+            self.fused_decode = build_fused_decoder(kernels, self.block_size, config.model.max_model_len)
         self.split_min_decodes = _SPLIT_MIN_DECODES
         self.requests: dict[str, CachedRequestState] = {}
 
@@ -92,79 +98,6 @@ class ModelRunner:
             tables[i, :len(t)] = t[:max_blocks]
         return tables
 
-    def _group_requests(self, num_new: np.ndarray, computed: np.ndarray) -> list[np.ndarray]:
-        """Decodes bucketed by context length (powers of two in blocks), prefills together.
-
-        A padded group costs its longest context for every member: 64 decodes padded to one
-        1,800-token context gathered 2.6 GB of KV per step (400 ms) on the long-tail benchmark.
-        Power-of-two buckets bound that waste at 2x with at most ~8 groups, never one per request.
-        """
-        decodes = np.flatnonzero(num_new == 1)
-        prefills = np.flatnonzero(num_new > 1)
-        sets = []
-        if len(decodes):
-            blocks = -(-(computed[decodes] + 1) // self.block_size)
-            bucket = np.ceil(np.log2(blocks)).astype(np.int64)
-            sets += [decodes[bucket == b] for b in np.unique(bucket)]
-        if len(prefills):
-            sets.append(prefills)
-        return sets
-
-    def _group(self, reqs: np.ndarray, num_new: np.ndarray, computed: np.ndarray, tables: np.ndarray,
-               req_of_token: np.ndarray | None) -> AttentionGroup:
-        """Padded-batch indexes for the requests `reqs` (positions in the step's request list)."""
-        bs = self.block_size
-        n, c = num_new[reqs], computed[reqs]
-        max_q = int(n.max())
-        blocks = -(-int((c + n).max()) // bs)
-        token_index = None
-        if req_of_token is not None:
-            token_index = torch.from_numpy(np.flatnonzero(np.isin(req_of_token, reqs))).to(self.device)
-        if max_q > 1 and len(reqs) > 1 and int(n.sum()) * int((c + n).sum()) < len(reqs) * max_q * blocks * bs:
-            return self._flat_group(reqs, n, c, tables, token_index)
-        local_starts = np.zeros(len(reqs) + 1, dtype=np.int64)
-        np.cumsum(n, out=local_starts[1:])
-        # Padded query slots repeat the request's last real token; their rows are discarded.
-        q_off = np.minimum(np.arange(max_q)[None, :], n[:, None] - 1)
-        local_req = np.repeat(np.arange(len(reqs)), n)
-        offset = np.arange(int(n.sum())) - local_starts[local_req]
-        key_pos = np.arange(blocks * bs)
-        mask = key_pos[None, None, :] <= (c[:, None] + q_off)[:, :, None]
-        dev = self.device
-        return AttentionGroup(
-            token_index=token_index,
-            query_pad_index=torch.from_numpy((local_starts[:-1, None] + q_off).reshape(-1)).to(dev),
-            query_unpad_index=torch.from_numpy(local_req * max_q + offset).to(dev),
-            block_tables=torch.from_numpy(np.ascontiguousarray(tables[reqs, :blocks])).to(dev),
-            attn_mask=torch.from_numpy(mask).to(dev)[:, None],
-            num_reqs=len(reqs), max_query_len=max_q)
-
-    def _flat_group(self, reqs: np.ndarray, n: np.ndarray, c: np.ndarray, tables: np.ndarray,
-                    token_index: torch.Tensor | None) -> AttentionGroup:
-        """Prefills of very different lengths as one sequence: every token against every key of
-        the group, masked to its own request. Padding to the longest chunk costs R x Qmax x Lmax;
-        this costs sum(Q) x sum(L), far less when one long prompt shares a step with short ones
-        (16 chunks, one of 1,280 tokens: 26M scores padded, 4M flat)."""
-        bs = self.block_size
-        req_blocks = -(-(c + n) // bs)
-        sub = tables[reqs]
-        block_list = sub[np.arange(sub.shape[1])[None, :] < req_blocks[:, None]]  # row-major: request order
-        key_start = np.zeros(len(reqs) + 1, dtype=np.int64)
-        np.cumsum(req_blocks * bs, out=key_start[1:])
-        local_req = np.repeat(np.arange(len(reqs)), n)
-        starts = np.zeros(len(reqs) + 1, dtype=np.int64)
-        np.cumsum(n, out=starts[1:])
-        q_pos = c[local_req] + np.arange(int(n.sum())) - starts[local_req]  # position within its request
-        key = np.arange(int(key_start[-1]))
-        lo, hi = key_start[local_req], key_start[local_req] + q_pos
-        mask = (key[None, :] >= lo[:, None]) & (key[None, :] <= hi[:, None])
-        total = int(n.sum())
-        dev = self.device
-        ident = torch.arange(total, device=dev)
-        return AttentionGroup(token_index=token_index, query_pad_index=ident, query_unpad_index=ident,
-                              block_tables=torch.from_numpy(block_list[None, :]).to(dev),
-                              attn_mask=torch.from_numpy(mask).to(dev)[None, None], num_reqs=1, max_query_len=total)
-
     def _build(self, rows: Rows):
         bs = self.block_size
         num_new = np.array([n for _, n in rows], dtype=np.int64)
@@ -179,10 +112,7 @@ class ModelRunner:
         positions = computed[req_of_token] + offset_in_query
         tables = self._block_tables(rows, computed + num_new)
         slot_mapping = tables[req_of_token, positions // bs] * bs + positions % bs
-        groups = [self._group(reqs, num_new, computed, tables, req_of_token if len(sets) > 1 else None)
-                  for sets in [self._group_requests(num_new, computed)] for reqs in sets]
-        meta = AttentionMetadata(slot_mapping=torch.from_numpy(slot_mapping).to(self.device), groups=groups,
-                                 num_tokens=total)
+        meta = self.attn_backend.build_metadata(num_new, computed, tables, slot_mapping, self.device, bs)
         # A request samples when this step brings it level with all its tokens (not mid-prefill).
         samples = [i for i, ((r, n), c) in enumerate(zip(rows, computed)) if c + n == r.num_tokens]
         sample_rows = starts[1:][samples] - 1

@@ -1,15 +1,49 @@
-"""AttentionBackend: causal attention for a flat mixed batch over a paged KV cache."""
+"""AttentionBackend: causal attention for a flat mixed batch over a paged KV cache.
+
+A backend owns three things: the per-step metadata it needs (built once per step from plain
+numpy arrays, never from Request objects), how a step's keys and values land in the cache,
+and the attention itself. Backends register by name; the model runner picks one per model
+(tacit/layers/attention_selector.py) and binds it to every KV-cache layer.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, ClassVar, TypeVar
 
+import numpy as np
 import torch
 
-from tacit.forward_context import AttentionMetadata
+
+@dataclass
+class AttentionMetadata:
+    """What every backend's metadata carries; each backend subclasses it with its own layout."""
+
+    slot_mapping: torch.Tensor  # [T] cache slot each new token writes
+    num_tokens: int
 
 
 class AttentionBackend(ABC):
+    name: ClassVar[str]
+    # Multi-head latent attention (DeepSeek's MLA) caches one compressed latent per token and
+    # needs the layer's up-projection; a layer only takes a backend of its own kind.
+    use_mla: ClassVar[bool] = False
+    # Among backends that support a platform and dtype, the lowest priority is chosen.
+    priority: ClassVar[int]
+
+    @classmethod
+    @abstractmethod
+    def supports(cls, platform: str, dtype: torch.dtype) -> bool:
+        """Whether this backend runs on `platform` ("cpu", "cuda") with a model in `dtype`."""
+
+    @abstractmethod
+    def build_metadata(self, num_new_tokens: np.ndarray, num_computed_tokens: np.ndarray, block_tables: np.ndarray,
+                       slot_mapping: np.ndarray, device: torch.device, block_size: int) -> AttentionMetadata:
+        """One step's metadata. Per request r (in the flat batch's order): num_new_tokens[r] tokens
+        at positions num_computed_tokens[r]...; block_tables [R, B] its cache blocks (padded);
+        slot_mapping [T] the cache slot of each new token."""
+
     @abstractmethod
     def write_kv(self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: AttentionMetadata) -> None:
         """Store this step's key/value ([T, Hkv, D]) at meta.slot_mapping in kv_cache [2, blocks, block_size, Hkv, D]."""
@@ -17,3 +51,41 @@ class AttentionBackend(ABC):
     @abstractmethod
     def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """query [T, H, D] -> output [T, H, Dv], each token attending to its request's context."""
+
+
+class MLAAttentionBackend(AttentionBackend):
+    """Multi-head latent attention: the cache holds [kv_lora_rank + rope_dim] per token (the
+    normed latent, then the rotated shared key part), K and V come from the latent through the
+    layer's kv_b_proj weight [H * (nope_dim + v_dim), kv_lora_rank]."""
+
+    use_mla = True
+
+    @abstractmethod
+    def write_kv(self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: AttentionMetadata) -> None:
+        """key: the normed latent [T, kv_lora_rank]; value: the rotated k_pe [T, rope_dim];
+        both land side by side at meta.slot_mapping in kv_cache [blocks, block_size, kv_lora_rank + rope_dim]."""
+
+    @abstractmethod
+    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, *,
+                kv_b_proj: torch.Tensor) -> torch.Tensor:
+        """query [T, H, nope_dim + rope_dim] -> [T, H, v_dim], through the layer's up-projection weight kv_b_proj."""
+
+
+_B = TypeVar("_B", bound=type[AttentionBackend])
+_ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {}
+
+
+def register_attention_backend(name: str) -> Callable[[_B], _B]:
+    def register(cls: _B) -> _B:
+        if name in _ATTENTION_BACKENDS:
+            raise ValueError(f"attention backend {name!r} is registered twice")
+        cls.name = name
+        _ATTENTION_BACKENDS[name] = cls
+        return cls
+
+    return register
+
+
+def registered_attention_backends() -> dict[str, type[AttentionBackend]]:
+    """Every backend whose module has been imported (tacit/layers/attention_selector.py imports them all)."""
+    return dict(_ATTENTION_BACKENDS)

@@ -8,81 +8,45 @@ projects and samples them as usual. It runs every step in which each request bri
 token (decode-only steps, however many rows), and the one-token rows of mixed steps, whose
 prefill chunks take the torch path (the work there is in large GEMMs and the dispatch
 overhead is small beside it; see ModelRunner._splits_mixed_step).
+
+This file knows tensors only: the model that offers a fused decoder (LlamaForCausalLM.
+build_fused_decoder) checks it fits and hands its weights over as DecoderLayerWeights.
 """
 
 from __future__ import annotations
 
-import sys
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import torch
-from torch import nn
-
-from tacit.kernels.torch_attention import TorchAttentionBackend
 
 
-def _unsupported_reason(model: nn.Module) -> str | None:
-    from tacit.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
+@dataclass
+class DecoderLayerWeights:
+    """One dense pre-norm decoder layer: [out, in] bf16 matrices, q/k/v and gate/up stacked."""
 
-    if not isinstance(model, LlamaForCausalLM):
-        return f"{type(model).__name__} is not a Llama-family model"
-    if model.model.rotary.interleaved:
-        return "interleaved rotary"
-    for i, layer in enumerate(model.model.layers):
-        attn, mlp = layer.self_attn, layer.mlp
-        if not isinstance(attn, LlamaAttention) or type(mlp) is not LlamaMLP:
-            return f"layer {i} is not a dense Llama layer"
-        if mlp.gate_up_proj.bias is not None or mlp.down_proj.bias is not None:
-            return f"layer {i} has MLP biases"
-        if type(attn.attn.backend) is not TorchAttentionBackend:
-            return f"layer {i} uses another attention backend"
-        cache = attn.attn.kv_cache
-        if cache is None or cache.dtype != torch.bfloat16 or cache.device.type != "cpu":
-            return f"layer {i} has no bf16 CPU KV cache"
-    if any(p.dtype != torch.bfloat16 for p in model.parameters()):
-        return "weights are not bf16"
-    return None
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None  # per-head q/k RMSNorm (Qwen3), or None
+    k_norm: torch.Tensor | None
+    o_proj: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_attention_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    kv_cache: torch.Tensor  # [2, num_blocks, block_size, Hkv, D] bf16, the torch paged backend's layout
 
 
-def _eps(norms: list[nn.Module]) -> float:
-    values = {n.eps for n in norms}
-    if len(values) != 1:
-        raise ValueError(f"RMSNorm eps differs between layers ({sorted(values)}); the fused decoder takes one")
-    return values.pop()
-
-
-def build_fused_decoder(model: nn.Module, kernels: ModuleType, block_size: int, max_positions: int) -> Any | None:
-    """The C++ LlamaDecoder bound to `model`'s weights and KV caches, or None if it cannot run it."""
-    if kernels is None or _unsupported_reason(model) is not None:
-        return None
-    try:
-        return _bind(model, kernels, block_size, max_positions)
-    except (ValueError, RuntimeError) as e:  # a shape the kernel does not take: the torch path still runs it
-        print(f"tacit: fused decode step unavailable for this model ({e}); using the torch path", file=sys.stderr)
-        return None
-
-
-def _bind(model: nn.Module, kernels: ModuleType, block_size: int, max_positions: int) -> Any:
-    lm = model.model
-    layers = list(lm.layers)
-    first = layers[0].self_attn
-    norms = [lm.norm] + [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
-    if first.qk_norm:
-        norms += [n for layer in layers for n in (layer.self_attn.q_norm, layer.self_attn.k_norm)]
-    # One table for every position, built by the same torch ops the model uses, so the fused
-    # path rotates by exactly the cos/sin values the torch path would compute per step.
-    cos, sin = lm.rotary.cos_sin(torch.arange(max_positions), torch.bfloat16)
-    decoder = kernels.LlamaDecoder(lm.embed_tokens.weight.data, lm.norm.weight.data, cos.contiguous(),
-                                   sin.contiguous(), first.num_heads, first.num_kv_heads, first.head_dim,
-                                   layers[0].mlp.intermediate, _eps(norms), first.attn.scale, block_size)
-    for layer in layers:
-        a = layer.self_attn
-        bias = a.qkv_proj.bias
-        decoder.add_layer(layer.input_layernorm.weight.data, a.qkv_proj.weight.data,
-                          None if bias is None else bias.data,
-                          a.q_norm.weight.data if a.qk_norm else None, a.k_norm.weight.data if a.qk_norm else None,
-                          a.o_proj.weight.data, None if a.o_proj.bias is None else a.o_proj.bias.data,
-                          layer.post_attention_layernorm.weight.data, layer.mlp.gate_up_proj.weight.data,
-                          layer.mlp.down_proj.weight.data, a.attn.kv_cache)
+def bind_llama_decoder(kernels: ModuleType, embed: torch.Tensor, final_norm: torch.Tensor, cos: torch.Tensor,
+                       sin: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, intermediate: int,
+                       eps: float, scale: float, block_size: int, layers: list[DecoderLayerWeights]) -> Any:
+    """The C++ LlamaDecoder over these tensors (shared, not copied); cos/sin [max_positions, D/2]
+    for every position. Raises ValueError/RuntimeError for a shape the kernel does not take."""
+    decoder = kernels.LlamaDecoder(embed, final_norm, cos.contiguous(), sin.contiguous(), num_heads, num_kv_heads,
+                                   head_dim, intermediate, eps, scale, block_size)
+    for w in layers:
+        decoder.add_layer(w.input_norm, w.qkv, w.qkv_bias, w.q_norm, w.k_norm, w.o_proj, w.o_bias,
+                          w.post_attention_norm, w.gate_up, w.down, w.kv_cache)
     return decoder

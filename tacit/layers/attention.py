@@ -7,16 +7,18 @@ from torch import nn
 
 from tacit.forward_context import get_attention_metadata
 from tacit.kernels.attention_backend import AttentionBackend
-from tacit.kernels.torch_attention import TorchAttentionBackend
+from tacit.layers.kv_cache import KVCacheLayer
 
 
-class Attention(nn.Module):
-    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float,
-                 backend: AttentionBackend | None = None) -> None:
+class Attention(nn.Module, KVCacheLayer):
+    kv_block_dim = 1  # [2, num_blocks, block_size, Hkv, D]
+
+    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
         super().__init__()
         self.num_heads, self.head_dim, self.num_kv_heads, self.scale = num_heads, head_dim, num_kv_heads, scale
-        self.backend = backend or TorchAttentionBackend()
-        # Bound by the model runner after it allocates the pool: [2, num_blocks, block_size, Hkv, D].
+        # Both bound by the model runner: the backend it selected for the model
+        # (layers/attention_selector.py), and the cache once it has sized the pool.
+        self.backend: AttentionBackend | None = None
         self.kv_cache: torch.Tensor | None = None
 
     def kv_numel_per_token(self) -> int:

@@ -1,62 +1,46 @@
-"""Linear layers for the decode hot path.
-
-Decode is memory-bound: a step streams every weight once for a handful of rows. How the
-GEMM is phrased decides how fast it streams on this CPU (oneDNN, 2 cores, bf16, weights
-cold in DRAM, [3072, 576] gate/up; docs/benchmarks.md has the measuring script):
-  1 row:      torch.mv 19 GB/s      F.linear 13 GB/s
-  2-32 rows:  W @ x.T  12-15 GB/s   F.linear 10-11 GB/s
-  64+ rows:   F.linear wins (prefill is compute-bound anyway).
-With AVX512-BF16, 1-8 rows go to kernels/csrc/gemv_bf16.cpp instead: one pass over the
-weight for all rows (SmolLM2's 30 layers: 10.8 ms at 4 rows and 13.3 ms at 8 against
-oneDNN's 15.3 and 15.9 ms; docs/benchmarks.md has the script).
+"""Linear layers; how each stores and multiplies its weight is its LinearMethod's job.
 
 MergedLinear stacks several projections that read the same input (q/k/v, gate/up) into one
 weight: one GEMM launch instead of three, and a longer, more bandwidth-friendly row stream.
 Checkpoint tensors keep their HF names and land in their slice through load_shard.
+
+Layers are built with the reference method (the weights are created on the meta device before
+the model runner knows the platform); the runner then picks the method once for the model
+(select_linear_method) and hands it to every linear layer (use_linear_method).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-
-_SKINNY_ROWS = 32
-_KERNEL_ROWS = 8  # kernels/csrc/gemv_bf16.cpp: 1-8 activation rows per weight pass (kMaxSkinnyRows)
-# Set by the model runner when it runs bf16 on a CPU with AVX512-BF16 (kernels/cpu_kernels.py).
-bf16_gemv = None
+import tacit.layers.cpu_linear_method  # noqa: F401  registers "cpu_bf16_gemv"
+from tacit.layers.linear_method import LinearMethod, UnquantizedLinearMethod, registered_linear_methods
 
 
-def enable_bf16_gemv(kernel) -> None:
-    global bf16_gemv
-    bf16_gemv = kernel
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    rows = x.shape[0] if x.dim() == 2 else _SKINNY_ROWS + 1
-    if rows <= _KERNEL_ROWS and bf16_gemv is not None and weight.dtype == torch.bfloat16 and weight.device.type == "cpu":
-        out = bf16_gemv.gemm_bf16_skinny(weight, x.contiguous())
-    elif rows == 1:
-        out = torch.mv(weight, x[0]).unsqueeze(0)
-    elif rows <= _SKINNY_ROWS:
-        out = torch.mm(weight, x.t()).t().contiguous()
-    else:
-        return F.linear(x, weight, bias)
-    return out + bias if bias is not None else out
-
-
-class Linear(nn.Linear):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
-
-
-class MergedLinear(nn.Module):
-    def __init__(self, in_features: int, out_sizes: list[int], shard_names: list[str], bias: bool = False) -> None:
+class LinearBase(nn.Module):
+    def __init__(self, in_features: int, out_sizes: list[int], bias: bool, linear_method: LinearMethod | None,
+                 dtype: torch.dtype | None) -> None:
         super().__init__()
+        self.in_features, self.out_features = in_features, sum(out_sizes)
+        self.linear_method = linear_method or UnquantizedLinearMethod()
+        self.linear_method.create_weights(self, in_features, list(out_sizes), bias, dtype or torch.get_default_dtype())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_method.apply(self, x, self.bias)
+
+
+class Linear(LinearBase):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 linear_method: LinearMethod | None = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__(in_features, [out_features], bias, linear_method, dtype)
+
+
+class MergedLinear(LinearBase):
+    def __init__(self, in_features: int, out_sizes: list[int], shard_names: list[str], bias: bool = False,
+                 linear_method: LinearMethod | None = None, dtype: torch.dtype | None = None) -> None:
+        super().__init__(in_features, out_sizes, bias, linear_method, dtype)
         self.out_sizes, self.shard_names = list(out_sizes), list(shard_names)
-        self.weight = nn.Parameter(torch.empty(sum(out_sizes), in_features))
-        self.bias = nn.Parameter(torch.empty(sum(out_sizes))) if bias else None
         self._offsets = dict(zip(shard_names, [sum(out_sizes[:i]) for i in range(len(out_sizes))]))
         self._sizes = dict(zip(shard_names, out_sizes))
         self._loaded: set[tuple[str, str]] = set()
@@ -79,5 +63,27 @@ class MergedLinear(nn.Module):
         if missing:
             raise ValueError(f"checkpoint is missing {', '.join(missing)} for {name}")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+
+def select_linear_method(platform: str, dtype: torch.dtype) -> LinearMethod:
+    """The lowest-priority registered method that runs on `platform` in `dtype` (the reference
+    always does)."""
+    for cls in sorted(registered_linear_methods().values(), key=lambda c: c.priority):
+        method = cls.create(platform, dtype)
+        if method is not None:
+            return method
+    raise ValueError(f"no linear method runs on platform={platform!r} with dtype={dtype}")
+
+
+def use_linear_method(model: nn.Module, method: LinearMethod) -> None:
+    """Hand `method` to every linear layer of a built, loaded model.
+
+    Only a method that stores weights as the one that created them can take over (a subclass,
+    such as the bf16 GEMV over the unquantized matrix); a quantized method has to be chosen
+    when the layers are built."""
+    for name, layer in model.named_modules():
+        if not isinstance(layer, LinearBase) or layer.linear_method is method:
+            continue
+        if not isinstance(method, type(layer.linear_method)):
+            raise ValueError(f"{name}: {method.name} cannot take over weights created by {layer.linear_method.name}")
+        method.process_weights_after_loading(layer)
+        layer.linear_method = method

@@ -11,9 +11,9 @@ For the default model on this CPU swap wins ~15x: 23 KB of bf16 KV a token, copi
 block over 30 layers at the 1.3-2.1 GB/s measured (small copies, far below the 25 GB/s a big
 memcpy gets), is ~30 us a token out and back, against ~0.45 ms a token to prefill it again.
 
-Any module exposing `allocate_kv_cache` has its `kv_cache` swapped, whatever its shape ([2,
-num_blocks, block_size, Hkv, D] for Attention, [num_blocks, block_size, C] for DeepSeek's MLA):
-see block_dim.
+Every KVCacheLayer has its `kv_cache` swapped, whatever its shape ([2, num_blocks, block_size,
+Hkv, D] for Attention, [num_blocks, block_size, C] for DeepSeek's MLA), along the block axis
+the layer declares (kv_block_dim).
 """
 
 from __future__ import annotations
@@ -21,42 +21,22 @@ from __future__ import annotations
 import time
 
 import torch
-from torch import nn
+
+from tacit.layers.kv_cache import KVCacheLayer
 
 # A new copy counts 1/4 in the running bandwidth: a few swaps follow a change of load on the
 # shared cores, and one slow copy (page faults on fresh host memory) does not swing the choice.
 _BW_WEIGHT = 0.25
 
 
-# Probe sizes no real cache dimension is likely to share (primes, on the meta device: no memory).
-_PROBE_BLOCKS, _PROBE_BLOCK_SIZE = 1009, 1013
-
-
-def block_dim(layer: nn.Module) -> int:
-    """The axis of layer.kv_cache that indexes blocks: the layer's kv_block_dim if it declares
-    one, else found by allocating a probe cache with odd sizes on the meta device (shapes alone
-    are ambiguous: with 2 blocks of 16 and 2 KV heads of 16 dims, [2, 2, 16, 2, 16] matches twice)."""
-    declared = getattr(layer, "kv_block_dim", None)
-    if declared is not None:
-        return int(declared)
-    real = layer.kv_cache
-    try:
-        layer.allocate_kv_cache(_PROBE_BLOCKS, _PROBE_BLOCK_SIZE, real.dtype, torch.device("meta"))
-        shape = layer.kv_cache.shape
-    finally:
-        layer.kv_cache = real
-    dims = [d for d in range(len(shape) - 1) if shape[d] == _PROBE_BLOCKS and shape[d + 1] == _PROBE_BLOCK_SIZE]
-    if len(dims) != 1:
-        raise ValueError(f"{type(layer).__name__}.kv_cache has no single block axis (probe shape {tuple(shape)}); "
-                         f"give the layer a kv_block_dim")
-    return dims[0]
-
-
 class KVSwapper:
-    def __init__(self, layers: list[nn.Module], num_blocks: int, block_size: int, bytes_per_block: int,
+    def __init__(self, layers: list[KVCacheLayer], num_blocks: int, block_size: int, bytes_per_block: int,
                  swap_space_bytes: int) -> None:
+        odd = [type(m).__name__ for m in layers if not isinstance(m, KVCacheLayer)]
+        if odd:
+            raise TypeError(f"KVSwapper swaps KVCacheLayer caches; {', '.join(odd)} does not declare the interface")
         self.layers = layers
-        self.dims = [block_dim(m) for m in layers]
+        self.dims = [m.kv_block_dim for m in layers]
         self.bytes_per_block = bytes_per_block
         self.capacity_blocks = swap_space_bytes // bytes_per_block
         self.used_blocks = 0

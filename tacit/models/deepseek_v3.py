@@ -2,8 +2,8 @@
 
 The KV cache keeps MLA's compressed latent (kv_lora_rank + rope dim per token, 576 values for
 V3) instead of full K and V (2 * 128 heads * 192 = 49152): 85x less cache per token, which is
-the point of MLA. The reference path here re-expands the latent through kv_b_proj every step;
-absorbing kv_b_proj into q and o is the later, faster path.
+the point of MLA. How the latent is cached and attended is an MLA attention backend's job
+(kernels/torch_mla_attention.py is the reference).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from torch import nn
 
 from tacit.config import ModelConfig
 from tacit.forward_context import get_attention_metadata
-from tacit.forward_context import AttentionGroup
-from tacit.kernels.torch_attention import gather_blocks, padded_sdpa, run_groups
+from tacit.kernels.attention_backend import AttentionBackend
+from tacit.layers.kv_cache import KVCacheLayer
 from tacit.layers.linear import Linear
 from tacit.layers.moe import FusedMoE, grouped_sigmoid_topk
 from tacit.layers.norm import RMSNorm
@@ -24,7 +24,10 @@ from tacit.models.llama import CausalLM, LlamaDecoderLayer, LlamaMLP, LlamaModel
 from tacit.models.qwen3_moe import load_expert_tensor
 
 
-class MLAAttention(nn.Module):
+class MLAAttention(nn.Module, KVCacheLayer):
+    use_mla = True
+    kv_block_dim = 0  # [num_blocks, block_size, kv_lora_rank + rope_dim]
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         hf = cfg.hf
@@ -50,7 +53,9 @@ class MLAAttention(nn.Module):
         if rope["rope_type"] != "default" and rope.get("mscale_all_dim"):
             m = yarn_mscale(rope["factor"], rope["mscale_all_dim"])
             self.scale *= m * m
-        self.kv_cache: torch.Tensor | None = None  # [num_blocks, block_size, kv_lora_rank + rope_dim]
+        # Bound by the model runner: its selected MLA backend, and the cache once the pool is sized.
+        self.backend: AttentionBackend | None = None
+        self.kv_cache: torch.Tensor | None = None
 
     def kv_numel_per_token(self) -> int:
         return self.kv_lora_rank + self.rope_dim
@@ -67,19 +72,9 @@ class MLAAttention(nn.Module):
         latent = self.kv_a_layernorm(latent)
         q_pe, k_pe = rotary(q_pe, k_pe[:, None, :], cos, sin)
 
-        flat = self.kv_cache.view(-1, self.kv_cache.shape[-1])
-        flat.index_copy_(0, meta.slot_mapping, torch.cat([latent, k_pe[:, 0]], dim=-1).to(flat.dtype))
-
-        def attend(q: torch.Tensor, g: AttentionGroup) -> torch.Tensor:
-            ctx = gather_blocks(self.kv_cache, g).to(x.dtype)  # [R, L, C + rope]
-            ctx_latent, ctx_pe = ctx.split([self.kv_lora_rank, self.rope_dim], dim=-1)
-            r, length = ctx.shape[:2]
-            kv = self.kv_b_proj(ctx_latent).view(r, length, h, self.nope_dim + self.v_dim)
-            k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
-            k = torch.cat([k_nope, ctx_pe[:, :, None, :].expand(r, length, h, self.rope_dim)], dim=-1)
-            return padded_sdpa(q, k, v, g, self.scale)
-
-        out = run_groups(torch.cat([q_nope, q_pe], dim=-1), meta, self.v_dim, attend)
+        self.backend.write_kv(self.kv_cache, latent, k_pe[:, 0], meta)
+        out = self.backend.forward(torch.cat([q_nope, q_pe], dim=-1), self.kv_cache, meta, self.scale,
+                                   kv_b_proj=self.kv_b_proj.weight)
         return self.o_proj(out.reshape(t, h * self.v_dim))
 
 

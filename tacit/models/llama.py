@@ -6,14 +6,18 @@ Weight names are Hugging Face's, so a checkpoint loads by name with no mapping t
 from __future__ import annotations
 
 import itertools
+import sys
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from types import ModuleType
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tacit.config import ModelConfig
+from tacit.kernels.cpu_fused_decode import DecoderLayerWeights, bind_llama_decoder
+from tacit.kernels.torch_attention import TorchAttentionBackend
 from tacit.layers.attention import Attention
 from tacit.layers.linear import Linear, MergedLinear
 from tacit.layers.norm import RMSNorm
@@ -201,6 +205,64 @@ class LlamaForCausalLM(CausalLM):
 
     def make_mlp(self, cfg: ModelConfig, layer_idx: int) -> nn.Module:
         return LlamaMLP(cfg.hf["hidden_size"], cfg.hf["intermediate_size"], bias=bool(cfg.hf.get("mlp_bias", False)))
+
+    def fused_decoder_unsupported_reason(self) -> str | None:
+        """Why kernels/cpu_fused_decode.py cannot run this model's decode step, or None if it can."""
+        if self.model.rotary.interleaved:
+            return "interleaved rotary"
+        for i, layer in enumerate(self.model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            if not isinstance(attn, LlamaAttention) or type(mlp) is not LlamaMLP:
+                return f"layer {i} is not a dense Llama layer"
+            if mlp.gate_up_proj.bias is not None or mlp.down_proj.bias is not None:
+                return f"layer {i} has MLP biases"
+            # The fused step reads the cache in place and attends itself, as the torch paged backend does.
+            if attn.attn.backend is None or attn.attn.backend.name != TorchAttentionBackend.name:
+                return f"layer {i} uses another attention backend"
+            cache = attn.attn.kv_cache
+            if cache is None or cache.dtype != torch.bfloat16 or cache.device.type != "cpu":
+                return f"layer {i} has no bf16 CPU KV cache"
+        if any(p.dtype != torch.bfloat16 for p in self.parameters()):
+            return "weights are not bf16"
+        return None
+
+    def build_fused_decoder(self, kernels: ModuleType | None, block_size: int, max_positions: int) -> Any | None:
+        """The C++ decode step bound to this model's weights and KV caches, or None if it cannot run it."""
+        if kernels is None or self.fused_decoder_unsupported_reason() is not None:
+            return None
+        try:
+            return self._bind_fused_decoder(kernels, block_size, max_positions)
+        except (ValueError, RuntimeError) as e:  # a shape the kernel does not take: the torch path still runs it
+            print(f"tacit: fused decode step unavailable for this model ({e}); using the torch path", file=sys.stderr)
+            return None
+
+    def _bind_fused_decoder(self, kernels: ModuleType, block_size: int, max_positions: int) -> Any:
+        lm = self.model
+        layers = list(lm.layers)
+        first = layers[0].self_attn
+        norms = [lm.norm] + [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+        if first.qk_norm:
+            norms += [n for layer in layers for n in (layer.self_attn.q_norm, layer.self_attn.k_norm)]
+        eps = {n.eps for n in norms}
+        if len(eps) != 1:
+            raise ValueError(f"RMSNorm eps differs between layers ({sorted(eps)}); the fused decoder takes one")
+        # One table for every position, built by the same torch ops the model uses, so the fused
+        # path rotates by exactly the cos/sin values the torch path would compute per step.
+        cos, sin = lm.rotary.cos_sin(torch.arange(max_positions), torch.bfloat16)
+
+        def data(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.data
+
+        weights = [DecoderLayerWeights(
+            input_norm=layer.input_layernorm.weight.data, qkv=a.qkv_proj.weight.data, qkv_bias=data(a.qkv_proj.bias),
+            q_norm=a.q_norm.weight.data if a.qk_norm else None, k_norm=a.k_norm.weight.data if a.qk_norm else None,
+            o_proj=a.o_proj.weight.data, o_bias=data(a.o_proj.bias),
+            post_attention_norm=layer.post_attention_layernorm.weight.data,
+            gate_up=layer.mlp.gate_up_proj.weight.data, down=layer.mlp.down_proj.weight.data, kv_cache=a.attn.kv_cache)
+            for layer in layers for a in [layer.self_attn]]
+        return bind_llama_decoder(kernels, lm.embed_tokens.weight.data, lm.norm.weight.data, cos, sin,
+                                  first.num_heads, first.num_kv_heads, first.head_dim, layers[0].mlp.intermediate,
+                                  eps.pop(), first.attn.scale, block_size, weights)
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):

@@ -83,7 +83,6 @@ def test_fused_decode_matches_torch_path(tiny_model_factory, arch, rows):
 
 def test_the_comparison_catches_a_missing_bias(tiny_model_factory):
     """Negative control: a fused decoder bound without the qkv bias must fail the check above."""
-    from tacit.kernels.cpu_fused_decode import build_fused_decoder
     from tacit.kernels.cpu_kernels import load_cpu_kernels
 
     _, _, path = tiny_model_factory("qwen2")
@@ -93,7 +92,7 @@ def test_the_comparison_catches_a_missing_bias(tiny_model_factory):
     for a in attns:
         a.bias = torch.nn.Parameter(torch.zeros_like(a.bias))
     try:
-        engine.runner.fused_decode = build_fused_decoder(engine.model, load_cpu_kernels(), 4, engine.max_model_len)
+        engine.runner.fused_decode = engine.model.build_fused_decoder(load_cpu_kernels(), 4, engine.max_model_len)
     finally:
         for a, b in zip(attns, biases):
             a.bias = b

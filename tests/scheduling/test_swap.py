@@ -11,7 +11,8 @@ from tacit.config import SchedulerConfig
 from tacit.engine.llm_engine import LLMEngine
 from tacit.engine.metrics import ServingMetrics
 from tacit.memory.kv_cache_manager import KVCacheManager
-from tacit.memory.swap import KVSwapper, block_dim
+from tacit.layers.kv_cache import KVCacheLayer
+from tacit.memory.swap import KVSwapper
 from tacit.scheduling.policy import get_policy
 from tacit.scheduling.scheduler import Scheduler
 
@@ -66,29 +67,37 @@ def test_swap_when_the_kv_pool_runs_dry(tiny_llama):
     assert out == ref
 
 
-class FakeMLA(nn.Module):
+class FakeMLA(nn.Module, KVCacheLayer):
+    kv_block_dim = 0
+
     def __init__(self, num_blocks: int, block_size: int) -> None:
         super().__init__()
         self.allocate_kv_cache(num_blocks, block_size, torch.float32, torch.device("cpu"))
         self.kv_cache.copy_(torch.arange(self.kv_cache.numel(), dtype=torch.float32).view_as(self.kv_cache))
 
+    def kv_numel_per_token(self) -> int:
+        return 3
+
     def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
         self.kv_cache = torch.zeros(num_blocks, block_size, 3, dtype=dtype, device=device)
 
 
-def test_block_axis_is_found_for_any_cache_shape():
+def test_kv_layers_declare_their_block_axis():
     from tacit.layers.attention import Attention
 
     attn = Attention(num_heads=4, head_dim=16, num_kv_heads=2, scale=1.0)
     attn.allocate_kv_cache(2, 16, torch.float32, torch.device("cpu"))  # [2, 2, 16, 2, 16]: ambiguous by shape
-    assert block_dim(attn) == 1 and block_dim(FakeMLA(10, 4)) == 0
-    assert attn.kv_cache.shape == (2, 2, 16, 2, 16)  # the probe leaves the real cache bound
-    odd = FakeMLA(4, 4)
-    odd.allocate_kv_cache = lambda nb, bs, dtype, device: setattr(odd, "kv_cache", torch.zeros(nb, bs, nb, bs, device=device))
-    with pytest.raises(ValueError, match="no single block axis"):
-        block_dim(odd)
-    odd.kv_block_dim = 1
-    assert block_dim(odd) == 1
+    assert attn.kv_block_dim == 1 and FakeMLA(10, 4).kv_block_dim == 0
+    sw = KVSwapper([attn], 2, 16, bytes_per_block=2 * 16 * 2 * 16 * 4, swap_space_bytes=1 << 20)
+    before = attn.kv_cache[:, 1].clone()
+    sw.swap_out("r", [1])
+    attn.kv_cache.zero_()
+    sw.swap_in("r", [0])
+    assert torch.equal(attn.kv_cache[:, 0], before)
+    undeclared = nn.Module()
+    undeclared.kv_cache = torch.zeros(4, 4, 3)
+    with pytest.raises(TypeError, match="does not declare the interface"):
+        KVSwapper([undeclared], 4, 4, bytes_per_block=48, swap_space_bytes=1 << 20)
 
 
 def test_swap_round_trip_restores_blocks_and_accounts_space():

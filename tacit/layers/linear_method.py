@@ -1,0 +1,99 @@
+"""LinearMethod: how a linear layer stores its weight and multiplies by it.
+
+create_weights runs when the layer is built (on the meta device, before the checkpoint is
+read), process_weights_after_loading once the checkpoint is in, apply on every forward. The
+unquantized torch matmul is the reference; faster or quantized methods register beside it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable, ClassVar, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_SKINNY_ROWS = 32
+
+
+class LinearMethod(ABC):
+    name: ClassVar[str]
+    # Among methods available for a platform and dtype, the lowest priority is chosen.
+    priority: ClassVar[int]
+
+    @classmethod
+    @abstractmethod
+    def create(cls, platform: str, dtype: torch.dtype) -> LinearMethod | None:
+        """This method for a model on `platform` ("cpu", "cuda") in `dtype`, or None where it cannot run."""
+
+    @abstractmethod
+    def create_weights(self, layer: nn.Module, in_features: int, out_sizes: list[int], bias: bool,
+                       dtype: torch.dtype) -> None:
+        """Register the layer's parameters (`weight`, and `bias` or None) for sum(out_sizes) outputs."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Repack or check the loaded weights; nothing to do for a plain matrix."""
+
+    @abstractmethod
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, in_features] -> [T, out_features]."""
+
+
+_M = TypeVar("_M", bound=type[LinearMethod])
+_LINEAR_METHODS: dict[str, type[LinearMethod]] = {}
+
+
+def register_linear_method(name: str) -> Callable[[_M], _M]:
+    def register(cls: _M) -> _M:
+        if name in _LINEAR_METHODS:
+            raise ValueError(f"linear method {name!r} is registered twice")
+        cls.name = name
+        _LINEAR_METHODS[name] = cls
+        return cls
+
+    return register
+
+
+def registered_linear_methods() -> dict[str, type[LinearMethod]]:
+    """Every method whose module has been imported (tacit/layers/linear.py imports them all)."""
+    return dict(_LINEAR_METHODS)
+
+
+@register_linear_method("unquantized")
+class UnquantizedLinearMethod(LinearMethod):
+    """A [out, in] matrix in the model's dtype, multiplied the way that streams it fastest.
+
+    Decode is memory-bound: a step streams every weight once for a handful of rows. How the
+    GEMM is phrased decides how fast it streams on this CPU (oneDNN, 2 cores, bf16, weights
+    cold in DRAM, [3072, 576] gate/up; docs/benchmarks.md has the measuring script):
+      1 row:      torch.mv 19 GB/s      F.linear 13 GB/s
+      2-32 rows:  W @ x.T  12-15 GB/s   F.linear 10-11 GB/s
+      64+ rows:   F.linear wins (prefill is compute-bound anyway).
+    """
+
+    priority = 100  # the reference: every platform and dtype
+
+    @classmethod
+    def create(cls, platform: str, dtype: torch.dtype) -> UnquantizedLinearMethod:
+        return cls()
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_sizes: list[int], bias: bool,
+                       dtype: torch.dtype) -> None:
+        out_features = sum(out_sizes)
+        layer.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
+        if bias:
+            layer.bias = nn.Parameter(torch.empty(out_features, dtype=dtype))
+        else:
+            layer.register_parameter("bias", None)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        weight = layer.weight
+        rows = x.shape[0] if x.dim() == 2 else _SKINNY_ROWS + 1
+        if rows == 1:
+            out = torch.mv(weight, x[0]).unsqueeze(0)
+        elif rows <= _SKINNY_ROWS:
+            out = torch.mm(weight, x.t()).t().contiguous()
+        else:
+            return F.linear(x, weight, bias)
+        return out + bias if bias is not None else out
