@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from tacit.scheduling.policy import POLICIES  # the package import registers every policy
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -161,8 +163,6 @@ class SchedulerConfig:
     cut_in_prefill_tokens: int = DEFAULT_CUT_IN_PREFILL_TOKENS
 
     def __post_init__(self) -> None:
-        from tacit.scheduling.policy import POLICIES
-
         if self.policy not in POLICIES:
             raise ValueError(f"scheduling_policy={self.policy!r} is not known; valid: {', '.join(POLICIES)}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_long_partial_prefills"):

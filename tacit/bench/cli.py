@@ -11,7 +11,6 @@ from tacit.bench.scenario import SCENARIOS
 from tacit.bench.workloads import DISTRIBUTIONS
 from tacit.engine.arg_utils import EngineArgs
 
-
 PEERS = ["transformers", "llama.cpp"]
 
 

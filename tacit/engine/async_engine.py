@@ -26,8 +26,14 @@ from typing import Any, AsyncIterator, Callable
 
 from tacit.engine.llm_engine import LLMEngine
 from tacit.engine.metrics import ServingMetrics
-from tacit.engine.request_stream import (EngineDeadError, EngineStepError, QueueFullError, RequestAbortedError,
-                                         RequestStream, StepDelivery)
+from tacit.engine.request_stream import (
+    EngineDeadError,
+    EngineStepError,
+    QueueFullError,
+    RequestAbortedError,
+    RequestStream,
+    StepDelivery,
+)
 from tacit.outputs import RequestOutput
 from tacit.sampling_params import SamplingParams
 from tacit.scheduling.errors import SLOUnattainableError

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, ClassVar, TypeVar
+from typing import ClassVar
 
 import numpy as np
 import torch
+
+from tacit.registry import Registry
 
 
 @dataclass
@@ -71,21 +73,10 @@ class MLAAttentionBackend(AttentionBackend):
         """query [T, H, nope_dim + rope_dim] -> [T, H, v_dim], through the layer's up-projection weight kv_b_proj."""
 
 
-_B = TypeVar("_B", bound=type[AttentionBackend])
-_ATTENTION_BACKENDS: dict[str, type[AttentionBackend]] = {}
-
-
-def register_attention_backend(name: str) -> Callable[[_B], _B]:
-    def register(cls: _B) -> _B:
-        if name in _ATTENTION_BACKENDS:
-            raise ValueError(f"attention backend {name!r} is registered twice")
-        cls.name = name
-        _ATTENTION_BACKENDS[name] = cls
-        return cls
-
-    return register
+ATTENTION_BACKENDS = Registry("attention_backend")
+register_attention_backend = ATTENTION_BACKENDS.register
 
 
 def registered_attention_backends() -> dict[str, type[AttentionBackend]]:
     """Every backend whose module has been imported (tacit/layers/attention_selector.py imports them all)."""
-    return dict(_ATTENTION_BACKENDS)
+    return dict(ATTENTION_BACKENDS)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable
 
 import torch
+
+from tacit.registry import Registry
 
 
 class MoEKernel(ABC):
@@ -20,12 +21,5 @@ class MoEKernel(ABC):
 
 # name -> MoEKernel class; each implementation registers itself with @register_moe_kernel, and the
 # conformance test (tests/kernels/test_moe_conformance.py) runs every entry against the reference.
-MOE_KERNELS: dict[str, type[MoEKernel]] = {}
-
-
-def register_moe_kernel(name: str) -> Callable[[type[MoEKernel]], type[MoEKernel]]:
-    def register(cls: type[MoEKernel]) -> type[MoEKernel]:
-        cls.name = name
-        MOE_KERNELS[name] = cls
-        return cls
-    return register
+MOE_KERNELS = Registry("moe_kernel")
+register_moe_kernel = MOE_KERNELS.register

@@ -14,8 +14,14 @@ import torch
 import torch.nn.functional as F
 
 from tacit.kernels.attention_backend import MLAAttentionBackend, register_attention_backend
-from tacit.kernels.torch_attention import (AttentionGroup, TorchAttentionMetadata, build_torch_metadata,
-                                           gather_blocks, padded_sdpa, run_groups)
+from tacit.kernels.torch_attention import (
+    AttentionGroup,
+    TorchAttentionMetadata,
+    build_torch_metadata,
+    gather_blocks,
+    padded_sdpa,
+    run_groups,
+)
 
 
 @register_attention_backend("torch_mla")

@@ -11,14 +11,11 @@ import torch
 import tacit.kernels.torch_attention  # noqa: F401  registers "torch_paged"
 import tacit.kernels.torch_mla_attention  # noqa: F401  registers "torch_mla"
 from tacit.config import ModelConfig
-from tacit.kernels.attention_backend import AttentionBackend, registered_attention_backends
+from tacit.kernels.attention_backend import ATTENTION_BACKENDS, AttentionBackend, registered_attention_backends
 
 
 def get_attention_backend(name: str) -> AttentionBackend:
-    backends = registered_attention_backends()
-    if name not in backends:
-        raise ValueError(f"attention backend {name!r} is not registered; valid: {', '.join(sorted(backends))}")
-    return backends[name]()
+    return ATTENTION_BACKENDS.lookup(name)()
 
 
 def uses_mla(model_config: ModelConfig) -> bool:

@@ -8,11 +8,13 @@ unquantized torch matmul is the reference; faster or quantized methods register 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, ClassVar, TypeVar
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from tacit.registry import Registry
 
 _SKINNY_ROWS = 32
 
@@ -40,24 +42,13 @@ class LinearMethod(ABC):
         """x [T, in_features] -> [T, out_features]."""
 
 
-_M = TypeVar("_M", bound=type[LinearMethod])
-_LINEAR_METHODS: dict[str, type[LinearMethod]] = {}
-
-
-def register_linear_method(name: str) -> Callable[[_M], _M]:
-    def register(cls: _M) -> _M:
-        if name in _LINEAR_METHODS:
-            raise ValueError(f"linear method {name!r} is registered twice")
-        cls.name = name
-        _LINEAR_METHODS[name] = cls
-        return cls
-
-    return register
+LINEAR_METHODS = Registry("linear_method")
+register_linear_method = LINEAR_METHODS.register
 
 
 def registered_linear_methods() -> dict[str, type[LinearMethod]]:
     """Every method whose module has been imported (tacit/layers/linear.py imports them all)."""
-    return dict(_LINEAR_METHODS)
+    return dict(LINEAR_METHODS)
 
 
 @register_linear_method("unquantized")

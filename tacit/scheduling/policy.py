@@ -16,8 +16,9 @@ request that has waited that long goes ahead of all that have not, so none starv
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
+from tacit.registry import Registry
 from tacit.scheduling.request import Request
 
 if TYPE_CHECKING:
@@ -102,21 +103,12 @@ class SchedulingPolicy(ABC):
 
 # name -> policy class; filled by @register_policy as each policy module is imported
 # (tacit/scheduling/__init__.py imports them all).
-POLICIES: dict[str, type[SchedulingPolicy]] = {}
-
-
-def register_policy(name: str) -> Callable[[type[SchedulingPolicy]], type[SchedulingPolicy]]:
-    def register(cls: type[SchedulingPolicy]) -> type[SchedulingPolicy]:
-        cls.name = name
-        POLICIES[name] = cls
-        return cls
-    return register
+POLICIES = Registry("scheduling_policy")
+register_policy = POLICIES.register
 
 
 def get_policy(name: str) -> SchedulingPolicy:
-    if name not in POLICIES:
-        raise ValueError(f"scheduling_policy={name!r} is not known; valid: {', '.join(POLICIES)}")
-    return POLICIES[name]()
+    return POLICIES.lookup(name)()
 
 
 @register_policy("fcfs")

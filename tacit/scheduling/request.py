@@ -13,7 +13,6 @@ import time
 
 from tacit.sampling_params import SamplingParams
 
-
 _arrival_seq = itertools.count()
 
 

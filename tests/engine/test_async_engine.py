@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tiny_models import build_hf_model  # noqa: E402
-
 from tacit import LLM, SamplingParams  # noqa: E402
 from tacit.engine.async_engine import AsyncLLMEngine, EngineStepError, QueueFullError  # noqa: E402
 from tacit.engine.llm_engine import LLMEngine  # noqa: E402
+
+from tiny_models import build_hf_model  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 

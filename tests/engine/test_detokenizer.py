@@ -2,6 +2,7 @@ import pytest
 
 from tacit.engine.detokenizer import IncrementalDetokenizer
 from tacit.tokenizer import Tokenizer
+
 from tiny_models import build_tokenizer
 
 TEXTS = ["Grüße aus München, naïve café", "東京 🙂🚀 Привет мир", "def main():\n    return 42\n",
@@ -31,7 +32,8 @@ def test_long_stream_keeps_window_small(tok):
 
 
 def test_sentencepiece_style_spaces():
-    from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
 
     vocab = {"<unk>": 0, "▁Hello": 1, "▁world": 2, "!": 3, "▁": 4}
     hf = HFTokenizer(models.WordLevel(vocab, unk_token="<unk>"))

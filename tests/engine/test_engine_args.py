@@ -9,8 +9,13 @@ import pytest
 
 from tacit import LLM
 from tacit.cli import build_parser
-from tacit.config import (DEFAULT_CUT_IN_PREFILL_TOKENS, DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD, CacheConfig,
-                          EngineConfig, SchedulerConfig)
+from tacit.config import (
+    DEFAULT_CUT_IN_PREFILL_TOKENS,
+    DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD,
+    CacheConfig,
+    EngineConfig,
+    SchedulerConfig,
+)
 from tacit.engine.arg_utils import EngineArgs
 from tacit.engine.llm_engine import LLMEngine
 from tacit.loader import open_model

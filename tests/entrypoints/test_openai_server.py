@@ -20,10 +20,10 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from tiny_models import build_hf_model  # noqa: E402
-
 from tacit import LLM, SamplingParams  # noqa: E402
 from tacit.bench.launch import free_port, parse_metrics, stop_process, wait_healthy  # noqa: E402
+
+from tiny_models import build_hf_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "test-key"

@@ -1,6 +1,7 @@
 """The fused C++ decode step against the torch path it replaces, on the same KV cache."""
 
 import os
+
 import pytest
 import torch
 

@@ -3,6 +3,7 @@ import json
 import torch
 
 from tacit import LLM, SamplingParams
+
 from tiny_models import build_tokenizer, make_config, save_tokenizer
 
 
@@ -33,8 +34,8 @@ def test_missing_shard_is_named(tiny_llama, tmp_path):
 
 
 def test_config_and_weights_disagree(tmp_path):
-    import transformers
     import pytest
+    import transformers
 
     tok = build_tokenizer()
     cfg = make_config("llama", tok.get_vocab_size())

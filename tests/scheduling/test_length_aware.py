@@ -5,13 +5,14 @@ import random
 
 import pytest
 
-from helpers import FakeClock, advance, make_req, run_step
 from tacit import LLM, SamplingParams
 from tacit.config import SchedulerConfig
 from tacit.memory.kv_cache_manager import KVCacheManager
 from tacit.scheduling.length_predictor import OutputLengthPredictor
 from tacit.scheduling.policy import get_policy
 from tacit.scheduling.scheduler import Scheduler
+
+from helpers import FakeClock, advance, make_req, run_step
 
 
 def test_predictor_learns_and_records_its_error():

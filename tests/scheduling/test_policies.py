@@ -2,13 +2,13 @@
 
 import pytest
 
-from helpers import make_req, run_step
-
 from tacit import LLM, SamplingParams
 from tacit.config import SchedulerConfig
 from tacit.memory.kv_cache_manager import KVCacheManager
 from tacit.scheduling.policy import PriorityPolicy
 from tacit.scheduling.scheduler import Scheduler
+
+from helpers import make_req, run_step
 
 
 def test_priority_preempts_when_batch_slots_are_full():

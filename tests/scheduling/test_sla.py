@@ -3,7 +3,6 @@ the cost model it estimates with, and clear errors for bad targets."""
 
 import pytest
 
-from helpers import FakeClock, make_req, run_step
 from tacit import LLM, SamplingParams
 from tacit.config import SchedulerConfig, parse_slo_class
 from tacit.memory.kv_cache_manager import KVCacheManager
@@ -11,6 +10,8 @@ from tacit.scheduling.cost_model import StepCostModel
 from tacit.scheduling.policy import get_policy
 from tacit.scheduling.scheduler import Scheduler
 from tacit.scheduling.sla import SLOUnattainableError
+
+from helpers import FakeClock, make_req, run_step
 
 
 def sla_scheduler(clock: FakeClock, **cfg) -> Scheduler:

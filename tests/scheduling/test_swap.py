@@ -5,16 +5,17 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import FakeClock, make_req, run_step
 from tacit import LLM, SamplingParams
 from tacit.config import SchedulerConfig
 from tacit.engine.llm_engine import LLMEngine
 from tacit.engine.metrics import ServingMetrics
-from tacit.memory.kv_cache_manager import KVCacheManager
 from tacit.layers.kv_cache import KVCacheLayer
+from tacit.memory.kv_cache_manager import KVCacheManager
 from tacit.memory.swap import KVSwapper
 from tacit.scheduling.policy import get_policy
 from tacit.scheduling.scheduler import Scheduler
+
+from helpers import FakeClock, make_req, run_step
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 PROMPTS = [[5 + i] * (40 + 10 * i) for i in range(6)]

@@ -15,8 +15,8 @@ from typing import Any, Sequence, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tacit.entrypoints.openai.protocol import ErrorInfo, ErrorResponse

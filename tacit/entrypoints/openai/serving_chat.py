@@ -12,13 +12,28 @@ from starlette.requests import Request
 
 from tacit.engine.request_stream import RequestStream
 from tacit.entrypoints.openai.errors import bad_request, error_sse
-from tacit.entrypoints.openai.protocol import (ChatCompletionChoice, ChatCompletionChunk, ChatCompletionRequest,
-                                               ChatCompletionResponse, ChatCompletionStreamChoice, ChatLogprobs,
-                                               ChatResponseMessage, ChatTokenLogprob, DeltaMessage, TopLogprob,
-                                               UsageInfo, random_id)
-from tacit.entrypoints.openai.serving_common import (ServingContext, abort_on_disconnect, engine_error,
-                                                     final_outputs_unless_disconnected, logprob_entries,
-                                                     token_text)
+from tacit.entrypoints.openai.protocol import (
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionStreamChoice,
+    ChatLogprobs,
+    ChatResponseMessage,
+    ChatTokenLogprob,
+    DeltaMessage,
+    TopLogprob,
+    UsageInfo,
+    random_id,
+)
+from tacit.entrypoints.openai.serving_common import (
+    ServingContext,
+    abort_on_disconnect,
+    engine_error,
+    final_outputs_unless_disconnected,
+    logprob_entries,
+    token_text,
+)
 from tacit.entrypoints.openai.serving_completion import SSE_HEADERS
 from tacit.outputs import CompletionOutput
 

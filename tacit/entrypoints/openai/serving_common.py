@@ -9,8 +9,14 @@ from typing import AsyncIterator, Callable
 
 from starlette.requests import Request
 
-from tacit.engine.async_engine import (AsyncLLMEngine, EngineDeadError, EngineStepError, QueueFullError,
-                                      RequestAbortedError, RequestStream)
+from tacit.engine.async_engine import (
+    AsyncLLMEngine,
+    EngineDeadError,
+    EngineStepError,
+    QueueFullError,
+    RequestAbortedError,
+    RequestStream,
+)
 from tacit.entrypoints.openai.errors import OpenAIError, bad_request, from_value_error, overloaded
 from tacit.outputs import CompletionOutput, Logprob, RequestOutput
 from tacit.sampling_params import SamplingParams

@@ -10,11 +10,24 @@ from starlette.requests import Request
 
 from tacit.engine.request_stream import RequestStream
 from tacit.entrypoints.openai.errors import error_sse
-from tacit.entrypoints.openai.protocol import (CompletionChoice, CompletionChunk, CompletionLogprobs,
-                                               CompletionRequest, CompletionResponse, UsageInfo, random_id)
-from tacit.entrypoints.openai.serving_common import (ServingContext, abort_on_disconnect, engine_error,
-                                                     final_outputs_unless_disconnected, logprob_entries,
-                                                     merge_streams, token_text)
+from tacit.entrypoints.openai.protocol import (
+    CompletionChoice,
+    CompletionChunk,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    UsageInfo,
+    random_id,
+)
+from tacit.entrypoints.openai.serving_common import (
+    ServingContext,
+    abort_on_disconnect,
+    engine_error,
+    final_outputs_unless_disconnected,
+    logprob_entries,
+    merge_streams,
+    token_text,
+)
 from tacit.outputs import CompletionOutput
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies must not buffer a stream
