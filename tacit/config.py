@@ -72,9 +72,7 @@ class ModelConfig:
         if not self.max_model_len:
             object.__setattr__(self, "max_model_len", limit)
         elif self.max_model_len > limit and self.rope["rope_type"] == "default":
-            raise ValueError(
-                f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings={limit}"
-            )
+            raise ValueError(f"max_model_len={self.max_model_len} exceeds the model's max_position_embeddings={limit}")
 
     def get(self, key: str, default: Any = None) -> Any:
         value = self.hf.get(key, default)
@@ -170,7 +168,9 @@ class SchedulerConfig:
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r} is invalid: must be an integer >= 1")
         if not isinstance(self.enable_chunked_prefill, bool):
-            raise ValueError(f"enable_chunked_prefill={self.enable_chunked_prefill!r} is invalid: must be true or false")
+            raise ValueError(
+                f"enable_chunked_prefill={self.enable_chunked_prefill!r} is invalid: must be true or false"
+            )
         t = self.long_prefill_token_threshold
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:
             raise ValueError(f"long_prefill_token_threshold={t!r} is invalid: must be an integer >= 0 (0: no cap)")
@@ -180,8 +180,9 @@ class SchedulerConfig:
         if self.aging_s is not None and (not isinstance(self.aging_s, (int, float)) or self.aging_s <= 0):
             raise ValueError(f"aging_s={self.aging_s!r} is invalid: must be seconds > 0, or None for no aging")
         if self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode={self.preemption_mode!r} is not known; "
-                             f"valid: {', '.join(PREEMPTION_MODES)}")
+            raise ValueError(
+                f"preemption_mode={self.preemption_mode!r} is not known; valid: {', '.join(PREEMPTION_MODES)}"
+            )
         if self.slo_admission not in SLO_ADMISSION:
             raise ValueError(f"slo_admission={self.slo_admission!r} is not known; valid: {', '.join(SLO_ADMISSION)}")
         # A copy, so the caller's dict (a recipe's, a CLI's) cannot change a built config.
@@ -205,8 +206,9 @@ def parse_slo_class(spec: str) -> tuple[int, dict[str, float]]:
             raise ValueError
         return int(prio), targets
     except ValueError:
-        raise ValueError(f"--slo-class {spec!r} is invalid; write PRIORITY:ttft=MS,tpot=MS, "
-                         f"e.g. 0:ttft=500,tpot=100") from None
+        raise ValueError(
+            f"--slo-class {spec!r} is invalid; write PRIORITY:ttft=MS,tpot=MS, e.g. 0:ttft=500,tpot=100"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -227,8 +229,13 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.scheduler.preemption_mode == "swap" and not self.cache.swap_space:
             raise ValueError("preemption_mode='swap' needs swap_space > 0 (GiB of host memory for swapped KV)")
-        if not self.scheduler.enable_chunked_prefill and self.scheduler.max_num_batched_tokens < self.model.max_model_len:
+        if (
+            not self.scheduler.enable_chunked_prefill
+            and self.scheduler.max_num_batched_tokens < self.model.max_model_len
+        ):
             # Without chunking a whole prompt must fit in one step's budget.
-            raise ValueError(f"enable_chunked_prefill=False needs max_num_batched_tokens >= max_model_len "
-                             f"({self.scheduler.max_num_batched_tokens} < {self.model.max_model_len}): "
-                             f"a whole prompt must fit in one step")
+            raise ValueError(
+                f"enable_chunked_prefill=False needs max_num_batched_tokens >= max_model_len "
+                f"({self.scheduler.max_num_batched_tokens} < {self.model.max_model_len}): "
+                f"a whole prompt must fit in one step"
+            )

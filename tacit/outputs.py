@@ -34,6 +34,7 @@ class RequestOutput:
     finished: bool
     metrics: dict[str, float] = field(default_factory=dict)
 
+
 # (chosen token's logprob, its rank, [(token_id, logprob), ...] top-n) for one sampled row.
 RawLogprobs = tuple[float, int, list[tuple[int, float]]]
 

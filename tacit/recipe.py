@@ -45,22 +45,22 @@ def load_recipe(path: str | Path) -> Recipe:
     if p.is_dir():
         p = p / RECIPE_FILE
     if not p.is_file():
-        raise FileNotFoundError(f"recipe {str(path)!r} not found: give a recipe YAML file or a folder holding "
-                                f"{RECIPE_FILE} (e.g. recipes/smollm2-135m-cpu)")
+        raise FileNotFoundError(
+            f"recipe {str(path)!r} not found: give a recipe YAML file or a folder holding "
+            f"{RECIPE_FILE} (e.g. recipes/smollm2-135m-cpu)"
+        )
     try:
         doc = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         raise ValueError(f"recipe {p}: not valid YAML ({e})") from None
     if not isinstance(doc, dict):
-        raise ValueError(f"recipe {p}: must be a mapping of sections ({', '.join(SECTIONS)}), "
-                         f"got {type(doc).__name__}")
+        raise ValueError(f"recipe {p}: must be a mapping of sections ({', '.join(SECTIONS)}), got {type(doc).__name__}")
     args: dict[str, Any] = {}
     for section, body in doc.items():
         if section in INFO_KEYS:
             continue
         if section not in SECTIONS:
-            raise ValueError(f"recipe {p}: unknown section {section!r}; valid: "
-                             f"{', '.join([*SECTIONS, *INFO_KEYS])}")
+            raise ValueError(f"recipe {p}: unknown section {section!r}; valid: {', '.join([*SECTIONS, *INFO_KEYS])}")
         if body is None:
             continue
         if not isinstance(body, dict):
@@ -75,8 +75,12 @@ def load_recipe(path: str | Path) -> Recipe:
         model = Path(args["model"]).expanduser()
         args["model"] = str(model if model.is_absolute() else (p.parent / model).resolve())
     _check(p, args)
-    return Recipe(path=p, name=str(doc.get("name") or p.parent.name), description=str(doc.get("description") or ""),
-                  engine_args=args)
+    return Recipe(
+        path=p,
+        name=str(doc.get("name") or p.parent.name),
+        description=str(doc.get("description") or ""),
+        engine_args=args,
+    )
 
 
 def _check(path: Path, args: dict[str, Any]) -> None:

@@ -48,7 +48,11 @@ class SamplingParams:
             raise bad("temperature", self.temperature, "must be a number >= 0 (0 means greedy)")
         if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", self.top_p, "must be in (0, 1]")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or (self.top_k < 1 and self.top_k not in (-1, 0)):
+        if (
+            not isinstance(self.top_k, int)
+            or isinstance(self.top_k, bool)
+            or (self.top_k < 1 and self.top_k not in (-1, 0))
+        ):
             raise bad("top_k", self.top_k, "must be -1 or 0 (disabled) or an integer >= 1")
         if not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", self.min_p, "must be in [0, 1]")

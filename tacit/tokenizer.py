@@ -23,9 +23,14 @@ def _raise(message: str) -> None:
 
 
 class Tokenizer:
-    def __init__(self, tokenizer: HFTokenizer, chat_template: str | None = None,
-                 bos_token: str | None = None, eos_token: str | None = None,
-                 add_bos_token: bool = False) -> None:
+    def __init__(
+        self,
+        tokenizer: HFTokenizer,
+        chat_template: str | None = None,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        add_bos_token: bool = False,
+    ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.bos_token, self.eos_token = bos_token, eos_token
@@ -47,8 +52,10 @@ class Tokenizer:
     def from_hf_dir(cls, path: Path) -> "Tokenizer":
         tok_file = path / "tokenizer.json"
         if not tok_file.exists():
-            raise FileNotFoundError(f"{path}: no tokenizer.json (tacit reads the fast-tokenizer file; "
-                                    f"sentencepiece-only tokenizer.model is not supported yet)")
+            raise FileNotFoundError(
+                f"{path}: no tokenizer.json (tacit reads the fast-tokenizer file; "
+                f"sentencepiece-only tokenizer.model is not supported yet)"
+            )
         cfg: dict[str, Any] = {}
         if (path / "tokenizer_config.json").exists():
             cfg = json.loads((path / "tokenizer_config.json").read_text())
@@ -57,12 +64,21 @@ class Tokenizer:
             template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
         if (path / "chat_template.jinja").exists():
             template = (path / "chat_template.jinja").read_text()
-        return cls(HFTokenizer.from_file(str(tok_file)), template,
-                   _token_text(cfg.get("bos_token")), _token_text(cfg.get("eos_token")))
+        return cls(
+            HFTokenizer.from_file(str(tok_file)),
+            template,
+            _token_text(cfg.get("bos_token")),
+            _token_text(cfg.get("eos_token")),
+        )
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
-        if add_special_tokens and self.add_bos_token and self.bos_token_id is not None and ids[:1] != [self.bos_token_id]:
+        if (
+            add_special_tokens
+            and self.add_bos_token
+            and self.bos_token_id is not None
+            and ids[:1] != [self.bos_token_id]
+        ):
             ids = [self.bos_token_id] + ids
         return ids
 
@@ -75,10 +91,16 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         if self._template is None:
             raise ValueError("this model has no chat template; use generate() with a plain prompt")
-        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and "role" in m and "content" in m for m in messages
+        ):
             raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        return self._template.render(
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+        )
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
         """Render the chat template and encode it (LLM.chat and the OpenAI server share this)."""

@@ -29,7 +29,9 @@ def _write(tmp_path, text: str) -> Path:
 
 
 def test_recipe_settings_reach_the_engine_and_explicit_arguments_win(tiny_llama, tmp_path):
-    recipe = _write(tmp_path, f"""
+    recipe = _write(
+        tmp_path,
+        f"""
 model: {{path: {tiny_llama[2]}, dtype: float32}}
 cache: {{block_size: 8}}
 scheduler:
@@ -37,7 +39,8 @@ scheduler:
   max_num_seqs: 3
   aging_s: null
   slo_classes: {{0: {{ttft_ms: 250}}}}
-""")
+""",
+    )
     e = LLM(recipe=str(recipe)).engine
     assert e.scheduler.policy.name == "priority" and e.config.scheduler.max_num_seqs == 3
     assert e.config.cache.block_size == 8 and e.config.scheduler.aging_s is None
@@ -57,20 +60,26 @@ def test_relative_model_path_is_next_to_the_recipe(tiny_llama, tmp_path):
         recipe.unlink()
 
 
-@pytest.mark.parametrize("text, match", [
-    ("- just\n- a list\n", "must be a mapping of sections"),
-    ("model: {dtype: [unclosed\n", "not valid YAML"),
-    ("engine: {dtype: bfloat16}\n", "unknown section 'engine'; valid: model, platform, cache, scheduler"),
-    ("scheduler: {polcy: sla}\n", "unknown key scheduler.polcy; valid in 'scheduler': policy, max_num_seqs"),
-    ("scheduler: {policy: lifo}\n", "scheduling_policy='lifo' is not known; valid: fcfs, priority, sjf, sla"),
-    ("scheduler: {max_num_seqs: 0}\n", "max_num_seqs=0 is invalid: must be an integer >= 1"),
-    ("scheduler: {enable_chunked_prefill: sometimes}\n", "enable_chunked_prefill='sometimes' is invalid"),
-    ("scheduler: {slo_classes: {0: {ttft: 5}}}\n", "slo_classes[0] key 'ttft' is not known; valid: ttft_ms, tpot_ms"),
-    ("cache: {block_size: -4}\n", "block_size=-4 is invalid"),
-    ("cache: 16\n", "section 'cache' must be a mapping"),
-    ("model: {dtype: int3}\n", "dtype='int3' is not supported"),
-    ("model: {max_model_len: lots}\n", "max_model_len='lots' is invalid"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("- just\n- a list\n", "must be a mapping of sections"),
+        ("model: {dtype: [unclosed\n", "not valid YAML"),
+        ("engine: {dtype: bfloat16}\n", "unknown section 'engine'; valid: model, platform, cache, scheduler"),
+        ("scheduler: {polcy: sla}\n", "unknown key scheduler.polcy; valid in 'scheduler': policy, max_num_seqs"),
+        ("scheduler: {policy: lifo}\n", "scheduling_policy='lifo' is not known; valid: fcfs, priority, sjf, sla"),
+        ("scheduler: {max_num_seqs: 0}\n", "max_num_seqs=0 is invalid: must be an integer >= 1"),
+        ("scheduler: {enable_chunked_prefill: sometimes}\n", "enable_chunked_prefill='sometimes' is invalid"),
+        (
+            "scheduler: {slo_classes: {0: {ttft: 5}}}\n",
+            "slo_classes[0] key 'ttft' is not known; valid: ttft_ms, tpot_ms",
+        ),
+        ("cache: {block_size: -4}\n", "block_size=-4 is invalid"),
+        ("cache: 16\n", "section 'cache' must be a mapping"),
+        ("model: {dtype: int3}\n", "dtype='int3' is not supported"),
+        ("model: {max_model_len: lots}\n", "max_model_len='lots' is invalid"),
+    ],
+)
 def test_broken_recipe_is_refused_naming_file_and_fix(tmp_path, text, match):
     path = _write(tmp_path, text)
     with pytest.raises(ValueError, match="recipe .*recipe.yaml: ") as err:
@@ -85,6 +94,11 @@ def test_missing_recipe_is_named(tmp_path):
 
 def test_cli_refuses_a_broken_recipe_before_loading(tmp_path):
     path = _write(tmp_path, "scheduler: {policy: lifo}\n")
-    r = subprocess.run([sys.executable, "-m", "tacit.cli", "serve", "--recipe", str(path)],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "tacit.cli", "serve", "--recipe", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "scheduling_policy='lifo' is not known" in r.stderr and str(path) in r.stderr

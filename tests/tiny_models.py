@@ -31,8 +31,12 @@ def build_tokenizer(vocab_size: int = 384):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(CORPUS * 20, trainer)
     return tok
 
@@ -41,15 +45,33 @@ def save_tokenizer(path: Path, tok) -> None:
     import json
 
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": None, "eos_token": "<|im_end|>", "chat_template": CHAT_TEMPLATE,
-        "tokenizer_class": "PreTrainedTokenizerFast"}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": None,
+                "eos_token": "<|im_end|>",
+                "chat_template": CHAT_TEMPLATE,
+                "tokenizer_class": "PreTrainedTokenizerFast",
+            }
+        )
+    )
 
 
 def common_kwargs(vocab: int) -> dict:
-    return dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                rms_norm_eps=1e-6, eos_token_id=2, bos_token_id=0, pad_token_id=0, tie_word_embeddings=False)
+    return dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        eos_token_id=2,
+        bos_token_id=0,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
 
 
 def make_config(arch: str, vocab: int):
@@ -60,9 +82,18 @@ def make_config(arch: str, vocab: int):
         return tf.LlamaConfig(**kw, rope_theta=10000.0)
     if arch == "llama3":  # llama3 rope scaling, tied embeddings, attention bias
         kw.update(tie_word_embeddings=True)
-        return tf.LlamaConfig(**kw, attention_bias=True, rope_scaling={
-            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64}, rope_theta=500000.0)
+        return tf.LlamaConfig(
+            **kw,
+            attention_bias=True,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            rope_theta=500000.0,
+        )
     if arch == "qwen2":
         return tf.Qwen2Config(**kw, rope_theta=1000000.0)
     if arch == "qwen2_odd":  # widths that are not multiples of 16 or 32: the kernels' scalar tails
@@ -71,22 +102,58 @@ def make_config(arch: str, vocab: int):
     if arch == "qwen3":
         return tf.Qwen3Config(**kw, head_dim=32)
     if arch == "qwen3_moe":
-        return tf.Qwen3MoeConfig(**kw, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                                 norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1])
+        return tf.Qwen3MoeConfig(
+            **kw,
+            head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],
+        )
     if arch == "qwen3_moe_nonorm":
         kw.update(num_hidden_layers=3)
-        return tf.Qwen3MoeConfig(**kw, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                 norm_topk_prob=False, decoder_sparse_step=2, mlp_only_layers=[])
+        return tf.Qwen3MoeConfig(
+            **kw,
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=False,
+            decoder_sparse_step=2,
+            mlp_only_layers=[],
+        )
     if arch in ("deepseek_v3", "deepseek_v3_qlora"):
         kw.update(num_key_value_heads=4, num_hidden_layers=3)
         extra = dict(q_lora_rank=24) if arch == "deepseek_v3_qlora" else dict(q_lora_rank=None)
         if arch == "deepseek_v3_qlora":
-            extra["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 1.0,
-                                     "original_max_position_embeddings": 256, "beta_fast": 32, "beta_slow": 1}
-        return tf.DeepseekV3Config(**kw, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2,
-                                   n_group=4, topk_group=2, n_shared_experts=1, routed_scaling_factor=2.5,
-                                   kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
-                                   first_k_dense_replace=1, norm_topk_prob=True, **extra)
+            extra["rope_scaling"] = {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "original_max_position_embeddings": 256,
+                "beta_fast": 32,
+                "beta_slow": 1,
+            }
+        return tf.DeepseekV3Config(
+            **kw,
+            moe_intermediate_size=32,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            kv_lora_rank=32,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            first_k_dense_replace=1,
+            norm_topk_prob=True,
+            **extra,
+        )
     raise KeyError(arch)
 
 
@@ -114,4 +181,3 @@ def build_hf_model(arch: str, path: Path, seed: int = 0, std: float = 0.15):
     model.save_pretrained(path)
     save_tokenizer(path, tok)
     return model, tok
-

@@ -57,8 +57,12 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--seed", type=int, default=0)
     sv.add_argument("--json", default=None)
     sv.add_argument("--plot", default=None, help="PNG: end-to-end latency CDF")
-    sv.add_argument("--scenario", default=None, choices=SCENARIOS,
-                    help="start a tacit server per --policies and run this workload against each (no --url)")
+    sv.add_argument(
+        "--scenario",
+        default=None,
+        choices=SCENARIOS,
+        help="start a tacit server per --policies and run this workload against each (no --url)",
+    )
     sv.add_argument("--policies", default="fcfs,priority,sjf,sla", help="scheduling policies the scenario compares")
     sv.add_argument("--server-args", default="", help="extra `tacit serve` flags for the scenario's servers")
     sv.add_argument("--idle-requests", type=int, default=10, help="interactive requests timed on an idle server")
@@ -99,9 +103,12 @@ def _setup(args: argparse.Namespace, peers: list[str]):
     from tacit.engine.llm_engine import LLMEngine
 
     engine_args = EngineArgs.from_cli_args(args)
-    engine_args = replace(engine_args, model=resolve_bench_model(engine_args.model),
-                          # bf16 is this CPU's fast path
-                          dtype="bfloat16" if engine_args.dtype == "auto" else engine_args.dtype)
+    engine_args = replace(
+        engine_args,
+        model=resolve_bench_model(engine_args.model),
+        # bf16 is this CPU's fast path
+        dtype="bfloat16" if engine_args.dtype == "auto" else engine_args.dtype,
+    )
     engine = LLMEngine(engine_args=engine_args)
     path, dtype = engine.source.path, engine.config.model.dtype
     engines = [TacitBench(engine)]
@@ -156,10 +163,21 @@ def cmd_latency(args: argparse.Namespace) -> int:
     engine, engines = _setup(args, args.peer)
     wbytes = latency.weight_bytes(engine.model)
     sizes = [int(x) for x in args.batch_sizes.split(",")]
-    rows = latency.run(engines, sizes, args.input_len, args.output_len, engine.config.model.hf["vocab_size"],
-                       wbytes, bw, repeats=args.repeats, progress=_log)
-    print(f"model {engine.source.path.name}, {engine.config.model.dtype}, weights {wbytes / 1e6:.0f} MB, "
-          f"peak read bandwidth {bw:.1f} GB/s, input {args.input_len}, output {args.output_len}")
+    rows = latency.run(
+        engines,
+        sizes,
+        args.input_len,
+        args.output_len,
+        engine.config.model.hf["vocab_size"],
+        wbytes,
+        bw,
+        repeats=args.repeats,
+        progress=_log,
+    )
+    print(
+        f"model {engine.source.path.name}, {engine.config.model.dtype}, weights {wbytes / 1e6:.0f} MB, "
+        f"peak read bandwidth {bw:.1f} GB/s, input {args.input_len}, output {args.output_len}"
+    )
     print(_table(rows))
     r = latency.ratios(rows, "decode_tok_s", "batch_size")
     _print_ratios(r)
@@ -175,8 +193,17 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     from tacit.bench import throughput
 
     engine, engines = _setup(args, args.peer)
-    rows = throughput.run(engines, args.num_prompts, args.dist, args.input_len, args.output_len,
-                          engine.config.model.hf["vocab_size"], engine.max_model_len, args.repeats, progress=_log)
+    rows = throughput.run(
+        engines,
+        args.num_prompts,
+        args.dist,
+        args.input_len,
+        args.output_len,
+        engine.config.model.hf["vocab_size"],
+        engine.max_model_len,
+        args.repeats,
+        progress=_log,
+    )
     print(f"model {engine.source.path.name}, {engine.config.model.dtype}, {args.num_prompts} requests, {args.dist}")
     print(_table(rows))
     r = {f"tacit/{row['engine']}": rows[0]["output_tok_s"] / row["output_tok_s"] for row in rows[1:]}
@@ -205,14 +232,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
             model = httpx.get(f"{args.url.rstrip('/')}/v1/models", headers=headers, timeout=10).json()["data"][0]["id"]
         except Exception as e:
             raise ValueError(f"could not read {args.url}/v1/models to pick a model name ({e}); pass --model") from None
-    _log(f"{args.num_prompts} requests to {args.url} (model {model}), rate {args.request_rate}, "
-         f"max concurrency {args.max_concurrency}")
-    res = serve.run(args.url, model, args.num_prompts, args.dist, args.input_len, args.output_len,
-                    args.request_rate, args.burstiness, args.max_concurrency, slo, args.api_key, args.seed)
+    _log(
+        f"{args.num_prompts} requests to {args.url} (model {model}), rate {args.request_rate}, "
+        f"max concurrency {args.max_concurrency}"
+    )
+    res = serve.run(
+        args.url,
+        model,
+        args.num_prompts,
+        args.dist,
+        args.input_len,
+        args.output_len,
+        args.request_rate,
+        args.burstiness,
+        args.max_concurrency,
+        slo,
+        args.api_key,
+        args.seed,
+    )
     e2e = res.pop("_e2e_values")
-    print(f"completed {res['completed']}  failed {res['failed']}  duration {res['duration_s']:.1f}s  "
-          f"req/s {res['request_throughput']:.2f}  output tok/s {res['output_tok_s']:.1f}"
-          + (f"  goodput req/s {res['goodput_req_s']:.2f}" if res["goodput_req_s"] is not None else ""))
+    print(
+        f"completed {res['completed']}  failed {res['failed']}  duration {res['duration_s']:.1f}s  "
+        f"req/s {res['request_throughput']:.2f}  output tok/s {res['output_tok_s']:.1f}"
+        + (f"  goodput req/s {res['goodput_req_s']:.2f}" if res["goodput_req_s"] is not None else "")
+    )
     print(_table([{"metric": k.removesuffix("_ms"), **res[k]} for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")]))
     for err in res["errors"]:
         print(f"  error: {err}")
@@ -234,14 +277,26 @@ def cmd_scenario(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES]
     if bad or not policies:
-        raise ValueError(f"--policies {args.policies!r}: {', '.join(bad) or 'none given'} not known; "
-                         f"valid: {', '.join(POLICIES)}")
+        raise ValueError(
+            f"--policies {args.policies!r}: {', '.join(bad) or 'none given'} not known; valid: {', '.join(POLICIES)}"
+        )
     rate = args.request_rate if math.isfinite(args.request_rate) else scenario.DEFAULT_RATE
     args.num_prompts = args.num_prompts or scenario.DEFAULT_NUM_PROMPTS
-    idle, rows = scenario.run_scenario(policies, shlex.split(args.server_args), args.num_prompts, args.input_len,
-                                       args.output_len, rate, args.idle_requests, args.seed, log=_log)
-    print(f"scenario {args.scenario}: {args.num_prompts} requests ({scenario.INTERACTIVE_SHARE:.0%} interactive) "
-          f"at {rate} req/s; idle interactive TTFT p50 {idle['idle_ttft_p50']:.1f} ms, p99 {idle['idle_ttft_p99']:.1f} ms")
+    idle, rows = scenario.run_scenario(
+        policies,
+        shlex.split(args.server_args),
+        args.num_prompts,
+        args.input_len,
+        args.output_len,
+        rate,
+        args.idle_requests,
+        args.seed,
+        log=_log,
+    )
+    print(
+        f"scenario {args.scenario}: {args.num_prompts} requests ({scenario.INTERACTIVE_SHARE:.0%} interactive) "
+        f"at {rate} req/s; idle interactive TTFT p50 {idle['idle_ttft_p50']:.1f} ms, p99 {idle['idle_ttft_p99']:.1f} ms"
+    )
     print(_table([{k: v for k, v in r.items() if k != "hi_ttft_ms"} for r in rows]))
     for line in scenario.verdicts(idle, rows):
         print(line)

@@ -66,7 +66,7 @@ def peak_read_bandwidth() -> float:
 def matmul_flops(dtype: torch.dtype, n: int = 2048, repeats: int = 3) -> float:
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     seconds = _best_seconds(lambda: a @ b, repeats)
-    return 2 * n ** 3 / seconds
+    return 2 * n**3 / seconds
 
 
 def measure() -> dict[str, float]:

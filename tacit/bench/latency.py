@@ -12,8 +12,17 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())  # shared params counted once
 
 
-def run(engines: list[BenchEngine], batch_sizes: list[int], input_len: int, output_len: int, vocab: int,
-        wbytes: int, read_GBps: float, repeats: int = 2, progress=print) -> list[dict]:
+def run(
+    engines: list[BenchEngine],
+    batch_sizes: list[int],
+    input_len: int,
+    output_len: int,
+    vocab: int,
+    wbytes: int,
+    read_GBps: float,
+    repeats: int = 2,
+    progress=print,
+) -> list[dict]:
     """Engines alternate within each batch size, best of `repeats` each, so drift hits all alike."""
     for e in engines:  # warm-up: first-call allocations, kernel selection
         e.latency(random_prompts([8], vocab, seed=99), 3)
@@ -33,9 +42,17 @@ def run(engines: list[BenchEngine], batch_sizes: list[int], input_len: int, outp
             step_s = bs / res["decode_tok_s"]
             # A decode step streams every weight once; at these lengths KV reads are small beside it.
             gbps = wbytes / step_s / 1e9
-            rows.append({"engine": name, "batch_size": bs, "ttft_ms": 1000 * res["ttft_s"],
-                         "decode_tok_s": res["decode_tok_s"], "step_ms": 1000 * step_s, "GBps": gbps,
-                         "roofline": gbps / read_GBps})
+            rows.append(
+                {
+                    "engine": name,
+                    "batch_size": bs,
+                    "ttft_ms": 1000 * res["ttft_s"],
+                    "decode_tok_s": res["decode_tok_s"],
+                    "step_ms": 1000 * step_s,
+                    "GBps": gbps,
+                    "roofline": gbps / read_GBps,
+                }
+            )
     return rows
 
 

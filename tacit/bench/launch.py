@@ -66,8 +66,12 @@ class TacitServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty server never blocks
-        self.proc = subprocess.Popen([sys.executable, "-m", "tacit.cli", "serve", "--port", str(self.port),
-                                      *args], stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tacit.cli", "serve", "--port", str(self.port), *args],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ),
+        )
         try:
             wait_healthy(self.url, self.proc, ready_timeout_s, self.output)
         except RuntimeError:

@@ -14,9 +14,18 @@ from tacit.loader.default_model import cache_dir
 
 SHAPES = {
     # The issue-4 reference shape: 100M parameters, 200 MB in bf16.
-    "qwen3-100m": dict(arch="Qwen3Config", hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                       num_key_value_heads=4, head_dim=64, intermediate_size=2048, vocab_size=32000,
-                       tie_word_embeddings=True, max_position_embeddings=4096),
+    "qwen3-100m": dict(
+        arch="Qwen3Config",
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        head_dim=64,
+        intermediate_size=2048,
+        vocab_size=32000,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+    ),
 }
 
 

@@ -66,38 +66,67 @@ def workload(n: int, input_len: int, output_len: int, seed: int) -> list[Spec]:
     return specs
 
 
-def _load(url: str, model: str, specs: list[Spec], rate: float, seed: int,
-          max_concurrency: int | None = None) -> tuple[list[RequestResult], float]:
-    return asyncio.run(_run(url, model, [(s.prompt, s.max_tokens, s.extra) for s in specs], rate, 1.0,
-                            max_concurrency, None, seed))
+def _load(
+    url: str, model: str, specs: list[Spec], rate: float, seed: int, max_concurrency: int | None = None
+) -> tuple[list[RequestResult], float]:
+    return asyncio.run(
+        _run(url, model, [(s.prompt, s.max_tokens, s.extra) for s in specs], rate, 1.0, max_concurrency, None, seed)
+    )
 
 
-def _summary(policy: str, specs: list[Spec], results: list[RequestResult], duration: float,
-             before: dict[str, float], after: dict[str, float]) -> dict:
+def _summary(
+    policy: str,
+    specs: list[Spec],
+    results: list[RequestResult],
+    duration: float,
+    before: dict[str, float],
+    after: dict[str, float],
+) -> dict:
     hi = [r for s, r in zip(specs, results) if s.interactive and r.ok]
     ok = [r for r in results if r.ok]
     good = [r for s, r in zip(specs, results) if r.ok and meets(r, s.slo)]
     ttft, tpot = _stats([r.ttft for r in hi]), _stats([r.tpot for r in hi if r.tpot is not None])
     mae = after.get("tacit_output_length_predictor_mae", float("nan"))
     hi_failed = sum(1 for s, r in zip(specs, results) if s.interactive and not r.ok)
-    return {"policy": policy, "hi_ttft_p50": ttft["p50"], "hi_ttft_p99": ttft["p99"], "hi_tpot_p50": tpot["p50"],
-            "hi_tpot_p99": tpot["p99"], "done": len(ok), "failed": len(results) - len(ok), "hi_failed": hi_failed,
-            "out_tok_s": sum(r.output_tokens for r in ok) / duration, "goodput_req_s": len(good) / duration,
-            "preempt": int(after.get("tacit_num_preemptions_total", 0) - before.get("tacit_num_preemptions_total", 0)),
-            "cut_in": int(after.get("tacit_num_cut_ins_total", 0) - before.get("tacit_num_cut_ins_total", 0)),
-            "pred_mae_tok": mae, "mean_out_tok": float(np.mean([r.output_tokens for r in ok])) if ok else float("nan")}
+    return {
+        "policy": policy,
+        "hi_ttft_p50": ttft["p50"],
+        "hi_ttft_p99": ttft["p99"],
+        "hi_tpot_p50": tpot["p50"],
+        "hi_tpot_p99": tpot["p99"],
+        "done": len(ok),
+        "failed": len(results) - len(ok),
+        "hi_failed": hi_failed,
+        "out_tok_s": sum(r.output_tokens for r in ok) / duration,
+        "goodput_req_s": len(good) / duration,
+        "preempt": int(after.get("tacit_num_preemptions_total", 0) - before.get("tacit_num_preemptions_total", 0)),
+        "cut_in": int(after.get("tacit_num_cut_ins_total", 0) - before.get("tacit_num_cut_ins_total", 0)),
+        "pred_mae_tok": mae,
+        "mean_out_tok": float(np.mean([r.output_tokens for r in ok])) if ok else float("nan"),
+    }
 
 
-def run_scenario(policies: list[str], server_args: list[str], num_prompts: int, input_len: int, output_len: int,
-                 rate: float, idle_requests: int, seed: int, log=print) -> tuple[dict, list[dict]]:
+def run_scenario(
+    policies: list[str],
+    server_args: list[str],
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    rate: float,
+    idle_requests: int,
+    seed: int,
+    log=print,
+) -> tuple[dict, list[dict]]:
     """({'idle_ttft_p50', 'idle_ttft_p99'}, one summary row per policy)."""
     specs = workload(num_prompts, input_len, output_len, seed)
     idle_specs = [s for s in workload(idle_requests * 8, input_len, output_len, seed + 1) if s.interactive]
     idle: dict = {}
     rows = []
     # The operator's view of the same targets, as priority classes (only sla reads them).
-    classes = [f"{prio}:ttft={slo['ttft_slo_ms']:g},tpot={slo['tpot_slo_ms']:g}"
-               for prio, slo in ((0, INTERACTIVE_SLO), (1, BATCH_SLO))]
+    classes = [
+        f"{prio}:ttft={slo['ttft_slo_ms']:g},tpot={slo['tpot_slo_ms']:g}"
+        for prio, slo in ((0, INTERACTIVE_SLO), (1, BATCH_SLO))
+    ]
     server_args = [a for c in classes for a in ("--slo-class", c)] + list(server_args)
     for k, policy in enumerate(policies):
         log(f"[{policy}] starting tacit serve --scheduling-policy {policy} {' '.join(server_args)}")
@@ -116,8 +145,9 @@ def run_scenario(policies: list[str], server_args: list[str], num_prompts: int, 
             rows.append({**_summary(policy, specs, results, duration, before, server.metrics()), **probe})
             # For --json: each interactive request's TTFT in arrival order (ms; None if refused),
             # so a tail can be traced to when it arrived.
-            rows[-1]["hi_ttft_ms"] = [round(r.ttft * 1000, 1) if r.ok else None
-                                      for s, r in zip(specs, results) if s.interactive]
+            rows[-1]["hi_ttft_ms"] = [
+                round(r.ttft * 1000, 1) if r.ok else None for s, r in zip(specs, results) if s.interactive
+            ]
             errors = sorted({r.error[:160] for r in results if not r.ok})
             for e in errors[:3]:
                 log(f"[{policy}] error: {e}")
@@ -155,7 +185,9 @@ def verdicts(idle: dict, rows: list[dict]) -> list[str]:
         # policy that refuses its way to a low tail, so refusals void the target.
         refused = r.get("hi_failed", 0)
         met = ttft_x <= 1.5 and tput_x >= 0.9 and not refused
-        lines.append(f"  {r['policy']}: high-priority p99 TTFT {ttft_x:.2f}x idle, throughput {tput_x:.2f}x fcfs"
-                     + (f", {refused} interactive requests refused" if refused else "")
-                     + ("" if r["policy"] == "fcfs" else f" -> target {'met' if met else 'not met'}"))
+        lines.append(
+            f"  {r['policy']}: high-priority p99 TTFT {ttft_x:.2f}x idle, throughput {tput_x:.2f}x fcfs"
+            + (f", {refused} interactive requests refused" if refused else "")
+            + ("" if r["policy"] == "fcfs" else f" -> target {'met' if met else 'not met'}")
+        )
     return lines

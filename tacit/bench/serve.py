@@ -19,8 +19,10 @@ import numpy as np
 
 from tacit.bench.workloads import sample_lengths
 
-_WORDS = ("time person year way day thing man world life hand part child eye woman place work week case "
-          "point government company number group problem fact").split()
+_WORDS = (
+    "time person year way day thing man world life hand part child eye woman place work week case "
+    "point government company number group problem fact"
+).split()
 
 
 @dataclass
@@ -59,10 +61,19 @@ def _prompt(n_words: int, rng: np.random.Generator) -> str:
     return " ".join(rng.choice(_WORDS, n_words))
 
 
-async def _one(client, url: str, model: str, prompt: str, max_tokens: int, headers: dict,
-               extra: dict | None = None) -> RequestResult:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}, **(extra or {})}
+async def _one(
+    client, url: str, model: str, prompt: str, max_tokens: int, headers: dict, extra: dict | None = None
+) -> RequestResult:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+        **(extra or {}),
+    }
     t0 = time.perf_counter()
     last = None
     res = RequestResult(ok=False)
@@ -97,8 +108,16 @@ async def _one(client, url: str, model: str, prompt: str, max_tokens: int, heade
     return res
 
 
-async def _run(url: str, model: str, requests: list[tuple[str, int, dict]], rate: float, burstiness: float,
-               max_concurrency: int | None, api_key: str | None, seed: int) -> tuple[list[RequestResult], float]:
+async def _run(
+    url: str,
+    model: str,
+    requests: list[tuple[str, int, dict]],
+    rate: float,
+    burstiness: float,
+    max_concurrency: int | None,
+    api_key: str | None,
+    seed: int,
+) -> tuple[list[RequestResult], float]:
     import httpx
 
     rng = np.random.default_rng(seed)
@@ -106,6 +125,7 @@ async def _run(url: str, model: str, requests: list[tuple[str, int, dict]], rate
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     timeout = httpx.Timeout(600.0, connect=10.0)
     async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None)) as client:
+
         async def guarded(p: str, n: int, extra: dict) -> RequestResult:
             if limit is None:
                 return await _one(client, url, model, p, n, headers, extra)
@@ -126,28 +146,49 @@ def _stats(values: list[float]) -> dict[str, float]:
     if not values:
         return {"mean": float("nan"), "p50": float("nan"), "p90": float("nan"), "p99": float("nan")}
     a = np.asarray(values) * 1000
-    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
-            "p99": float(np.percentile(a, 99))}
+    return {
+        "mean": float(a.mean()),
+        "p50": float(np.percentile(a, 50)),
+        "p90": float(np.percentile(a, 90)),
+        "p99": float(np.percentile(a, 99)),
+    }
 
 
-def run(url: str, model: str, num_prompts: int, dist: str, input_len: int, output_len: int,
-        rate: float = float("inf"), burstiness: float = 1.0, max_concurrency: int | None = None,
-        slo: dict[str, float] | None = None, api_key: str | None = None, seed: int = 0) -> dict:
+def run(
+    url: str,
+    model: str,
+    num_prompts: int,
+    dist: str,
+    input_len: int,
+    output_len: int,
+    rate: float = float("inf"),
+    burstiness: float = 1.0,
+    max_concurrency: int | None = None,
+    slo: dict[str, float] | None = None,
+    api_key: str | None = None,
+    seed: int = 0,
+) -> dict:
     rng = np.random.default_rng(seed)
     pairs = sample_lengths(dist, num_prompts, input_len, output_len, seed=seed)
     requests = [(_prompt(i, rng), o, {}) for i, o in pairs]
-    results, duration = asyncio.run(_run(url.rstrip("/"), model, requests, rate, burstiness, max_concurrency,
-                                         api_key, seed))
+    results, duration = asyncio.run(
+        _run(url.rstrip("/"), model, requests, rate, burstiness, max_concurrency, api_key, seed)
+    )
     ok = [r for r in results if r.ok]
     slo = slo or {}
     good = [r for r in ok if meets(r, slo)]
     out_tokens = sum(r.output_tokens for r in ok)
     return {
-        "completed": len(ok), "failed": len(results) - len(ok), "duration_s": duration,
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "duration_s": duration,
         "errors": sorted({r.error for r in results if not r.ok})[:5],
-        "request_throughput": len(ok) / duration, "output_tok_s": out_tokens / duration,
+        "request_throughput": len(ok) / duration,
+        "output_tok_s": out_tokens / duration,
         "goodput_req_s": len(good) / duration if slo else None,
-        "ttft_ms": _stats([r.ttft for r in ok]), "tpot_ms": _stats([r.tpot for r in ok if r.tpot is not None]),
-        "itl_ms": _stats([x for r in ok for x in r.itl]), "e2e_ms": _stats([r.e2e for r in ok]),
+        "ttft_ms": _stats([r.ttft for r in ok]),
+        "tpot_ms": _stats([r.tpot for r in ok if r.tpot is not None]),
+        "itl_ms": _stats([x for r in ok for x in r.itl]),
+        "e2e_ms": _stats([r.e2e for r in ok]),
         "_e2e_values": [r.e2e for r in ok],
     }

@@ -6,8 +6,17 @@ from tacit.bench.peers.base import BenchEngine
 from tacit.bench.workloads import random_prompts, sample_lengths
 
 
-def run(engines: list[BenchEngine], num_prompts: int, dist: str, input_len: int, output_len: int, vocab: int,
-        max_model_len: int, repeats: int = 1, progress=print) -> list[dict]:
+def run(
+    engines: list[BenchEngine],
+    num_prompts: int,
+    dist: str,
+    input_len: int,
+    output_len: int,
+    vocab: int,
+    max_model_len: int,
+    repeats: int = 1,
+    progress=print,
+) -> list[dict]:
     pairs = sample_lengths(dist, num_prompts, input_len, output_len, seed=0, max_total=max_model_len - 1)
     prompts = random_prompts([i for i, _ in pairs], vocab)
     requests = [(p, o) for p, (_, o) in zip(prompts, pairs)]
@@ -20,6 +29,16 @@ def run(engines: list[BenchEngine], num_prompts: int, dist: str, input_len: int,
                 best[e.name] = res
     ins = sorted(i for i, _ in pairs)
     outs = sorted(o for _, o in pairs)
-    return [{"engine": name, "dist": dist, "requests": num_prompts, "input_p50": ins[len(ins) // 2],
-             "input_max": ins[-1], "output_p50": outs[len(outs) // 2], "output_max": outs[-1], **res}
-            for name, res in best.items()]
+    return [
+        {
+            "engine": name,
+            "dist": dist,
+            "requests": num_prompts,
+            "input_p50": ins[len(ins) // 2],
+            "input_max": ins[-1],
+            "output_p50": outs[len(outs) // 2],
+            "output_max": outs[-1],
+            **res,
+        }
+        for name, res in best.items()
+    ]

@@ -7,8 +7,9 @@ import numpy as np
 DISTRIBUTIONS = ("fixed", "uniform", "longtail")
 
 
-def sample_lengths(dist: str, n: int, input_len: int, output_len: int, seed: int = 0,
-                   max_total: int | None = None) -> list[tuple[int, int]]:
+def sample_lengths(
+    dist: str, n: int, input_len: int, output_len: int, seed: int = 0, max_total: int | None = None
+) -> list[tuple[int, int]]:
     rng = np.random.default_rng(seed)
     if dist == "fixed":
         ins, outs = np.full(n, input_len), np.full(n, output_len)

@@ -30,9 +30,19 @@ def _config_default(config: type, name: str) -> Any:
     return f.default_factory() if f.default is MISSING else f.default
 
 
-def knob(default: Any, section: str, help: str, *, key: str | None = None, flag: str | None = None,
-         type: Callable[[str], Any] | None = None, shown: str | None = None, cli_help: str | None = None,
-         from_cli: Callable[[Any], Any] | None = None, **argparse_kwargs: Any) -> Any:
+def knob(
+    default: Any,
+    section: str,
+    help: str,
+    *,
+    key: str | None = None,
+    flag: str | None = None,
+    type: Callable[[str], Any] | None = None,
+    shown: str | None = None,
+    cli_help: str | None = None,
+    from_cli: Callable[[Any], Any] | None = None,
+    **argparse_kwargs: Any,
+) -> Any:
     """One engine knob: a dataclass field whose metadata says where it lives in a recipe and on the CLI.
 
     section/key: the recipe's `section: {key: ...}` (key defaults to the field's name).
@@ -42,8 +52,17 @@ def knob(default: Any, section: str, help: str, *, key: str | None = None, flag:
     (--no-chunked-prefill turns enable_chunked_prefill off; --aging-s 0 means None).
     from_cli: turns the parsed flag into the field's value (e.g. --aging-s 0 into None).
     """
-    metadata = {"section": section, "key": key, "help": help, "flag": flag, "type": type, "shown": shown,
-                "cli_help": cli_help, "from_cli": from_cli, "argparse": argparse_kwargs}
+    metadata = {
+        "section": section,
+        "key": key,
+        "help": help,
+        "flag": flag,
+        "type": type,
+        "shown": shown,
+        "cli_help": cli_help,
+        "from_cli": from_cli,
+        "argparse": argparse_kwargs,
+    }
     if isinstance(default, dict):
         return field(default_factory=lambda: dict(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -60,61 +79,99 @@ def _slo_classes_from_cli(specs: list[str]) -> dict[int, dict[str, float]]:
 @dataclass(frozen=True)
 class EngineArgs:
     # ---- model ----
-    model: str | None = knob(None, "model", "HF model directory or .gguf file", key="path",
-                             shown="embedded SmolLM2-135M-Instruct")
+    model: str | None = knob(
+        None, "model", "HF model directory or .gguf file", key="path", shown="embedded SmolLM2-135M-Instruct"
+    )
     dtype: str = knob("auto", "model", "auto | float32 | bfloat16 | float16")
-    max_model_len: int | None = knob(None, "model", "longest prompt plus output, in tokens", type=int,
-                                     shown="the model's max_position_embeddings")
-    seed: int = knob(_config_default(EngineConfig, "seed"), "model", "seed of torch's generator at engine start",
-                     type=int)
+    max_model_len: int | None = knob(
+        None, "model", "longest prompt plus output, in tokens", type=int, shown="the model's max_position_embeddings"
+    )
+    seed: int = knob(
+        _config_default(EngineConfig, "seed"), "model", "seed of torch's generator at engine start", type=int
+    )
     # ---- platform ----
     device: str = knob("auto", "platform", "auto | cpu | cuda")
     # ---- cache ----
     block_size: int = knob(_config_default(CacheConfig, "block_size"), "cache", "tokens per KV block", type=int)
-    num_kv_blocks: int | None = knob(None, "cache", "KV blocks in the pool", type=int,
-                                     shown="what kv_cache_memory holds")
-    kv_cache_memory: int | None = knob(None, "cache", "bytes for the KV pool", type=int,
-                                       shown="half the free memory, at most 2 GiB")
-    swap_space: float = knob(_config_default(CacheConfig, "swap_space"), "cache",
-                             "GiB of host memory for swapped-out KV blocks (0: no swapping)", type=float)
+    num_kv_blocks: int | None = knob(
+        None, "cache", "KV blocks in the pool", type=int, shown="what kv_cache_memory holds"
+    )
+    kv_cache_memory: int | None = knob(
+        None, "cache", "bytes for the KV pool", type=int, shown="half the free memory, at most 2 GiB"
+    )
+    swap_space: float = knob(
+        _config_default(CacheConfig, "swap_space"),
+        "cache",
+        "GiB of host memory for swapped-out KV blocks (0: no swapping)",
+        type=float,
+    )
     # ---- scheduler ----
-    scheduling_policy: str = knob(_config_default(SchedulerConfig, "policy"), "scheduler",
-                                  "fcfs | priority | sjf | sla", key="policy")
-    max_num_seqs: int = knob(_config_default(SchedulerConfig, "max_num_seqs"), "scheduler",
-                             "most requests in one step", type=int)
-    max_num_batched_tokens: int = knob(_config_default(SchedulerConfig, "max_num_batched_tokens"), "scheduler",
-                                       "most tokens in one step", type=int)
-    enable_chunked_prefill: bool = knob(_config_default(SchedulerConfig, "enable_chunked_prefill"), "scheduler",
-                                        "prefill a long prompt in chunks over several steps (false: whole in one "
-                                        "step, with max_num_batched_tokens raised to max_model_len)",
-                                        flag="--no-chunked-prefill", action="store_const", const=False,
-                                        cli_help="prefill each prompt whole in one step, with max_num_batched_tokens "
-                                                 "raised to max_model_len")
-    long_prefill_token_threshold: int = knob(_config_default(SchedulerConfig, "long_prefill_token_threshold"),
-                                             "scheduler", "most prompt tokens one request prefills per step "
-                                             "(0: no cap)", type=int)
-    max_long_partial_prefills: int = knob(_config_default(SchedulerConfig, "max_long_partial_prefills"),
-                                          "scheduler", "how many prompts longer than the threshold prefill in "
-                                          "one step", type=int)
-    aging_s: float | None = knob(_config_default(SchedulerConfig, "aging_s"), "scheduler",
-                                 "seconds after which a waiting request goes ahead of all newer ones (None: never)",
-                                 type=float, from_cli=_aging_from_cli,
-                                 cli_help="seconds after which a waiting request goes ahead of all newer ones "
-                                          "(0: never)")
+    scheduling_policy: str = knob(
+        _config_default(SchedulerConfig, "policy"), "scheduler", "fcfs | priority | sjf | sla", key="policy"
+    )
+    max_num_seqs: int = knob(
+        _config_default(SchedulerConfig, "max_num_seqs"), "scheduler", "most requests in one step", type=int
+    )
+    max_num_batched_tokens: int = knob(
+        _config_default(SchedulerConfig, "max_num_batched_tokens"), "scheduler", "most tokens in one step", type=int
+    )
+    enable_chunked_prefill: bool = knob(
+        _config_default(SchedulerConfig, "enable_chunked_prefill"),
+        "scheduler",
+        "prefill a long prompt in chunks over several steps (false: whole in one "
+        "step, with max_num_batched_tokens raised to max_model_len)",
+        flag="--no-chunked-prefill",
+        action="store_const",
+        const=False,
+        cli_help="prefill each prompt whole in one step, with max_num_batched_tokens raised to max_model_len",
+    )
+    long_prefill_token_threshold: int = knob(
+        _config_default(SchedulerConfig, "long_prefill_token_threshold"),
+        "scheduler",
+        "most prompt tokens one request prefills per step (0: no cap)",
+        type=int,
+    )
+    max_long_partial_prefills: int = knob(
+        _config_default(SchedulerConfig, "max_long_partial_prefills"),
+        "scheduler",
+        "how many prompts longer than the threshold prefill in one step",
+        type=int,
+    )
+    aging_s: float | None = knob(
+        _config_default(SchedulerConfig, "aging_s"),
+        "scheduler",
+        "seconds after which a waiting request goes ahead of all newer ones (None: never)",
+        type=float,
+        from_cli=_aging_from_cli,
+        cli_help="seconds after which a waiting request goes ahead of all newer ones (0: never)",
+    )
     slo_classes: dict[int, dict[str, float]] = knob(
-        _config_default(SchedulerConfig, "slo_classes"), "scheduler",
+        _config_default(SchedulerConfig, "slo_classes"),
+        "scheduler",
         "default TTFT/TPOT targets per priority class, e.g. {0: {'ttft_ms': 500, 'tpot_ms': 100}}",
-        shown="none", flag="--slo-class", from_cli=_slo_classes_from_cli, action="append",
+        shown="none",
+        flag="--slo-class",
+        from_cli=_slo_classes_from_cli,
+        action="append",
         metavar="PRIORITY:ttft=MS,tpot=MS",
-        cli_help="default TTFT/TPOT targets for a priority class (repeatable), e.g. 0:ttft=500,tpot=100")
-    slo_admission: str = knob(_config_default(SchedulerConfig, "slo_admission"), "scheduler",
-                              "reject | defer: what sla does with a request whose estimated TTFT misses its target")
-    preemption_mode: str = knob(_config_default(SchedulerConfig, "preemption_mode"), "scheduler",
-                                "auto | recompute | swap")
-    cut_in_prefill_tokens: int = knob(_config_default(SchedulerConfig, "cut_in_prefill_tokens"), "scheduler",
-                                      "a waiting request that outranks someone in the step in flight and has at "
-                                      "most this many prompt tokens is prefilled between that step's layers "
-                                      "(tacit serve; 0: never)", type=int)
+        cli_help="default TTFT/TPOT targets for a priority class (repeatable), e.g. 0:ttft=500,tpot=100",
+    )
+    slo_admission: str = knob(
+        _config_default(SchedulerConfig, "slo_admission"),
+        "scheduler",
+        "reject | defer: what sla does with a request whose estimated TTFT misses its target",
+    )
+    preemption_mode: str = knob(
+        _config_default(SchedulerConfig, "preemption_mode"), "scheduler", "auto | recompute | swap"
+    )
+    cut_in_prefill_tokens: int = knob(
+        _config_default(SchedulerConfig, "cut_in_prefill_tokens"),
+        "scheduler",
+        "a waiting request that outranks someone in the step in flight and has at "
+        "most this many prompt tokens is prefilled between that step's layers "
+        "(tacit serve; 0: never)",
+        type=int,
+    )
 
     # ---- the keyword and command-line paths in ----------------------------------------------
 
@@ -131,8 +188,10 @@ class EngineArgs:
         valid = cls.names()
         unknown = [k for k in kwargs if k not in valid]
         if unknown:
-            raise ValueError(f"unknown engine argument{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
-                             f"valid: {', '.join(valid)}")
+            raise ValueError(
+                f"unknown engine argument{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                f"valid: {', '.join(valid)}"
+            )
         if recipe is None:
             return cls(**kwargs)
         from tacit.recipe import load_recipe  # recipe.py builds its sections from this module
@@ -143,9 +202,12 @@ class EngineArgs:
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         """--recipe and one flag per field. Every flag defaults to None, meaning "not given", so the
         recipe fills what the command line leaves out and the defaults fill the rest."""
-        parser.add_argument("--recipe", default=None, metavar="PATH",
-                            help="recipe YAML (or its folder, e.g. recipes/smollm2-135m-cpu); "
-                                 "flags given here override it")
+        parser.add_argument(
+            "--recipe",
+            default=None,
+            metavar="PATH",
+            help="recipe YAML (or its folder, e.g. recipes/smollm2-135m-cpu); flags given here override it",
+        )
         for f in fields(cls):
             m = f.metadata
             kwargs = dict(m["argparse"])
@@ -202,27 +264,47 @@ class EngineArgs:
                 raise ValueError(f"{key}={v!r} is invalid: must be a string")
 
     def create_cache_config(self) -> CacheConfig:
-        return CacheConfig(block_size=self.block_size, num_kv_blocks=self.num_kv_blocks,
-                           kv_cache_memory=self.kv_cache_memory, swap_space=self.swap_space)
+        return CacheConfig(
+            block_size=self.block_size,
+            num_kv_blocks=self.num_kv_blocks,
+            kv_cache_memory=self.kv_cache_memory,
+            swap_space=self.swap_space,
+        )
 
     def create_scheduler_config(self, max_model_len: int | None = None) -> SchedulerConfig:
         """max_model_len: the model's resolved one, once known; the budget may depend on it."""
         budget = self.max_num_batched_tokens
-        if (self.enable_chunked_prefill is False and max_model_len is not None and isinstance(budget, int)
-                and budget < max_model_len):
+        if (
+            self.enable_chunked_prefill is False
+            and max_model_len is not None
+            and isinstance(budget, int)
+            and budget < max_model_len
+        ):
             # Without chunking a whole prompt must fit in one step's budget.
             budget = max_model_len
-        return SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=budget,
-                               enable_chunked_prefill=self.enable_chunked_prefill, policy=self.scheduling_policy,
-                               long_prefill_token_threshold=self.long_prefill_token_threshold,
-                               max_long_partial_prefills=self.max_long_partial_prefills, aging_s=self.aging_s,
-                               slo_classes=self.slo_classes, slo_admission=self.slo_admission,
-                               preemption_mode=self.preemption_mode, cut_in_prefill_tokens=self.cut_in_prefill_tokens)
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=budget,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            policy=self.scheduling_policy,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            max_long_partial_prefills=self.max_long_partial_prefills,
+            aging_s=self.aging_s,
+            slo_classes=self.slo_classes,
+            slo_admission=self.slo_admission,
+            preemption_mode=self.preemption_mode,
+            cut_in_prefill_tokens=self.cut_in_prefill_tokens,
+        )
 
     def create_model_config(self, source: ModelSource, platform: Platform) -> ModelConfig:
         dtype = platform.default_dtype() if self.dtype == "auto" else parse_dtype(self.dtype)
-        return ModelConfig(path=str(source.path), hf=source.hf_config, dtype=dtype,
-                           eos_token_ids=source.eos_token_ids, max_model_len=self.max_model_len or 0)
+        return ModelConfig(
+            path=str(source.path),
+            hf=source.hf_config,
+            dtype=dtype,
+            eos_token_ids=source.eos_token_ids,
+            max_model_len=self.max_model_len or 0,
+        )
 
     def create_engine_config(self, source: ModelSource, platform: Platform) -> EngineConfig:
         """The frozen configs the engine runs on, for the opened model on this platform.
@@ -231,9 +313,13 @@ class EngineArgs:
         """
         self._check_plain_fields()
         model = self.create_model_config(source, platform)
-        return EngineConfig(model=model, cache=self.create_cache_config(),
-                            scheduler=self.create_scheduler_config(model.max_model_len),
-                            device=platform.name, seed=self.seed)
+        return EngineConfig(
+            model=model,
+            cache=self.create_cache_config(),
+            scheduler=self.create_scheduler_config(model.max_model_len),
+            device=platform.name,
+            seed=self.seed,
+        )
 
 
 def _flag(f: Field) -> str:

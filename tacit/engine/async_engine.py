@@ -40,8 +40,14 @@ from tacit.scheduling.errors import SLOUnattainableError
 from tacit.tokenizer import Tokenizer
 
 # The handler-side types live in request_stream.py; they are re-exported here for the server.
-__all__ = ["AsyncLLMEngine", "EngineDeadError", "EngineStepError", "QueueFullError", "RequestAbortedError",
-           "RequestStream"]
+__all__ = [
+    "AsyncLLMEngine",
+    "EngineDeadError",
+    "EngineStepError",
+    "QueueFullError",
+    "RequestAbortedError",
+    "RequestStream",
+]
 
 logger = logging.getLogger("tacit.engine")
 
@@ -122,8 +128,9 @@ class AsyncLLMEngine:
 
     # ---- handler side (event loop thread) ---------------------------------------------------
 
-    async def add_request(self, prompt: str | list[int], params: SamplingParams,
-                          request_id: str | None = None, priority: int = 0) -> RequestStream:
+    async def add_request(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None, priority: int = 0
+    ) -> RequestStream:
         """Queue a request; returns once the engine accepted it, or raises ValueError /
         QueueFullError / EngineDeadError. Iterate the returned stream for outputs."""
         if not self.is_running:
@@ -149,8 +156,9 @@ class AsyncLLMEngine:
         block of a cancelled task (it never awaits), and a no-op for unknown ids."""
         self._commands.put(_Abort(request_id))
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None, priority: int = 0
+    ) -> AsyncIterator[RequestOutput]:
         stream = await self.add_request(prompt, params, request_id, priority)
         try:
             async for out in stream:
@@ -243,8 +251,9 @@ class AsyncLLMEngine:
     def _add(self, cmd: _Add) -> None:
         error: BaseException | None = None
         if self._num_waiting_requests() >= self.max_waiting:
-            error = QueueFullError(f"the server is at capacity: {self.max_waiting} requests are already waiting; "
-                                   f"retry later")
+            error = QueueFullError(
+                f"the server is at capacity: {self.max_waiting} requests are already waiting; retry later"
+            )
             self.metrics.count_request("rejected")
         else:
             try:

@@ -25,21 +25,21 @@ class IncrementalDetokenizer:
     def step(self, token_id: int) -> str:
         """Append one token; return the text it completes (possibly empty)."""
         self.ids.append(token_id)
-        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset], self.skip)
-        full = self.tokenizer.decode(self.ids[self.prefix_offset:], self.skip)
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], self.skip)
+        full = self.tokenizer.decode(self.ids[self.prefix_offset :], self.skip)
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         # Keep the window short: the decode cost stays constant per token.
         if self.prefix_offset > 64:
-            self.ids = self.ids[self.prefix_offset:]
+            self.ids = self.ids[self.prefix_offset :]
             self.read_offset -= self.prefix_offset
             self.prefix_offset = 0
-        return full[len(prefix):]
+        return full[len(prefix) :]
 
     def flush(self) -> str:
         """At the end of a sequence, whatever was held back (bytes that never completed a character)."""
-        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset], self.skip)
-        full = self.tokenizer.decode(self.ids[self.prefix_offset:], self.skip)
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], self.skip)
+        full = self.tokenizer.decode(self.ids[self.prefix_offset :], self.skip)
         self.prefix_offset = self.read_offset = len(self.ids)
-        return full[len(prefix):]
+        return full[len(prefix) :]

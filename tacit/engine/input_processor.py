@@ -24,8 +24,14 @@ class ProcessedRequest:
 
 
 class InputProcessor:
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int, kv_capacity_tokens: int,
-                 slo_classes: dict[int, dict[str, float]]) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        vocab_size: int,
+        max_model_len: int,
+        kv_capacity_tokens: int,
+        slo_classes: dict[int, dict[str, float]],
+    ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -42,8 +48,9 @@ class InputProcessor:
             return None, list(prompt)
         raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
-    def process(self, request_id: str, prompt: str | list[int], params: SamplingParams | None,
-                priority: int = 0) -> ProcessedRequest:
+    def process(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams | None, priority: int = 0
+    ) -> ProcessedRequest:
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
@@ -51,15 +58,19 @@ class InputProcessor:
         if not ids:
             raise ValueError("prompt is empty: it must hold at least one token")
         if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt is {len(ids)} tokens, but max_model_len is {self.max_model_len}: "
-                             f"it must be shorter, leaving room for at least one generated token")
+            raise ValueError(
+                f"prompt is {len(ids)} tokens, but max_model_len is {self.max_model_len}: "
+                f"it must be shorter, leaving room for at least one generated token"
+            )
         room = self.max_model_len - len(ids)
         max_tokens = min(params.max_tokens or room, room)
         need = len(ids) + max_tokens
         if need > self.kv_capacity_tokens:
-            raise ValueError(f"prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) needs {need} KV slots, "
-                             f"more than the whole KV pool holds ({self.kv_capacity_tokens}); "
-                             f"lower max_tokens or raise num_kv_blocks / kv_cache_memory")
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) needs {need} KV slots, "
+                f"more than the whole KV pool holds ({self.kv_capacity_tokens}); "
+                f"lower max_tokens or raise num_kv_blocks / kv_cache_memory"
+            )
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority={priority!r} is invalid: must be an integer (lower runs first)")
         ttft, tpot = self._slo_targets(params, priority)

@@ -1,10 +1,10 @@
 """LLMEngine: add requests, step, collect outputs. The loop that wires the parts of one step:
 
-    InputProcessor.process()        prompt -> validated, tokenized Requests (n>1 fanned out)
-    Scheduler.schedule()            -> SchedulerOutput (plain data)
-    ModelRunner.execute()           -> ModelRunnerOutput (sampled ids, logprobs)
-    Scheduler.update_from_output()  -> EngineCoreOutputs (tokens appended, EOS/length, blocks freed)
-    OutputProcessor.process_outputs -> RequestOutputs (text, stop strings, logprobs, n>1 grouped)
+InputProcessor.process()        prompt -> validated, tokenized Requests (n>1 fanned out)
+Scheduler.schedule()            -> SchedulerOutput (plain data)
+ModelRunner.execute()           -> ModelRunnerOutput (sampled ids, logprobs)
+Scheduler.update_from_output()  -> EngineCoreOutputs (tokens appended, EOS/length, blocks freed)
+OutputProcessor.process_outputs -> RequestOutputs (text, stop strings, logprobs, n>1 grouped)
 """
 
 from __future__ import annotations
@@ -57,15 +57,30 @@ class LLMEngine:
         num_blocks = self.runner.num_blocks
         swapper = None
         if swap_space > 0:
-            swapper = KVSwapper(kv_cache_layers(self.model), num_blocks, block_size, self.runner.bytes_per_block,
-                                int(swap_space * (1 << 30)))
+            swapper = KVSwapper(
+                kv_cache_layers(self.model),
+                num_blocks,
+                block_size,
+                self.runner.bytes_per_block,
+                int(swap_space * (1 << 30)),
+            )
         kv = KVCacheManager(num_blocks, block_size)
-        self.scheduler = Scheduler(self.config.scheduler, kv, get_policy(scheduling_policy), swapper=swapper,
-                                   eos_token_ids=model_cfg.eos_token_ids)
+        self.scheduler = Scheduler(
+            self.config.scheduler,
+            kv,
+            get_policy(scheduling_policy),
+            swapper=swapper,
+            eos_token_ids=model_cfg.eos_token_ids,
+        )
         self.max_model_len = model_cfg.max_model_len
         self.num_kv_blocks = num_blocks
-        self.input_processor = InputProcessor(self.tokenizer, model_cfg.hf["vocab_size"], self.max_model_len,
-                                              kv.capacity_tokens, self.config.scheduler.slo_classes)
+        self.input_processor = InputProcessor(
+            self.tokenizer,
+            model_cfg.hf["vocab_size"],
+            self.max_model_len,
+            kv.capacity_tokens,
+            self.config.scheduler.slo_classes,
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
         self.num_steps = 0
@@ -77,8 +92,13 @@ class LLMEngine:
 
     # ---- requests -------------------------------------------------------------------------
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, priority: int = 0) -> str:
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        priority: int = 0,
+    ) -> str:
         parent = request_id if request_id is not None else f"req-{next(self._ids)}"
         if self.output_processor.has_request(parent):
             raise ValueError(f"request_id {parent!r} is already in use")
@@ -108,8 +128,9 @@ class LLMEngine:
         return {r.parent_id for r in self.scheduler.running}
 
     def get_stats(self) -> EngineSnapshot:
-        return EngineSnapshot.of(self.scheduler.make_stats(), self.num_prompt_tokens, self.num_generation_tokens,
-                                 self.num_steps)
+        return EngineSnapshot.of(
+            self.scheduler.make_stats(), self.num_prompt_tokens, self.num_generation_tokens, self.num_steps
+        )
 
     # ---- the step -------------------------------------------------------------------------
 
@@ -121,8 +142,7 @@ class LLMEngine:
         layers of the step in flight (through between_layers), never on its own."""
         return self._run(self.scheduler.schedule_cut_in(), None)
 
-    def _run(self, scheduler_output: SchedulerOutput,
-             between_layers: Callable[[], None] | None) -> list[RequestOutput]:
+    def _run(self, scheduler_output: SchedulerOutput, between_layers: Callable[[], None] | None) -> list[RequestOutput]:
         # Even an empty step goes to the runner: it carries the finished ids whose state it drops.
         runner_output = self.runner.execute(scheduler_output, between_layers)
         if scheduler_output.is_empty():

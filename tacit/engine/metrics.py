@@ -57,12 +57,23 @@ class EngineSnapshot:
     @classmethod
     def of(cls, s: SchedulerStats, prompt_tokens: int, generation_tokens: int, num_steps: int) -> "EngineSnapshot":
         """The scheduler's counters plus the engine's own (LLMEngine.get_stats)."""
-        return cls(num_running=s.num_running, num_waiting=s.num_waiting, num_waiting_parents=s.num_waiting_parents,
-                   kv_blocks_used=s.kv_blocks_used, kv_blocks_free=s.kv_blocks_free, prompt_tokens=prompt_tokens,
-                   generation_tokens=generation_tokens, num_preemptions=s.num_preemptions,
-                   num_swapped_out=s.num_swapped_out, num_swapped_in=s.num_swapped_in,
-                   swap_blocks_used=s.swap_blocks_used, num_cut_ins=s.num_cut_ins, num_steps=num_steps,
-                   length_predictor_mae=s.length_predictor_mae, length_predictor_scored=s.length_predictor_scored)
+        return cls(
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            num_waiting_parents=s.num_waiting_parents,
+            kv_blocks_used=s.kv_blocks_used,
+            kv_blocks_free=s.kv_blocks_free,
+            prompt_tokens=prompt_tokens,
+            generation_tokens=generation_tokens,
+            num_preemptions=s.num_preemptions,
+            num_swapped_out=s.num_swapped_out,
+            num_swapped_in=s.num_swapped_in,
+            swap_blocks_used=s.swap_blocks_used,
+            num_cut_ins=s.num_cut_ins,
+            num_steps=num_steps,
+            length_predictor_mae=s.length_predictor_mae,
+            length_predictor_scored=s.length_predictor_scored,
+        )
 
 
 @dataclass
@@ -93,30 +104,53 @@ class ServingMetrics:
         metric("tacit_kv_blocks_free", "gauge", "KV cache blocks free.", s.kv_blocks_free)
         metric("tacit_prompt_tokens_total", "counter", "Prompt tokens admitted.", s.prompt_tokens)
         metric("tacit_generation_tokens_total", "counter", "Tokens generated.", s.generation_tokens)
-        metric("tacit_num_preemptions_total", "counter",
-               "Sequences preempted (for KV space or a batch slot), by swap or recompute.", s.num_preemptions)
-        metric("tacit_num_swapped_out_total", "counter",
-               "Preemptions whose KV was copied to host memory rather than recomputed later.", s.num_swapped_out)
+        metric(
+            "tacit_num_preemptions_total",
+            "counter",
+            "Sequences preempted (for KV space or a batch slot), by swap or recompute.",
+            s.num_preemptions,
+        )
+        metric(
+            "tacit_num_swapped_out_total",
+            "counter",
+            "Preemptions whose KV was copied to host memory rather than recomputed later.",
+            s.num_swapped_out,
+        )
         metric("tacit_num_swapped_in_total", "counter", "Swapped-out KV copied back on resume.", s.num_swapped_in)
         metric("tacit_swap_blocks_used", "gauge", "KV blocks held in host swap space.", s.swap_blocks_used)
-        metric("tacit_num_cut_ins_total", "counter",
-               "Requests prefilled between the layers of a step in flight rather than after it.", s.num_cut_ins)
+        metric(
+            "tacit_num_cut_ins_total",
+            "counter",
+            "Requests prefilled between the layers of a step in flight rather than after it.",
+            s.num_cut_ins,
+        )
         metric("tacit_engine_steps_total", "counter", "Engine steps (forward passes) run.", s.num_steps)
-        metric("tacit_output_length_predictor_mae", "gauge",
-               "Mean absolute error (tokens) of the output-length predictor over finished requests.",
-               s.length_predictor_mae)
-        metric("tacit_output_length_predictor_scored_total", "counter",
-               "Finished requests the output-length predictor was scored on.", s.length_predictor_scored)
+        metric(
+            "tacit_output_length_predictor_mae",
+            "gauge",
+            "Mean absolute error (tokens) of the output-length predictor over finished requests.",
+            s.length_predictor_mae,
+        )
+        metric(
+            "tacit_output_length_predictor_scored_total",
+            "counter",
+            "Finished requests the output-length predictor was scored on.",
+            s.length_predictor_scored,
+        )
 
         with self._lock:
             requests = dict(self.requests)
-        lines += ["# HELP tacit_requests_total Requests ended, by finish reason.", "# TYPE tacit_requests_total counter"]
+        lines += [
+            "# HELP tacit_requests_total Requests ended, by finish reason.",
+            "# TYPE tacit_requests_total counter",
+        ]
         for reason, n in sorted(requests.items()):
             lines.append(f'tacit_requests_total{{{label},finish_reason="{_escape(reason)}"}} {n}')
 
         for name, help_text, hist in (
-                ("tacit_time_to_first_token_seconds", "Time from request arrival to its first token.", self.ttft),
-                ("tacit_inter_token_latency_seconds", "Time between two tokens of one sequence.", self.itl)):
+            ("tacit_time_to_first_token_seconds", "Time from request arrival to its first token.", self.ttft),
+            ("tacit_inter_token_latency_seconds", "Time between two tokens of one sequence.", self.itl),
+        ):
             counts, total = hist.snapshot()
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
             cumulative = 0

@@ -95,7 +95,7 @@ class ModelRunner:
         tables = np.zeros((len(rows), max_blocks), dtype=np.int64)
         for i, (r, _) in enumerate(rows):
             t = r.block_ids
-            tables[i, :len(t)] = t[:max_blocks]
+            tables[i, : len(t)] = t[:max_blocks]
         return tables
 
     def _build(self, rows: Rows):
@@ -106,7 +106,8 @@ class ModelRunner:
         starts = np.zeros(num_reqs + 1, dtype=np.int64)
         np.cumsum(num_new, out=starts[1:])
         token_ids = np.fromiter(
-            (t for (r, n), c in zip(rows, computed) for t in r.token_ids[c:c + n]), dtype=np.int64, count=total)
+            (t for (r, n), c in zip(rows, computed) for t in r.token_ids[c : c + n]), dtype=np.int64, count=total
+        )
         req_of_token = np.repeat(np.arange(num_reqs), num_new)
         offset_in_query = np.arange(total) - starts[req_of_token]
         positions = computed[req_of_token] + offset_in_query
@@ -117,12 +118,18 @@ class ModelRunner:
         samples = [i for i, ((r, n), c) in enumerate(zip(rows, computed)) if c + n == r.num_tokens]
         sample_rows = starts[1:][samples] - 1
         dev = self.device
-        return (torch.from_numpy(token_ids).to(dev), torch.from_numpy(positions).to(dev), meta,
-                samples, torch.from_numpy(sample_rows).to(dev))
+        return (
+            torch.from_numpy(token_ids).to(dev),
+            torch.from_numpy(positions).to(dev),
+            meta,
+            samples,
+            torch.from_numpy(sample_rows).to(dev),
+        )
 
     @staticmethod
-    def _run_layers(run: Callable[[int, int], None], num_layers: int,
-                    between_layers: Callable[[], None] | None) -> None:
+    def _run_layers(
+        run: Callable[[int, int], None], num_layers: int, between_layers: Callable[[], None] | None
+    ) -> None:
         """The one loop over decoder layers, for the torch and the fused paths alike: all at once,
         or one at a time with between_layers() at every boundary."""
         if between_layers is None:
@@ -148,8 +155,9 @@ class ModelRunner:
         if len(rows) < _CUT_IN_MIN_ROWS:
             between_layers = None  # a short step runs as one call: a boundary costs more than it saves
         x = fused.embed(ids)
-        self._run_layers(lambda begin, end: fused.run_layers(x, pos, tables, begin, end), fused.num_layers,
-                         between_layers)
+        self._run_layers(
+            lambda begin, end: fused.run_layers(x, pos, tables, begin, end), fused.num_layers, between_layers
+        )
         return fused.final_norm(x)
 
     def _uses_fused_decode(self, rows: Rows) -> bool:
@@ -178,8 +186,9 @@ class ModelRunner:
         model = self.model
         with set_forward_context(meta):
             state = model.begin_forward(input_ids, positions)
-            self._run_layers(lambda begin, end: model.forward_layers(state, begin, end), model.num_layers,
-                             between_layers)
+            self._run_layers(
+                lambda begin, end: model.forward_layers(state, begin, end), model.num_layers, between_layers
+            )
             hidden = model.end_forward(state)
         return samples, hidden[sample_rows]
 
@@ -199,8 +208,9 @@ class ModelRunner:
         return [(self.requests[rid], n) for rid, n in scheduler_output.num_scheduled_tokens.items()]
 
     @torch.inference_mode()
-    def compute_logits(self, rows: Rows, between_layers: Callable[[], None] | None = None
-                       ) -> tuple[list[int], torch.Tensor | None]:
+    def compute_logits(
+        self, rows: Rows, between_layers: Callable[[], None] | None = None
+    ) -> tuple[list[int], torch.Tensor | None]:
         """Run the step's forward: (indexes of the rows that sample, their logits); writes this
         step's KV. between_layers, if given, runs at every decoder-layer boundary."""
         if not rows:
@@ -216,8 +226,9 @@ class ModelRunner:
         return samples, self.model.compute_logits(hidden)
 
     @torch.inference_mode()
-    def execute(self, scheduler_output: SchedulerOutput,
-                between_layers: Callable[[], None] | None = None) -> ModelRunnerOutput:
+    def execute(
+        self, scheduler_output: SchedulerOutput, between_layers: Callable[[], None] | None = None
+    ) -> ModelRunnerOutput:
         """Apply the step's request changes, run it and sample. Time spent inside between_layers
         (a cut-in runs another execute() there) is left out of execute_s."""
         update_request_states(self.requests, scheduler_output)
@@ -227,18 +238,21 @@ class ModelRunner:
         nested_s = 0.0
         hook = None
         if between_layers is not None:
+
             def hook() -> None:
                 nonlocal nested_s
                 t = time.perf_counter()
                 between_layers()
                 nested_s += time.perf_counter() - t
+
         rows = self.rows(scheduler_output)
         samples, logits = self.compute_logits(rows, hook)
         out = ModelRunnerOutput()
         if logits is not None:
             states = [rows[i][0] for i in samples]
-            metadata = SamplingMetadata([r.sampling_params for r in states], [r.output_token_ids for r in states],
-                                        [r.generator for r in states])
+            metadata = SamplingMetadata(
+                [r.sampling_params for r in states], [r.output_token_ids for r in states], [r.generator for r in states]
+            )
             sampled = self.sampler(logits, metadata)
             for state, token in zip(states, sampled.token_ids):
                 state.token_ids.append(token)

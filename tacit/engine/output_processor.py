@@ -40,7 +40,7 @@ class SequenceState:
         if self.finished or not self.params.stop:
             return self.text
         hold = max(len(s) for s in self.params.stop) - 1
-        return self.text[:len(self.text) - hold] if hold else self.text
+        return self.text[: len(self.text) - hold] if hold else self.text
 
 
 @dataclass
@@ -62,19 +62,22 @@ class OutputProcessor:
     def has_request(self, request_id: str) -> bool:
         return request_id in self._parents
 
-    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    children: list[Request]) -> None:
+    def add_request(
+        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], children: list[Request]
+    ) -> None:
         sequences = {}
         for req in children:
             p = req.params
-            seq = SequenceState(req.index, p, IncrementalDetokenizer(self.tokenizer, prompt_token_ids,
-                                                                     p.skip_special_tokens))
+            seq = SequenceState(
+                req.index, p, IncrementalDetokenizer(self.tokenizer, prompt_token_ids, p.skip_special_tokens)
+            )
             if p.logprobs is not None:
                 seq.logprobs, seq.cumulative_logprob = [], 0.0
             sequences[req.request_id] = seq
             self._parent_of[req.request_id] = request_id
-        self._parents[request_id] = ParentState(request_id, prompt, list(prompt_token_ids),
-                                                children[0].arrival_time, sequences)
+        self._parents[request_id] = ParentState(
+            request_id, prompt, list(prompt_token_ids), children[0].arrival_time, sequences
+        )
 
     def abort_request(self, request_id: str) -> list[str]:
         """Forget a parent request; returns its sequence ids (for the scheduler to free)."""
@@ -139,13 +142,26 @@ class OutputProcessor:
 
     @staticmethod
     def _request_output(parent: ParentState) -> RequestOutput:
-        completions = [CompletionOutput(index=s.index, text=s.visible_text(), token_ids=list(s.token_ids),
-                                        cumulative_logprob=s.cumulative_logprob, logprobs=s.logprobs,
-                                        finish_reason=s.finish_reason, stop_reason=s.stop_reason)
-                       for s in parent.sequences.values()]
+        completions = [
+            CompletionOutput(
+                index=s.index,
+                text=s.visible_text(),
+                token_ids=list(s.token_ids),
+                cumulative_logprob=s.cumulative_logprob,
+                logprobs=s.logprobs,
+                finish_reason=s.finish_reason,
+                stop_reason=s.stop_reason,
+            )
+            for s in parent.sequences.values()
+        ]
         metrics = {"arrival_time": parent.arrival_time}
         if parent.first_token_time is not None:
             metrics["first_token_time"] = parent.first_token_time
-        return RequestOutput(parent.request_id, parent.prompt, list(parent.prompt_token_ids), completions,
-                             finished=all(s.finished for s in parent.sequences.values()),
-                             metrics=metrics)
+        return RequestOutput(
+            parent.request_id,
+            parent.prompt,
+            list(parent.prompt_token_ids),
+            completions,
+            finished=all(s.finished for s in parent.sequences.values()),
+            metrics=metrics,
+        )

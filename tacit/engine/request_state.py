@@ -33,7 +33,7 @@ class CachedRequestState:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
 
 def update_request_states(states: dict[str, CachedRequestState], out: SchedulerOutput) -> None:
@@ -47,8 +47,14 @@ def update_request_states(states: dict[str, CachedRequestState], out: SchedulerO
         if generator is None and new.sampling_params.seed is not None:
             generator = torch.Generator().manual_seed(new.sampling_params.seed)
         states[new.req_id] = CachedRequestState(
-            new.req_id, [*new.prompt_token_ids, *new.output_token_ids], len(new.prompt_token_ids),
-            new.sampling_params, list(new.block_ids), new.num_computed_tokens, generator)
+            new.req_id,
+            [*new.prompt_token_ids, *new.output_token_ids],
+            len(new.prompt_token_ids),
+            new.sampling_params,
+            list(new.block_ids),
+            new.num_computed_tokens,
+            generator,
+        )
     for cached in out.scheduled_cached_reqs:
         state = states[cached.req_id]
         state.block_ids.extend(cached.new_block_ids)

@@ -86,6 +86,7 @@ class RequestStream:
 @dataclass
 class StepDelivery:
     """Everything one step produced for one event loop: a single cross-thread wakeup per step."""
+
     items: list[tuple[RequestStream, Any]] = field(default_factory=list)
 
     def __call__(self) -> None:

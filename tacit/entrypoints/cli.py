@@ -14,11 +14,18 @@ def load_llm(args: argparse.Namespace):
 
     t0 = time.perf_counter()
     engine_args = EngineArgs.from_cli_args(args)
-    print(f"tacit: loading {engine_args.model or 'the default model (SmolLM2-135M-Instruct)'} ...", file=sys.stderr,
-          flush=True)
+    print(
+        f"tacit: loading {engine_args.model or 'the default model (SmolLM2-135M-Instruct)'} ...",
+        file=sys.stderr,
+        flush=True,
+    )
     llm = LLM(engine_args=engine_args)
-    print(f"tacit: loaded {llm.engine.source.path.name} in {time.perf_counter() - t0:.1f}s "
-          f"({llm.engine.config.model.dtype}, {llm.engine.num_kv_blocks} KV blocks)", file=sys.stderr, flush=True)
+    print(
+        f"tacit: loaded {llm.engine.source.path.name} in {time.perf_counter() - t0:.1f}s "
+        f"({llm.engine.config.model.dtype}, {llm.engine.num_kv_blocks} KV blocks)",
+        file=sys.stderr,
+        flush=True,
+    )
     return llm
 
 
@@ -107,8 +114,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--api-key", default=None)
     s.add_argument("--max-waiting", type=int, default=256)
     s.add_argument("--served-model-name", default=None)
-    s.add_argument("--shutdown-timeout", type=float, default=20.0,
-                   help="seconds in-flight requests get to finish after SIGTERM before they are aborted")
+    s.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=20.0,
+        help="seconds in-flight requests get to finish after SIGTERM before they are aborted",
+    )
     s.set_defaults(func=cmd_serve)
 
     f = sub.add_parser("fetch", help="fetch the embedded default model into the cache")

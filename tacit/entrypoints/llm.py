@@ -13,8 +13,14 @@ Prompt = str | list[int]
 
 
 class LLM:
-    def __init__(self, model: str | None = None, recipe: str | None = None, *,
-                 engine_args: EngineArgs | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        recipe: str | None = None,
+        *,
+        engine_args: EngineArgs | None = None,
+        **kwargs: Any,
+    ) -> None:
         # The docstring is generated below, from EngineArgs' fields.
         if engine_args is None:
             if model is not None:
@@ -27,9 +33,12 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
-    def generate(self, prompts: Prompt | Sequence[Prompt],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -38,7 +47,9 @@ class LLM:
         else:
             params = list(sampling_params)
             if len(params) != len(prompts):
-                raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams; pass one or one per prompt")
+                raise ValueError(
+                    f"got {len(prompts)} prompts but {len(params)} SamplingParams; pass one or one per prompt"
+                )
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         if len(priorities) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(priorities)} priorities")
@@ -57,8 +68,12 @@ class LLM:
                     done[out.request_id] = out
         return [done[rid] for rid in ids]
 
-    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
-             sampling_params: SamplingParams | None = None, add_generation_prompt: bool = True) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         prompts = [self.chat_prompt_ids(c, add_generation_prompt) for c in conversations]
         return self.generate(prompts, sampling_params)

@@ -40,8 +40,15 @@ class AttentionBackend(ABC):
         """Whether this backend runs on `platform` ("cpu", "cuda") with a model in `dtype`."""
 
     @abstractmethod
-    def build_metadata(self, num_new_tokens: np.ndarray, num_computed_tokens: np.ndarray, block_tables: np.ndarray,
-                       slot_mapping: np.ndarray, device: torch.device, block_size: int) -> AttentionMetadata:
+    def build_metadata(
+        self,
+        num_new_tokens: np.ndarray,
+        num_computed_tokens: np.ndarray,
+        block_tables: np.ndarray,
+        slot_mapping: np.ndarray,
+        device: torch.device,
+        block_size: int,
+    ) -> AttentionMetadata:
         """One step's metadata. Per request r (in the flat batch's order): num_new_tokens[r] tokens
         at positions num_computed_tokens[r]...; block_tables [R, B] its cache blocks (padded);
         slot_mapping [T] the cache slot of each new token."""
@@ -51,7 +58,9 @@ class AttentionBackend(ABC):
         """Store this step's key/value ([T, Hkv, D]) at meta.slot_mapping in kv_cache [2, blocks, block_size, Hkv, D]."""
 
     @abstractmethod
-    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def forward(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
         """query [T, H, D] -> output [T, H, Dv], each token attending to its request's context."""
 
 
@@ -68,8 +77,15 @@ class MLAAttentionBackend(AttentionBackend):
         both land side by side at meta.slot_mapping in kv_cache [blocks, block_size, kv_lora_rank + rope_dim]."""
 
     @abstractmethod
-    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, *,
-                kv_b_proj: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        *,
+        kv_b_proj: torch.Tensor,
+    ) -> torch.Tensor:
         """query [T, H, nope_dim + rope_dim] -> [T, H, v_dim], through the layer's up-projection weight kv_b_proj."""
 
 

@@ -39,14 +39,48 @@ class DecoderLayerWeights:
     kv_cache: torch.Tensor  # [2, num_blocks, block_size, Hkv, D] bf16, the torch paged backend's layout
 
 
-def bind_llama_decoder(kernels: ModuleType, embed: torch.Tensor, final_norm: torch.Tensor, cos: torch.Tensor,
-                       sin: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, intermediate: int,
-                       eps: float, scale: float, block_size: int, layers: list[DecoderLayerWeights]) -> Any:
+def bind_llama_decoder(
+    kernels: ModuleType,
+    embed: torch.Tensor,
+    final_norm: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    intermediate: int,
+    eps: float,
+    scale: float,
+    block_size: int,
+    layers: list[DecoderLayerWeights],
+) -> Any:
     """The C++ LlamaDecoder over these tensors (shared, not copied); cos/sin [max_positions, D/2]
     for every position. Raises ValueError/RuntimeError for a shape the kernel does not take."""
-    decoder = kernels.LlamaDecoder(embed, final_norm, cos.contiguous(), sin.contiguous(), num_heads, num_kv_heads,
-                                   head_dim, intermediate, eps, scale, block_size)
+    decoder = kernels.LlamaDecoder(
+        embed,
+        final_norm,
+        cos.contiguous(),
+        sin.contiguous(),
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        intermediate,
+        eps,
+        scale,
+        block_size,
+    )
     for w in layers:
-        decoder.add_layer(w.input_norm, w.qkv, w.qkv_bias, w.q_norm, w.k_norm, w.o_proj, w.o_bias,
-                          w.post_attention_norm, w.gate_up, w.down, w.kv_cache)
+        decoder.add_layer(
+            w.input_norm,
+            w.qkv,
+            w.qkv_bias,
+            w.q_norm,
+            w.k_norm,
+            w.o_proj,
+            w.o_bias,
+            w.post_attention_norm,
+            w.gate_up,
+            w.down,
+            w.kv_cache,
+        )
     return decoder

@@ -59,12 +59,19 @@ def load_cpu_kernels() -> ModuleType | None:
     if not any(build.glob("*.so")):
         print("tacit: compiling the AVX512-BF16 CPU kernels (once, ~1 min) ...", file=sys.stderr, flush=True)
     try:
-        _module = load(name="tacit_cpu_kernels", sources=[str(_CSRC / s) for s in _SOURCES],
-                       build_directory=str(build), extra_include_paths=[str(_CSRC)],
-                       extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-fopenmp"],
-                       extra_ldflags=["-fopenmp"], verbose=False)
+        _module = load(
+            name="tacit_cpu_kernels",
+            sources=[str(_CSRC / s) for s in _SOURCES],
+            build_directory=str(build),
+            extra_include_paths=[str(_CSRC)],
+            extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
     except Exception as e:  # no compiler, no ninja, odd toolchain: fall back, do not fail the engine
-        print(f"tacit: AVX512-BF16 CPU kernels unavailable ({type(e).__name__}: {str(e)[:200]}): using the torch path",
-              file=sys.stderr)
+        print(
+            f"tacit: AVX512-BF16 CPU kernels unavailable ({type(e).__name__}: {str(e)[:200]}): using the torch path",
+            file=sys.stderr,
+        )
         _module = None
     return _module

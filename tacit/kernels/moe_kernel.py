@@ -13,8 +13,9 @@ class MoEKernel(ABC):
     name: str
 
     @abstractmethod
-    def __call__(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                 topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
         """x [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I];
         topk_weights/ids [T, K] -> sum_k w_k * expert_k(x) as [T, H]."""
 

@@ -68,8 +68,15 @@ def group_requests(num_new: np.ndarray, computed: np.ndarray, block_size: int) -
     return sets
 
 
-def build_group(reqs: np.ndarray, num_new: np.ndarray, computed: np.ndarray, tables: np.ndarray,
-                req_of_token: np.ndarray | None, device: torch.device, block_size: int) -> AttentionGroup:
+def build_group(
+    reqs: np.ndarray,
+    num_new: np.ndarray,
+    computed: np.ndarray,
+    tables: np.ndarray,
+    req_of_token: np.ndarray | None,
+    device: torch.device,
+    block_size: int,
+) -> AttentionGroup:
     """Padded-batch indexes for the requests `reqs` (positions in the step's request list)."""
     bs = block_size
     n, c = num_new[reqs], computed[reqs]
@@ -95,11 +102,20 @@ def build_group(reqs: np.ndarray, num_new: np.ndarray, computed: np.ndarray, tab
         query_unpad_index=torch.from_numpy(local_req * max_q + offset).to(dev),
         block_tables=torch.from_numpy(np.ascontiguousarray(tables[reqs, :blocks])).to(dev),
         attn_mask=torch.from_numpy(mask).to(dev)[:, None],
-        num_reqs=len(reqs), max_query_len=max_q)
+        num_reqs=len(reqs),
+        max_query_len=max_q,
+    )
 
 
-def build_flat_group(reqs: np.ndarray, n: np.ndarray, c: np.ndarray, tables: np.ndarray,
-                     token_index: torch.Tensor | None, device: torch.device, block_size: int) -> AttentionGroup:
+def build_flat_group(
+    reqs: np.ndarray,
+    n: np.ndarray,
+    c: np.ndarray,
+    tables: np.ndarray,
+    token_index: torch.Tensor | None,
+    device: torch.device,
+    block_size: int,
+) -> AttentionGroup:
     """Prefills of very different lengths as one sequence: every token against every key of
     the group, masked to its own request. Padding to the longest chunk costs R x Qmax x Lmax;
     this costs sum(Q) x sum(L), far less when one long prompt shares a step with short ones
@@ -120,21 +136,34 @@ def build_flat_group(reqs: np.ndarray, n: np.ndarray, c: np.ndarray, tables: np.
     total = int(n.sum())
     dev = device
     ident = torch.arange(total, device=dev)
-    return AttentionGroup(token_index=token_index, query_pad_index=ident, query_unpad_index=ident,
-                          block_tables=torch.from_numpy(block_list[None, :]).to(dev),
-                          attn_mask=torch.from_numpy(mask).to(dev)[None, None], num_reqs=1, max_query_len=total)
+    return AttentionGroup(
+        token_index=token_index,
+        query_pad_index=ident,
+        query_unpad_index=ident,
+        block_tables=torch.from_numpy(block_list[None, :]).to(dev),
+        attn_mask=torch.from_numpy(mask).to(dev)[None, None],
+        num_reqs=1,
+        max_query_len=total,
+    )
 
 
-def build_torch_metadata(num_new_tokens: np.ndarray, num_computed_tokens: np.ndarray, block_tables: np.ndarray,
-                         slot_mapping: np.ndarray, device: torch.device, block_size: int) -> TorchAttentionMetadata:
+def build_torch_metadata(
+    num_new_tokens: np.ndarray,
+    num_computed_tokens: np.ndarray,
+    block_tables: np.ndarray,
+    slot_mapping: np.ndarray,
+    device: torch.device,
+    block_size: int,
+) -> TorchAttentionMetadata:
     """The step's requests split into padded groups (group_requests), their indexes built once
     per step in numpy rather than per layer or per request in torch."""
     num_new, computed = num_new_tokens, num_computed_tokens
     sets = group_requests(num_new, computed, block_size)
     req_of_token = np.repeat(np.arange(len(num_new)), num_new) if len(sets) > 1 else None
     groups = [build_group(reqs, num_new, computed, block_tables, req_of_token, device, block_size) for reqs in sets]
-    return TorchAttentionMetadata(slot_mapping=torch.from_numpy(slot_mapping).to(device),
-                                  num_tokens=int(num_new.sum()), groups=groups)
+    return TorchAttentionMetadata(
+        slot_mapping=torch.from_numpy(slot_mapping).to(device), num_tokens=int(num_new.sum()), groups=groups
+    )
 
 
 def gather_blocks(cache: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
@@ -164,14 +193,22 @@ def padded_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Attent
     """q [T, H, D], k/v [R, L, Hkv, D*] -> [T, H, Dv]."""
     qp = pad_queries(q, group).transpose(1, 2)
     out = F.scaled_dot_product_attention(
-        qp, k.transpose(1, 2), v.transpose(1, 2), attn_mask=group.attn_mask, scale=scale,
+        qp,
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=group.attn_mask,
+        scale=scale,
         enable_gqa=q.shape[1] != k.shape[2],
     )
     return unpad_queries(out.transpose(1, 2), group)
 
 
-def run_groups(query: torch.Tensor, meta: TorchAttentionMetadata, out_dim: int,
-               attend: Callable[[torch.Tensor, AttentionGroup], torch.Tensor]) -> torch.Tensor:
+def run_groups(
+    query: torch.Tensor,
+    meta: TorchAttentionMetadata,
+    out_dim: int,
+    attend: Callable[[torch.Tensor, AttentionGroup], torch.Tensor],
+) -> torch.Tensor:
     """attend(group queries, group) per group (at most two: decodes, prefills), scattered back."""
     if len(meta.groups) == 1 and meta.groups[0].token_index is None:
         return attend(query, meta.groups[0])
@@ -189,19 +226,27 @@ class TorchAttentionBackend(AttentionBackend):
     def supports(cls, platform: str, dtype: torch.dtype) -> bool:
         return dtype.is_floating_point  # plain torch ops: any device torch runs on
 
-    def build_metadata(self, num_new_tokens: np.ndarray, num_computed_tokens: np.ndarray, block_tables: np.ndarray,
-                       slot_mapping: np.ndarray, device: torch.device, block_size: int) -> TorchAttentionMetadata:
-        return build_torch_metadata(num_new_tokens, num_computed_tokens, block_tables, slot_mapping, device,
-                                    block_size)
+    def build_metadata(
+        self,
+        num_new_tokens: np.ndarray,
+        num_computed_tokens: np.ndarray,
+        block_tables: np.ndarray,
+        slot_mapping: np.ndarray,
+        device: torch.device,
+        block_size: int,
+    ) -> TorchAttentionMetadata:
+        return build_torch_metadata(num_new_tokens, num_computed_tokens, block_tables, slot_mapping, device, block_size)
 
-    def write_kv(self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 meta: TorchAttentionMetadata) -> None:
+    def write_kv(
+        self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: TorchAttentionMetadata
+    ) -> None:
         flat = kv_cache.view(2, -1, *kv_cache.shape[3:])
         flat[0].index_copy_(0, meta.slot_mapping, key.to(kv_cache.dtype))
         flat[1].index_copy_(0, meta.slot_mapping, value.to(kv_cache.dtype))
 
-    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: TorchAttentionMetadata,
-                scale: float) -> torch.Tensor:
+    def forward(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, meta: TorchAttentionMetadata, scale: float
+    ) -> torch.Tensor:
         def attend(q: torch.Tensor, g: AttentionGroup) -> torch.Tensor:
             k = gather_blocks(kv_cache[0], g).to(q.dtype)
             v = gather_blocks(kv_cache[1], g).to(q.dtype)

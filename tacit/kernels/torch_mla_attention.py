@@ -32,18 +32,32 @@ class TorchMLAAttentionBackend(MLAAttentionBackend):
     def supports(cls, platform: str, dtype: torch.dtype) -> bool:
         return dtype.is_floating_point
 
-    def build_metadata(self, num_new_tokens: np.ndarray, num_computed_tokens: np.ndarray, block_tables: np.ndarray,
-                       slot_mapping: np.ndarray, device: torch.device, block_size: int) -> TorchAttentionMetadata:
-        return build_torch_metadata(num_new_tokens, num_computed_tokens, block_tables, slot_mapping, device,
-                                    block_size)
+    def build_metadata(
+        self,
+        num_new_tokens: np.ndarray,
+        num_computed_tokens: np.ndarray,
+        block_tables: np.ndarray,
+        slot_mapping: np.ndarray,
+        device: torch.device,
+        block_size: int,
+    ) -> TorchAttentionMetadata:
+        return build_torch_metadata(num_new_tokens, num_computed_tokens, block_tables, slot_mapping, device, block_size)
 
-    def write_kv(self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 meta: TorchAttentionMetadata) -> None:
+    def write_kv(
+        self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: TorchAttentionMetadata
+    ) -> None:
         flat = kv_cache.view(-1, kv_cache.shape[-1])
         flat.index_copy_(0, meta.slot_mapping, torch.cat([key, value], dim=-1).to(flat.dtype))
 
-    def forward(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: TorchAttentionMetadata, scale: float, *,
-                kv_b_proj: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: TorchAttentionMetadata,
+        scale: float,
+        *,
+        kv_b_proj: torch.Tensor,
+    ) -> torch.Tensor:
         h = query.shape[1]
         kv_lora_rank = kv_b_proj.shape[1]
         rope_dim = kv_cache.shape[-1] - kv_lora_rank

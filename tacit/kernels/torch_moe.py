@@ -14,8 +14,9 @@ from tacit.kernels.moe_kernel import MoEKernel, register_moe_kernel
 
 @register_moe_kernel("torch")
 class TorchMoEKernel(MoEKernel):
-    def __call__(self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                 topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    ) -> torch.Tensor:
         num_tokens, top_k = topk_ids.shape
         flat_ids = topk_ids.reshape(-1)
         order = torch.argsort(flat_ids, stable=True)
@@ -27,9 +28,9 @@ class TorchMoEKernel(MoEKernel):
         for expert, count in enumerate(counts):
             if count == 0:
                 continue
-            seg = xs[start:start + count]
+            seg = xs[start : start + count]
             gate, up = F.linear(seg, w13[expert]).chunk(2, dim=-1)
-            out[start:start + count] = F.linear(F.silu(gate) * up, w2[expert])
+            out[start : start + count] = F.linear(F.silu(gate) * up, w2[expert])
             start += count
         weights = topk_weights.reshape(-1)[order].to(out.dtype)
         result = torch.zeros(num_tokens, w2.shape[1], dtype=x.dtype, device=x.device)

@@ -26,7 +26,9 @@ class Attention(nn.Module, KVCacheLayer):
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
         # Zeroed, not empty: masked-out slots still pass through softmax(...) @ V, and NaN * 0 is NaN.
-        self.kv_cache = torch.zeros(2, num_blocks, block_size, self.num_kv_heads, self.head_dim, dtype=dtype, device=device)
+        self.kv_cache = torch.zeros(
+            2, num_blocks, block_size, self.num_kv_heads, self.head_dim, dtype=dtype, device=device
+        )
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H*D]."""

@@ -27,7 +27,9 @@ def select_attention_backend(platform: str, dtype: torch.dtype, model_config: Mo
     """The lowest-priority registered backend of the model's kind (MLA or not) that supports
     `platform` ("cpu", "cuda") and `dtype`."""
     mla = uses_mla(model_config)
-    fits = [cls for cls in registered_attention_backends().values() if cls.use_mla == mla and cls.supports(platform, dtype)]
+    fits = [
+        cls for cls in registered_attention_backends().values() if cls.use_mla == mla and cls.supports(platform, dtype)
+    ]
     if not fits:
         kind = "MLA" if mla else "paged"
         raise ValueError(f"no {kind} attention backend supports platform={platform!r} with dtype={dtype}")

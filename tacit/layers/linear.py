@@ -19,8 +19,14 @@ from tacit.layers.linear_method import LinearMethod, UnquantizedLinearMethod, re
 
 
 class LinearBase(nn.Module):
-    def __init__(self, in_features: int, out_sizes: list[int], bias: bool, linear_method: LinearMethod | None,
-                 dtype: torch.dtype | None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_sizes: list[int],
+        bias: bool,
+        linear_method: LinearMethod | None,
+        dtype: torch.dtype | None,
+    ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, sum(out_sizes)
         self.linear_method = linear_method or UnquantizedLinearMethod()
@@ -31,14 +37,27 @@ class LinearBase(nn.Module):
 
 
 class Linear(LinearBase):
-    def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 linear_method: LinearMethod | None = None, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        linear_method: LinearMethod | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__(in_features, [out_features], bias, linear_method, dtype)
 
 
 class MergedLinear(LinearBase):
-    def __init__(self, in_features: int, out_sizes: list[int], shard_names: list[str], bias: bool = False,
-                 linear_method: LinearMethod | None = None, dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_sizes: list[int],
+        shard_names: list[str],
+        bias: bool = False,
+        linear_method: LinearMethod | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__(in_features, out_sizes, bias, linear_method, dtype)
         self.out_sizes, self.shard_names = list(out_sizes), list(shard_names)
         self._offsets = dict(zip(shard_names, [sum(out_sizes[:i]) for i in range(len(out_sizes))]))
@@ -51,10 +70,12 @@ class MergedLinear(LinearBase):
             raise ValueError(f"checkpoint has a {shard}.bias but the config says this layer has no bias")
         start, size = self._offsets[shard], self._sizes[shard]
         if tensor.shape[0] != size or tensor.shape[1:] != param.shape[1:]:
-            raise ValueError(f"checkpoint tensor {shard}.{kind} has shape {tuple(tensor.shape)}, "
-                             f"the model expects {(size, *param.shape[1:])}: config and weights disagree")
+            raise ValueError(
+                f"checkpoint tensor {shard}.{kind} has shape {tuple(tensor.shape)}, "
+                f"the model expects {(size, *param.shape[1:])}: config and weights disagree"
+            )
         with torch.no_grad():
-            param[start:start + size].copy_(tensor)
+            param[start : start + size].copy_(tensor)
         self._loaded.add((shard, kind))
 
     def check_fully_loaded(self, name: str) -> None:

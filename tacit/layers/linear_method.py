@@ -30,8 +30,9 @@ class LinearMethod(ABC):
         """This method for a model on `platform` ("cpu", "cuda") in `dtype`, or None where it cannot run."""
 
     @abstractmethod
-    def create_weights(self, layer: nn.Module, in_features: int, out_sizes: list[int], bias: bool,
-                       dtype: torch.dtype) -> None:
+    def create_weights(
+        self, layer: nn.Module, in_features: int, out_sizes: list[int], bias: bool, dtype: torch.dtype
+    ) -> None:
         """Register the layer's parameters (`weight`, and `bias` or None) for sum(out_sizes) outputs."""
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
@@ -69,8 +70,9 @@ class UnquantizedLinearMethod(LinearMethod):
     def create(cls, platform: str, dtype: torch.dtype) -> UnquantizedLinearMethod:
         return cls()
 
-    def create_weights(self, layer: nn.Module, in_features: int, out_sizes: list[int], bias: bool,
-                       dtype: torch.dtype) -> None:
+    def create_weights(
+        self, layer: nn.Module, in_features: int, out_sizes: list[int], bias: bool, dtype: torch.dtype
+    ) -> None:
         out_features = sum(out_sizes)
         layer.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
         if bias:

@@ -18,9 +18,15 @@ def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> 
     return weights, ids
 
 
-def grouped_sigmoid_topk(router_logits: torch.Tensor, correction_bias: torch.Tensor, top_k: int,
-                         num_groups: int, topk_groups: int, renormalize: bool,
-                         scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+def grouped_sigmoid_topk(
+    router_logits: torch.Tensor,
+    correction_bias: torch.Tensor,
+    top_k: int,
+    num_groups: int,
+    topk_groups: int,
+    renormalize: bool,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3 routing (noaux_tc): experts are chosen on sigmoid score + bias, only inside
     the topk_groups groups whose two best experts score highest, but weighted by the bare score."""
     scores = router_logits.float().sigmoid()
@@ -43,8 +49,9 @@ class FusedMoE(nn.Module):
     """Expert weights as [E, 2I, H] (gate and up fused) and [E, H, I], loaded from HF's
     per-expert `experts.{e}.{gate,up,down}_proj.weight` names by weight_loader."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int,
-                 kernel: MoEKernel | None = None) -> None:
+    def __init__(
+        self, num_experts: int, hidden_size: int, intermediate_size: int, kernel: MoEKernel | None = None
+    ) -> None:
         super().__init__()
         self.num_experts, self.intermediate_size = num_experts, intermediate_size
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))

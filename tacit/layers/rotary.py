@@ -31,7 +31,11 @@ def _yarn_inv_freq(dim: int, base: float, p: dict[str, Any], max_pos: int) -> tu
     mscale, mscale_all = p.get("mscale"), p.get("mscale_all_dim")
     attn_factor = p.get("attention_factor")
     if attn_factor is None:
-        attn_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all) if mscale and mscale_all else yarn_mscale(factor)
+        attn_factor = (
+            yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all)
+            if mscale and mscale_all
+            else yarn_mscale(factor)
+        )
     beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
 
     def correction_dim(rot: float) -> float:
@@ -97,6 +101,8 @@ class RotaryEmbedding(torch.nn.Module):
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return self._rotate(x, cos, sin)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         # cos/sin come from cos_sin(), computed once per step by the model, not once per layer.
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)

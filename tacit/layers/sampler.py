@@ -101,8 +101,9 @@ class Sampler:
         is_greedy = torch.tensor([p.greedy for p in params])
         return torch.where(is_greedy, greedy_ids, sampled)
 
-    def _logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams],
-                  rows: list[int]) -> list:
+    def _logprobs(
+        self, logits: torch.Tensor, tokens: torch.Tensor, params: list[SamplingParams], rows: list[int]
+    ) -> list:
         # Logprobs of the model's distribution (after penalties, before temperature/top-k/top-p),
         # as vLLM reports them by default.
         lp = logits[rows].log_softmax(dim=-1)

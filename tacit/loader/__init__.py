@@ -26,20 +26,26 @@ class ModelSource:
 def open_model(model: str | Path | None) -> ModelSource:
     path = resolve_default_model() if model is None else Path(model).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"model path {str(path)!r} does not exist; pass a Hugging Face model "
-                                f"directory (config.json + *.safetensors) or a .gguf file")
+        raise FileNotFoundError(
+            f"model path {str(path)!r} does not exist; pass a Hugging Face model "
+            f"directory (config.json + *.safetensors) or a .gguf file"
+        )
     if path.is_file():
         if path.suffix != ".gguf":
-            raise ValueError(f"model file {str(path)!r} is not a .gguf file; a single-file model must be GGUF, "
-                             f"anything else must be a Hugging Face directory")
+            raise ValueError(
+                f"model file {str(path)!r} is not a .gguf file; a single-file model must be GGUF, "
+                f"anything else must be a Hugging Face directory"
+            )
         gguf = GGUFFile(path)
         tok = gguf.tokenizer()
         eos = gguf.eos_token_ids() or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
         return ModelSource(path, gguf.hf_config(), tok, eos, gguf.tensors)
     config_file = path / "config.json"
     if not config_file.exists():
-        raise FileNotFoundError(f"{path} has no config.json; a Hugging Face model directory needs config.json, "
-                                f"*.safetensors and tokenizer.json")
+        raise FileNotFoundError(
+            f"{path} has no config.json; a Hugging Face model directory needs config.json, "
+            f"*.safetensors and tokenizer.json"
+        )
     config = read_json(config_file)
     tok = Tokenizer.from_hf_dir(path)
     eos = hf_eos_token_ids(path, config) or ([tok.eos_token_id] if tok.eos_token_id is not None else [])

@@ -32,8 +32,9 @@ def fetch_command() -> str:
 def resolve_default_model() -> Path:
     path = default_model_path()
     if not path.exists():
-        raise FileNotFoundError(f"the default model is not in the cache (looked for {path}); "
-                                f"fetch it with: {fetch_command()}")
+        raise FileNotFoundError(
+            f"the default model is not in the cache (looked for {path}); fetch it with: {fetch_command()}"
+        )
     return path
 
 

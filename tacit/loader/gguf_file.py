@@ -18,20 +18,34 @@ from tacit.tokenizer import Tokenizer
 _ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 _LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
-_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-                 "output.weight": "lm_head.weight"}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 _BLOCK = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 
 # Pre-tokenizer regexes by `tokenizer.ggml.pre`, the split rules the original tokenizer.json had.
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:
@@ -50,8 +64,9 @@ class GGUFFile:
             raise ValueError(f"{path} is not a readable GGUF file: {e}") from None
         self.arch = _field(self.reader, "general.architecture")
         if self.arch not in _ARCHS:
-            raise ValueError(f"{path}: GGUF architecture {self.arch!r} is not supported; "
-                             f"supported: {', '.join(sorted(_ARCHS))}")
+            raise ValueError(
+                f"{path}: GGUF architecture {self.arch!r} is not supported; supported: {', '.join(sorted(_ARCHS))}"
+            )
 
     def _meta(self, key: str, default: Any = None) -> Any:
         return _field(self.reader, f"{self.arch}.{key}", default)
@@ -78,8 +93,11 @@ class GGUFFile:
         }
         scaling = self._meta("rope.scaling.type")
         if scaling and scaling != "none":
-            cfg["rope_scaling"] = {"rope_type": scaling, "factor": float(self._meta("rope.scaling.factor", 1.0)),
-                                   "original_max_position_embeddings": int(self._meta("rope.scaling.original_context_length", 0))}
+            cfg["rope_scaling"] = {
+                "rope_type": scaling,
+                "factor": float(self._meta("rope.scaling.factor", 1.0)),
+                "original_max_position_embeddings": int(self._meta("rope.scaling.original_context_length", 0)),
+            }
         return cfg
 
     def eos_token_ids(self) -> list[int]:
@@ -114,7 +132,9 @@ class GGUFFile:
 
         model = _field(self.reader, "tokenizer.ggml.model")
         if model != "gpt2":
-            raise ValueError(f"{self.path}: GGUF tokenizer model {model!r} is not supported yet; supported: gpt2 (byte-level BPE)")
+            raise ValueError(
+                f"{self.path}: GGUF tokenizer model {model!r} is not supported yet; supported: gpt2 (byte-level BPE)"
+            )
         tokens = _field(self.reader, "tokenizer.ggml.tokens")
         types = _field(self.reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
         merges = [tuple(m.split(" ", 1)) for m in _field(self.reader, "tokenizer.ggml.merges", [])]
@@ -125,17 +145,27 @@ class GGUFFile:
             tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
         elif pre in ("llama-bpe", "llama3", "qwen2"):
             split = pre_tokenizers.Split(Regex(_QWEN2_SPLIT if pre == "qwen2" else _LLAMA3_SPLIT), behavior="isolated")
-            tok.pre_tokenizer = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+            tok.pre_tokenizer = pre_tokenizers.Sequence(
+                [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+            )
         else:
             tok.pre_tokenizer = byte_level
         tok.decoder = decoders.ByteLevel()
         # CONTROL (3) and USER_DEFINED (4) tokens are matched whole in text, never split by BPE.
-        tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
-                                for i in range(len(tokens)) if types[i] == 3])
-        tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
-                        for i in range(len(tokens)) if types[i] == 4])
-        bos_id, eos_id = _field(self.reader, "tokenizer.ggml.bos_token_id"), _field(self.reader, "tokenizer.ggml.eos_token_id")
-        return Tokenizer(tok, _field(self.reader, "tokenizer.chat_template"),
-                         tokens[bos_id] if bos_id is not None else None,
-                         tokens[eos_id] if eos_id is not None else None,
-                         add_bos_token=bool(_field(self.reader, "tokenizer.ggml.add_bos_token", False)))
+        tok.add_special_tokens(
+            [AddedToken(tokens[i], special=True, normalized=False) for i in range(len(tokens)) if types[i] == 3]
+        )
+        tok.add_tokens(
+            [AddedToken(tokens[i], special=False, normalized=False) for i in range(len(tokens)) if types[i] == 4]
+        )
+        bos_id, eos_id = (
+            _field(self.reader, "tokenizer.ggml.bos_token_id"),
+            _field(self.reader, "tokenizer.ggml.eos_token_id"),
+        )
+        return Tokenizer(
+            tok,
+            _field(self.reader, "tokenizer.chat_template"),
+            tokens[bos_id] if bos_id is not None else None,
+            tokens[eos_id] if eos_id is not None else None,
+            add_bos_token=bool(_field(self.reader, "tokenizer.ggml.add_bos_token", False)),
+        )

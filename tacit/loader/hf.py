@@ -31,7 +31,11 @@ def safetensors_files(path: Path) -> list[Path]:
     files = sorted(path.glob("*.safetensors"))
     if not files:
         pickles = [p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth")]
-        hint = f" (found {', '.join(pickles)}: pickle checkpoints are never loaded; convert them to safetensors)" if pickles else ""
+        hint = (
+            f" (found {', '.join(pickles)}: pickle checkpoints are never loaded; convert them to safetensors)"
+            if pickles
+            else ""
+        )
         raise FileNotFoundError(f"{path}: no *.safetensors weights{hint}")
     return files
 

@@ -30,8 +30,9 @@ _BW_WEIGHT = 0.25
 
 
 class KVSwapper:
-    def __init__(self, layers: list[KVCacheLayer], num_blocks: int, block_size: int, bytes_per_block: int,
-                 swap_space_bytes: int) -> None:
+    def __init__(
+        self, layers: list[KVCacheLayer], num_blocks: int, block_size: int, bytes_per_block: int, swap_space_bytes: int
+    ) -> None:
         odd = [type(m).__name__ for m in layers if not isinstance(m, KVCacheLayer)]
         if odd:
             raise TypeError(f"KVSwapper swaps KVCacheLayer caches; {', '.join(odd)} does not declare the interface")

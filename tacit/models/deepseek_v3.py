@@ -48,7 +48,7 @@ class MLAAttention(nn.Module, KVCacheLayer):
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps)
         self.kv_b_proj = Linear(self.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False)
         self.o_proj = Linear(self.num_heads * self.v_dim, hidden, bias=bias)
-        self.scale = self.qk_head_dim ** -0.5
+        self.scale = self.qk_head_dim**-0.5
         rope = cfg.rope
         if rope["rope_type"] != "default" and rope.get("mscale_all_dim"):
             m = yarn_mscale(rope["factor"], rope["mscale_all_dim"])
@@ -73,8 +73,9 @@ class MLAAttention(nn.Module, KVCacheLayer):
         q_pe, k_pe = rotary(q_pe, k_pe[:, None, :], cos, sin)
 
         self.backend.write_kv(self.kv_cache, latent, k_pe[:, 0], meta)
-        out = self.backend.forward(torch.cat([q_nope, q_pe], dim=-1), self.kv_cache, meta, self.scale,
-                                   kv_b_proj=self.kv_b_proj.weight)
+        out = self.backend.forward(
+            torch.cat([q_nope, q_pe], dim=-1), self.kv_cache, meta, self.scale, kv_b_proj=self.kv_b_proj.weight
+        )
         return self.o_proj(out.reshape(t, h * self.v_dim))
 
 
@@ -104,8 +105,15 @@ class DeepseekV3MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = F.linear(x.float(), self.gate.weight.float())
-        weights, ids = grouped_sigmoid_topk(logits, self.gate.e_score_correction_bias.float(), self.top_k,
-                                            self.n_group, self.topk_group, self.norm_topk_prob, self.scaling)
+        weights, ids = grouped_sigmoid_topk(
+            logits,
+            self.gate.e_score_correction_bias.float(),
+            self.top_k,
+            self.n_group,
+            self.topk_group,
+            self.norm_topk_prob,
+            self.scaling,
+        )
         out = self.experts(x, weights, ids)
         return out + self.shared_experts(x) if self.shared_experts is not None else out
 
@@ -117,12 +125,16 @@ class DeepseekV3ForCausalLM(CausalLM):
         first_dense = int(hf.get("first_k_dense_replace") or 0)
 
         def make_layer(i: int) -> nn.Module:
-            mlp = DeepseekV3MoE(cfg) if i >= first_dense and hf.get("n_routed_experts") else \
-                LlamaMLP(hf["hidden_size"], hf["intermediate_size"])
+            mlp = (
+                DeepseekV3MoE(cfg)
+                if i >= first_dense and hf.get("n_routed_experts")
+                else LlamaMLP(hf["hidden_size"], hf["intermediate_size"])
+            )
             return LlamaDecoderLayer(cfg, MLAAttention(cfg), mlp)
 
-        self.model = LlamaModel(cfg, make_layer, rotary_dim=hf["qk_rope_head_dim"],
-                                interleaved_rope=bool(hf.get("rope_interleave", True)))
+        self.model = LlamaModel(
+            cfg, make_layer, rotary_dim=hf["qk_rope_head_dim"], interleaved_rope=bool(hf.get("rope_interleave", True))
+        )
         self._init_head(cfg)
 
     def weight_hook(self, name: str, tensor: torch.Tensor) -> str | None:

@@ -43,23 +43,24 @@ class LlamaAttention(nn.Module):
         hidden = cfg.hf["hidden_size"]
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.hf["num_attention_heads"], cfg.num_kv_heads, cfg.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = MergedLinear(hidden, [self.q_size, self.kv_size, self.kv_size],
-                                     ["q_proj", "k_proj", "v_proj"], bias=qkv_bias)
+        self.qkv_proj = MergedLinear(
+            hidden, [self.q_size, self.kv_size, self.kv_size], ["q_proj", "k_proj", "v_proj"], bias=qkv_bias
+        )
         self.o_proj = Linear(self.num_heads * self.head_dim, hidden, bias=o_bias)
         self.qk_norm = qk_norm
         if qk_norm:
             eps = cfg.get("rms_norm_eps", 1e-6)
             self.q_norm = RMSNorm(self.head_dim, eps)
             self.k_norm = RMSNorm(self.head_dim, eps)
-        self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, self.head_dim ** -0.5)
+        self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, self.head_dim**-0.5)
 
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         t, h, hkv = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x)
         # q and k sit side by side in the fused output: viewed as H + Hkv heads they take one
         # rotation instead of two (a dozen fewer tiny ops per layer in a decode step).
-        qk = qkv[:, :self.q_size + self.kv_size].view(t, h + hkv, self.head_dim)
-        v = qkv[:, self.q_size + self.kv_size:].view(t, hkv, self.head_dim)
+        qk = qkv[:, : self.q_size + self.kv_size].view(t, h + hkv, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].view(t, hkv, self.head_dim)
         if self.qk_norm:
             q, k = rotary(self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:]), cos, sin)
         else:
@@ -82,8 +83,9 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, make_layer: Callable[[int], nn.Module], rotary_dim: int,
-                 interleaved_rope: bool = False) -> None:
+    def __init__(
+        self, cfg: ModelConfig, make_layer: Callable[[int], nn.Module], rotary_dim: int, interleaved_rope: bool = False
+    ) -> None:
         super().__init__()
         hf = cfg.hf
         self.embed_tokens = nn.Embedding(hf["vocab_size"], hf["hidden_size"])
@@ -91,8 +93,9 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(hf["hidden_size"], cfg.get("rms_norm_eps", 1e-6))
         # Built on the CPU explicitly: the model itself is constructed on the meta device.
         with torch.device("cpu"):
-            self.rotary = RotaryEmbedding(rotary_dim, int(cfg.get("max_position_embeddings", 2048)), cfg.rope,
-                                          interleaved=interleaved_rope)
+            self.rotary = RotaryEmbedding(
+                rotary_dim, int(cfg.get("max_position_embeddings", 2048)), cfg.rope, interleaved=interleaved_rope
+            )
 
     def begin_forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> "DecoderState":
         x = self.embed_tokens(input_ids)
@@ -253,16 +256,38 @@ class LlamaForCausalLM(CausalLM):
         def data(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.data
 
-        weights = [DecoderLayerWeights(
-            input_norm=layer.input_layernorm.weight.data, qkv=a.qkv_proj.weight.data, qkv_bias=data(a.qkv_proj.bias),
-            q_norm=a.q_norm.weight.data if a.qk_norm else None, k_norm=a.k_norm.weight.data if a.qk_norm else None,
-            o_proj=a.o_proj.weight.data, o_bias=data(a.o_proj.bias),
-            post_attention_norm=layer.post_attention_layernorm.weight.data,
-            gate_up=layer.mlp.gate_up_proj.weight.data, down=layer.mlp.down_proj.weight.data, kv_cache=a.attn.kv_cache)
-            for layer in layers for a in [layer.self_attn]]
-        return bind_llama_decoder(kernels, lm.embed_tokens.weight.data, lm.norm.weight.data, cos, sin,
-                                  first.num_heads, first.num_kv_heads, first.head_dim, layers[0].mlp.intermediate,
-                                  eps.pop(), first.attn.scale, block_size, weights)
+        weights = [
+            DecoderLayerWeights(
+                input_norm=layer.input_layernorm.weight.data,
+                qkv=a.qkv_proj.weight.data,
+                qkv_bias=data(a.qkv_proj.bias),
+                q_norm=a.q_norm.weight.data if a.qk_norm else None,
+                k_norm=a.k_norm.weight.data if a.qk_norm else None,
+                o_proj=a.o_proj.weight.data,
+                o_bias=data(a.o_proj.bias),
+                post_attention_norm=layer.post_attention_layernorm.weight.data,
+                gate_up=layer.mlp.gate_up_proj.weight.data,
+                down=layer.mlp.down_proj.weight.data,
+                kv_cache=a.attn.kv_cache,
+            )
+            for layer in layers
+            for a in [layer.self_attn]
+        ]
+        return bind_llama_decoder(
+            kernels,
+            lm.embed_tokens.weight.data,
+            lm.norm.weight.data,
+            cos,
+            sin,
+            first.num_heads,
+            first.num_kv_heads,
+            first.head_dim,
+            layers[0].mlp.intermediate,
+            eps.pop(),
+            first.attn.scale,
+            block_size,
+            weights,
+        )
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):

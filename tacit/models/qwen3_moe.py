@@ -46,9 +46,11 @@ class Qwen3MoeSparseBlock(nn.Module):
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     def make_mlp(self, cfg: ModelConfig, layer_idx: int) -> nn.Module:
         hf = cfg.hf
-        sparse = (layer_idx not in (hf.get("mlp_only_layers") or [])
-                  and hf.get("num_experts", 0) > 0
-                  and (layer_idx + 1) % int(hf.get("decoder_sparse_step", 1)) == 0)
+        sparse = (
+            layer_idx not in (hf.get("mlp_only_layers") or [])
+            and hf.get("num_experts", 0) > 0
+            and (layer_idx + 1) % int(hf.get("decoder_sparse_step", 1)) == 0
+        )
         if sparse:
             return Qwen3MoeSparseBlock(cfg)
         return LlamaMLP(hf["hidden_size"], hf["intermediate_size"])

@@ -20,5 +20,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
 def get_model_class(architecture: str) -> type[nn.Module]:
     cls = MODEL_REGISTRY.get(architecture)
     if cls is None:
-        raise ValueError(f"architecture {architecture!r} is not supported; supported: {', '.join(sorted(MODEL_REGISTRY))}")
+        raise ValueError(
+            f"architecture {architecture!r} is not supported; supported: {', '.join(sorted(MODEL_REGISTRY))}"
+        )
     return cls

@@ -12,9 +12,13 @@ from torch import nn
 WeightHook = Callable[[str, torch.Tensor], "str | None"]
 
 
-def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
-                       hook: WeightHook | None = None, ignore: Callable[[str], bool] | None = None,
-                       derived: Iterable[str] = ()) -> None:
+def load_named_weights(
+    model: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    hook: WeightHook | None = None,
+    ignore: Callable[[str], bool] | None = None,
+    derived: Iterable[str] = (),
+) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: set[str] = set()
     for name, tensor in weights:
@@ -28,8 +32,10 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
         if param is None:
             continue  # extra tensors (rotary caches, MTP heads, ...) are not ours to use
         if tuple(param.shape) != tuple(tensor.shape):
-            raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
-                             f"the model expects {tuple(param.shape)}: config and weights disagree")
+            raise ValueError(
+                f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
+                f"the model expects {tuple(param.shape)}: config and weights disagree"
+            )
         with torch.no_grad():
             param.copy_(tensor)
         loaded.add(name)

@@ -34,8 +34,16 @@ class OutputLengthPredictor:
 
     @staticmethod
     def _features(prompt_tokens: int, max_tokens: int, temperature: float, hint: int | None) -> np.ndarray:
-        return np.array([1.0, math.log1p(prompt_tokens), math.log1p(max_tokens), float(temperature),
-                         0.0 if hint is None else 1.0, 0.0 if hint is None else math.log1p(hint)])
+        return np.array(
+            [
+                1.0,
+                math.log1p(prompt_tokens),
+                math.log1p(max_tokens),
+                float(temperature),
+                0.0 if hint is None else 1.0,
+                0.0 if hint is None else math.log1p(hint),
+            ]
+        )
 
     def predict(self, prompt_tokens: int, max_tokens: int, temperature: float, hint: int | None = None) -> int:
         if self.num_observed == 0:
@@ -43,8 +51,9 @@ class OutputLengthPredictor:
         y = float(self._w @ self._features(prompt_tokens, max_tokens, temperature, hint))
         return int(min(max(round(math.expm1(min(y, 30.0))), 1), max_tokens))
 
-    def observe(self, prompt_tokens: int, max_tokens: int, temperature: float, hint: int | None,
-                predicted: int, actual: int) -> None:
+    def observe(
+        self, prompt_tokens: int, max_tokens: int, temperature: float, hint: int | None, predicted: int, actual: int
+    ) -> None:
         self._abs_error_sum += abs(predicted - actual)
         self._num_scored += 1
         x = self._features(prompt_tokens, max_tokens, temperature, hint)

@@ -24,9 +24,17 @@ class RequestStatus(enum.Enum):
 
 
 class Request:
-    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 max_tokens: int, priority: int = 0,
-                 parent_id: str | None = None, index: int = 0, arrival_time: float | None = None) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        max_tokens: int,
+        priority: int = 0,
+        parent_id: str | None = None,
+        index: int = 0,
+        arrival_time: float | None = None,
+    ) -> None:
         self.request_id = request_id
         self.parent_id = parent_id or request_id
         self.index = index

@@ -73,9 +73,15 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, policy: SchedulingPolicy | None = None,
-                 clock: Callable[[], float] = time.monotonic, swapper: KVSwapper | None = None,
-                 eos_token_ids: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        policy: SchedulingPolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        swapper: KVSwapper | None = None,
+        eos_token_ids: Iterable[int] = (),
+    ) -> None:
         self.config = config
         self.kv = kv
         self.policy = policy or FCFSPolicy()
@@ -104,7 +110,8 @@ class Scheduler:
         if request.predicted_output_tokens is None:
             p = request.params
             request.predicted_output_tokens = self.predictor.predict(
-                request.num_prompt_tokens, request.max_tokens, p.temperature, p.expected_output_tokens)
+                request.num_prompt_tokens, request.max_tokens, p.temperature, p.expected_output_tokens
+            )
         self.policy.admit(request, self.view)
         self.waiting.append(request)
         self.requests[request.request_id] = request
@@ -119,8 +126,9 @@ class Scheduler:
         mode = self.config.preemption_mode
         if self.swapper is None or mode == "recompute" or not num_blocks or not self.swapper.has_room(num_blocks):
             return False  # "swap" with the swap space full falls back to recompute
-        return mode == "swap" or (self.swapper.cost_s(num_blocks)
-                                  < request.num_computed_tokens * self.cost.prefill_s_per_token)
+        return mode == "swap" or (
+            self.swapper.cost_s(num_blocks) < request.num_computed_tokens * self.cost.prefill_s_per_token
+        )
 
     def _preempt(self, request: Request, preempted: list[Request]) -> None:
         self.running.remove(request)
@@ -196,27 +204,39 @@ class Scheduler:
         self.running.append(req)
         self.policy.on_start(req)
 
-    def _output(self, scheduled: list[tuple[Request, int, list[int] | None]],
-                preempted: list[Request]) -> SchedulerOutput:
+    def _output(
+        self, scheduled: list[tuple[Request, int, list[int] | None]], preempted: list[Request]
+    ) -> SchedulerOutput:
         """The step as plain data; new_blocks None marks a request the runner gets whole."""
-        out = SchedulerOutput(preempted_req_ids=[r.request_id for r in preempted],
-                              finished_req_ids=self._finished_req_ids)
+        out = SchedulerOutput(
+            preempted_req_ids=[r.request_id for r in preempted], finished_req_ids=self._finished_req_ids
+        )
         self._finished_req_ids = []
         for req, n, new_blocks in scheduled:
             out.num_scheduled_tokens[req.request_id] = n
             if new_blocks is None:
-                out.scheduled_new_reqs.append(NewRequestData(
-                    req.request_id, list(req.prompt_token_ids), list(req.output_token_ids), req.params,
-                    self.kv.get_block_ids(req.request_id), req.num_computed_tokens))
+                out.scheduled_new_reqs.append(
+                    NewRequestData(
+                        req.request_id,
+                        list(req.prompt_token_ids),
+                        list(req.output_token_ids),
+                        req.params,
+                        self.kv.get_block_ids(req.request_id),
+                        req.num_computed_tokens,
+                    )
+                )
             else:
-                out.scheduled_cached_reqs.append(CachedRequestData(req.request_id, new_blocks,
-                                                                   req.num_computed_tokens))
+                out.scheduled_cached_reqs.append(CachedRequestData(req.request_id, new_blocks, req.num_computed_tokens))
         return out
 
     def may_cut_in(self, req: Request) -> bool:
         """Would req be prefilled inside the step in flight if it arrived now (blocks allowing)?"""
-        return (0 < req.num_tokens <= self.config.cut_in_prefill_tokens and not req.num_computed_tokens
-                and not req.num_preemptions and any(self._outranks(req, r) for r in self.running))
+        return (
+            0 < req.num_tokens <= self.config.cut_in_prefill_tokens
+            and not req.num_computed_tokens
+            and not req.num_preemptions
+            and any(self._outranks(req, r) for r in self.running)
+        )
 
     def schedule_cut_in(self) -> SchedulerOutput:
         """Requests to prefill now, between two layers of the step in flight (which is why
@@ -280,8 +300,12 @@ class Scheduler:
 
         # Admitting new work in a step that ran out of blocks would just thrash the pool; after
         # a priority preemption, admitting is the point.
-        while (self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs
-               and (urgent_preemption or not preempted)):
+        while (
+            self.waiting
+            and budget > 0
+            and len(self.running) < self.config.max_num_seqs
+            and (urgent_preemption or not preempted)
+        ):
             req = self._next_waiting(short_only=not long_slots)
             if req is None:
                 break
@@ -301,8 +325,9 @@ class Scheduler:
 
     # ---- after the step ---------------------------------------------------------------------
 
-    def update_from_output(self, scheduler_output: SchedulerOutput,
-                           runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
         """Advance every scheduled request by the tokens it computed, append what was sampled,
         finish (and free) requests that hit EOS, a stop token id or max_tokens."""
         prefill_tokens = decodes = 0
@@ -317,8 +342,9 @@ class Scheduler:
         self.cost.observe(prefill_tokens, decodes, runner_output.execute_s)
         now = self.clock()
         outputs = []
-        for req_id, token, logprobs in zip(runner_output.req_ids, runner_output.sampled_token_ids,
-                                           runner_output.logprobs):
+        for req_id, token, logprobs in zip(
+            runner_output.req_ids, runner_output.sampled_token_ids, runner_output.logprobs
+        ):
             req = self.requests.get(req_id)
             if req is None or req.is_finished:
                 continue  # aborted while its step ran
@@ -360,16 +386,28 @@ class Scheduler:
         self._finished_req_ids.append(request_id)
         if reason in ("stop", "length"):  # an abort says nothing about how long it would have run
             p = req.params
-            self.predictor.observe(req.num_prompt_tokens, req.max_tokens, p.temperature, p.expected_output_tokens,
-                                   req.predicted_output_tokens, len(req.output_token_ids))
+            self.predictor.observe(
+                req.num_prompt_tokens,
+                req.max_tokens,
+                p.temperature,
+                p.expected_output_tokens,
+                req.predicted_output_tokens,
+                len(req.output_token_ids),
+            )
 
     def make_stats(self) -> SchedulerStats:
         swap = self.swapper
         return SchedulerStats(
-            num_running=len(self.running), num_waiting=len(self.waiting),
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
             num_waiting_parents=len({r.parent_id for r in self.waiting}),
-            kv_blocks_used=self.kv.num_used_blocks, kv_blocks_free=self.kv.num_free_blocks,
-            num_preemptions=self.num_preemptions, num_swapped_out=swap.num_swapped_out if swap else 0,
-            num_swapped_in=swap.num_swapped_in if swap else 0, swap_blocks_used=swap.used_blocks if swap else 0,
-            num_cut_ins=self.num_cut_ins, length_predictor_mae=self.predictor.mean_abs_error or 0.0,
-            length_predictor_scored=self.predictor.num_scored)
+            kv_blocks_used=self.kv.num_used_blocks,
+            kv_blocks_free=self.kv.num_free_blocks,
+            num_preemptions=self.num_preemptions,
+            num_swapped_out=swap.num_swapped_out if swap else 0,
+            num_swapped_in=swap.num_swapped_in if swap else 0,
+            swap_blocks_used=swap.used_blocks if swap else 0,
+            num_cut_ins=self.num_cut_ins,
+            length_predictor_mae=self.predictor.mean_abs_error or 0.0,
+            length_predictor_scored=self.predictor.num_scored,
+        )

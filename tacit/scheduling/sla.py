@@ -129,4 +129,5 @@ class SLAPolicy(PriorityPolicy):
             f"policy estimates {est * 1000:.0f} ms to its first token ({req.num_tokens} prompt tokens plus {ahead} "
             f"queued ahead of it at {s.cost.prefill_s_per_token * 1000:.3f} ms/token measured, beside "
             f"{s.num_running} running requests); retry later, raise ttft_slo_ms, or run with "
-            f"slo_admission='defer' to queue it anyway")
+            f"slo_admission='defer' to queue it anyway"
+        )

@@ -29,31 +29,84 @@ def test_slo_parsing():
 
 
 def test_ratios_pair_by_pair():
-    rows = [{"engine": "tacit", "batch_size": 1, "v": 30.0}, {"engine": "peer", "batch_size": 1, "v": 10.0},
-            {"engine": "peer", "batch_size": 4, "v": 10.0}]
+    rows = [
+        {"engine": "tacit", "batch_size": 1, "v": 30.0},
+        {"engine": "peer", "batch_size": 1, "v": 10.0},
+        {"engine": "peer", "batch_size": 4, "v": 10.0},
+    ]
     assert ratios(rows, "v", "batch_size") == {"tacit/peer@batch_size=1": 3.0}
 
 
 def test_bench_latency_cli_with_transformers_peer(tiny_llama, tmp_path):
     out = tmp_path / "lat.json"
-    r = subprocess.run([sys.executable, "-m", "tacit.cli", "bench", "latency", "--model", str(tiny_llama[2]),
-                        "--dtype", "float32", "--batch-sizes", "1,2", "--input-len", "8", "--output-len", "4",
-                        "--repeats", "1", "--peer", "transformers", "--json", str(out)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tacit.cli",
+            "bench",
+            "latency",
+            "--model",
+            str(tiny_llama[2]),
+            "--dtype",
+            "float32",
+            "--batch-sizes",
+            "1,2",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--repeats",
+            "1",
+            "--peer",
+            "transformers",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     assert {(row["engine"], row["batch_size"]) for row in data["rows"]} == {
-        ("tacit", 1), ("tacit", 2), ("transformers", 1), ("transformers", 2)}
+        ("tacit", 1),
+        ("tacit", 2),
+        ("transformers", 1),
+        ("transformers", 2),
+    }
     assert set(data["ratios"]) == {"tacit/transformers@batch_size=1", "tacit/transformers@batch_size=2"}
     assert all(row["decode_tok_s"] > 0 for row in data["rows"])
 
 
 def test_bench_throughput_cli(tiny_llama, tmp_path):
     out = tmp_path / "tp.json"
-    r = subprocess.run([sys.executable, "-m", "tacit.cli", "bench", "throughput", "--model",
-                        str(tiny_llama[2]), "--dtype", "float32", "--num-prompts", "12", "--input-len", "16",
-                        "--output-len", "4", "--peer", "transformers", "--json", str(out)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tacit.cli",
+            "bench",
+            "throughput",
+            "--model",
+            str(tiny_llama[2]),
+            "--dtype",
+            "float32",
+            "--num-prompts",
+            "12",
+            "--input-len",
+            "16",
+            "--output-len",
+            "4",
+            "--peer",
+            "transformers",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     assert [row["engine"] for row in data["rows"]] == ["tacit", "transformers"]
@@ -75,11 +128,36 @@ def test_bench_serve_scenario_runs_every_policy(tiny_llama, tmp_path):
     from tacit.bench.scenario import workload
 
     out = tmp_path / "scenario.json"
-    r = subprocess.run([sys.executable, "-m", "tacit.cli", "bench", "serve", "--scenario", "mixed-priority",
-                        "--policies", "fcfs,sla", "--num-prompts", "10", "--idle-requests", "2", "--request-rate", "50",
-                        "--input-len", "8", "--output-len", "4", "--json", str(out),
-                        "--server-args", f"--model {tiny_llama[2]} --dtype float32"],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tacit.cli",
+            "bench",
+            "serve",
+            "--scenario",
+            "mixed-priority",
+            "--policies",
+            "fcfs,sla",
+            "--num-prompts",
+            "10",
+            "--idle-requests",
+            "2",
+            "--request-rate",
+            "50",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--json",
+            str(out),
+            "--server-args",
+            f"--model {tiny_llama[2]} --dtype float32",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     assert [row["policy"] for row in data["rows"]] == ["fcfs", "sla"]
@@ -87,6 +165,20 @@ def test_bench_serve_scenario_runs_every_policy(tiny_llama, tmp_path):
     assert all(row["probe_bf16_TFLOPs"] > 0 and row["probe_read_GBps"] > 0 for row in data["rows"])
     assert all(len(row["hi_ttft_ms"]) == sum(s.interactive for s in workload(10, 8, 4, 0)) for row in data["rows"])
     assert data["idle"]["idle_requests"] == 2 and "high-priority p99 TTFT" in r.stdout
-    bad = subprocess.run([sys.executable, "-m", "tacit.cli", "bench", "serve", "--scenario",
-                          "mixed-priority", "--policies", "fcfs,lifo"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tacit.cli",
+            "bench",
+            "serve",
+            "--scenario",
+            "mixed-priority",
+            "--policies",
+            "fcfs,lifo",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "lifo not known; valid: fcfs, priority, sjf, sla" in bad.stderr

@@ -5,8 +5,13 @@ from tacit.tokenizer import Tokenizer
 
 from tiny_models import build_tokenizer
 
-TEXTS = ["Grüße aus München, naïve café", "東京 🙂🚀 Привет мир", "def main():\n    return 42\n",
-         "  leading and trailing spaces  ", "<|im_start|>special<|im_end|> text"]
+TEXTS = [
+    "Grüße aus München, naïve café",
+    "東京 🙂🚀 Привет мир",
+    "def main():\n    return 42\n",
+    "  leading and trailing spaces  ",
+    "<|im_start|>special<|im_end|> text",
+]
 
 
 @pytest.fixture(scope="module")

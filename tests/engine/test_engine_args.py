@@ -33,8 +33,9 @@ def _subparser(*command: str):
     return parser
 
 
-@pytest.mark.parametrize("command", [("generate",), ("chat",), ("serve",), ("bench", "latency"),
-                                     ("bench", "throughput")])
+@pytest.mark.parametrize(
+    "command", [("generate",), ("chat",), ("serve",), ("bench", "latency"), ("bench", "throughput")]
+)
 def test_every_field_is_a_flag_of_every_engine_command(command):
     assert set(NAMES) | {"recipe"} <= {a.dest for a in _subparser(*command)._actions}
 
@@ -53,9 +54,19 @@ def test_defaults_are_the_documented_numbers():
     assert (a.max_num_seqs, a.max_num_batched_tokens, a.block_size, a.max_long_partial_prefills) == (64, 2048, 16, 1)
     assert (a.aging_s, a.swap_space, a.seed, a.slo_classes) == (60.0, 4.0, 0, {})
     assert (a.model, a.dtype, a.device, a.max_model_len, a.num_kv_blocks, a.kv_cache_memory) == (
-        None, "auto", "auto", None, None, None)
+        None,
+        "auto",
+        "auto",
+        None,
+        None,
+        None,
+    )
     assert (a.scheduling_policy, a.slo_admission, a.preemption_mode, a.enable_chunked_prefill) == (
-        "fcfs", "reject", "auto", True)
+        "fcfs",
+        "reject",
+        "auto",
+        True,
+    )
     # The configs' own defaults are real numbers too, not sentinels resolved later.
     s = SchedulerConfig()
     assert (s.long_prefill_token_threshold, s.cut_in_prefill_tokens) == (512, 256)
@@ -71,8 +82,20 @@ def _recipe(tmp_path: Path) -> Path:
 
 
 def test_flags_over_recipe_over_defaults(tmp_path):
-    args = build_parser().parse_args(["serve", "--recipe", str(_recipe(tmp_path)), "--max-num-seqs", "5",
-                                      "--aging-s", "0", "--no-chunked-prefill", "--slo-class", "0:ttft=500,tpot=100"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--recipe",
+            str(_recipe(tmp_path)),
+            "--max-num-seqs",
+            "5",
+            "--aging-s",
+            "0",
+            "--no-chunked-prefill",
+            "--slo-class",
+            "0:ttft=500,tpot=100",
+        ]
+    )
     a = EngineArgs.from_cli_args(args)
     assert a.max_num_seqs == 5  # the flag over the recipe's 3
     assert a.aging_s is None  # --aging-s 0: no aging
@@ -99,13 +122,19 @@ def test_unknown_keyword_is_refused_naming_it_and_the_valid_ones():
 
 def _config(tiny_llama, **kwargs) -> EngineConfig:
     return EngineArgs(model=str(tiny_llama[2]), dtype="float32", **kwargs).create_engine_config(
-        open_model(str(tiny_llama[2])), get_platform("cpu"))
+        open_model(str(tiny_llama[2])), get_platform("cpu")
+    )
 
 
 def test_configs_are_frozen(tiny_llama):
     cfg = _config(tiny_llama)
-    for obj, name, value in [(cfg, "seed", 1), (cfg.model, "max_model_len", 8), (cfg.cache, "block_size", 32),
-                             (cfg.scheduler, "max_num_batched_tokens", 1), (EngineArgs(), "max_num_seqs", 1)]:
+    for obj, name, value in [
+        (cfg, "seed", 1),
+        (cfg.model, "max_model_len", 8),
+        (cfg.cache, "block_size", 32),
+        (cfg.scheduler, "max_num_batched_tokens", 1),
+        (EngineArgs(), "max_num_seqs", 1),
+    ]:
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(obj, name, value)
 
@@ -118,8 +147,11 @@ def test_budget_is_raised_to_max_model_len_without_chunked_prefill_once(tiny_lla
     assert _config(tiny_llama, max_num_batched_tokens=64).scheduler.max_num_batched_tokens == 64  # chunked: as said
     # EngineConfig only checks: it refuses the inconsistent pair rather than rewriting the scheduler's field.
     with pytest.raises(ValueError, match="enable_chunked_prefill=False needs max_num_batched_tokens >= max_model_len"):
-        EngineConfig(model=cfg.model, cache=CacheConfig(),
-                     scheduler=SchedulerConfig(enable_chunked_prefill=False, max_num_batched_tokens=64))
+        EngineConfig(
+            model=cfg.model,
+            cache=CacheConfig(),
+            scheduler=SchedulerConfig(enable_chunked_prefill=False, max_num_batched_tokens=64),
+        )
 
 
 def test_engine_takes_keywords_or_engine_args(tiny_llama):

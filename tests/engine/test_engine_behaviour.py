@@ -33,7 +33,7 @@ def test_stop_token_ids_and_eos(llm):
     base = llm.generate(["Paris is"], greedy(max_tokens=8, ignore_eos=True))[0].outputs[0]
     stop_at = base.token_ids[3]
     out = llm.generate(["Paris is"], greedy(max_tokens=8, ignore_eos=True, stop_token_ids=[stop_at]))[0].outputs[0]
-    assert out.token_ids == base.token_ids[:base.token_ids.index(stop_at) + 1]
+    assert out.token_ids == base.token_ids[: base.token_ids.index(stop_at) + 1]
     assert out.finish_reason == "stop" and out.stop_reason == stop_at
     # The same token as the model's EOS stops generation unless ignore_eos.
     llm.engine.scheduler.eos_token_ids = frozenset({stop_at})
@@ -52,7 +52,7 @@ def test_stop_string_truncates_text(llm):
     assert stop
     out = llm.generate(["Paris is"], greedy(max_tokens=12, ignore_eos=True, stop=[stop]))[0].outputs[0]
     assert out.finish_reason == "stop" and out.stop_reason == stop
-    assert out.text == base.text[:base.text.find(stop)]
+    assert out.text == base.text[: base.text.find(stop)]
 
 
 def test_n_completions(llm):
@@ -67,12 +67,15 @@ def test_max_model_len_caps_generation(tiny_llama):
     assert len(out.token_ids) == 4 and out.finish_reason == "length"
 
 
-@pytest.mark.parametrize("prompt, message", [
-    ("", "prompt is empty"),
-    ({"text": "hi"}, "prompt must be a string or a list of token ids"),
-    ([1.5, 2], "prompt must be a string or a list of token ids"),
-    ([10**6], "out of range; valid ids are 0.."),
-])
+@pytest.mark.parametrize(
+    "prompt, message",
+    [
+        ("", "prompt is empty"),
+        ({"text": "hi"}, "prompt must be a string or a list of token ids"),
+        ([1.5, 2], "prompt must be a string or a list of token ids"),
+        ([10**6], "out of range; valid ids are 0.."),
+    ],
+)
 def test_bad_prompts(llm, prompt, message):
     with pytest.raises(ValueError, match=message):
         llm.generate([prompt], greedy())
@@ -91,11 +94,19 @@ def test_request_larger_than_kv_pool(tiny_llama):
         llm.generate([[5] * 30], greedy(max_tokens=10))
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(top_k=-5), "top_k"),
-    (dict(min_p=2), "min_p"), (dict(max_tokens=0), "max_tokens"), (dict(n=0), "n"),
-    (dict(logprobs=99), "logprobs"), (dict(stop=[""]), "stop"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(temperature=-1), "temperature"),
+        (dict(top_p=0), "top_p"),
+        (dict(top_k=-5), "top_k"),
+        (dict(min_p=2), "min_p"),
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(n=0), "n"),
+        (dict(logprobs=99), "logprobs"),
+        (dict(stop=[""]), "stop"),
+    ],
+)
 def test_bad_sampling_params_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=f"SamplingParams.{field}="):
         SamplingParams(**kwargs)
@@ -129,14 +140,22 @@ def test_missing_default_model_names_the_fetch_command(tmp_path, monkeypatch):
 
 
 def test_cli_reports_missing_model(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "tacit.cli", "generate", "--model", str(tmp_path / "m"),
-                        "--prompt", "hi"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "tacit.cli", "generate", "--model", str(tmp_path / "m"), "--prompt", "hi"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "does not exist" in r.stderr
 
 
 @pytest.mark.skipif(not default_model_path().exists(), reason="default model not fetched (run: tacit fetch)")
 def test_cli_chat_scripted_answers_paris():
-    r = subprocess.run([sys.executable, "-m", "tacit.cli", "chat", "--max-tokens", "24"],
-                       input="What is the capital of France?\n", capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "tacit.cli", "chat", "--max-tokens", "24"],
+        input="What is the capital of France?\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout

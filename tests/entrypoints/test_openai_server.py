@@ -35,9 +35,27 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tacit.cli", "serve", "--model", str(model), "--port", str(self.port),
-             "--dtype", "float32", "--shutdown-timeout", "10", *extra],
-            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "tacit.cli",
+                "serve",
+                "--model",
+                str(model),
+                "--port",
+                str(self.port),
+                "--dtype",
+                "float32",
+                "--shutdown-timeout",
+                "10",
+                *extra,
+            ],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.log: list[str] = []
         threading.Thread(target=self._drain, daemon=True).start()
         try:
@@ -102,8 +120,9 @@ def test_health_and_models(server, client, model_dir):
 def test_completion_matches_llm_generate(client, llm, model_dir):
     prompt = "The quick brown fox"
     ref = llm.generate(prompt, SamplingParams(**GREEDY))[0].outputs[0]
-    r = client.completions.create(model=str(model_dir), prompt=prompt, logprobs=0,
-                                  extra_body={"return_tokens_as_token_ids": True}, **GREEDY)
+    r = client.completions.create(
+        model=str(model_dir), prompt=prompt, logprobs=0, extra_body={"return_tokens_as_token_ids": True}, **GREEDY
+    )
     choice = r.choices[0]
     assert choice.text == ref.text and choice.finish_reason == ref.finish_reason
     assert [int(t.split(":")[1]) for t in choice.logprobs.tokens] == ref.token_ids
@@ -130,8 +149,11 @@ def test_chat_matches_llm_chat(client, llm, model_dir):
     assert r.choices[0].finish_reason == ref.finish_reason
     assert r.usage.completion_tokens == len(ref.token_ids)
 
-    chunks = list(client.chat.completions.create(model=str(model_dir), messages=MESSAGES, stream=True,
-                                                 stream_options={"include_usage": True}, **GREEDY))
+    chunks = list(
+        client.chat.completions.create(
+            model=str(model_dir), messages=MESSAGES, stream=True, stream_options={"include_usage": True}, **GREEDY
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == ref.finish_reason
@@ -145,9 +167,14 @@ def test_32_concurrent_streams_are_batched(server, llm, model_dir):
     steps_before = server.metrics()["tacit_engine_steps_total"]
 
     async def one(client: openai.AsyncOpenAI, prompt: str) -> tuple[str, int]:
-        stream = await client.completions.create(model=str(model_dir), prompt=prompt, stream=True,
-                                                 stream_options={"include_usage": True},
-                                                 extra_body={"ignore_eos": True}, **params)
+        stream = await client.completions.create(
+            model=str(model_dir),
+            prompt=prompt,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+            **params,
+        )
         text, usage = [], 0
         async for chunk in stream:
             if chunk.choices:
@@ -157,8 +184,12 @@ def test_32_concurrent_streams_are_batched(server, llm, model_dir):
         return "".join(text), usage
 
     async def main():
-        async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
-                                      http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=64))) as c:
+        async with openai.AsyncOpenAI(
+            base_url=f"{server.url}/v1",
+            api_key="unused",
+            max_retries=0,
+            http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=64)),
+        ) as c:
             return await asyncio.gather(*(one(c, p) for p in prompts))
 
     results = asyncio.run(main())
@@ -211,8 +242,17 @@ def test_error_statuses_and_bodies(server, model_dir):
     _assert_error(httpx.post(url, json={**good, "model": "no-such-model"}), 404)
     chat = f"{server.url}/v1/chat/completions"
     _assert_error(httpx.post(chat, json={"model": str(model_dir), "messages": "hi"}), 400)
-    _assert_error(httpx.post(chat, json={"model": str(model_dir), "messages": [{"role": "user", "content": "x"}],
-                                         "max_completion_tokens": 5000}), 400)
+    _assert_error(
+        httpx.post(
+            chat,
+            json={
+                "model": str(model_dir),
+                "messages": [{"role": "user", "content": "x"}],
+                "max_completion_tokens": 5000,
+            },
+        ),
+        400,
+    )
     # ...and the server is none the worse for it.
     r = httpx.post(url, json=good)
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
@@ -227,13 +267,14 @@ def test_n_stop_logprobs_seed(client, llm, model_dir):
 
     prompt = "Paris is the capital"
     full = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=24))[0].outputs[0].text
-    stop = next(full[i:i + 2] for i in range(3, len(full) - 1) if "\ufffd" not in full[i:i + 2])
+    stop = next(full[i : i + 2] for i in range(3, len(full) - 1) if "\ufffd" not in full[i : i + 2])
     ref = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=24, stop=stop))[0].outputs[0]
     r = client.completions.create(model=m, prompt=prompt, temperature=0.0, max_tokens=24, stop=[stop])
-    assert r.choices[0].text == ref.text == full[:full.find(stop)]
+    assert r.choices[0].text == ref.text == full[: full.find(stop)]
     assert r.choices[0].finish_reason == "stop"
-    chunks = list(client.completions.create(model=m, prompt=prompt, temperature=0.0, max_tokens=24, stop=stop,
-                                            stream=True))
+    chunks = list(
+        client.completions.create(model=m, prompt=prompt, temperature=0.0, max_tokens=24, stop=stop, stream=True)
+    )
     assert "".join(c.choices[0].text for c in chunks) == ref.text
 
     r = client.completions.create(model=m, prompt=prompt, max_tokens=4, logprobs=2, temperature=0.0)
@@ -244,8 +285,10 @@ def test_n_stop_logprobs_seed(client, llm, model_dir):
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in content)
 
-    a, b = (client.completions.create(model=m, prompt=prompt, max_tokens=10, temperature=1.0, seed=42).choices[0].text
-            for _ in range(2))
+    a, b = (
+        client.completions.create(model=m, prompt=prompt, max_tokens=10, temperature=1.0, seed=42).choices[0].text
+        for _ in range(2)
+    )
     assert a == b
 
 

@@ -40,7 +40,7 @@ def paged_step(step: list[tuple[int, int]], seed: int):
     tables = np.zeros((len(step), int(need.max())), dtype=np.int64)
     start = 0
     for i, b in enumerate(need):
-        tables[i, :b] = free[start:start + b]
+        tables[i, :b] = free[start : start + b]
         start += b
 
     def slots(i: int, positions: np.ndarray) -> np.ndarray:
@@ -50,7 +50,9 @@ def paged_step(step: list[tuple[int, int]], seed: int):
     return num_new, computed, tables, slots, slot_mapping
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first_pos: int, scale: float) -> torch.Tensor:
+def reference_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first_pos: int, scale: float
+) -> torch.Tensor:
     """q [n, H, Dk] at positions first_pos..; k [L, H, Dk], v [L, H, Dv] -> [n, H, Dv], causal."""
     out = []
     for j in range(q.shape[0]):
@@ -71,15 +73,19 @@ def run_paged(backend, step, dtype, g):
         cache[1].view(-1, HKV, D)[idx] = values[i][:c]
     query = torch.randn(int(num_new.sum()), H, D, generator=g).to(dtype)
     meta = backend.build_metadata(num_new, computed, tables, slot_mapping, torch.device("cpu"), BLOCK_SIZE)
-    backend.write_kv(cache, torch.cat([k[c:] for k, (c, _) in zip(keys, step)]),
-                     torch.cat([v[c:] for v, (c, _) in zip(values, step)]), meta)
-    scale = D ** -0.5
+    backend.write_kv(
+        cache,
+        torch.cat([k[c:] for k, (c, _) in zip(keys, step)]),
+        torch.cat([v[c:] for v, (c, _) in zip(values, step)]),
+        meta,
+    )
+    scale = D**-0.5
     got = backend.forward(query, cache, meta, scale)
     refs, start = [], 0
     for i, (c, n) in enumerate(step):
         k = keys[i].float().repeat_interleave(H // HKV, dim=1)
         v = values[i].float().repeat_interleave(H // HKV, dim=1)
-        refs.append(reference_attention(query[start:start + n].float(), k, v, c, scale))
+        refs.append(reference_attention(query[start : start + n].float(), k, v, c, scale))
         start += n
     return got, torch.cat(refs)
 
@@ -89,20 +95,24 @@ def run_mla(backend, step, dtype, g):
     cache = torch.zeros(NUM_BLOCKS, BLOCK_SIZE, C + R, dtype=dtype)
     latents = [torch.randn(c + n, C, generator=g).to(dtype) for c, n in step]
     k_pes = [torch.randn(c + n, R, generator=g).to(dtype) for c, n in step]
-    kv_b = (torch.randn(H * (NOPE + V), C, generator=g) * C ** -0.5).to(dtype)
+    kv_b = (torch.randn(H * (NOPE + V), C, generator=g) * C**-0.5).to(dtype)
     for i, (c, _) in enumerate(step):
         cache.view(-1, C + R)[torch.from_numpy(slots(i, np.arange(c)))] = torch.cat([latents[i][:c], k_pes[i][:c]], -1)
     query = torch.randn(int(num_new.sum()), H, NOPE + R, generator=g).to(dtype)
     meta = backend.build_metadata(num_new, computed, tables, slot_mapping, torch.device("cpu"), BLOCK_SIZE)
-    backend.write_kv(cache, torch.cat([x[c:] for x, (c, _) in zip(latents, step)]),
-                     torch.cat([x[c:] for x, (c, _) in zip(k_pes, step)]), meta)
+    backend.write_kv(
+        cache,
+        torch.cat([x[c:] for x, (c, _) in zip(latents, step)]),
+        torch.cat([x[c:] for x, (c, _) in zip(k_pes, step)]),
+        meta,
+    )
     scale = (NOPE + R) ** -0.5
     got = backend.forward(query, cache, meta, scale, kv_b_proj=kv_b)
     refs, start = [], 0
     for i, (c, n) in enumerate(step):
         kv = (latents[i].float() @ kv_b.float().T).view(c + n, H, NOPE + V)
         k = torch.cat([kv[..., :NOPE], k_pes[i].float()[:, None, :].expand(c + n, H, R)], dim=-1)
-        refs.append(reference_attention(query[start:start + n].float(), k, kv[..., NOPE:], c, scale))
+        refs.append(reference_attention(query[start : start + n].float(), k, kv[..., NOPE:], c, scale))
         start += n
     return got, torch.cat(refs)
 

@@ -7,8 +7,10 @@ from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16, load_cpu_kernels
 from tacit.layers.cpu_linear_method import CpuBf16GemvLinearMethod
 from tacit.layers.linear import Linear, select_linear_method, use_linear_method
 
-pytestmark = pytest.mark.skipif(not cpu_supports_avx512_bf16() or bool(os.environ.get("TACIT_NO_CPU_KERNELS")),
-                                reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set")
+pytestmark = pytest.mark.skipif(
+    not cpu_supports_avx512_bf16() or bool(os.environ.get("TACIT_NO_CPU_KERNELS")),
+    reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set",
+)
 
 
 @pytest.mark.parametrize("n, k", [(1, 32), (7, 576), (960, 576), (576, 1536), (13, 100), (4099, 64)])

@@ -9,8 +9,10 @@ from tacit import LLM, SamplingParams
 from tacit.engine.request_state import update_request_states
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
 
-pytestmark = pytest.mark.skipif(not cpu_supports_avx512_bf16() or bool(os.environ.get("TACIT_NO_CPU_KERNELS")),
-                                reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set")
+pytestmark = pytest.mark.skipif(
+    not cpu_supports_avx512_bf16() or bool(os.environ.get("TACIT_NO_CPU_KERNELS")),
+    reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set",
+)
 
 
 def both_paths(runner, rows, compute=None):
@@ -66,9 +68,22 @@ def scheduled_rows(engine):
 # llama: plain; llama3: tied embeddings, o_proj bias, llama3 rope; qwen2: qkv bias; qwen3: q/k
 # norm; qwen2_odd: widths off multiples of 16/32. Rows 1-8: the GEMV kernel; 9-32: oneDNN mm;
 # 33+: F.linear with the bias inside.
-@pytest.mark.parametrize("arch, rows", [("llama", 1), ("llama", 4), ("llama", 14), ("llama3", 4), ("llama3", 14),
-                                        ("qwen2", 7), ("qwen2", 40), ("qwen3", 4), ("qwen3", 14),
-                                        ("qwen2_odd", 3), ("qwen2_odd", 40)])
+@pytest.mark.parametrize(
+    "arch, rows",
+    [
+        ("llama", 1),
+        ("llama", 4),
+        ("llama", 14),
+        ("llama3", 4),
+        ("llama3", 14),
+        ("qwen2", 7),
+        ("qwen2", 40),
+        ("qwen3", 4),
+        ("qwen3", 14),
+        ("qwen2_odd", 3),
+        ("qwen2_odd", 40),
+    ],
+)
 def test_fused_decode_matches_torch_path(tiny_model_factory, arch, rows):
     _, _, path = tiny_model_factory(arch)
     engine = LLM(str(path), dtype="bfloat16", block_size=4).engine
@@ -126,8 +141,9 @@ def test_layer_by_layer_step_equals_one_call_and_lets_a_cut_in_run(tiny_model_fa
     _, _, path = tiny_model_factory("qwen2")
     engine = LLM(str(path), dtype="bfloat16", scheduling_policy="priority").engine
     for i in range(12):
-        engine.add_request([11 + i] * (i + 3), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
-                           priority=1)
+        engine.add_request(
+            [11 + i] * (i + 3), SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), priority=1
+        )
     engine.step()
     rows = scheduled_rows(engine)
     assert engine.runner._uses_fused_decode(rows) and len(rows) == 12
@@ -137,8 +153,12 @@ def test_layer_by_layer_step_equals_one_call_and_lets_a_cut_in_run(tiny_model_fa
     def hook():
         calls.append(1)
         if len(calls) == 1:
-            engine.add_request([3, 4, 5, 6], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True),
-                               request_id="urgent", priority=0)
+            engine.add_request(
+                [3, 4, 5, 6],
+                SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True),
+                request_id="urgent",
+                priority=0,
+            )
             assert engine.cut_in_step(), "the urgent request should have cut in"
 
     _, by_layer = engine.runner.compute_logits(rows, hook)

@@ -59,8 +59,9 @@ def test_seeded_rows_independent_of_batch():
     logits = torch.randn(1, 50)
     alone = sampler(logits.clone(), metadata(SamplingParams(temperature=1.0, seed=7))).token_ids
     for _ in range(3):
-        rows = metadata(SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, seed=7),
-                        SamplingParams(temperature=0.0))
+        rows = metadata(
+            SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, seed=7), SamplingParams(temperature=0.0)
+        )
         batch = torch.cat([torch.randn(1, 50), logits, torch.randn(1, 50)])
         assert sampler(batch, rows).token_ids[1] == alone[0]
 

@@ -45,14 +45,22 @@ def test_quantized_tensor_dequantizes_close(tmp_path):
     rng = np.random.default_rng(0)
     w = rng.standard_normal((64, 128)).astype(np.float32)
     writer = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "llama")
-    for key, val in [("block_count", 1), ("embedding_length", 128), ("feed_forward_length", 64),
-                     ("attention.head_count", 2), ("context_length", 64)]:
+    for key, val in [
+        ("block_count", 1),
+        ("embedding_length", 128),
+        ("feed_forward_length", 64),
+        ("attention.head_count", 2),
+        ("context_length", 64),
+    ]:
         writer.add_uint32(f"llama.{key}", val)
     writer.add_token_list(["a"] * 64)
     q = quantize(w, gguf.GGMLQuantizationType.Q8_0)
     writer.add_tensor("blk.0.ffn_gate.weight", q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-    writer.write_header_to_file(); writer.write_kv_data_to_file(); writer.write_tensors_to_file(); writer.close()
-    (name, tensor), = list(GGUFFile(tmp_path / "q.gguf").tensors())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    ((name, tensor),) = list(GGUFFile(tmp_path / "q.gguf").tensors())
     assert name == "model.layers.0.mlp.gate_proj.weight"
     assert tensor.shape == (64, 128)
     assert np.abs(tensor.numpy() - w).max() < 0.02 * np.abs(w).max()
@@ -62,7 +70,10 @@ def test_unknown_gguf_architecture_lists_supported(tmp_path):
     import gguf
 
     writer = gguf.GGUFWriter(str(tmp_path / "x.gguf"), "mamba")
-    writer.write_header_to_file(); writer.write_kv_data_to_file(); writer.write_tensors_to_file(); writer.close()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     with pytest.raises(ValueError, match="'mamba' is not supported; supported: llama, qwen2, qwen3"):
         LLM(str(tmp_path / "x.gguf"))
 
@@ -80,7 +91,8 @@ def test_reencoded_gguf_keeps_tokens(gguf_pair, tmp_path):
 @pytest.mark.skipif(not default_model_path().exists(), reason="default model not fetched (run: tacit fetch)")
 def test_default_model_answers_a_factual_question():
     llm = LLM(dtype="bfloat16")
-    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
-                   SamplingParams(temperature=0.0, max_tokens=24))
+    out = llm.chat(
+        [{"role": "user", "content": "What is the capital of France?"}], SamplingParams(temperature=0.0, max_tokens=24)
+    )
     assert "Paris" in out[0].outputs[0].text
     assert out[0].outputs[0].finish_reason == "stop"

@@ -29,9 +29,10 @@ def reference(request, tiny_model_factory):
     with torch.no_grad():
         for p in prompts:
             ids = torch.tensor([p])
-            out = model.generate(ids, max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None,
-                                 pad_token_id=0, min_new_tokens=MAX_NEW)
-            expected.append(out[0, len(p):].tolist())
+            out = model.generate(
+                ids, max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None, pad_token_id=0, min_new_tokens=MAX_NEW
+            )
+            expected.append(out[0, len(p) :].tolist())
             first_logits.append(model(ids).logits[0, -1].float())
     return request.param, path, prompts, expected, first_logits
 

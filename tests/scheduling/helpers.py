@@ -17,10 +17,22 @@ class FakeClock:
         return self.t
 
 
-def make_req(rid: str, n_prompt: int, priority: int = 0, max_tokens: int = 8, arrival: float | None = None,
-             ttft_ms: float | None = None) -> Request:
-    r = Request(rid, list(range(1, n_prompt + 1)), SamplingParams(max_tokens=max_tokens), max_tokens=max_tokens,
-                priority=priority, arrival_time=arrival)
+def make_req(
+    rid: str,
+    n_prompt: int,
+    priority: int = 0,
+    max_tokens: int = 8,
+    arrival: float | None = None,
+    ttft_ms: float | None = None,
+) -> Request:
+    r = Request(
+        rid,
+        list(range(1, n_prompt + 1)),
+        SamplingParams(max_tokens=max_tokens),
+        max_tokens=max_tokens,
+        priority=priority,
+        arrival_time=arrival,
+    )
     r.ttft_slo = None if ttft_ms is None else ttft_ms / 1000
     return r
 
@@ -37,8 +49,11 @@ def advance(s: Scheduler, out: SchedulerOutput, now: float | None = None) -> lis
     scheduler's clock for the step's token times, when its clock is a FakeClock."""
     if now is not None and isinstance(s.clock, FakeClock):
         s.clock.t = now
-    sampled = [rid for rid, n in out.num_scheduled_tokens.items()
-               if s.requests[rid].num_computed_tokens + n == s.requests[rid].num_tokens]
+    sampled = [
+        rid
+        for rid, n in out.num_scheduled_tokens.items()
+        if s.requests[rid].num_computed_tokens + n == s.requests[rid].num_tokens
+    ]
     # The step "takes" what the cost model predicts, so faking steps does not disturb what tests teach it.
     decodes = sum(n == 1 for n in out.num_scheduled_tokens.values())
     seconds = s.cost.step_s(out.total_num_scheduled_tokens - decodes, decodes)

@@ -59,12 +59,15 @@ def test_cut_in_past_max_num_seqs_is_preempted_back_with_identical_tokens(tiny_l
     assert out == ref
 
 
-@pytest.mark.parametrize("policy, priority, kw", [
-    ("fcfs", 0, {}),                                # fcfs never lets anyone cut in
-    ("priority", 1, {}),                            # same class as the running work: no cut-in
-    ("priority", 0, {"cut_in_prefill_tokens": 4}),  # prompt longer than the cut-in cap
-    ("priority", 0, {"cut_in_prefill_tokens": 0}),  # turned off
-])
+@pytest.mark.parametrize(
+    "policy, priority, kw",
+    [
+        ("fcfs", 0, {}),  # fcfs never lets anyone cut in
+        ("priority", 1, {}),  # same class as the running work: no cut-in
+        ("priority", 0, {"cut_in_prefill_tokens": 4}),  # prompt longer than the cut-in cap
+        ("priority", 0, {"cut_in_prefill_tokens": 0}),  # turned off
+    ],
+)
 def test_no_cut_in_when_the_policy_or_the_cap_says_no(tiny_llama, policy, priority, kw):
     path = str(tiny_llama[2])
     out, state, e = _run_with_arrival(path, policy, urgent_priority=priority, **kw)

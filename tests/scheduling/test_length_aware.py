@@ -65,19 +65,20 @@ def test_sjf_runs_shortest_predicted_first_within_a_priority():
 def test_no_starvation_under_a_flood_of_high_priority_work(policy):
     """A flood that alone fills every batch slot: without aging the low-priority request never
     runs; with aging_s=5 it runs once it has waited 5 s and is not preempted again."""
+
     def run(aging_s):
         clock = FakeClock()
         kv = KVCacheManager(num_blocks=512, block_size=4)
-        s = Scheduler(SchedulerConfig(max_num_seqs=2, policy=policy, aging_s=aging_s), kv, get_policy(policy),
-                      clock=clock)
+        s = Scheduler(
+            SchedulerConfig(max_num_seqs=2, policy=policy, aging_s=aging_s), kv, get_policy(policy), clock=clock
+        )
         low = make_req("low", 4, priority=9, max_tokens=4, arrival=0.0)
         s.add_request(low)
         started = None
         for step in range(60):
             clock.t = step * 1.0
             for k in range(2):  # two urgent requests a second, each holding a slot for 3 steps
-                s.add_request(make_req(f"hi-{step}-{k}", 4, priority=0, max_tokens=3, arrival=clock.t,
-                                       ttft_ms=2_000))
+                s.add_request(make_req(f"hi-{step}-{k}", 4, priority=0, max_tokens=3, arrival=clock.t, ttft_ms=2_000))
             ran = run_step(s, now=clock.t)
             if "low" in ran and started is None:
                 started = clock.t
@@ -125,15 +126,19 @@ def test_chunk_cap_keeps_tokens_identical(tiny_llama):
     path = str(tiny_llama[2])
     prompts = [[9] * 300, [5, 6, 7], [11] * 40]
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
-    ref = [o.outputs[0].token_ids for o in LLM(path, dtype="float32", long_prefill_token_threshold=0).generate(prompts, params)]
+    ref = [
+        o.outputs[0].token_ids
+        for o in LLM(path, dtype="float32", long_prefill_token_threshold=0).generate(prompts, params)
+    ]
     capped = LLM(path, dtype="float32", long_prefill_token_threshold=32).generate(prompts, params)
     assert [o.outputs[0].token_ids for o in capped] == ref
 
 
 def test_one_long_prompt_prefills_at_a_time_and_short_ones_pass_it():
     kv = KVCacheManager(num_blocks=1024, block_size=4)
-    s = Scheduler(SchedulerConfig(max_num_batched_tokens=2048, long_prefill_token_threshold=128,
-                                  max_long_partial_prefills=1), kv)
+    s = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=2048, long_prefill_token_threshold=128, max_long_partial_prefills=1), kv
+    )
     for rid in ("long-a", "long-b"):
         s.add_request(make_req(rid, 300, max_tokens=2))
     s.add_request(make_req("short", 20, max_tokens=2))

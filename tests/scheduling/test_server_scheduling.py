@@ -16,8 +16,9 @@ from entrypoints.test_openai_server import REPO, Server  # noqa: E402
 def sla_server(tiny_llama, tmp_path_factory):
     # The policy comes from the flag, over the recipe's; the SLO classes from the recipe.
     recipe = tmp_path_factory.mktemp("recipe") / "recipe.yaml"
-    recipe.write_text("scheduler:\n  policy: priority\n"
-                      "  slo_classes: {0: {ttft_ms: 60000, tpot_ms: 5000}, 5: {ttft_ms: 0.001}}\n")
+    recipe.write_text(
+        "scheduler:\n  policy: priority\n  slo_classes: {0: {ttft_ms: 60000, tpot_ms: 5000}, 5: {ttft_ms: 0.001}}\n"
+    )
     s = Server(tiny_llama[2], "--recipe", str(recipe), "--scheduling-policy", "sla")
     yield s
     assert s.stop() == 0, "".join(s.log)
@@ -45,12 +46,20 @@ def test_sla_server_admits_rejects_and_reports(sla_server, tiny_llama):
     assert r.status_code == 200
 
 
-@pytest.mark.parametrize("flags, match", [
-    (["--scheduling-policy", "lifo"], "scheduling_policy='lifo' is not known; valid: fcfs, priority, sjf, sla"),
-    (["--slo-class", "fast"], "--slo-class 'fast' is invalid"),
-    (["--preemption-mode", "drop"], "preemption_mode='drop' is not known"),
-])
+@pytest.mark.parametrize(
+    "flags, match",
+    [
+        (["--scheduling-policy", "lifo"], "scheduling_policy='lifo' is not known; valid: fcfs, priority, sjf, sla"),
+        (["--slo-class", "fast"], "--slo-class 'fast' is invalid"),
+        (["--preemption-mode", "drop"], "preemption_mode='drop' is not known"),
+    ],
+)
 def test_serve_refuses_bad_scheduling_flags(tiny_llama, flags, match):
-    r = subprocess.run([sys.executable, "-m", "tacit.cli", "serve", "--model", str(tiny_llama[2]),
-                        *flags], cwd=REPO, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "tacit.cli", "serve", "--model", str(tiny_llama[2]), *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and match in r.stderr, r.stderr

@@ -99,24 +99,33 @@ def test_sla_through_llm_names_the_target(tiny_llama):
     llm.engine.abort_request(rid)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(ttft_slo_ms=-5), "SamplingParams.ttft_slo_ms=-5 is invalid: must be milliseconds > 0"),
-    (dict(tpot_slo_ms="fast"), "SamplingParams.tpot_slo_ms='fast' is invalid"),
-    (dict(expected_output_tokens=0), "SamplingParams.expected_output_tokens=0 is invalid"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(ttft_slo_ms=-5), "SamplingParams.ttft_slo_ms=-5 is invalid: must be milliseconds > 0"),
+        (dict(tpot_slo_ms="fast"), "SamplingParams.tpot_slo_ms='fast' is invalid"),
+        (dict(expected_output_tokens=0), "SamplingParams.expected_output_tokens=0 is invalid"),
+    ],
+)
 def test_bad_request_targets_are_clear_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(slo_classes={0: {"ttft_ms": -1}}), r"slo_classes\[0\]\['ttft_ms'\]=-1 is invalid: must be milliseconds > 0"),
-    (dict(slo_classes={0: {"e2e_ms": 5}}), "key 'e2e_ms' is not known; valid: ttft_ms, tpot_ms"),
-    (dict(slo_admission="drop"), "slo_admission='drop' is not known; valid: reject, defer"),
-    (dict(preemption_mode="discard"), "preemption_mode='discard' is not known; valid: auto, recompute, swap"),
-    (dict(aging_s=-3), "aging_s=-3 is invalid"),
-    (dict(long_prefill_token_threshold=-7), "long_prefill_token_threshold=-7 is invalid"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (
+            dict(slo_classes={0: {"ttft_ms": -1}}),
+            r"slo_classes\[0\]\['ttft_ms'\]=-1 is invalid: must be milliseconds > 0",
+        ),
+        (dict(slo_classes={0: {"e2e_ms": 5}}), "key 'e2e_ms' is not known; valid: ttft_ms, tpot_ms"),
+        (dict(slo_admission="drop"), "slo_admission='drop' is not known; valid: reject, defer"),
+        (dict(preemption_mode="discard"), "preemption_mode='discard' is not known; valid: auto, recompute, swap"),
+        (dict(aging_s=-3), "aging_s=-3 is invalid"),
+        (dict(long_prefill_token_threshold=-7), "long_prefill_token_threshold=-7 is invalid"),
+    ],
+)
 def test_bad_scheduler_options_are_clear_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SchedulerConfig(**kwargs)

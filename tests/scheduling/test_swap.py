@@ -119,8 +119,7 @@ def test_swap_round_trip_restores_blocks_and_accounts_space():
 def test_auto_mode_picks_the_cheaper_preemption():
     def victim_after(per_token_s: float, bytes_per_s: float) -> tuple[int, int]:
         kv = KVCacheManager(num_blocks=8, block_size=4)
-        s = Scheduler(SchedulerConfig(max_num_seqs=1, policy="priority"), kv, get_policy("priority"),
-                      clock=FakeClock())
+        s = Scheduler(SchedulerConfig(max_num_seqs=1, policy="priority"), kv, get_policy("priority"), clock=FakeClock())
         s.swapper = KVSwapper([FakeMLA(8, 4)], 8, 4, bytes_per_block=1 << 20, swap_space_bytes=1 << 30)
         s.swapper.bytes_per_s = bytes_per_s
         for _ in range(3):

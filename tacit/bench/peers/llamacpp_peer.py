@@ -20,11 +20,20 @@ class LlamaCppBench(BenchEngine):
         try:
             from llama_cpp import Llama
         except ImportError:
-            raise ValueError("--peer llama.cpp needs llama-cpp-python: pip install -e '.[bench]' "
-                             "(it builds from source, about 5 minutes)") from None
+            raise ValueError(
+                "--peer llama.cpp needs llama-cpp-python: pip install -e '.[bench]' "
+                "(it builds from source, about 5 minutes)"
+            ) from None
         threads = len(os.sched_getaffinity(0))
-        self.llm = Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_batch=512, n_threads=threads,
-                         n_threads_batch=threads, verbose=False, logits_all=False)
+        self.llm = Llama(
+            model_path=str(gguf_path),
+            n_ctx=n_ctx,
+            n_batch=512,
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=False,
+            logits_all=False,
+        )
 
     def _one(self, prompt: list[int], n: int) -> tuple[float, float]:
         self.llm.reset()

@@ -54,10 +54,18 @@ class TransformersBench(BenchEngine):
         ids = torch.zeros(len(prompts), width, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for i, p in enumerate(prompts):  # left padding, as batched generation needs
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
-        self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                            do_sample=False, pad_token_id=0, eos_token_id=None, streamer=streamer)
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        self.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+            streamer=streamer,
+        )
 
     def latency(self, prompts: list[list[int]], output_len: int) -> dict[str, float]:
         clock = _FirstTokenClock()
@@ -71,7 +79,7 @@ class TransformersBench(BenchEngine):
         # Static batching: a batch runs until its longest request is done; only requested tokens count.
         t0 = time.perf_counter()
         for i in range(0, len(requests), self.static_batch):
-            chunk = requests[i:i + self.static_batch]
+            chunk = requests[i : i + self.static_batch]
             self._generate([p for p, _ in chunk], max(n for _, n in chunk))
         return throughput_result(time.perf_counter() - t0, requests)
 
@@ -88,8 +96,9 @@ class TransformersContinuousBench(TransformersBench):
     def throughput(self, requests: list[tuple[list[int], int]]) -> dict[str, float]:
         from transformers import GenerationConfig
 
-        cfg = GenerationConfig(do_sample=False, max_new_tokens=max(n for _, n in requests), eos_token_id=-1,
-                               pad_token_id=0)
+        cfg = GenerationConfig(
+            do_sample=False, max_new_tokens=max(n for _, n in requests), eos_token_id=-1, pad_token_id=0
+        )
         t0 = time.perf_counter()
         with self.model.continuous_batching_context_manager(generation_config=cfg, block=True, timeout=5) as manager:
             for i, (p, n) in enumerate(requests):

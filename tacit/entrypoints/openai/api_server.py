@@ -1,7 +1,7 @@
 """`tacit serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over AsyncLLMEngine.
 
-    POST /v1/completions        POST /v1/chat/completions       (stream: SSE)
-    GET  /v1/models             GET  /health                    GET /metrics (Prometheus text)
+POST /v1/completions        POST /v1/chat/completions       (stream: SSE)
+GET  /v1/models             GET  /health                    GET /metrics (Prometheus text)
 """
 
 from __future__ import annotations
@@ -57,9 +57,13 @@ def build_app(engine: AsyncLLMEngine, model_name: str, api_key: str | None = Non
         scheme, _, token = auth.partition(" ")
         # compare_digest: the time a wrong key takes to reject says nothing about the right one.
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-            raise OpenAIError(401, "Incorrect or missing API key: send the header `Authorization: Bearer <key>`.",
-                              "authentication_error", code="invalid_api_key",
-                              headers={"WWW-Authenticate": "Bearer"})
+            raise OpenAIError(
+                401,
+                "Incorrect or missing API key: send the header `Authorization: Bearer <key>`.",
+                "authentication_error",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
 
     v1 = [Depends(check_api_key)]
 
@@ -83,8 +87,9 @@ def build_app(engine: AsyncLLMEngine, model_name: str, api_key: str | None = Non
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(engine.metrics.render_prometheus(model_name),
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(
+            engine.metrics.render_prometheus(model_name), media_type="text/plain; version=0.0.4; charset=utf-8"
+        )
 
     return app
 
@@ -107,20 +112,33 @@ def run_server(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     t0 = time.perf_counter()
     engine_args = EngineArgs.from_cli_args(args)
-    print(f"tacit: loading {engine_args.model or 'the default model (SmolLM2-135M-Instruct)'} ...", file=sys.stderr,
-          flush=True)
+    print(
+        f"tacit: loading {engine_args.model or 'the default model (SmolLM2-135M-Instruct)'} ...",
+        file=sys.stderr,
+        flush=True,
+    )
     # Load before binding the port: /health answering means the model is ready.
     engine = AsyncLLMEngine.from_engine_args(max_waiting=args.max_waiting, engine_args=engine_args)
     engine.start()  # builds the model on the engine thread; raises what loading raised
     name = served_model_name(args, engine_args.model)
     e = engine.engine
-    print(f"tacit: loaded {Path(e.source.path).name} in {time.perf_counter() - t0:.1f}s ({e.config.model.dtype}, "
-          f"{e.num_kv_blocks} KV blocks, max_model_len {e.max_model_len}); serving `{name}` on "
-          f"http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    print(
+        f"tacit: loaded {Path(e.source.path).name} in {time.perf_counter() - t0:.1f}s ({e.config.model.dtype}, "
+        f"{e.num_kv_blocks} KV blocks, max_model_len {e.max_model_len}); serving `{name}` on "
+        f"http://{args.host}:{args.port}/v1",
+        file=sys.stderr,
+        flush=True,
+    )
     app = build_app(engine, name, args.api_key)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False,
-                            timeout_graceful_shutdown=getattr(args, "shutdown_timeout", DEFAULT_SHUTDOWN_TIMEOUT_S),
-                            lifespan="on")
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        access_log=False,
+        timeout_graceful_shutdown=getattr(args, "shutdown_timeout", DEFAULT_SHUTDOWN_TIMEOUT_S),
+        lifespan="on",
+    )
     server = uvicorn.Server(config)
     # uvicorn re-raises the signal it caught once it has shut down gracefully; with the default
     # SIGTERM handler that kills the process (status 143) after a clean drain. A no-op handler

@@ -29,9 +29,15 @@ RETRY_AFTER_S = 1
 
 
 class OpenAIError(Exception):
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: int | str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: int | str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param = status, message, type, param
         self.code = code if code is not None else status
@@ -116,8 +122,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return error_response(OpenAIError(exc.status_code, str(exc.detail), type_,
-                                          headers=getattr(exc, "headers", None)))
+        return error_response(
+            OpenAIError(exc.status_code, str(exc.detail), type_, headers=getattr(exc, "headers", None))
+        )
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:

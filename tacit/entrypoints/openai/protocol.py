@@ -23,6 +23,7 @@ class OpenAIModel(BaseModel):
 
 # ---- errors -------------------------------------------------------------------------------
 
+
 class ErrorInfo(BaseModel):
     message: str
     type: str
@@ -36,6 +37,7 @@ class ErrorResponse(BaseModel):
 
 # ---- requests -----------------------------------------------------------------------------
 
+
 class StreamOptions(OpenAIModel):
     include_usage: StrictBool = False
 
@@ -43,6 +45,7 @@ class StreamOptions(OpenAIModel):
 class SamplingRequest(OpenAIModel):
     """The fields completions and chat share. Ranges are checked by SamplingParams, whose
     ValueError names the field, so the limits live in one place."""
+
     model: StrictStr | None = None
     max_tokens: StrictInt | None = None
     temperature: float | None = None
@@ -76,11 +79,21 @@ class SamplingRequest(OpenAIModel):
 
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """Raises ValueError naming the field when a value is out of range."""
-        kw: dict[str, Any] = dict(max_tokens=max_tokens, n=self.n, stop=self.stop, stop_token_ids=self.stop_token_ids,
-                                  seed=self.seed, presence_penalty=self.presence_penalty,
-                                  frequency_penalty=self.frequency_penalty, ignore_eos=self.ignore_eos,
-                                  min_tokens=self.min_tokens, logprobs=logprobs, ttft_slo_ms=self.ttft_slo_ms,
-                                  tpot_slo_ms=self.tpot_slo_ms, expected_output_tokens=self.expected_output_tokens)
+        kw: dict[str, Any] = dict(
+            max_tokens=max_tokens,
+            n=self.n,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            seed=self.seed,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
+            logprobs=logprobs,
+            ttft_slo_ms=self.ttft_slo_ms,
+            tpot_slo_ms=self.tpot_slo_ms,
+            expected_output_tokens=self.expected_output_tokens,
+        )
         # OpenAI's defaults are temperature 1, top_p 1: "unset" means that, not greedy.
         for name in ("temperature", "top_p", "top_k", "min_p"):
             value = getattr(self, name)
@@ -163,6 +176,7 @@ class ChatCompletionRequest(SamplingRequest):
 
 
 # ---- responses ----------------------------------------------------------------------------
+
 
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0

@@ -55,8 +55,11 @@ class ChatServing:
         request_id = random_id("chatcmpl")
         streams = await ctx.submit([ids], params, request_id, req.priority)
         if req.stream:
-            return StreamingResponse(self._stream(req, raw, streams[0], request_id, len(ids)),
-                                     media_type="text/event-stream", headers=SSE_HEADERS)
+            return StreamingResponse(
+                self._stream(req, raw, streams[0], request_id, len(ids)),
+                media_type="text/event-stream",
+                headers=SSE_HEADERS,
+            )
         return await self._full(req, raw, streams[0], request_id, len(ids))
 
     def _logprobs(self, req: ChatCompletionRequest, c: CompletionOutput, start: int, end: int) -> ChatLogprobs | None:
@@ -67,40 +70,78 @@ class ChatServing:
         for token_id, entry in logprob_entries(c, start, end):
             chosen = entry.get(token_id)
             text = token_text(tok, token_id, chosen, as_ids)
-            top = [TopLogprob(token=token_text(tok, t, l, as_ids), logprob=l.logprob,
-                              bytes=list(token_text(tok, t, l, False).encode()))
-                   for t, l in sorted(entry.items(), key=lambda kv: kv[1].rank) if l.rank <= k]
-            content.append(ChatTokenLogprob(token=text, logprob=chosen.logprob if chosen else float("-inf"),
-                                            bytes=list(token_text(tok, token_id, chosen, False).encode()),
-                                            top_logprobs=top))
+            top = [
+                TopLogprob(
+                    token=token_text(tok, t, l, as_ids),
+                    logprob=l.logprob,
+                    bytes=list(token_text(tok, t, l, False).encode()),
+                )
+                for t, l in sorted(entry.items(), key=lambda kv: kv[1].rank)
+                if l.rank <= k
+            ]
+            content.append(
+                ChatTokenLogprob(
+                    token=text,
+                    logprob=chosen.logprob if chosen else float("-inf"),
+                    bytes=list(token_text(tok, token_id, chosen, False).encode()),
+                    top_logprobs=top,
+                )
+            )
         return ChatLogprobs(content=content)
 
-    async def _full(self, req: ChatCompletionRequest, raw: Request, stream: RequestStream, request_id: str,
-                    num_prompt_tokens: int) -> Response:
+    async def _full(
+        self, req: ChatCompletionRequest, raw: Request, stream: RequestStream, request_id: str, num_prompt_tokens: int
+    ) -> Response:
         outs = await final_outputs_unless_disconnected(raw, self.ctx, [stream])
         if outs is None:
             return Response(status_code=499)
         (out,) = outs
-        choices = [ChatCompletionChoice(index=c.index, message=ChatResponseMessage(content=c.text),
-                                        logprobs=self._logprobs(req, c, 0, len(c.token_ids)),
-                                        finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-                   for c in out.outputs]
+        choices = [
+            ChatCompletionChoice(
+                index=c.index,
+                message=ChatResponseMessage(content=c.text),
+                logprobs=self._logprobs(req, c, 0, len(c.token_ids)),
+                finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+            )
+            for c in out.outputs
+        ]
         completion_tokens = sum(len(c.token_ids) for c in out.outputs)
-        usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=completion_tokens,
-                          total_tokens=num_prompt_tokens + completion_tokens)
+        usage = UsageInfo(
+            prompt_tokens=num_prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=num_prompt_tokens + completion_tokens,
+        )
         body = ChatCompletionResponse(id=request_id, model=self.ctx.model_name, choices=choices, usage=usage)
         return JSONResponse(body.model_dump())
 
-    async def _stream(self, req: ChatCompletionRequest, raw: Request, stream: RequestStream, request_id: str,
-                      num_prompt_tokens: int) -> AsyncIterator[str]:
+    async def _stream(
+        self, req: ChatCompletionRequest, raw: Request, stream: RequestStream, request_id: str, num_prompt_tokens: int
+    ) -> AsyncIterator[str]:
         created = int(time.time())
         model = self.ctx.model_name
 
-        def chunk(index: int, delta: DeltaMessage, logprobs: ChatLogprobs | None = None,
-                  finish_reason: str | None = None, stop_reason: int | str | None = None) -> str:
-            c = ChatCompletionChunk(id=request_id, created=created, model=model, choices=[
-                ChatCompletionStreamChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
-                                           stop_reason=stop_reason)])
+        def chunk(
+            index: int,
+            delta: DeltaMessage,
+            logprobs: ChatLogprobs | None = None,
+            finish_reason: str | None = None,
+            stop_reason: int | str | None = None,
+        ) -> str:
+            c = ChatCompletionChunk(
+                id=request_id,
+                created=created,
+                model=model,
+                choices=[
+                    ChatCompletionStreamChoice(
+                        index=index,
+                        delta=delta,
+                        logprobs=logprobs,
+                        finish_reason=finish_reason,
+                        stop_reason=stop_reason,
+                    )
+                ],
+            )
             body = c.model_dump()
             # A delta carries only what changed: {"content": "x"}, not {"role": null, "content": "x"}.
             body["choices"][0]["delta"] = delta.model_dump(exclude_none=True)
@@ -124,8 +165,13 @@ class ChatServing:
                         new_logprobs = req.logprobs and k1 > k0
                         if not delta and c.finish_reason is None and not new_logprobs:
                             continue  # a token that ends mid-character: wait for the rest
-                        piece = chunk(c.index, DeltaMessage(content=delta or None), self._logprobs(req, c, k0, k1),
-                                      c.finish_reason, c.stop_reason)
+                        piece = chunk(
+                            c.index,
+                            DeltaMessage(content=delta or None),
+                            self._logprobs(req, c, k0, k1),
+                            c.finish_reason,
+                            c.stop_reason,
+                        )
                         sent_text[c.index], sent_tokens[c.index] = len(c.text), k1
                         if c.finish_reason is not None:
                             done.add(c.index)
@@ -135,8 +181,11 @@ class ChatServing:
                 yield error_sse(engine_error(e))
                 return
         if req.include_usage:
-            usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=completion_tokens,
-                              total_tokens=num_prompt_tokens + completion_tokens)
+            usage = UsageInfo(
+                prompt_tokens=num_prompt_tokens,
+                completion_tokens=completion_tokens,
+                total_tokens=num_prompt_tokens + completion_tokens,
+            )
             c = ChatCompletionChunk(id=request_id, created=created, model=model, choices=[], usage=usage)
             yield f"data: {c.model_dump_json()}\n\n"
         yield "data: [DONE]\n\n"

@@ -34,8 +34,13 @@ class ServingContext:
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
-            raise OpenAIError(404, f"The model `{name}` does not exist; this server serves `{self.model_name}`.",
-                              "invalid_request_error", "model", "model_not_found")
+            raise OpenAIError(
+                404,
+                f"The model `{name}` does not exist; this server serves `{self.model_name}`.",
+                "invalid_request_error",
+                "model",
+                "model_not_found",
+            )
 
     def check_length(self, num_prompt_tokens: int, max_tokens: int | None) -> None:
         """The engine would silently clamp max_tokens to what fits; OpenAI refuses instead, naming
@@ -44,7 +49,9 @@ class ServingContext:
             raise bad_request(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the prompt, {max_tokens} for the "
-                f"completion). Please reduce the length of the prompt or max_tokens.", "max_tokens")
+                f"completion). Please reduce the length of the prompt or max_tokens.",
+                "max_tokens",
+            )
 
     @staticmethod
     def sampling_params(make: Callable[[], SamplingParams]) -> SamplingParams:
@@ -53,8 +60,9 @@ class ServingContext:
         except ValueError as e:
             raise from_value_error(e) from None
 
-    async def submit(self, prompts: list[list[int]], params: SamplingParams, request_id: str,
-                     priority: int) -> list[RequestStream]:
+    async def submit(
+        self, prompts: list[list[int]], params: SamplingParams, request_id: str, priority: int
+    ) -> list[RequestStream]:
         """Add one engine request per prompt; all or none (a failure aborts those already in)."""
         streams: list[RequestStream] = []
         try:
@@ -146,6 +154,7 @@ async def abort_on_disconnect(request: Request, ctx: ServingContext, streams: li
     Starlette also cancels a streaming body on disconnect, but the generator's own cleanup then
     runs only when it is next resumed or collected; this watcher frees the KV blocks at once.
     """
+
     async def watch() -> None:
         while True:
             message = await request.receive()
@@ -177,9 +186,9 @@ def logprob_entries(c: CompletionOutput, start: int, end: int) -> list[tuple[int
     return list(zip(c.token_ids[start:end], c.logprobs[start:end]))
 
 
-
-async def final_outputs_unless_disconnected(request: Request, ctx: ServingContext,
-                                            streams: list[RequestStream]) -> list[RequestOutput] | None:
+async def final_outputs_unless_disconnected(
+    request: Request, ctx: ServingContext, streams: list[RequestStream]
+) -> list[RequestOutput] | None:
     """The finished outputs of a non-streamed reply, or None if the client left first
     (its requests are aborted and their blocks freed at that moment)."""
     async with abort_on_disconnect(request, ctx, streams) as disconnected:

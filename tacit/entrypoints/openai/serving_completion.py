@@ -48,12 +48,16 @@ class CompletionServing:
         streams = await ctx.submit(prompts, params, request_id, req.priority)
         num_prompt_tokens = sum(len(ids) for ids in prompts)
         if req.stream:
-            return StreamingResponse(self._stream(req, raw, streams, request_id, num_prompt_tokens),
-                                     media_type="text/event-stream", headers=SSE_HEADERS)
+            return StreamingResponse(
+                self._stream(req, raw, streams, request_id, num_prompt_tokens),
+                media_type="text/event-stream",
+                headers=SSE_HEADERS,
+            )
         return await self._full(req, raw, streams, request_id, num_prompt_tokens)
 
-    def _logprobs(self, req: CompletionRequest, c: CompletionOutput, start: int, end: int,
-                  text_offset: int) -> CompletionLogprobs | None:
+    def _logprobs(
+        self, req: CompletionRequest, c: CompletionOutput, start: int, end: int, text_offset: int
+    ) -> CompletionLogprobs | None:
         if req.logprobs is None:
             return None
         tok = self.ctx.tokenizer
@@ -64,31 +68,53 @@ class CompletionServing:
             lp.tokens.append(token_text(tok, token_id, chosen, as_ids))
             lp.token_logprobs.append(chosen.logprob if chosen else None)
             ranked = sorted(entry.items(), key=lambda kv: kv[1].rank)
-            lp.top_logprobs.append({token_text(tok, t, l, as_ids): l.logprob
-                                    for t, l in ranked if l.rank <= req.logprobs or t == token_id})
+            lp.top_logprobs.append(
+                {token_text(tok, t, l, as_ids): l.logprob for t, l in ranked if l.rank <= req.logprobs or t == token_id}
+            )
             lp.text_offset.append(text_offset)
             text_offset += len(token_text(tok, token_id, chosen, False))
         return lp
 
-    async def _full(self, req: CompletionRequest, raw: Request, streams: list[RequestStream], request_id: str,
-                    num_prompt_tokens: int) -> Response:
+    async def _full(
+        self,
+        req: CompletionRequest,
+        raw: Request,
+        streams: list[RequestStream],
+        request_id: str,
+        num_prompt_tokens: int,
+    ) -> Response:
         outs = await final_outputs_unless_disconnected(raw, self.ctx, streams)
         if outs is None:
             return Response(status_code=499)
         choices = []
         for pi, out in enumerate(outs):
             for c in out.outputs:
-                choices.append(CompletionChoice(index=pi * req.n + c.index, text=c.text,
-                                                logprobs=self._logprobs(req, c, 0, len(c.token_ids), 0),
-                                                finish_reason=c.finish_reason, stop_reason=c.stop_reason))
+                choices.append(
+                    CompletionChoice(
+                        index=pi * req.n + c.index,
+                        text=c.text,
+                        logprobs=self._logprobs(req, c, 0, len(c.token_ids), 0),
+                        finish_reason=c.finish_reason,
+                        stop_reason=c.stop_reason,
+                    )
+                )
         completion_tokens = sum(len(c.token_ids) for out in outs for c in out.outputs)
-        usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=completion_tokens,
-                          total_tokens=num_prompt_tokens + completion_tokens)
+        usage = UsageInfo(
+            prompt_tokens=num_prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=num_prompt_tokens + completion_tokens,
+        )
         body = CompletionResponse(id=request_id, model=self.ctx.model_name, choices=choices, usage=usage)
         return JSONResponse(body.model_dump())
 
-    async def _stream(self, req: CompletionRequest, raw: Request, streams: list[RequestStream], request_id: str,
-                      num_prompt_tokens: int) -> AsyncIterator[str]:
+    async def _stream(
+        self,
+        req: CompletionRequest,
+        raw: Request,
+        streams: list[RequestStream],
+        request_id: str,
+        num_prompt_tokens: int,
+    ) -> AsyncIterator[str]:
         created = int(time.time())
         sent_text: dict[int, int] = {}
         sent_tokens: dict[int, int] = {}
@@ -106,9 +132,20 @@ class CompletionServing:
                         new_logprobs = req.logprobs is not None and k1 > k0
                         if not delta and c.finish_reason is None and not new_logprobs:
                             continue  # a token that ends mid-character: wait for the rest
-                        chunk = CompletionChunk(id=request_id, created=created, model=self.ctx.model_name, choices=[
-                            CompletionChoice(index=index, text=delta, logprobs=self._logprobs(req, c, k0, k1, t0),
-                                             finish_reason=c.finish_reason, stop_reason=c.stop_reason)])
+                        chunk = CompletionChunk(
+                            id=request_id,
+                            created=created,
+                            model=self.ctx.model_name,
+                            choices=[
+                                CompletionChoice(
+                                    index=index,
+                                    text=delta,
+                                    logprobs=self._logprobs(req, c, k0, k1, t0),
+                                    finish_reason=c.finish_reason,
+                                    stop_reason=c.stop_reason,
+                                )
+                            ],
+                        )
                         sent_text[index], sent_tokens[index] = len(c.text), k1
                         if c.finish_reason is not None:
                             done.add(index)
@@ -118,8 +155,11 @@ class CompletionServing:
                 yield error_sse(engine_error(e))
                 return
         if req.include_usage:
-            usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=completion_tokens,
-                              total_tokens=num_prompt_tokens + completion_tokens)
+            usage = UsageInfo(
+                prompt_tokens=num_prompt_tokens,
+                completion_tokens=completion_tokens,
+                total_tokens=num_prompt_tokens + completion_tokens,
+            )
             chunk = CompletionChunk(id=request_id, created=created, model=self.ctx.model_name, choices=[], usage=usage)
             yield f"data: {chunk.model_dump_json()}\n\n"
         yield "data: [DONE]\n\n"
