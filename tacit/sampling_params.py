@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # Below this a temperature is treated as greedy: dividing logits by ~0 overflows.
 _GREEDY_EPS = 1e-5
+# One request may ask for at most this many sequences: n=100000 once queued 99,297 sequences
+# and starved every other client for 30 s. vLLM's server sets no bound; OpenAI's caps n at 128.
+MAX_N = 128
+# Seeds feed torch.Generator.manual_seed (64-bit); an n>1 request seeds its sequences seed + i.
+_SEED_MAX = 2**63 - 1
+# A length hint beyond any context is a mistake, and 10**400 overflowed the length predictor.
+_MAX_EXPECTED_OUTPUT_TOKENS = 2**31 - 1
+
+
+def _is_number(v: object) -> bool:
+    """A real, finite int or float (a bool is not a number here, nor NaN or infinity)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @dataclass
@@ -44,9 +61,9 @@ class SamplingParams:
         def bad(name: str, value: object, valid: str) -> ValueError:
             return ValueError(f"SamplingParams.{name}={value!r} is invalid: {valid}")
 
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise bad("temperature", self.temperature, "must be a number >= 0 (0 means greedy)")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+        if not _is_number(self.temperature) or self.temperature < 0:
+            raise bad("temperature", self.temperature, "must be a finite number >= 0 (0 means greedy)")
+        if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", self.top_p, "must be in (0, 1]")
         if (
             not isinstance(self.top_k, int)
@@ -54,33 +71,34 @@ class SamplingParams:
             or (self.top_k < 1 and self.top_k not in (-1, 0))
         ):
             raise bad("top_k", self.top_k, "must be -1 or 0 (disabled) or an integer >= 1")
-        if not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p <= 1.0:
+        if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", self.min_p, "must be in [0, 1]")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise bad("max_tokens", self.max_tokens, "must be an integer >= 1 or None")
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise bad("min_tokens", self.min_tokens, "must be an integer >= 0")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", self.logprobs, "must be an integer in [0, 20] or None")
-        if not isinstance(self.n, int) or self.n < 1:
-            raise bad("n", self.n, "must be an integer >= 1")
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+            raise bad("n", self.n, f"must be an integer in [1, {MAX_N}]")
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
+            if not _is_number(v) or not -2.0 <= v <= 2.0:
                 raise bad(name, v, "must be in [-2, 2]")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise bad("seed", self.seed, "must be an integer or None")
+        top_seed = _SEED_MAX - (self.n - 1)
+        if self.seed is not None and (not _is_int(self.seed) or not -_SEED_MAX - 1 <= self.seed <= top_seed):
+            raise bad("seed", self.seed, f"must be an integer in [{-_SEED_MAX - 1}, {top_seed}] or None")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise bad("stop", self.stop, "must be a non-empty string or a list of non-empty strings")
-        if not all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids):
+        if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", self.stop_token_ids, "must be a list of token ids >= 0")
         for name in ("ttft_slo_ms", "tpot_slo_ms"):
             v = getattr(self, name)
-            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0):
-                raise bad(name, v, "must be milliseconds > 0 or None")
+            if v is not None and (not _is_number(v) or not v > 0):
+                raise bad(name, v, "must be milliseconds > 0, finite, or None")
         e = self.expected_output_tokens
-        if e is not None and (not isinstance(e, int) or isinstance(e, bool) or e < 1):
-            raise bad("expected_output_tokens", e, "must be an integer >= 1 or None")
+        if e is not None and (not _is_int(e) or not 1 <= e <= _MAX_EXPECTED_OUTPUT_TOKENS):
+            raise bad("expected_output_tokens", e, f"must be an integer in [1, {_MAX_EXPECTED_OUTPUT_TOKENS}] or None")
         if self.top_k == 0:
             self.top_k = -1
 

@@ -13,6 +13,8 @@ taking the cores or a batch growing from 4 to 64 sequences within a few seconds.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 _FORGET = 0.98
@@ -30,6 +32,8 @@ class StepCostModel:
         self.num_observed = 0
 
     def observe(self, num_prefill_tokens: int, num_decodes: int, seconds: float) -> None:
+        if not (math.isfinite(seconds) and seconds >= 0):
+            return  # a broken clock reading must not poison every later estimate
         x = np.array([1.0, num_decodes, num_prefill_tokens])
         self._xtx = _FORGET * self._xtx + np.outer(x, x)
         self._xty = _FORGET * self._xty + x * seconds

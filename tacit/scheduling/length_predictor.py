@@ -22,6 +22,9 @@ _DIM = 6
 # A prior of w = 0 with variance 100 per weight: weak enough that ~10 finished requests
 # dominate it, strong enough to keep the first few updates stable.
 _PRIOR_VAR = 100.0
+# The temperature feature is clipped here: OpenAI's range ends at 2, and a finite but huge value
+# (temperature=1e308 was once accepted) made w.x infinite and every later prediction NaN.
+_MAX_TEMPERATURE_FEATURE = 2.0
 
 
 class OutputLengthPredictor:
@@ -39,7 +42,7 @@ class OutputLengthPredictor:
                 1.0,
                 math.log1p(prompt_tokens),
                 math.log1p(max_tokens),
-                float(temperature),
+                min(float(temperature), _MAX_TEMPERATURE_FEATURE),
                 0.0 if hint is None else 1.0,
                 0.0 if hint is None else math.log1p(hint),
             ]
@@ -49,14 +52,20 @@ class OutputLengthPredictor:
         if self.num_observed == 0:
             return max_tokens if hint is None else min(hint, max_tokens)
         y = float(self._w @ self._features(prompt_tokens, max_tokens, temperature, hint))
+        if not math.isfinite(y):
+            return max_tokens
         return int(min(max(round(math.expm1(min(y, 30.0))), 1), max_tokens))
 
     def observe(
         self, prompt_tokens: int, max_tokens: int, temperature: float, hint: int | None, predicted: int, actual: int
     ) -> None:
+        """Learn one finished request; a sample that is not finite is ignored (one bad request
+        must not change how every later one is predicted)."""
+        x = self._features(prompt_tokens, max_tokens, temperature, hint)
+        if not (np.isfinite(x).all() and math.isfinite(predicted) and math.isfinite(actual)):
+            return
         self._abs_error_sum += abs(predicted - actual)
         self._num_scored += 1
-        x = self._features(prompt_tokens, max_tokens, temperature, hint)
         px = self._p @ x
         gain = px / (1.0 + x @ px)
         self._w += gain * (math.log1p(actual) - self._w @ x)
