@@ -113,6 +113,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=None)
     s.add_argument("--max-waiting", type=int, default=256)
+    s.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=16 << 20,
+        help="largest request body accepted; a larger one gets 413 before it is read (default 16 MiB)",
+    )
     s.add_argument("--served-model-name", default=None)
     s.add_argument(
         "--shutdown-timeout",

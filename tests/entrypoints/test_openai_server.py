@@ -92,7 +92,9 @@ def server(model_dir):
 @pytest.fixture(scope="module")
 def small_server(model_dir):
     """One sequence at a time, one waiting: the queue is full at the third request. Keyed."""
-    s = Server(model_dir, "--api-key", API_KEY, "--max-num-seqs", "1", "--max-waiting", "1")
+    s = Server(
+        model_dir, "--api-key", API_KEY, "--max-num-seqs", "1", "--max-waiting", "1", "--max-request-bytes", "100000"
+    )
     yield s
     s.stop()
 
@@ -256,6 +258,43 @@ def test_error_statuses_and_bodies(server, model_dir):
     # ...and the server is none the worse for it.
     r = httpx.post(url, json=good)
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_hostile_inputs_are_400_and_change_no_later_answer(server, model_dir):
+    url = f"{server.url}/v1/completions"
+    good = {"model": str(model_dir), "prompt": "Hello", "max_tokens": 6, "temperature": 0.0}
+    before = httpx.post(url, json=good).json()["choices"][0]["text"]
+    raw = {"content-type": "application/json"}
+    m = json.dumps(str(model_dir))
+    for body in (
+        f'{{"model": {m}, "prompt": "Hello", "temperature": NaN}}',
+        f'{{"model": {m}, "prompt": "Hello", "temperature": Infinity}}',
+        f'{{"model": {m}, "prompt": "Hello", "temperature": 1e400}}',
+        f'{{"model": {m}, "prompt": "Hello", "expected_output_tokens": 1{"0" * 400}}}',
+        f'{{"model": {m}, "prompt": "\\ud800 lone surrogate"}}',
+        '{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    ):
+        _assert_error(httpx.post(url, content=body.encode(), headers=raw), 400)
+    for field, value in (
+        ("temperature", "0.5"),
+        ("temperature", True),
+        ("top_p", "1"),
+        ("n", 100_000),
+        ("seed", 2**70),
+    ):
+        err = _assert_error(httpx.post(url, json={**good, field: value}), 400)
+        assert err["param"] == field, (field, err)
+    # The server is none the worse: the same greedy answer, and /health is quick.
+    assert httpx.post(url, json=good).json()["choices"][0]["text"] == before
+    assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+
+
+def test_oversized_body_is_413_before_it_is_read(small_server, model_dir):
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    big = {"model": str(model_dir), "prompt": "x" * 200_000, "max_tokens": 1}
+    _assert_error(httpx.post(f"{small_server.url}/v1/completions", json=big, headers=headers), 413)
+    ok = {"model": str(model_dir), "prompt": "Hello", "max_tokens": 1}
+    assert httpx.post(f"{small_server.url}/v1/completions", json=ok, headers=headers).status_code == 200
 
 
 def test_n_stop_logprobs_seed(client, llm, model_dir):

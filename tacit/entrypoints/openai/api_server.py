@@ -21,7 +21,12 @@ from fastapi.responses import PlainTextResponse, Response
 
 from tacit.engine.arg_utils import EngineArgs
 from tacit.engine.async_engine import AsyncLLMEngine
-from tacit.entrypoints.openai.errors import OpenAIError, install_error_handlers, parse_body
+from tacit.entrypoints.openai.errors import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    OpenAIError,
+    install_error_handlers,
+    parse_body,
+)
 from tacit.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from tacit.entrypoints.openai.serving_chat import ChatServing
 from tacit.entrypoints.openai.serving_common import ServingContext
@@ -35,7 +40,12 @@ logger = logging.getLogger("tacit.server")
 DEFAULT_SHUTDOWN_TIMEOUT_S = 20.0
 
 
-def build_app(engine: AsyncLLMEngine, model_name: str, api_key: str | None = None) -> FastAPI:
+def build_app(
+    engine: AsyncLLMEngine,
+    model_name: str,
+    api_key: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+) -> FastAPI:
     """The ASGI app. The engine is started by the caller; the app stops it on shutdown."""
     ctx = ServingContext(engine, model_name)
     completions, chat = CompletionServing(ctx), ChatServing(ctx)
@@ -69,11 +79,11 @@ def build_app(engine: AsyncLLMEngine, model_name: str, api_key: str | None = Non
 
     @app.post("/v1/completions", dependencies=v1)
     async def create_completion(request: Request) -> Response:
-        return await completions.create(await parse_body(request, CompletionRequest), request)
+        return await completions.create(await parse_body(request, CompletionRequest, max_request_bytes), request)
 
     @app.post("/v1/chat/completions", dependencies=v1)
     async def create_chat_completion(request: Request) -> Response:
-        return await chat.create(await parse_body(request, ChatCompletionRequest), request)
+        return await chat.create(await parse_body(request, ChatCompletionRequest, max_request_bytes), request)
 
     @app.get("/v1/models", dependencies=v1)
     async def list_models() -> ModelList:
@@ -129,7 +139,7 @@ def run_server(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    app = build_app(engine, name, args.api_key)
+    app = build_app(engine, name, args.api_key, args.max_request_bytes)
     config = uvicorn.Config(
         app,
         host=args.host,

@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
 from tacit.sampling_params import SamplingParams
 
@@ -48,24 +48,24 @@ class SamplingRequest(OpenAIModel):
 
     model: StrictStr | None = None
     max_tokens: StrictInt | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: StrictFloat | None = None
+    top_p: StrictFloat | None = None
     top_k: StrictInt | None = None
-    min_p: float | None = None
+    min_p: StrictFloat | None = None
     n: StrictInt = 1
     stop: StrictStr | list[StrictStr] | None = None
     stop_token_ids: list[StrictInt] | None = None
     seed: StrictInt | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: StrictFloat = 0.0
+    frequency_penalty: StrictFloat = 0.0
     ignore_eos: StrictBool = False
     min_tokens: StrictInt = 0
     priority: StrictInt = 0
     # tacit's scheduling extensions (docs in README): TTFT/TPOT targets for the sla policy and
     # goodput (unset: the priority class's default), and a guess at the answer's length that
     # the output-length predictor takes as a feature.
-    ttft_slo_ms: float | None = None
-    tpot_slo_ms: float | None = None
+    ttft_slo_ms: StrictFloat | None = None
+    tpot_slo_ms: StrictFloat | None = None
     expected_output_tokens: StrictInt | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None

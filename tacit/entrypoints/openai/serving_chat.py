@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import AsyncIterator
@@ -48,7 +49,8 @@ class ChatServing:
         params = ctx.sampling_params(req.to_sampling_params)
         messages = [m.to_template_dict() for m in req.messages]
         try:
-            ids = ctx.tokenizer.encode_chat(messages, req.add_generation_prompt)
+            # Off the event loop: a long prompt took 9 s to tokenize and stalled every stream.
+            ids = await asyncio.to_thread(ctx.tokenizer.encode_chat, messages, req.add_generation_prompt)
         except (ValueError, TemplateError) as e:  # no template, or the template refused these messages
             raise bad_request(f"could not apply the chat template: {e}", "messages") from None
         ctx.check_length(len(ids), req.requested_max_tokens)
