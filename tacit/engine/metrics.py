@@ -11,7 +11,7 @@ import threading
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from tacit.scheduling.scheduler import SchedulerStats
+from tacit.scheduling.scheduler_output import SchedulerStats
 
 # Seconds. TTFT spans a queue wait plus a prefill (ms to tens of s under load); inter-token
 # latency is one decode step (sub-ms for a tiny model, ~10-100 ms for a 135M one on CPU).

@@ -15,7 +15,7 @@ from tacit.engine.detokenizer import IncrementalDetokenizer
 from tacit.outputs import CompletionOutput, Logprob, RequestOutput
 from tacit.sampling_params import SamplingParams
 from tacit.scheduling.request import Request
-from tacit.scheduling.scheduler import EngineCoreOutput
+from tacit.scheduling.scheduler_output import EngineCoreOutput
 from tacit.tokenizer import Tokenizer
 
 

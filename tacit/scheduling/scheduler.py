@@ -28,48 +28,23 @@ blocks of whatever finished. Detokenization and stop strings are the output proc
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from tacit.config import SchedulerConfig
 from tacit.memory.kv_cache_manager import KVCacheManager
 from tacit.memory.swap import KVSwapper
-from tacit.outputs import ModelRunnerOutput, RawLogprobs
+from tacit.outputs import ModelRunnerOutput
 from tacit.scheduling.cost_model import StepCostModel
 from tacit.scheduling.length_predictor import OutputLengthPredictor
 from tacit.scheduling.policy import FCFSPolicy, SchedulerView, SchedulingPolicy
 from tacit.scheduling.request import Request, RequestStatus
-from tacit.scheduling.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
-
-
-@dataclass(frozen=True)
-class EngineCoreOutput:
-    """One request's news from one step (vLLM v1's name): the token it sampled, and whether that
-    ended it. The output processor turns these into text and RequestOutputs."""
-
-    req_id: str
-    new_token_id: int
-    logprobs: RawLogprobs | None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-@dataclass(frozen=True)
-class SchedulerStats:
-    """Counters for /metrics and benchmarks, read in one call (nothing reaches into the parts)."""
-
-    num_running: int
-    num_waiting: int
-    num_waiting_parents: int
-    kv_blocks_used: int
-    kv_blocks_free: int
-    num_preemptions: int
-    num_swapped_out: int
-    num_swapped_in: int
-    swap_blocks_used: int
-    num_cut_ins: int
-    length_predictor_mae: float
-    length_predictor_scored: int
+from tacit.scheduling.scheduler_output import (
+    CachedRequestData,
+    EngineCoreOutput,
+    NewRequestData,
+    SchedulerOutput,
+    SchedulerStats,
+)
 
 
 class Scheduler:

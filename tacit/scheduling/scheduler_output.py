@@ -5,13 +5,15 @@ a preemption, comes whole (NewRequestData: its tokens, sampling parameters and e
 a request already running comes as a delta (CachedRequestData: the blocks added this step).
 The runner keeps its own copy of each request's state from these, so nothing below the
 scheduler ever holds a live Request, and with several worker processes this same object is
-what each of them receives.
+what each of them receives. update_from_output answers with an EngineCoreOutput per sampled
+request, and make_stats with SchedulerStats.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tacit.outputs import RawLogprobs
 from tacit.sampling_params import SamplingParams
 
 
@@ -60,3 +62,33 @@ class SchedulerOutput:
 
     def is_empty(self) -> bool:
         return not self.num_scheduled_tokens
+
+
+@dataclass(frozen=True)
+class EngineCoreOutput:
+    """One request's news from one step (vLLM v1's name): the token it sampled, and whether that
+    ended it. The output processor turns these into text and RequestOutputs."""
+
+    req_id: str
+    new_token_id: int
+    logprobs: RawLogprobs | None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """Counters for /metrics and benchmarks, read in one call (nothing reaches into the parts)."""
+
+    num_running: int
+    num_waiting: int
+    num_waiting_parents: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+    num_preemptions: int
+    num_swapped_out: int
+    num_swapped_in: int
+    swap_blocks_used: int
+    num_cut_ins: int
+    length_predictor_mae: float
+    length_predictor_scored: int
