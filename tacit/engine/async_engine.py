@@ -59,6 +59,7 @@ class _Add:
     params: SamplingParams
     priority: int
     stream: "RequestStream"
+    check_queue: bool = True
 
 
 @dataclass
@@ -129,7 +130,12 @@ class AsyncLLMEngine:
     # ---- handler side (event loop thread) ---------------------------------------------------
 
     async def add_request(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None, priority: int = 0
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        priority: int = 0,
+        check_queue: bool = True,
     ) -> RequestStream:
         """Queue a request; returns once the engine accepted it, or raises ValueError /
         QueueFullError / EngineDeadError. Iterate the returned stream for outputs."""
@@ -137,7 +143,7 @@ class AsyncLLMEngine:
             raise EngineDeadError("the engine is not running")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         stream = RequestStream(rid, asyncio.get_running_loop())
-        self._commands.put(_Add(rid, prompt, params, priority, stream))
+        self._commands.put(_Add(rid, prompt, params, priority, stream, check_queue))
         try:
             while True:
                 done, _ = await asyncio.wait({stream.accepted}, timeout=1.0)
@@ -244,15 +250,19 @@ class AsyncLLMEngine:
         self._apply_commands(block=False, adds_only=True)
         self._deliver(self.engine.cut_in_step())
 
-    def _num_waiting_requests(self) -> int:
-        # Parents, not sequences: an n=4 request is one request for the queue bound.
-        return self.engine.get_stats().num_waiting_parents
+    def _num_waiting_sequences(self) -> int:
+        # Sequences, not parents: one request with n=100000 once queued 99,297 sequences past a
+        # bound of 256 "requests" and starved every other client for 30 s.
+        return self.engine.get_stats().num_waiting
 
     def _add(self, cmd: _Add) -> None:
         error: BaseException | None = None
-        if self._num_waiting_requests() >= self.max_waiting:
+        # The bound is checked once per client request (check_queue): the later prompts of a
+        # batch join with the first, so a 300-prompt batch on an idle server is served, not
+        # refused half-way by its own earlier prompts.
+        if cmd.check_queue and self._num_waiting_sequences() >= self.max_waiting:
             error = QueueFullError(
-                f"the server is at capacity: {self.max_waiting} requests are already waiting; retry later"
+                f"the server is at capacity: {self.max_waiting} sequences are already waiting; retry later"
             )
             self.metrics.count_request("rejected")
         else:

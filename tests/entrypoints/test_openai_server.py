@@ -341,6 +341,20 @@ def test_api_key_required(small_server):
     assert httpx.get(f"{small_server.url}/health").status_code == 200  # probes need no key
 
 
+def test_a_batch_is_one_request_for_the_queue_bound(small_server, model_dir):
+    """--max-waiting 1, --max-num-seqs 1: an idle server still serves a 5-prompt batch whole (the
+    bound is checked once per client request), and refuses one asking for over 1024 sequences."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    url = f"{small_server.url}/v1/completions"
+    batch = {"model": str(model_dir), "prompt": [[5, 6, 7]] * 5, "max_tokens": 2, "ignore_eos": True}
+    r = httpx.post(url, headers=headers, json=batch, timeout=60)
+    assert r.status_code == 200, r.text
+    assert sorted(c["index"] for c in r.json()["choices"]) == [0, 1, 2, 3, 4]
+    huge = {**batch, "prompt": [[5, 6, 7]] * 9, "n": 128, "temperature": 1.0}
+    err = _assert_error(httpx.post(url, headers=headers, json=huge), 400)
+    assert err["param"] == "prompt" and "1152 sequences" in err["message"]
+
+
 def test_queue_full_is_503_with_retry_after(small_server, model_dir):
     headers = {"Authorization": f"Bearer {API_KEY}"}
     long = {"model": str(model_dir), "prompt": "Hello", "max_tokens": 600, "ignore_eos": True}

@@ -22,6 +22,10 @@ from tacit.outputs import CompletionOutput, Logprob, RequestOutput
 from tacit.sampling_params import SamplingParams
 from tacit.scheduling.errors import SLOUnattainableError
 
+# Sequences one client request may add (prompts x n). A batch of this many short prompts is
+# served as one request even past --max-waiting; beyond it a client should split its batch.
+MAX_SEQUENCES_PER_REQUEST = 1024
+
 
 class ServingContext:
     def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
@@ -63,12 +67,20 @@ class ServingContext:
     async def submit(
         self, prompts: list[list[int]], params: SamplingParams, request_id: str, priority: int
     ) -> list[RequestStream]:
-        """Add one engine request per prompt; all or none (a failure aborts those already in)."""
+        """Add one engine request per prompt; all or none (a failure aborts those already in).
+        The queue bound is checked for the first prompt only: the batch is one client request."""
+        num_sequences = len(prompts) * params.n
+        if num_sequences > MAX_SEQUENCES_PER_REQUEST:
+            raise bad_request(
+                f"this request asks for {num_sequences} sequences ({len(prompts)} prompts x n={params.n}); "
+                f"at most {MAX_SEQUENCES_PER_REQUEST} are accepted in one request",
+                "prompt",
+            )
         streams: list[RequestStream] = []
         try:
             for i, ids in enumerate(prompts):
                 rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-                streams.append(await self.engine.add_request(ids, params, rid, priority))
+                streams.append(await self.engine.add_request(ids, params, rid, priority, check_queue=i == 0))
         except BaseException as e:
             for s in streams:
                 self.engine.abort(s.request_id)
