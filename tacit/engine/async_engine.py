@@ -118,6 +118,10 @@ class AsyncLLMEngine:
         return self.engine.max_model_len
 
     @property
+    def vocab_size(self) -> int:
+        return self.engine.config.model.hf["vocab_size"]
+
+    @property
     def is_running(self) -> bool:
         return self._thread.is_alive()
 

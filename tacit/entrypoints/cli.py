@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -111,7 +112,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     EngineArgs.add_cli_args(s)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--api-key", default=None)
+    s.add_argument(
+        "--api-key",
+        default=os.environ.get("TACIT_API_KEY"),
+        help="require this bearer key on /v1 and /tokenize (default: $TACIT_API_KEY, which keeps the key out of "
+        "the process list)",
+    )
     s.add_argument("--max-waiting", type=int, default=256)
     s.add_argument(
         "--max-request-bytes",

@@ -341,6 +341,33 @@ def test_api_key_required(small_server):
     assert httpx.get(f"{small_server.url}/health").status_code == 200  # probes need no key
 
 
+def test_tokenize_detokenize_and_request_ids(server, llm, model_dir):
+    m = str(model_dir)
+    r = httpx.post(f"{server.url}/tokenize", json={"model": m, "prompt": "Paris is the capital"})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["tokens"] == llm.get_tokenizer().encode("Paris is the capital") and body["count"] == len(body["tokens"])
+    assert body["max_model_len"] == 1024
+    chat = httpx.post(f"{server.url}/tokenize", json={"model": m, "messages": MESSAGES}).json()
+    assert chat["tokens"] == llm.chat_prompt_ids(MESSAGES)
+    back = httpx.post(f"{server.url}/detokenize", json={"model": m, "tokens": body["tokens"]}).json()
+    assert back["prompt"] == llm.get_tokenizer().decode(body["tokens"], False)
+    _assert_error(httpx.post(f"{server.url}/tokenize", json={"model": m}), 400)  # neither prompt nor messages
+    assert _assert_error(httpx.post(f"{server.url}/detokenize", json={"tokens": [10**9]}), 400)["param"] == "tokens"
+    # X-Request-Id: the client's echoed, else a fresh one per response.
+    assert httpx.get(f"{server.url}/health", headers={"X-Request-Id": "abc-1"}).headers["x-request-id"] == "abc-1"
+    ids = {httpx.get(f"{server.url}/health").headers["x-request-id"] for _ in range(3)}
+    assert len(ids) == 3 and all(len(i) == 32 for i in ids)
+
+
+def test_api_key_comes_from_the_environment(monkeypatch):
+    from tacit.cli import build_parser
+
+    monkeypatch.setenv("TACIT_API_KEY", "from-env")
+    assert build_parser().parse_args(["serve"]).api_key == "from-env"
+    assert build_parser().parse_args(["serve", "--api-key", "flag"]).api_key == "flag"
+
+
 def test_a_batch_is_one_request_for_the_queue_bound(small_server, model_dir):
     """--max-waiting 1, --max-num-seqs 1: an idle server still serves a 5-prompt batch whole (the
     bound is checked once per client request), and refuses one asking for over 1024 sequences."""

@@ -1,7 +1,9 @@
 """`tacit serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over AsyncLLMEngine.
 
 POST /v1/completions        POST /v1/chat/completions       (stream: SSE)
+POST /tokenize              POST /detokenize                (vLLM's shapes)
 GET  /v1/models             GET  /health                    GET /metrics (Prometheus text)
+Every response carries X-Request-Id (the client's, or a new one).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import logging
 import signal
 import sys
 import time
+import uuid
 from pathlib import Path
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
@@ -27,10 +30,20 @@ from tacit.entrypoints.openai.errors import (
     install_error_handlers,
     parse_body,
 )
-from tacit.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from tacit.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from tacit.entrypoints.openai.serving_chat import ChatServing
 from tacit.entrypoints.openai.serving_common import ServingContext
 from tacit.entrypoints.openai.serving_completion import CompletionServing
+from tacit.entrypoints.openai.serving_tokenization import TokenizationServing
 
 logger = logging.getLogger("tacit.server")
 
@@ -48,7 +61,7 @@ def build_app(
 ) -> FastAPI:
     """The ASGI app. The engine is started by the caller; the app stops it on shutdown."""
     ctx = ServingContext(engine, model_name)
-    completions, chat = CompletionServing(ctx), ChatServing(ctx)
+    completions, chat, tokenization = CompletionServing(ctx), ChatServing(ctx), TokenizationServing(ctx)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -59,6 +72,7 @@ def build_app(
 
     app = FastAPI(title="tacit", lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)
+    app.add_middleware(RequestIdMiddleware)
 
     async def check_api_key(request: Request) -> None:
         if api_key is None:
@@ -85,6 +99,14 @@ def build_app(
     async def create_chat_completion(request: Request) -> Response:
         return await chat.create(await parse_body(request, ChatCompletionRequest, max_request_bytes), request)
 
+    @app.post("/tokenize", dependencies=v1)
+    async def tokenize(request: Request) -> TokenizeResponse:
+        return await tokenization.tokenize(await parse_body(request, TokenizeRequest, max_request_bytes))
+
+    @app.post("/detokenize", dependencies=v1)
+    async def detokenize(request: Request) -> DetokenizeResponse:
+        return await tokenization.detokenize(await parse_body(request, DetokenizeRequest, max_request_bytes))
+
     @app.get("/v1/models", dependencies=v1)
     async def list_models() -> ModelList:
         return ModelList(data=[ModelCard(id=model_name, max_model_len=ctx.max_model_len)])
@@ -102,6 +124,30 @@ def build_app(
         )
 
     return app
+
+
+class RequestIdMiddleware:
+    """Echo the client's X-Request-Id, or make one, on every response, so a client can match its
+    logs to the server's. Plain ASGI rather than @app.middleware("http"): starlette's
+    BaseHTTPMiddleware wraps streaming responses and would hide a client's disconnect, which is
+    how an abandoned stream gets aborted and its KV blocks freed."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"x-request-id")
+        rid = given if given else uuid.uuid4().hex.encode()
+
+        async def send_with_id(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 def served_model_name(args: argparse.Namespace, model: str | None) -> str:

@@ -35,6 +35,7 @@ class ServingContext:
         # keeps that work off the engine thread, so long prompts do not stall a step.
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
+        self.vocab_size = engine.vocab_size
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:

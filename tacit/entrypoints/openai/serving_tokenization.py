@@ -1,0 +1,45 @@
+"""/tokenize and /detokenize, in vLLM's shapes: what a client needs to count or inspect tokens
+(prompt budgeting, lm-evaluation-harness) without generating."""
+
+from __future__ import annotations
+
+import asyncio
+
+from jinja2 import TemplateError
+
+from tacit.entrypoints.openai.errors import bad_request
+from tacit.entrypoints.openai.protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+from tacit.entrypoints.openai.serving_common import ServingContext
+
+
+class TokenizationServing:
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    async def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
+        ctx = self.ctx
+        ctx.check_model(req.model)
+        tok = ctx.tokenizer
+        if req.messages is not None:
+            messages = [m.to_template_dict() for m in req.messages]
+            try:
+                ids = await asyncio.to_thread(tok.encode_chat, messages, req.add_generation_prompt)
+            except (ValueError, TemplateError) as e:
+                raise bad_request(f"could not apply the chat template: {e}", "messages") from None
+        else:
+            ids = await asyncio.to_thread(tok.encode, req.prompt, req.add_special_tokens)
+        return TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids)
+
+    async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
+        ctx = self.ctx
+        ctx.check_model(req.model)
+        vocab = ctx.vocab_size
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise bad_request(f"token ids {bad[:5]} are out of range; valid ids are 0..{vocab - 1}", "tokens")
+        return DetokenizeResponse(prompt=ctx.tokenizer.decode(req.tokens, False))
