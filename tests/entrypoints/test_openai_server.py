@@ -339,6 +339,9 @@ def test_api_key_required(small_server):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{small_server.url}/v1", api_key="wrong", max_retries=0).models.list()
     assert httpx.get(f"{small_server.url}/health").status_code == 200  # probes need no key
+    _assert_error(httpx.get(f"{small_server.url}/openapi.json"), 401)  # the schema is behind the key too
+    schema = httpx.get(f"{small_server.url}/openapi.json", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert schema.status_code == 200 and "/v1/completions" in schema.json()["paths"]
 
 
 def test_tokenize_detokenize_and_request_ids(server, llm, model_dir):

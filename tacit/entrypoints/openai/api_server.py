@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from tacit.engine.arg_utils import EngineArgs
 from tacit.engine.async_engine import AsyncLLMEngine
@@ -70,7 +70,8 @@ def build_app(
         # whatever the engine still holds has no reader, so abort it and stop the thread.
         engine.shutdown()
 
-    app = FastAPI(title="tacit", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # The schema is served by the route below, behind the API key like every other /v1 route.
+    app = FastAPI(title="tacit", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
     app.add_middleware(RequestIdMiddleware)
 
@@ -106,6 +107,10 @@ def build_app(
     @app.post("/detokenize", dependencies=v1)
     async def detokenize(request: Request) -> DetokenizeResponse:
         return await tokenization.detokenize(await parse_body(request, DetokenizeRequest, max_request_bytes))
+
+    @app.get("/openapi.json", dependencies=v1, include_in_schema=False)
+    async def openapi_schema() -> JSONResponse:
+        return JSONResponse(app.openapi())
 
     @app.get("/v1/models", dependencies=v1)
     async def list_models() -> ModelList:
