@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from tacit.model_config_checks import check_architecture_numbers
 from tacit.scheduling.policy import POLICIES  # the package import registers every policy
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -56,6 +57,7 @@ class ModelConfig:
     rope: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
+        check_architecture_numbers(self.path, self.hf)
         hf = dict(self.hf)
         # transformers 5 writes some keys under their attribute-map alias; real checkpoints use the originals.
         for original, alias in _KEY_ALIASES:

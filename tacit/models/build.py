@@ -11,7 +11,14 @@ from tacit.config import ModelConfig
 from tacit.models.registry import get_model_class
 
 
-def build_model(cfg: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], device: torch.device) -> nn.Module:
+def build_model(
+    cfg: ModelConfig,
+    weights: Iterator[tuple[str, torch.Tensor]],
+    device: torch.device,
+    free_memory: int | None = None,
+) -> nn.Module:
+    """free_memory: bytes the device has; a model whose weights exceed it is refused before any
+    allocation (hidden_size 1e9 once tried to allocate 196 TB)."""
     cls = get_model_class(cfg.architecture)
     # Meta device: no memory and no random init for weights we are about to overwrite.
     prev = torch.get_default_dtype()
@@ -21,6 +28,12 @@ def build_model(cfg: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], d
             model = cls(cfg)
     finally:
         torch.set_default_dtype(prev)
+    need = sum(p.numel() * p.element_size() for p in model.parameters())
+    if free_memory is not None and need > free_memory:
+        raise ValueError(
+            f"{cfg.path}: the model's weights need {need / 2**30:.1f} GiB in {cfg.dtype}, more than the "
+            f"{free_memory / 2**30:.1f} GiB free on {device}; check the config's sizes or use a smaller model"
+        )
     model = model.to_empty(device=device)
     for module in model.modules():
         if getattr(module, "keep_fp32", False):

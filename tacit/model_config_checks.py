@@ -1,0 +1,62 @@
+"""Sanity checks on a checkpoint's architecture numbers, before anything is built or allocated.
+
+A corrupt or hostile config.json (or GGUF metadata) used to hang the loader (num_hidden_layers
+1e9 builds a billion modules), try a 196 TB allocation (hidden_size 1e9), or end in a traceback
+(a string, zero or a negative where a size goes). Each field is checked here for type and range,
+and the error names the file, the field and what is valid.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral
+from typing import Any
+
+# field -> largest value accepted. Generous against every public model (DeepSeek-V3: 61 layers,
+# hidden 7168, 256 experts; Llama 3.1 405B: 126 layers, hidden 16384; vocabularies up to ~260k;
+# contexts up to 10M tokens); far below what would exhaust memory just building the model.
+SIZE_LIMITS: dict[str, int] = {
+    "hidden_size": 1 << 17,
+    "intermediate_size": 1 << 20,
+    "moe_intermediate_size": 1 << 20,
+    "num_hidden_layers": 1024,
+    "num_attention_heads": 1024,
+    "num_key_value_heads": 1024,
+    "head_dim": 4096,
+    "vocab_size": 1 << 24,
+    "num_experts": 4096,
+    "num_local_experts": 4096,
+    "n_routed_experts": 4096,
+    "num_experts_per_tok": 4096,
+    "n_shared_experts": 64,
+    "kv_lora_rank": 1 << 16,
+    "q_lora_rank": 1 << 16,
+    "qk_rope_head_dim": 4096,
+    "qk_nope_head_dim": 4096,
+    "v_head_dim": 4096,
+    # The rotary tables are built for every position at load: 2**24 positions of 128 dims in
+    # fp32 are 8 GB, the most that is reasonable to hold; 10**12 once loaded silently.
+    "max_position_embeddings": 1 << 24,
+}
+REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+def check_architecture_numbers(path: str, hf: Any) -> None:
+    if not isinstance(hf, dict):
+        raise ValueError(f"{path}: the model config must be a JSON object of settings, got {type(hf).__name__}")
+    missing = [k for k in REQUIRED if hf.get(k) is None]
+    if missing:
+        raise ValueError(f"{path}: the model config lacks {', '.join(missing)}")
+    for key, limit in SIZE_LIMITS.items():
+        value = hf.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, Integral) or isinstance(value, bool) or not 1 <= value <= limit:
+            raise ValueError(f"{path}: {key}={value!r} is invalid: must be an integer in [1, {limit}]")
+    heads, kv_heads = hf["num_attention_heads"], hf.get("num_key_value_heads") or hf["num_attention_heads"]
+    if heads % kv_heads:
+        raise ValueError(f"{path}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+    if hf.get("head_dim") is None and hf["hidden_size"] % heads:
+        raise ValueError(
+            f"{path}: hidden_size={hf['hidden_size']} is not a multiple of num_attention_heads={heads} "
+            f"and the config gives no head_dim"
+        )
