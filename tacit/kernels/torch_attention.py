@@ -218,9 +218,9 @@ def run_groups(
     return out
 
 
-@register_attention_backend("torch_paged")
-class TorchAttentionBackend(AttentionBackend):
-    priority = 100  # the reference: chosen when nothing faster supports the platform
+class TorchMetadataBackend:
+    """What the torch backends share: plain torch ops (any device, any float dtype) over the
+    padded-group metadata above. Mixed into the paged and the MLA backend."""
 
     @classmethod
     def supports(cls, platform: str, dtype: torch.dtype) -> bool:
@@ -236,6 +236,11 @@ class TorchAttentionBackend(AttentionBackend):
         block_size: int,
     ) -> TorchAttentionMetadata:
         return build_torch_metadata(num_new_tokens, num_computed_tokens, block_tables, slot_mapping, device, block_size)
+
+
+@register_attention_backend("torch_paged")
+class TorchAttentionBackend(TorchMetadataBackend, AttentionBackend):
+    priority = 100  # the reference: chosen when nothing faster supports the platform
 
     def write_kv(
         self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: TorchAttentionMetadata

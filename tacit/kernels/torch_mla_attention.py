@@ -9,7 +9,6 @@ faster backend.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -17,7 +16,7 @@ from tacit.kernels.attention_backend import MLAAttentionBackend, register_attent
 from tacit.kernels.torch_attention import (
     AttentionGroup,
     TorchAttentionMetadata,
-    build_torch_metadata,
+    TorchMetadataBackend,
     gather_blocks,
     padded_sdpa,
     run_groups,
@@ -25,23 +24,8 @@ from tacit.kernels.torch_attention import (
 
 
 @register_attention_backend("torch_mla")
-class TorchMLAAttentionBackend(MLAAttentionBackend):
+class TorchMLAAttentionBackend(TorchMetadataBackend, MLAAttentionBackend):
     priority = 100  # the reference
-
-    @classmethod
-    def supports(cls, platform: str, dtype: torch.dtype) -> bool:
-        return dtype.is_floating_point
-
-    def build_metadata(
-        self,
-        num_new_tokens: np.ndarray,
-        num_computed_tokens: np.ndarray,
-        block_tables: np.ndarray,
-        slot_mapping: np.ndarray,
-        device: torch.device,
-        block_size: int,
-    ) -> TorchAttentionMetadata:
-        return build_torch_metadata(num_new_tokens, num_computed_tokens, block_tables, slot_mapping, device, block_size)
 
     def write_kv(
         self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: TorchAttentionMetadata
