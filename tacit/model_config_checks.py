@@ -40,22 +40,31 @@ SIZE_LIMITS: dict[str, int] = {
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
-def check_architecture_numbers(path: str, hf: Any) -> None:
-    if not isinstance(hf, dict):
-        raise ValueError(f"{path}: the model config must be a JSON object of settings, got {type(hf).__name__}")
+def check_required_sizes(path: str, hf: dict[str, Any]) -> None:
+    """Called once the architecture is known to be supported (an unsupported one is the more
+    useful error), before the model is built."""
     missing = [k for k in REQUIRED if hf.get(k) is None]
     if missing:
         raise ValueError(f"{path}: the model config lacks {', '.join(missing)}")
+
+
+def check_architecture_numbers(path: str, hf: Any) -> None:
+    """Type and range of every size the config gives (absent ones are checked later)."""
+    if not isinstance(hf, dict):
+        raise ValueError(f"{path}: the model config must be a JSON object of settings, got {type(hf).__name__}")
     for key, limit in SIZE_LIMITS.items():
         value = hf.get(key)
         if value is None:
             continue
         if not isinstance(value, Integral) or isinstance(value, bool) or not 1 <= value <= limit:
             raise ValueError(f"{path}: {key}={value!r} is invalid: must be an integer in [1, {limit}]")
-    heads, kv_heads = hf["num_attention_heads"], hf.get("num_key_value_heads") or hf["num_attention_heads"]
+    heads = hf.get("num_attention_heads")
+    if heads is None:
+        return
+    kv_heads = hf.get("num_key_value_heads") or heads
     if heads % kv_heads:
         raise ValueError(f"{path}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
-    if hf.get("head_dim") is None and hf["hidden_size"] % heads:
+    if hf.get("head_dim") is None and hf.get("hidden_size") is not None and hf["hidden_size"] % heads:
         raise ValueError(
             f"{path}: hidden_size={hf['hidden_size']} is not a multiple of num_attention_heads={heads} "
             f"and the config gives no head_dim"

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from tacit.config import ModelConfig
+from tacit.model_config_checks import check_required_sizes
 from tacit.models.registry import get_model_class
 
 
@@ -20,6 +21,7 @@ def build_model(
     """free_memory: bytes the device has; a model whose weights exceed it is refused before any
     allocation (hidden_size 1e9 once tried to allocate 196 TB)."""
     cls = get_model_class(cfg.architecture)
+    check_required_sizes(cfg.path, cfg.hf)
     # Meta device: no memory and no random init for weights we are about to overwrite.
     prev = torch.get_default_dtype()
     torch.set_default_dtype(cfg.dtype)
