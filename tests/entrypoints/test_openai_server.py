@@ -420,3 +420,25 @@ def test_sigterm_finishes_in_flight_and_exits_zero(small_server, model_dir):
     data = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
     assert events[-1] == "data: [DONE]" and data[-1]["choices"][0]["finish_reason"] == "length"
     assert small_server.proc.wait(30) == 0, "".join(small_server.log)
+
+
+def test_sigterm_past_the_grace_period_ends_streams_with_an_error_and_done(model_dir):
+    """A stream still running when the grace period ends gets an error event and [DONE] from the
+    server instead of a cut connection (the later --shutdown-timeout wins over the default 10)."""
+    s = Server(model_dir, "--shutdown-timeout", "0.5")
+    body = {"model": str(model_dir), "prompt": "Hello", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+    events: list[str] = []
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            with c.stream("POST", "/v1/completions", json=body) as r:
+                lines = r.iter_lines()
+                events.append(next(lines))
+                s.proc.send_signal(signal.SIGTERM)
+                events.extend(lines)
+    finally:
+        code = s.proc.wait(30)
+    events = [e for e in events if e]
+    assert events[-1] == "data: [DONE]"
+    last = json.loads(events[-2][6:])
+    assert "error" in last and "shutting down" in last["error"]["message"], events[-2]
+    assert code == 0, "".join(s.log)

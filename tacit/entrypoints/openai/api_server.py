@@ -14,6 +14,7 @@ import hmac
 import logging
 import signal
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -155,6 +156,34 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
+# Streams still open this long before the grace period ends are ended by the server (an error
+# event, then [DONE]) rather than cut by uvicorn's cancellation, which clients saw as a protocol
+# error. One second is ample for the engine thread to fail them and the events to be written.
+_END_STREAMS_BEFORE_S = 1.0
+
+
+def _draining_server_class():  # uvicorn is imported lazily: `tacit serve` is an optional extra
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn.Server that, once asked to exit, ends the engine's in-flight requests just
+        before the graceful-shutdown deadline, so every stream closes with an error event."""
+
+        def __init__(self, config: Any, engine: AsyncLLMEngine, grace_s: float | None) -> None:
+            super().__init__(config)
+            self._engine, self._grace_s, self._timer = engine, grace_s, None
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self._timer is None and self._grace_s is not None:
+                delay = max(0.0, self._grace_s - _END_STREAMS_BEFORE_S)
+                self._timer = threading.Timer(delay, self._engine.shutdown)
+                self._timer.daemon = True
+                self._timer.start()
+            super().handle_exit(sig, frame)
+
+    return DrainingServer
+
+
 def served_model_name(args: argparse.Namespace, model: str | None) -> str:
     """--served-model-name, else the model as given (flag or recipe), else the default model's name."""
     if getattr(args, "served_model_name", None):
@@ -200,7 +229,7 @@ def run_server(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=getattr(args, "shutdown_timeout", DEFAULT_SHUTDOWN_TIMEOUT_S),
         lifespan="on",
     )
-    server = uvicorn.Server(config)
+    server = _draining_server_class()(config, engine, config.timeout_graceful_shutdown)
     # uvicorn re-raises the signal it caught once it has shut down gracefully; with the default
     # SIGTERM handler that kills the process (status 143) after a clean drain. A no-op handler
     # is what it restores and re-raises into, so a SIGTERM ends in `return 0`.

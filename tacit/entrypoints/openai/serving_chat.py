@@ -180,7 +180,10 @@ class ChatServing:
                             completion_tokens += k1
                         yield piece
             except Exception as e:
+                # The error as an event, then [DONE]: the status line has gone, and a client
+                # waits for [DONE] to know the stream is over.
                 yield error_sse(engine_error(e))
+                yield "data: [DONE]\n\n"
                 return
         if req.include_usage:
             usage = UsageInfo(
