@@ -15,6 +15,13 @@ from tacit.scheduling.request import Request
 from tacit.tokenizer import Tokenizer
 
 
+def check_token_ids(ids: list[int], vocab_size: int, what: str) -> None:
+    """Raise a ValueError naming the first bad ids when any falls outside the vocabulary."""
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"{what} {bad[:5]} are out of range; valid ids are 0..{vocab_size - 1}")
+
+
 @dataclass(frozen=True)
 class ProcessedRequest:
     request_id: str
@@ -42,9 +49,7 @@ class InputProcessor:
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(f"prompt token ids {bad[:5]} are out of range; valid ids are 0..{self.vocab_size - 1}")
+            check_token_ids(prompt, self.vocab_size, "prompt token ids")
             return None, list(prompt)
         raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 

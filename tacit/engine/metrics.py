@@ -40,7 +40,6 @@ class Histogram:
 class EngineSnapshot:
     num_running: int = 0
     num_waiting: int = 0
-    num_waiting_parents: int = 0
     kv_blocks_used: int = 0
     kv_blocks_free: int = 0
     prompt_tokens: int = 0
@@ -60,7 +59,6 @@ class EngineSnapshot:
         return cls(
             num_running=s.num_running,
             num_waiting=s.num_waiting,
-            num_waiting_parents=s.num_waiting_parents,
             kv_blocks_used=s.kv_blocks_used,
             kv_blocks_free=s.kv_blocks_free,
             prompt_tokens=prompt_tokens,

@@ -250,9 +250,11 @@ class ModelRunner:
         out = ModelRunnerOutput()
         if logits is not None:
             states = [rows[i][0] for i in samples]
-            metadata = SamplingMetadata(
-                [r.sampling_params for r in states], [r.output_token_ids for r in states], [r.generator for r in states]
-            )
+            params = [r.sampling_params for r in states]
+            # Only penalties read the generated ids; slicing them out of every row's token list
+            # each step would copy the whole context of every sampling row for nothing.
+            output_ids = [r.output_token_ids if p.needs_penalties else [] for r, p in zip(states, params)]
+            metadata = SamplingMetadata(params, output_ids, [r.generator for r in states])
             sampled = self.sampler(logits, metadata)
             for state, token in zip(states, sampled.token_ids):
                 state.token_ids.append(token)

@@ -8,6 +8,7 @@ import sys
 import time
 
 from tacit.engine.arg_utils import EngineArgs
+from tacit.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BYTES
 
 
 def load_llm(args: argparse.Namespace):
@@ -122,7 +123,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--max-request-bytes",
         type=int,
-        default=16 << 20,
+        default=DEFAULT_MAX_REQUEST_BYTES,
         help="largest request body accepted; a larger one gets 413 before it is read (default 16 MiB)",
     )
     s.add_argument("--served-model-name", default=None)

@@ -375,7 +375,6 @@ class Scheduler:
         return SchedulerStats(
             num_running=len(self.running),
             num_waiting=len(self.waiting),
-            num_waiting_parents=len({r.parent_id for r in self.waiting}),
             kv_blocks_used=self.kv.num_used_blocks,
             kv_blocks_free=self.kv.num_free_blocks,
             num_preemptions=self.num_preemptions,

@@ -82,7 +82,6 @@ class SchedulerStats:
 
     num_running: int
     num_waiting: int
-    num_waiting_parents: int
     kv_blocks_used: int
     kv_blocks_free: int
     num_preemptions: int

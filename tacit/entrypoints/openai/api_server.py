@@ -26,11 +26,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from tacit.engine.arg_utils import EngineArgs
 from tacit.engine.async_engine import AsyncLLMEngine
 from tacit.entrypoints.openai.errors import (
-    DEFAULT_MAX_REQUEST_BYTES,
     OpenAIError,
     install_error_handlers,
     parse_body,
 )
+from tacit.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BYTES
 from tacit.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,

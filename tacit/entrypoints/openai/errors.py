@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tacit.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BYTES
 from tacit.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger("tacit.server")
@@ -96,12 +97,6 @@ def validation_error(errors: Sequence[Any]) -> OpenAIError:
 M = TypeVar("M", bound=BaseModel)
 
 
-# Default cap on a request body: 16 MiB holds a prompt far beyond any context tacit serves
-# (the default model's 8k tokens are ~40 KB of text) while a 52 MB body once took 31-43 s to
-# refuse and left the server's RSS 3.6 GB larger. `tacit serve --max-request-bytes` sets it.
-DEFAULT_MAX_REQUEST_BYTES = 16 << 20
-
-
 def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number JSON allows; send finite numbers only")
 
@@ -146,9 +141,7 @@ async def parse_body(request: Request, model: type[M], limit: int = DEFAULT_MAX_
     raw = await read_body(request, limit)
     try:
         data = json.loads(raw, parse_constant=_reject_constant)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise bad_request(f"the request body is not valid JSON: {e}") from None
-    except ValueError as e:  # NaN / Infinity / -Infinity
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, and NaN / Infinity from _reject_constant
         raise bad_request(f"the request body is not valid JSON: {e}") from None
     except RecursionError:
         raise bad_request("the request body is nested too deeply to parse") from None

@@ -7,6 +7,7 @@ import asyncio
 
 from jinja2 import TemplateError
 
+from tacit.engine.input_processor import check_token_ids
 from tacit.entrypoints.openai.errors import bad_request
 from tacit.entrypoints.openai.protocol import (
     DetokenizeRequest,
@@ -38,8 +39,8 @@ class TokenizationServing:
     async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         ctx = self.ctx
         ctx.check_model(req.model)
-        vocab = ctx.vocab_size
-        bad = [t for t in req.tokens if not 0 <= t < vocab]
-        if bad:
-            raise bad_request(f"token ids {bad[:5]} are out of range; valid ids are 0..{vocab - 1}", "tokens")
+        try:
+            check_token_ids(req.tokens, ctx.vocab_size, "token ids")
+        except ValueError as e:
+            raise bad_request(str(e), "tokens") from None
         return DetokenizeResponse(prompt=ctx.tokenizer.decode(req.tokens, False))
