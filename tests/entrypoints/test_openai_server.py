@@ -289,6 +289,33 @@ def test_hostile_inputs_are_400_and_change_no_later_answer(server, model_dir):
     assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
 
 
+def test_unknown_fields_are_400_naming_them_not_ignored(server, model_dir):
+    """A field the server cannot honour is refused by name: a client that sent `logit_bias`
+    and got unbiased text back would fail far from the cause."""
+    m = str(model_dir)
+    cases = (
+        ("completions", {"model": m, "prompt": "Hi", "max_tokens": 2, "logit_bias": {"1": 5}}, "logit_bias"),
+        ("completions", {"model": m, "prompt": "Hi", "max_tokens": 2, "best_of": 2}, "best_of"),
+        ("chat/completions", {"model": m, "messages": [{"role": "user", "content": "Hi"}], "audio": {}}, "audio"),
+        (
+            "chat/completions",
+            {"model": m, "messages": [{"role": "user", "content": "Hi"}], "stream": True, "stream_options": {"x": 1}},
+            "stream_options.x",
+        ),
+    )
+    for path, body, field in cases:
+        err = _assert_error(httpx.post(f"{server.url}/v1/{path}", json=body), 400)
+        assert err["param"] == field and "does not support" in err["message"], err
+
+
+def test_usage_reports_cached_prompt_tokens(client, model_dir):
+    # No prefix cache yet: every prompt token is computed, so the count is 0, and present.
+    r = client.completions.create(model=str(model_dir), prompt="Hello there", max_tokens=2)
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
+    r = client.chat.completions.create(model=str(model_dir), messages=MESSAGES, max_tokens=2)
+    assert r.usage.prompt_tokens_details.cached_tokens == 0 and r.usage.prompt_tokens > 0
+
+
 def test_oversized_body_is_413_before_it_is_read(small_server, model_dir):
     headers = {"Authorization": f"Bearer {API_KEY}"}
     big = {"model": str(model_dir), "prompt": "x" * 200_000, "max_tokens": 1}

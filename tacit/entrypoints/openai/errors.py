@@ -87,6 +87,10 @@ def validation_error(errors: Sequence[Any]) -> OpenAIError:
         return bad_request(f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}")
     param = ".".join(loc) or None
     message = str(first.get("msg", "invalid value"))
+    if first.get("type") == "extra_forbidden":
+        message = (
+            "this server does not support this field; remove it (fields it cannot honour are refused, not ignored)"
+        )
     if param:
         message = f"{param}: {message}"
     if len(errors) > 1:

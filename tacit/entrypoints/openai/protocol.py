@@ -2,8 +2,9 @@
 
 Field names and defaults follow OpenAI's API reference (and vLLM where it extends it: top_k,
 min_p, ignore_eos, priority, return_tokens_as_token_ids), so the official `openai` client and
-existing tooling work unchanged. Unknown fields are ignored rather than rejected, as OpenAI's
-server does, so newer clients sending newer fields keep working.
+existing tooling work unchanged. A field this server does not know is a 400 naming it, never
+ignored: a client that sent `tools` and got prose back would fail far from the cause. Message
+objects are the exception: their extra keys (name, tool_call_id, ...) reach the chat template.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tacit.sampling_params import SamplingParams
 
 
 class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
 
 # ---- errors -------------------------------------------------------------------------------
@@ -178,10 +179,17 @@ class ChatCompletionRequest(SamplingRequest):
 # ---- responses ----------------------------------------------------------------------------
 
 
+class PromptTokensDetails(BaseModel):
+    # Prompt tokens whose KV came from a cache instead of being computed. tacit has no prefix
+    # cache yet, so every prompt token is computed and this is truly 0.
+    cached_tokens: int = 0
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
 class CompletionLogprobs(BaseModel):
