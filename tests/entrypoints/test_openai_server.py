@@ -469,3 +469,52 @@ def test_sigterm_past_the_grace_period_ends_streams_with_an_error_and_done(model
     last = json.loads(events[-2][6:])
     assert "error" in last and "shutting down" in last["error"]["message"], events[-2]
     assert code == 0, "".join(s.log)
+
+
+def test_responses_api_matches_chat(client, model_dir):
+    """The official client's Responses API: the same greedy text as chat, whole and streamed."""
+    model = str(model_dir)
+    chat = client.chat.completions.create(model=model, messages=MESSAGES, **GREEDY)
+    kw = dict(model=model, instructions=MESSAGES[0]["content"], temperature=0.0, max_output_tokens=12)
+    r = client.responses.create(input=MESSAGES[1]["content"], **kw)
+    assert r.output_text == chat.choices[0].message.content
+    assert r.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
+    assert r.usage.input_tokens == chat.usage.prompt_tokens and r.usage.output_tokens == chat.usage.completion_tokens
+    # A list of typed input items, with a developer turn, reads the same as instructions.
+    items = [
+        {"role": "developer", "content": MESSAGES[0]["content"]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": MESSAGES[1]["content"]}]},
+    ]
+    kw.pop("instructions")
+    assert client.responses.create(input=items, **kw).output_text == chat.choices[0].message.content
+    events = list(client.responses.create(input=items, stream=True, **kw))
+    types = [e.type for e in events]
+    assert types[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert types[-1] in ("response.completed", "response.incomplete") and "response.output_text.done" in types
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == chat.choices[0].message.content == events[-1].response.output_text
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+
+def test_responses_api_refuses_what_it_cannot_honour(server, model_dir):
+    url = f"{server.url}/v1/responses"
+    good = {"model": str(model_dir), "input": "Hi", "max_output_tokens": 2}
+    assert httpx.post(url, json=good).json()["status"] in ("completed", "incomplete")
+    for field, value in (
+        ("store", True),
+        ("previous_response_id", "resp_1"),
+        ("tools", [{"type": "web_search"}]),
+        ("temperature", "hot"),
+        ("input", []),
+    ):
+        err = _assert_error(httpx.post(url, json={**good, field: value}), 400)
+        assert err["param"] == field, (field, err)
+    err = _assert_error(
+        httpx.post(url, json={**good, "input": [{"role": "user", "content": [{"type": "input_image"}]}]}), 400
+    )
+    assert err["param"].startswith("input")

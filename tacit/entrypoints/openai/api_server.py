@@ -1,6 +1,7 @@
 """`tacit serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over AsyncLLMEngine.
 
 POST /v1/completions        POST /v1/chat/completions       (stream: SSE)
+POST /v1/responses          (OpenAI's Responses API: text in and out, streamed as typed events)
 POST /tokenize              POST /detokenize                (vLLM's shapes)
 GET  /v1/models             GET  /health                    GET /metrics (Prometheus text)
 Every response carries X-Request-Id (the client's, or a new one).
@@ -41,9 +42,11 @@ from tacit.entrypoints.openai.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from tacit.entrypoints.openai.responses_protocol import ResponsesRequest
 from tacit.entrypoints.openai.serving_chat import ChatServing
 from tacit.entrypoints.openai.serving_common import ServingContext
 from tacit.entrypoints.openai.serving_completion import CompletionServing
+from tacit.entrypoints.openai.serving_responses import ResponsesServing
 from tacit.entrypoints.openai.serving_tokenization import TokenizationServing
 
 logger = logging.getLogger("tacit.server")
@@ -63,6 +66,7 @@ def build_app(
     """The ASGI app. The engine is started by the caller; the app stops it on shutdown."""
     ctx = ServingContext(engine, model_name)
     completions, chat, tokenization = CompletionServing(ctx), ChatServing(ctx), TokenizationServing(ctx)
+    responses = ResponsesServing(ctx)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -100,6 +104,10 @@ def build_app(
     @app.post("/v1/chat/completions", dependencies=v1)
     async def create_chat_completion(request: Request) -> Response:
         return await chat.create(await parse_body(request, ChatCompletionRequest, max_request_bytes), request)
+
+    @app.post("/v1/responses", dependencies=v1)
+    async def create_response(request: Request) -> Response:
+        return await responses.create(await parse_body(request, ResponsesRequest, max_request_bytes), request)
 
     @app.post("/tokenize", dependencies=v1)
     async def tokenize(request: Request) -> TokenizeResponse:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from typing import AsyncIterator
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from jinja2 import TemplateError
 from starlette.requests import Request
 
 from tacit.engine.request_stream import RequestStream
-from tacit.entrypoints.openai.errors import bad_request, error_sse
+from tacit.entrypoints.openai.errors import error_sse
 from tacit.entrypoints.openai.protocol import (
     ChatCompletionChoice,
     ChatCompletionChunk,
@@ -48,11 +46,7 @@ class ChatServing:
         ctx.check_model(req.model)
         params = ctx.sampling_params(req.to_sampling_params)
         messages = [m.to_template_dict() for m in req.messages]
-        try:
-            # Off the event loop: a long prompt took 9 s to tokenize and stalled every stream.
-            ids = await asyncio.to_thread(ctx.tokenizer.encode_chat, messages, req.add_generation_prompt)
-        except (ValueError, TemplateError) as e:  # no template, or the template refused these messages
-            raise bad_request(f"could not apply the chat template: {e}", "messages") from None
+        ids = await ctx.encode_chat(messages, req.add_generation_prompt)
         ctx.check_length(len(ids), req.requested_max_tokens)
         request_id = random_id("chatcmpl")
         streams = await ctx.submit([ids], params, request_id, req.priority)

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 from typing import AsyncIterator, Callable
 
+from jinja2 import TemplateError
 from starlette.requests import Request
 
 from tacit.engine.async_engine import (
@@ -36,6 +37,14 @@ class ServingContext:
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.vocab_size
+
+    async def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Messages through the chat template to token ids, off the event loop (a long prompt
+        took 9 s to tokenize and stalled every stream); a template that refuses them is a 400."""
+        try:
+            return await asyncio.to_thread(self.tokenizer.encode_chat, messages, add_generation_prompt)
+        except (ValueError, TemplateError) as e:  # no template, or the template refused these messages
+            raise bad_request(f"could not apply the chat template: {e}", "messages") from None
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-from jinja2 import TemplateError
-
 from tacit.engine.input_processor import check_token_ids
 from tacit.entrypoints.openai.errors import bad_request
 from tacit.entrypoints.openai.protocol import (
@@ -28,10 +26,7 @@ class TokenizationServing:
         tok = ctx.tokenizer
         if req.messages is not None:
             messages = [m.to_template_dict() for m in req.messages]
-            try:
-                ids = await asyncio.to_thread(tok.encode_chat, messages, req.add_generation_prompt)
-            except (ValueError, TemplateError) as e:
-                raise bad_request(f"could not apply the chat template: {e}", "messages") from None
+            ids = await ctx.encode_chat(messages, req.add_generation_prompt)
         else:
             ids = await asyncio.to_thread(tok.encode, req.prompt, req.add_special_tokens)
         return TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids)
