@@ -7,7 +7,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -20,6 +20,53 @@ def _token_text(value: Any) -> str | None:
 
 def _raise(message: str) -> None:
     raise TemplateError(message)
+
+
+# For chat templates that take no `tools` variable (SmolLM2's, the default model's, among them),
+# tools are described in a system turn in the Hermes format (the one Qwen2.5/Qwen3 templates
+# write), and calls are parsed back out of <tool_call> tags. Without this the tools would be
+# silently dropped: the template would render the messages and never mention them.
+_TOOLS_SYSTEM_PROMPT = """# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{tools}
+</tools>
+
+For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
+<tool_call>
+{{"name": <function-name>, "arguments": <args-json-object>}}
+</tool_call>"""
+
+
+def tool_call_text(name: str, arguments: Any) -> str:
+    """One call as the Hermes format writes it (what the tools system prompt asks for)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            pass
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False) + "\n</tool_call>"
+
+
+def _messages_with_tools(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation with the tools described in its system turn, and earlier assistant calls
+    written out as text (a template without tool support renders only `content`)."""
+    block = _TOOLS_SYSTEM_PROMPT.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        if calls:
+            text = "\n".join(tool_call_text(c["function"]["name"], c["function"].get("arguments", {})) for c in calls)
+            m = {**m, "content": (m.get("content") or "") + text}
+        out.append(m)
+    if out and out[0].get("role") == "system":
+        out[0] = {**out[0], "content": f"{out[0].get('content') or ''}\n\n{block}".lstrip()}
+    else:
+        out.insert(0, {"role": "system", "content": block})
+    return out
 
 
 class Tokenizer:
@@ -41,12 +88,19 @@ class Tokenizer:
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.special_ids = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
         self._template = None
+        self.template_takes_tools = False
         if chat_template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
             env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
             self._template = env.from_string(chat_template)
+            # Whether the template renders `tools` itself in the Hermes format (Qwen2.5/Qwen3,
+            # Hermes): only then do its calls come back in the <tool_call> tags tacit parses. Any
+            # other template (none, or Llama 3.1's JSON calls) gets the tools system turn instead.
+            self.template_takes_tools = "<tool_call>" in chat_template and "tools" in meta.find_undeclared_variables(
+                env.parse(chat_template)
+            )
 
     @classmethod
     def from_hf_dir(cls, path: Path) -> "Tokenizer":
@@ -88,22 +142,40 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self.tokenizer.id_to_token(token_id)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """tools: OpenAI-format tool definitions, given to the template as `tools`, or described
+        in a system turn when the template takes none (see _TOOLS_SYSTEM_PROMPT)."""
         if self._template is None:
             raise ValueError("this model has no chat template; use generate() with a plain prompt")
         if not isinstance(messages, list) or not all(
             isinstance(m, dict) and "role" in m and "content" in m for m in messages
         ):
             raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
+        extra: dict[str, Any] = {}
+        if tools and self.template_takes_tools:
+            extra["tools"] = tools
+        elif tools:
+            messages = _messages_with_tools(messages, tools)
         return self._template.render(
             messages=messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
+            **extra,
         )
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
         """Render the chat template and encode it (LLM.chat and the OpenAI server share this)."""
-        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         # The template already wrote any BOS it wants; encoding must not add another.
         return self.encode(text, add_special_tokens=False)

@@ -518,3 +518,45 @@ def test_responses_api_refuses_what_it_cannot_honour(server, model_dir):
         httpx.post(url, json={**good, "input": [{"role": "user", "content": [{"type": "input_image"}]}]}), 400
     )
     assert err["param"].startswith("input")
+
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+def test_tools_reach_the_prompt_and_bad_tool_requests_are_400(server, client, model_dir):
+    m = str(model_dir)
+    tok = f"{server.url}/tokenize"
+    plain = httpx.post(tok, json={"model": m, "messages": MESSAGES}).json()["tokens"]
+    with_tools = httpx.post(tok, json={"model": m, "messages": MESSAGES, "tools": [WEATHER_TOOL]}).json()["tokens"]
+    assert len(with_tools) > len(plain) + 20
+    # The chat request renders the same prompt: its usage counts the tools' tokens.
+    r = client.chat.completions.create(model=m, messages=MESSAGES, tools=[WEATHER_TOOL], **GREEDY)
+    assert r.usage.prompt_tokens == len(with_tools)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    # Streamed through the tool-call parser, the same text and finish reason arrive.
+    chunks = list(
+        client.chat.completions.create(model=m, messages=MESSAGES, tools=[WEATHER_TOOL], stream=True, **GREEDY)
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == (r.choices[0].message.content or "")
+    assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
+    none = client.chat.completions.create(
+        model=m, messages=MESSAGES, tools=[WEATHER_TOOL], tool_choice="none", **GREEDY
+    )
+    assert none.usage.prompt_tokens == len(plain) and none.choices[0].message.tool_calls is None
+    url = f"{server.url}/v1/chat/completions"
+    base = {"model": m, "messages": MESSAGES, "max_tokens": 2}
+    for body, param in (
+        ({**base, "tool_choice": "auto"}, "tool_choice"),
+        ({**base, "tools": [{"type": "retrieval"}]}, "tools.0.type"),
+        ({**base, "tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools.0.function.name"),
+        ({**base, "tools": [WEATHER_TOOL], "tool_choice": "sometimes"}, "tool_choice"),
+    ):
+        err = _assert_error(httpx.post(url, json=body), 400)
+        assert err["param"] is not None and err["param"].startswith(param), (body, err)

@@ -154,8 +154,33 @@ class ChatMessage(OpenAIModel):
         return d
 
 
+class FunctionDefinition(OpenAIModel):
+    name: StrictStr = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema for the arguments
+    strict: StrictBool | None = None
+
+
+class ChatTool(OpenAIModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(OpenAIModel):
+    name: StrictStr
+
+
+class NamedToolChoice(OpenAIModel):
+    type: Literal["function"]
+    function: ToolChoiceFunction
+
+
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ChatTool] | None = None
+    # None means OpenAI's default: "auto" when tools are given, "none" otherwise.
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
     max_completion_tokens: StrictInt | None = None  # the newer name for max_tokens; wins if both
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None
@@ -166,6 +191,19 @@ class ChatCompletionRequest(SamplingRequest):
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs=true")
         return self
+
+    @property
+    def tool_mode(self) -> str:
+        """ "none", "auto", "required" or "named"."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return self.tool_choice or ("auto" if self.tools else "none")
+
+    def tool_definitions(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template sees them; None when no call may be made."""
+        if not self.tools or self.tool_mode == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
 
     def to_sampling_params(self) -> SamplingParams:
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -230,9 +268,25 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallOut(BaseModel):
+    id: str = Field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaToolCall(ToolCallOut):
+    index: int
+
+
 class ChatResponseMessage(BaseModel):
     role: str = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatCompletionChoice(BaseModel):
@@ -255,6 +309,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatCompletionStreamChoice(BaseModel):
@@ -307,6 +362,7 @@ class TokenizeRequest(OpenAIModel):
     model: StrictStr | None = None
     prompt: StrictStr | None = None
     messages: list[ChatMessage] | None = None
+    tools: list[ChatTool] | None = None  # rendered with messages, as chat would render them
     add_special_tokens: StrictBool = True
     add_generation_prompt: StrictBool = True
 
@@ -314,6 +370,8 @@ class TokenizeRequest(OpenAIModel):
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt or messages")
+        if self.tools is not None and self.messages is None:
+            raise ValueError("tools go with messages, not with prompt")
         return self
 
 

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import Request
 
 from tacit.engine.request_stream import RequestStream
+from tacit.entrypoints.openai.chat_tools import ChatTools, delta_tool_calls, stream_finish_reason
 from tacit.entrypoints.openai.errors import error_sse
 from tacit.entrypoints.openai.protocol import (
     ChatCompletionChoice,
@@ -18,7 +19,6 @@ from tacit.entrypoints.openai.protocol import (
     ChatCompletionResponse,
     ChatCompletionStreamChoice,
     ChatLogprobs,
-    ChatResponseMessage,
     ChatTokenLogprob,
     DeltaMessage,
     TopLogprob,
@@ -45,18 +45,20 @@ class ChatServing:
         ctx = self.ctx
         ctx.check_model(req.model)
         params = ctx.sampling_params(req.to_sampling_params)
+        tools = ChatTools(req)
+        tools.adjust(params)
         messages = [m.to_template_dict() for m in req.messages]
-        ids = await ctx.encode_chat(messages, req.add_generation_prompt)
+        ids = await ctx.encode_chat(messages, req.add_generation_prompt, tools.definitions)
         ctx.check_length(len(ids), req.requested_max_tokens)
         request_id = random_id("chatcmpl")
         streams = await ctx.submit([ids], params, request_id, req.priority)
         if req.stream:
             return StreamingResponse(
-                self._stream(req, raw, streams[0], request_id, len(ids)),
+                self._stream(req, tools, raw, streams[0], request_id, len(ids)),
                 media_type="text/event-stream",
                 headers=SSE_HEADERS,
             )
-        return await self._full(req, raw, streams[0], request_id, len(ids))
+        return await self._full(req, tools, raw, streams[0], request_id, len(ids))
 
     def _logprobs(self, req: ChatCompletionRequest, c: CompletionOutput, start: int, end: int) -> ChatLogprobs | None:
         if not req.logprobs:
@@ -86,22 +88,30 @@ class ChatServing:
         return ChatLogprobs(content=content)
 
     async def _full(
-        self, req: ChatCompletionRequest, raw: Request, stream: RequestStream, request_id: str, num_prompt_tokens: int
+        self,
+        req: ChatCompletionRequest,
+        tools: ChatTools,
+        raw: Request,
+        stream: RequestStream,
+        request_id: str,
+        num_prompt_tokens: int,
     ) -> Response:
         outs = await final_outputs_unless_disconnected(raw, self.ctx, [stream])
         if outs is None:
             return Response(status_code=499)
         (out,) = outs
-        choices = [
-            ChatCompletionChoice(
-                index=c.index,
-                message=ChatResponseMessage(content=c.text),
-                logprobs=self._logprobs(req, c, 0, len(c.token_ids)),
-                finish_reason=c.finish_reason,
-                stop_reason=c.stop_reason,
+        choices = []
+        for c in out.outputs:
+            message, finish_reason = tools.message(c.text, c.finish_reason)
+            choices.append(
+                ChatCompletionChoice(
+                    index=c.index,
+                    message=message,
+                    logprobs=self._logprobs(req, c, 0, len(c.token_ids)),
+                    finish_reason=finish_reason,
+                    stop_reason=c.stop_reason,
+                )
             )
-            for c in out.outputs
-        ]
         completion_tokens = sum(len(c.token_ids) for c in out.outputs)
         usage = UsageInfo(
             prompt_tokens=num_prompt_tokens,
@@ -112,7 +122,13 @@ class ChatServing:
         return JSONResponse(body.model_dump())
 
     async def _stream(
-        self, req: ChatCompletionRequest, raw: Request, stream: RequestStream, request_id: str, num_prompt_tokens: int
+        self,
+        req: ChatCompletionRequest,
+        tools: ChatTools,
+        raw: Request,
+        stream: RequestStream,
+        request_id: str,
+        num_prompt_tokens: int,
     ) -> AsyncIterator[str]:
         created = int(time.time())
         model = self.ctx.model_name
@@ -148,6 +164,7 @@ class ChatServing:
             yield chunk(i, DeltaMessage(role="assistant", content=""))
         sent_text: dict[int, int] = {}
         sent_tokens: dict[int, int] = {}
+        parsers = {i: tools.stream_parser() for i in range(req.n)} if tools.active else {}
         done: set[int] = set()
         completion_tokens = 0
         async with abort_on_disconnect(raw, self.ctx, [stream]):
@@ -157,15 +174,21 @@ class ChatServing:
                         if c.index in done:
                             continue  # a finished sibling of an n>1 request is reported every step
                         t0, k0, k1 = sent_text.get(c.index, 0), sent_tokens.get(c.index, 0), len(c.token_ids)
-                        delta = c.text[t0:]
+                        delta, calls, finish_reason = c.text[t0:], [], c.finish_reason
+                        parser = parsers.get(c.index)
+                        if parser is not None:  # text that may be a tool call waits until it is decided
+                            first = parser.num_calls
+                            delta, new_calls = parser.feed(c.text, final=c.finish_reason is not None)
+                            calls = delta_tool_calls(new_calls, first)
+                            finish_reason = stream_finish_reason(c.finish_reason, parser.num_calls)
                         new_logprobs = req.logprobs and k1 > k0
-                        if not delta and c.finish_reason is None and not new_logprobs:
+                        if not delta and not calls and c.finish_reason is None and not new_logprobs:
                             continue  # a token that ends mid-character: wait for the rest
                         piece = chunk(
                             c.index,
-                            DeltaMessage(content=delta or None),
+                            DeltaMessage(content=delta or None, tool_calls=calls or None),
                             self._logprobs(req, c, k0, k1),
-                            c.finish_reason,
+                            finish_reason,
                             c.stop_reason,
                         )
                         sent_text[c.index], sent_tokens[c.index] = len(c.text), k1

@@ -38,11 +38,13 @@ class ServingContext:
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.vocab_size
 
-    async def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    async def encode_chat(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> list[int]:
         """Messages through the chat template to token ids, off the event loop (a long prompt
         took 9 s to tokenize and stalled every stream); a template that refuses them is a 400."""
         try:
-            return await asyncio.to_thread(self.tokenizer.encode_chat, messages, add_generation_prompt)
+            return await asyncio.to_thread(self.tokenizer.encode_chat, messages, add_generation_prompt, tools)
         except (ValueError, TemplateError) as e:  # no template, or the template refused these messages
             raise bad_request(f"could not apply the chat template: {e}", "messages") from None
 

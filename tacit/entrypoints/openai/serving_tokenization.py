@@ -26,7 +26,8 @@ class TokenizationServing:
         tok = ctx.tokenizer
         if req.messages is not None:
             messages = [m.to_template_dict() for m in req.messages]
-            ids = await ctx.encode_chat(messages, req.add_generation_prompt)
+            tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+            ids = await ctx.encode_chat(messages, req.add_generation_prompt, tools)
         else:
             ids = await asyncio.to_thread(tok.encode, req.prompt, req.add_special_tokens)
         return TokenizeResponse(count=len(ids), max_model_len=ctx.max_model_len, tokens=ids)
