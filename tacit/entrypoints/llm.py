@@ -73,13 +73,21 @@ class LLM:
         messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
         sampling_params: SamplingParams | None = None,
         add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[RequestOutput]:
+        """tools: OpenAI-format definitions rendered into the prompt as the server renders them
+        (the text comes back as generated; the server is what parses it into tool calls)."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
-        prompts = [self.chat_prompt_ids(c, add_generation_prompt) for c in conversations]
+        prompts = [self.chat_prompt_ids(c, add_generation_prompt, tools) for c in conversations]
         return self.generate(prompts, sampling_params)
 
-    def chat_prompt_ids(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        return self.engine.tokenizer.encode_chat(messages, add_generation_prompt)
+    def chat_prompt_ids(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        return self.engine.tokenizer.encode_chat(messages, add_generation_prompt, tools)
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """Yield text as it is generated, for one prompt (the CLI's chat and generate)."""
