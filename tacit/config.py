@@ -25,6 +25,14 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return _DTYPES[name]
 
 
+QUANTIZATIONS = ("auto", "gguf", "none")
+
+
+def check_quantization(value: str) -> None:
+    if value not in QUANTIZATIONS:
+        raise ValueError(f"quantization={value!r} is not supported; valid: {', '.join(QUANTIZATIONS)}")
+
+
 def normalize_rope(hf: dict[str, Any]) -> dict[str, Any]:
     """One rope dict whatever the checkpoint's era.
 
@@ -54,9 +62,13 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     # 0: the model's max_position_embeddings.
     max_model_len: int = 0
+    # GGUF weights in GGML blocks: "auto" keeps them where the CPU kernels run, "gguf" always,
+    # "none" dequantizes them at load (models/build.py keeps_ggml_weights).
+    quantization: str = "auto"
     rope: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
+        check_quantization(self.quantization)
         check_architecture_numbers(self.path, self.hf)
         hf = dict(self.hf)
         # transformers 5 writes some keys under their attribute-map alias; real checkpoints use the originals.

@@ -14,7 +14,15 @@ import argparse
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable
 
-from tacit.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig, parse_dtype, parse_slo_class
+from tacit.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    check_quantization,
+    parse_dtype,
+    parse_slo_class,
+)
 
 if TYPE_CHECKING:
     from tacit.loader import ModelSource
@@ -85,6 +93,12 @@ class EngineArgs:
     dtype: str = knob("auto", "model", "auto | float32 | bfloat16 | float16")
     max_model_len: int | None = knob(
         None, "model", "longest prompt plus output, in tokens", type=int, shown="the model's max_position_embeddings"
+    )
+    quantization: str = knob(
+        _config_default(ModelConfig, "quantization"),
+        "model",
+        "auto | gguf | none: a GGUF's Q4_0/Q4_1/Q8_0 weights stay in their GGML blocks (gguf), "
+        "are dequantized at load (none), or stay where the AVX512 CPU kernels run (auto)",
     )
     seed: int = knob(
         _config_default(EngineConfig, "seed"), "model", "seed of torch's generator at engine start", type=int
@@ -250,6 +264,7 @@ class EngineArgs:
         self.create_cache_config()
         if self.dtype != "auto":
             parse_dtype(self.dtype)
+        check_quantization(self.quantization)
         self._check_plain_fields()
 
     def _check_plain_fields(self) -> None:
@@ -304,6 +319,7 @@ class EngineArgs:
             dtype=dtype,
             eos_token_ids=source.eos_token_ids,
             max_model_len=self.max_model_len or 0,
+            quantization=self.quantization,
         )
 
     def create_engine_config(self, source: ModelSource, platform: Platform) -> EngineConfig:

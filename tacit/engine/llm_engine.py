@@ -52,7 +52,9 @@ class LLMEngine:
         torch.manual_seed(seed)
         self.tokenizer: Tokenizer = source.tokenizer
         self.device = platform.device()
-        self.model = build_model(model_cfg, source.weights(), self.device, platform.free_memory_bytes())
+        self.model = build_model(
+            model_cfg, source.weights(), self.device, platform.free_memory_bytes(), source.quantized_weights
+        )
         self.runner = ModelRunner(self.config, self.model, self.device, platform.free_memory_bytes())
         num_blocks = self.runner.num_blocks
         swapper = None

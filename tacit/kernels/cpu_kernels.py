@@ -1,6 +1,7 @@
 """tacit's AVX512-BF16 CPU kernels, compiled once on first use and cached:
 
 - csrc/gemv_bf16.cpp: the skinny GEMM (1-8 activation rows) behind bf16 `Linear` in decode;
+- csrc/ggml_gemv.cpp: the same over GGUF's Q4_0/Q4_1/Q8_0 blocks (layers/ggml_linear_method.py);
 - csrc/llama_decode.cpp: a whole Llama-family decode step in one call (kernels/cpu_fused_decode.py);
 - csrc/decode_attention.cpp: that step's attention, read straight from the paged KV cache.
 
@@ -21,7 +22,8 @@ from types import ModuleType
 import torch
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = ["gemv_bf16.cpp", "decode_attention.cpp", "llama_decode.cpp", "bindings.cpp"]
+_SOURCES = ["gemv_bf16.cpp", "ggml_gemv.cpp", "decode_attention.cpp", "llama_decode.cpp", "bindings.cpp"]
+_CFLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mf16c", "-fopenmp"]
 _module: ModuleType | None = None
 _tried = False
 
@@ -34,6 +36,17 @@ def cpu_supports_avx512_bf16() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags and "avx512f" in flags
+
+
+def _source_hash() -> str:
+    """12 hex digits of sha256 over every file in csrc/ (headers included) and the flags."""
+    import hashlib
+
+    h = hashlib.sha256(" ".join(_CFLAGS).encode())
+    for f in sorted(_CSRC.iterdir()):
+        if f.suffix in (".cpp", ".h"):
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def load_cpu_kernels() -> ModuleType | None:
@@ -53,18 +66,21 @@ def load_cpu_kernels() -> ModuleType | None:
     if shutil.which("ninja") is None:  # pip's ninja lives beside this interpreter, maybe not on PATH
         os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
-    # One directory per extension: two extensions sharing one would overwrite each other's ninja files.
-    build = cache_dir() / "kernels" / f"torch-{torch.__version__}" / "tacit_cpu_kernels"
+    # One directory and module name per source version: a build keyed only by torch's version let
+    # a changed source (another checkout, an older install) load the .so compiled from different
+    # code, and two checkouts building at once overwrote each other's ninja files.
+    name = f"tacit_cpu_kernels_{_source_hash()}"
+    build = cache_dir() / "kernels" / f"torch-{torch.__version__}" / name
     build.mkdir(parents=True, exist_ok=True)
     if not any(build.glob("*.so")):
         print("tacit: compiling the AVX512-BF16 CPU kernels (once, ~1 min) ...", file=sys.stderr, flush=True)
     try:
         _module = load(
-            name="tacit_cpu_kernels",
+            name=name,
             sources=[str(_CSRC / s) for s in _SOURCES],
             build_directory=str(build),
             extra_include_paths=[str(_CSRC)],
-            extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-fopenmp"],
+            extra_cflags=_CFLAGS,
             extra_ldflags=["-fopenmp"],
             verbose=False,
         )

@@ -11,10 +11,14 @@ the model runner knows the platform); the runner then picks the method once for 
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import nn
 
 import tacit.layers.cpu_linear_method  # noqa: F401  registers "cpu_bf16_gemv"
+from tacit.kernels.ggml_quant import GGML_TYPES, GGMLTensor
+from tacit.layers.ggml_linear_method import GGMLLinearMethod
 from tacit.layers.linear_method import LinearMethod, UnquantizedLinearMethod, registered_linear_methods
 
 
@@ -29,8 +33,14 @@ class LinearBase(nn.Module):
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, sum(out_sizes)
+        self._out_sizes, self._dtype = list(out_sizes), dtype or torch.get_default_dtype()
         self.linear_method = linear_method or UnquantizedLinearMethod()
-        self.linear_method.create_weights(self, in_features, list(out_sizes), bias, dtype or torch.get_default_dtype())
+        self.linear_method.create_weights(self, in_features, self._out_sizes, bias, self._dtype)
+
+    def rebuild_weights(self, method: LinearMethod) -> None:
+        """Re-create the (not yet loaded) parameters for `method`: a GGML layer's weight has another shape."""
+        self.linear_method = method
+        method.create_weights(self, self.in_features, self._out_sizes, self.bias is not None, self._dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_method.apply(self, x, self.bias)
@@ -64,10 +74,11 @@ class MergedLinear(LinearBase):
         self._sizes = dict(zip(shard_names, out_sizes))
         self._loaded: set[tuple[str, str]] = set()
 
-    def load_shard(self, shard: str, kind: str, tensor: torch.Tensor) -> None:
+    def load_shard(self, shard: str, kind: str, tensor: torch.Tensor | GGMLTensor) -> None:
         param = self.weight if kind == "weight" else self.bias
         if param is None:
             raise ValueError(f"checkpoint has a {shard}.bias but the config says this layer has no bias")
+        tensor = weight_data(param, tensor, shard, self.linear_method)
         start, size = self._offsets[shard], self._sizes[shard]
         if tensor.shape[0] != size or tensor.shape[1:] != param.shape[1:]:
             raise ValueError(
@@ -102,9 +113,47 @@ def use_linear_method(model: nn.Module, method: LinearMethod) -> None:
     such as the bf16 GEMV over the unquantized matrix); a quantized method has to be chosen
     when the layers are built."""
     for name, layer in model.named_modules():
-        if not isinstance(layer, LinearBase) or layer.linear_method is method:
+        if not isinstance(layer, LinearBase) or layer.linear_method is method or layer.linear_method.per_layer:
             continue
         if not isinstance(method, type(layer.linear_method)):
             raise ValueError(f"{name}: {method.name} cannot take over weights created by {layer.linear_method.name}")
         method.process_weights_after_loading(layer)
         layer.linear_method = method
+
+
+def weight_data(
+    param: torch.Tensor, tensor: torch.Tensor | GGMLTensor, name: str, method: LinearMethod | None = None
+) -> torch.Tensor:
+    """What to copy into `param` from a checkpoint tensor: a GGML tensor's blocks as they are
+    for a GGML layer of its type, dequantized for any other parameter."""
+    if not isinstance(tensor, GGMLTensor):
+        return tensor
+    if param.dtype != torch.uint8:
+        return tensor.dequantize(param.dtype)
+    if isinstance(method, GGMLLinearMethod) and method.ggml_type != tensor.ggml_type:
+        raise ValueError(f"checkpoint tensor {name} is {tensor.type_name}; the layer was built for {method.type_name}")
+    return tensor.data
+
+
+def use_ggml_weights(model: nn.Module, types: dict[str, int], platform: str, dtype: torch.dtype) -> None:
+    """Rebuild each linear layer whose checkpoint weights are all GGML blocks of one type for
+    that type (before the weights are materialized and loaded). `types`: {HF weight name: GGML
+    type id}. A merged layer whose shards differ in type stays dequantized, with a message."""
+    mixed = []
+    for name, layer in model.named_modules():
+        if not isinstance(layer, LinearBase):
+            continue
+        if isinstance(layer, MergedLinear):
+            parent = name.rsplit(".", 1)[0]
+            names = [f"{parent}.{s}.weight" for s in layer.shard_names]
+        else:
+            names = [f"{name}.weight"]
+        found = {types.get(n) for n in names}
+        if None in found:
+            continue
+        if len(found) > 1:
+            mixed.append(f"{name} ({'/'.join(GGML_TYPES[t].name for t in sorted(found))})")
+            continue
+        layer.rebuild_weights(GGMLLinearMethod.for_type(found.pop(), platform, dtype))
+    if mixed:
+        print(f"tacit: dequantized at load, shards of mixed GGML types: {', '.join(mixed)}", file=sys.stderr)

@@ -23,6 +23,9 @@ class LinearMethod(ABC):
     name: ClassVar[str]
     # Among methods available for a platform and dtype, the lowest priority is chosen.
     priority: ClassVar[int]
+    # True for a method chosen per layer from its checkpoint tensor's type (GGML blocks): the
+    # model-wide method (use_linear_method) leaves such layers alone.
+    per_layer: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod
@@ -81,12 +84,16 @@ class UnquantizedLinearMethod(LinearMethod):
             layer.register_parameter("bias", None)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        weight = layer.weight
-        rows = x.shape[0] if x.dim() == 2 else _SKINNY_ROWS + 1
-        if rows == 1:
-            out = torch.mv(weight, x[0]).unsqueeze(0)
-        elif rows <= _SKINNY_ROWS:
-            out = torch.mm(weight, x.t()).t().contiguous()
-        else:
-            return F.linear(x, weight, bias)
-        return out + bias if bias is not None else out
+        return dense_matmul(layer.weight, x, bias)
+
+
+def dense_matmul(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias), phrased by row count as UnquantizedLinearMethod's table says."""
+    rows = x.shape[0] if x.dim() == 2 else _SKINNY_ROWS + 1
+    if rows == 1:
+        out = torch.mv(weight, x[0]).unsqueeze(0)
+    elif rows <= _SKINNY_ROWS:
+        out = torch.mm(weight, x.t()).t().contiguous()
+    else:
+        return F.linear(x, weight, bias)
+    return out + bias if bias is not None else out

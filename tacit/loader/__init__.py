@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
 
+from tacit.kernels.ggml_quant import GGMLTensor
 from tacit.loader.default_model import resolve_default_model
 from tacit.loader.gguf_file import GGUFFile
 from tacit.loader.hf import hf_eos_token_ids, iter_safetensors, read_json
@@ -20,7 +21,9 @@ class ModelSource:
     hf_config: dict
     tokenizer: Tokenizer
     eos_token_ids: list[int]
-    weights: Callable[[], Iterator[tuple[str, torch.Tensor]]]
+    weights: Callable[[], Iterator[tuple[str, torch.Tensor | GGMLTensor]]]
+    # {HF weight name: GGML type id} of the weights `weights` yields still quantized (GGUF only).
+    quantized_weights: dict[str, int] = field(default_factory=dict)
 
 
 def open_model(model: str | Path | None) -> ModelSource:
@@ -39,7 +42,7 @@ def open_model(model: str | Path | None) -> ModelSource:
         gguf = GGUFFile(path)
         tok = gguf.tokenizer()
         eos = gguf.eos_token_ids() or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
-        return ModelSource(path, gguf.hf_config(), tok, eos, gguf.tensors)
+        return ModelSource(path, gguf.hf_config(), tok, eos, gguf.tensors, gguf.quantized_weights())
     config_file = path / "config.json"
     if not config_file.exists():
         raise FileNotFoundError(

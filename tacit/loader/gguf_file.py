@@ -1,17 +1,21 @@
 """A single .gguf file: metadata -> HF-style config, tensors -> HF names, tokenizer -> `tokenizers`.
 
-Tensors are dequantized to the working dtype on load; keeping them quantized is later work.
+Q4_0, Q4_1 and Q8_0 tensors come out still in their GGML blocks (kernels/ggml_quant.GGMLTensor):
+a linear layer built for that type keeps them as they are, anything else dequantizes them as it
+loads them. Tensors of other quantized types are dequantized here, with a message naming the type.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
+from tacit.kernels.ggml_quant import GGML_TYPES, GGMLTensor
 from tacit.loader.progress import progress
 from tacit.tokenizer import Tokenizer
 
@@ -109,22 +113,75 @@ class GGUFFile:
         shape = w.shape
         return w.reshape(heads, shape[0] // heads // 2, 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def _hf_name(self, gguf_name: str) -> str | None:
+        name = _GLOBAL_NAMES.get(gguf_name)
+        if name is None:
+            m = _BLOCK.match(gguf_name)
+            if m is None or m.group(2) not in _LAYER_NAMES:
+                return None
+            name = f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+        return name
+
+    def quantized_weights(self) -> dict[str, int]:
+        """{HF name: GGML type id} of the 2-D tensors `tensors()` yields as GGMLTensor, read
+        from the header alone, so the model can build those layers for their type."""
+        out = {}
+        for t in self.reader.tensors:
+            name = self._hf_name(t.name)
+            if name is not None and int(t.tensor_type) in GGML_TYPES and len(t.shape) == 2:
+                out[name] = int(t.tensor_type)
+        return out
+
+    def _check_size(self, t: Any) -> None:
+        import gguf
+
+        block, type_bytes = gguf.GGML_QUANT_SIZES[t.tensor_type]
+        shape = [int(d) for d in t.shape]  # GGUF order: columns first
+        if shape[0] % block:
+            raise ValueError(
+                f"{self.path}: tensor {t.name} is {t.tensor_type.name} with rows of {shape[0]} values, "
+                f"not whole {block}-value blocks"
+            )
+        need = int(np.prod(shape)) // block * type_bytes
+        if t.data.nbytes != need:
+            raise ValueError(
+                f"{self.path}: tensor {t.name} holds {t.data.nbytes} bytes but {t.tensor_type.name} "
+                f"{list(reversed(shape))} needs {need}: the file is truncated or its header is wrong"
+            )
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor | GGMLTensor]]:
         from gguf.quants import dequantize
 
         cfg = self.hf_config()
+        dequantized: dict[str, int] = {}
         for t in progress(self.reader.tensors, desc=f"loading {self.path.name}"):
-            name = _GLOBAL_NAMES.get(t.name)
+            name = self._hf_name(t.name)
             if name is None:
-                m = _BLOCK.match(t.name)
-                if m is None or m.group(2) not in _LAYER_NAMES:
-                    continue
-                name = f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
-            arr = dequantize(t.data, t.tensor_type).reshape(tuple(int(d) for d in reversed(t.shape)))
-            if self.arch == "llama" and (".attn_q." in t.name or ".attn_k." in t.name):
-                heads = cfg["num_attention_heads"] if ".attn_q." in t.name else cfg["num_key_value_heads"]
+                continue
+            self._check_size(t)
+            shape = tuple(int(d) for d in reversed(t.shape))
+            qk = self.arch == "llama" and (".attn_q." in t.name or ".attn_k." in t.name)
+            heads = cfg["num_attention_heads"] if ".attn_q." in t.name else cfg["num_key_value_heads"]
+            if int(t.tensor_type) in GGML_TYPES and len(shape) == 2:
+                raw = t.data.reshape(shape[0], -1)
+                if qk:  # a row permutation: GGML rows are whole blocks, so it moves raw rows as is
+                    raw = self._unpermute(raw, heads)
+                # A copy: the file is mapped read-only.
+                yield name, GGMLTensor(torch.from_numpy(np.array(raw)), int(t.tensor_type), shape)
+                continue
+            if t.tensor_type.name not in ("F32", "F16", "BF16"):
+                dequantized[t.tensor_type.name] = dequantized.get(t.tensor_type.name, 0) + 1
+            arr = dequantize(t.data, t.tensor_type).reshape(shape)
+            if qk:
                 arr = self._unpermute(arr.reshape(arr.shape[0], -1), heads).reshape(arr.shape)
             yield name, torch.from_numpy(np.array(arr, dtype=np.float32))  # a copy: the file is mapped read-only
+        if dequantized:
+            kinds = ", ".join(f"{k} ({n} tensors)" for k, n in sorted(dequantized.items()))
+            native = ", ".join(t.name for t in GGML_TYPES.values())
+            print(
+                f"tacit: {self.path.name}: {kinds} dequantized at load; native GGML kernels take {native}",
+                file=sys.stderr,
+            )
 
     def tokenizer(self) -> Tokenizer:
         from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers

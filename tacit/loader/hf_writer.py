@@ -17,6 +17,7 @@ _MODEL_TYPES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3
 
 
 def gguf_to_hf_dir(gguf_path: Path, out: Path, dtype: torch.dtype) -> Path:
+    from tacit.kernels.ggml_quant import GGMLTensor
     from tacit.loader.gguf_file import GGUFFile
 
     gguf = GGUFFile(gguf_path)
@@ -24,7 +25,9 @@ def gguf_to_hf_dir(gguf_path: Path, out: Path, dtype: torch.dtype) -> Path:
     cfg["model_type"] = _MODEL_TYPES[cfg["architectures"][0]]
     cfg["eos_token_id"] = (gguf.eos_token_ids() or [None])[0]
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {name: t.to(dtype).contiguous() for name, t in gguf.tensors()}
+    tensors = {
+        name: (t.dequantize() if isinstance(t, GGMLTensor) else t).to(dtype).contiguous() for name, t in gguf.tensors()
+    }
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return out

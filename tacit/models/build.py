@@ -8,18 +8,36 @@ import torch
 from torch import nn
 
 from tacit.config import ModelConfig
+from tacit.kernels.ggml_quant import GGMLTensor
+from tacit.layers.linear import use_ggml_weights
 from tacit.model_config_checks import check_required_sizes
 from tacit.models.registry import get_model_class
 
 
+def keeps_ggml_weights(cfg: ModelConfig, device: torch.device) -> bool:
+    """Whether GGML-quantized checkpoint weights stay quantized (cfg.quantization): "gguf" always,
+    "none" never, "auto" where tacit's CPU kernels multiply them (CPU, bfloat16, AVX512-BF16);
+    elsewhere only the torch reference would, which dequantizes the whole matrix every call."""
+    if cfg.quantization != "auto":
+        return cfg.quantization == "gguf"
+    if device.type != "cpu" or cfg.dtype != torch.bfloat16:
+        return False
+    from tacit.kernels.cpu_kernels import load_cpu_kernels
+
+    return load_cpu_kernels() is not None
+
+
 def build_model(
     cfg: ModelConfig,
-    weights: Iterator[tuple[str, torch.Tensor]],
+    weights: Iterator[tuple[str, torch.Tensor | GGMLTensor]],
     device: torch.device,
     free_memory: int | None = None,
+    quantized_weights: dict[str, int] | None = None,
 ) -> nn.Module:
     """free_memory: bytes the device has; a model whose weights exceed it is refused before any
-    allocation (hidden_size 1e9 once tried to allocate 196 TB)."""
+    allocation (hidden_size 1e9 once tried to allocate 196 TB). quantized_weights: {HF name: GGML
+    type} of the weights `weights` yields as GGML blocks; their linear layers keep them so when
+    keeps_ggml_weights says."""
     cls = get_model_class(cfg.architecture)
     check_required_sizes(cfg.path, cfg.hf)
     # Meta device: no memory and no random init for weights we are about to overwrite.
@@ -28,6 +46,8 @@ def build_model(
     try:
         with torch.device("meta"):
             model = cls(cfg)
+        if quantized_weights and keeps_ggml_weights(cfg, device):
+            use_ggml_weights(model, quantized_weights, device.type, cfg.dtype)
     finally:
         torch.set_default_dtype(prev)
     need = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -7,6 +7,9 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 
+from tacit.kernels.ggml_quant import GGMLTensor
+from tacit.layers.linear import weight_data
+
 # A hook gets (name, tensor) and, when it consumed the tensor itself, returns the name of the
 # parameter it filled (checkpoints split some parameters, e.g. one tensor per expert).
 WeightHook = Callable[[str, torch.Tensor], "str | None"]
@@ -14,7 +17,7 @@ WeightHook = Callable[[str, torch.Tensor], "str | None"]
 
 def load_named_weights(
     model: nn.Module,
-    weights: Iterable[tuple[str, torch.Tensor]],
+    weights: Iterable[tuple[str, torch.Tensor | GGMLTensor]],
     hook: WeightHook | None = None,
     ignore: Callable[[str], bool] | None = None,
     derived: Iterable[str] = (),
@@ -31,13 +34,14 @@ def load_named_weights(
         param = params.get(name)
         if param is None:
             continue  # extra tensors (rotary caches, MTP heads, ...) are not ours to use
-        if tuple(param.shape) != tuple(tensor.shape):
+        data = weight_data(param, tensor, name)
+        if tuple(param.shape) != tuple(data.shape):
             raise ValueError(
                 f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
                 f"the model expects {tuple(param.shape)}: config and weights disagree"
             )
         with torch.no_grad():
-            param.copy_(tensor)
+            param.copy_(data)
         loaded.add(name)
     missing = [n for n in params if n not in loaded and n not in set(derived)]
     if missing:

@@ -62,8 +62,8 @@ def test_quantized_tensor_dequantizes_close(tmp_path):
     writer.close()
     ((name, tensor),) = list(GGUFFile(tmp_path / "q.gguf").tensors())
     assert name == "model.layers.0.mlp.gate_proj.weight"
-    assert tensor.shape == (64, 128)
-    assert np.abs(tensor.numpy() - w).max() < 0.02 * np.abs(w).max()
+    assert tensor.shape == (64, 128) and tensor.type_name == "Q8_0"  # kept in its blocks
+    assert np.abs(tensor.dequantize().numpy() - w).max() < 0.02 * np.abs(w).max()
 
 
 def test_unknown_gguf_architecture_lists_supported(tmp_path):

@@ -1,0 +1,178 @@
+// GGML block-quantized weight x (1..8 rows of bf16 activations) for decode, AVX512-BF16.
+//
+// Decode is memory-bound: a Q4_1 weight streams at 20 bytes per 32 values against bf16's 64,
+// so the kernel's job is to turn each block into bf16 in registers fast enough to keep up.
+// Each block is dequantized in fp32 (d * q + m, the gguf package's arithmetic), rounded to
+// bf16 (the same bf16 weight a dequantized model holds) and fed to vdpbf16ps, as
+// gemv_bf16.cpp does for bf16 weights: R weight rows x M activation rows per pass, so each
+// dequantized block feeds M dot products and each activation load feeds R.
+// Error against the fp32 oracle (dequantize, matmul): the weight's bf16 rounding, |dw| <=
+// 2^-9 |w|, plus fp32 summation and the output's bf16 rounding.
+#include "ggml_gemv.h"
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "bf16_common.h"
+
+namespace tacit {
+namespace {
+
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// One block's 32 values as bf16, value i in lane i (low nibbles are values 0-15, high 16-31).
+template <int T>
+inline __m512bh dequant_block(const uint8_t* b) {
+  if constexpr (T == kQ8_0) {
+    const __m512 d = _mm512_set1_ps(half_at(b));
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2))));
+    const __m512 hi =
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18))));
+    return _mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, d), _mm512_mul_ps(lo, d));
+  } else {
+    constexpr int qs = T == kQ4_1 ? 4 : 2;
+    const __m512 d = _mm512_set1_ps(half_at(b));
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + qs)));
+    __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0xF)));
+    __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4));
+    if constexpr (T == kQ4_1) {
+      const __m512 m = _mm512_set1_ps(half_at(b + 2));
+      lo = _mm512_fmadd_ps(lo, d, m);
+      hi = _mm512_fmadd_ps(hi, d, m);
+    } else {
+      const __m512 eight = _mm512_set1_ps(8.0f);
+      lo = _mm512_mul_ps(_mm512_sub_ps(lo, eight), d);
+      hi = _mm512_mul_ps(_mm512_sub_ps(hi, eight), d);
+    }
+    return _mm512_cvtne2ps_pbh(hi, lo);
+  }
+}
+
+template <int T>
+constexpr int64_t kBlockBytes = T == kQ4_0 ? 18 : T == kQ4_1 ? 20 : 34;
+
+template <int T, int R, int M>
+inline void tile_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64_t r, int64_t k) {
+  constexpr int64_t bb = kBlockBytes<T>;
+  const int64_t nb = k / 32, rb = nb * bb;
+  __m512 acc[R][M];
+  for (int j = 0; j < R; ++j)
+    for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
+  const uint8_t* wr = w + r * rb;
+  for (int64_t b = 0; b < nb; ++b) {
+    // One prefetch per 64-byte line, 8 rows ahead (as gemv_bf16.cpp) to overlap DRAM latency.
+    if ((b * bb) % 64 < bb)
+      for (int j = 0; j < R; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr + (8 + j) * rb + b * bb), _MM_HINT_T0);
+    __m512bh wv[R];
+    for (int j = 0; j < R; ++j) wv[j] = dequant_block<T>(wr + j * rb + b * bb);
+    for (int m = 0; m < M; ++m) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * k + b * 32);
+      for (int j = 0; j < R; ++j) acc[j][m] = _mm512_dpbf16_ps(acc[j][m], wv[j], xv);
+    }
+  }
+  for (int j = 0; j < R; ++j)
+    for (int m = 0; m < M; ++m) y[m * n + r + j] = _mm512_reduce_add_ps(acc[j][m]);
+}
+
+template <int T, int M>
+void rows_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64_t begin, int64_t end, int64_t k) {
+  constexpr int R = M <= 4 ? 4 : 2;  // R * M accumulators: at most 16 of the 32 zmm registers
+  int64_t r = begin;
+  for (; r + R <= end; r += R) tile_kernel<T, R, M>(w, x, y, n, r, k);
+  for (; r < end; ++r) tile_kernel<T, 1, M>(w, x, y, n, r, k);
+}
+
+template <int T, int... Ms>
+void dispatch_rows(int m, const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64_t begin, int64_t end,
+                   int64_t k) {
+  ((m == Ms ? rows_kernel<T, Ms>(w, x, y, n, begin, end, k) : void()), ...);
+}
+
+template <int T>
+void gemv_type(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64_t k, int m) {
+  const int threads = std::max(1, std::min<int>(at::get_num_threads(), static_cast<int>((n + 63) / 64)));
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t per = ((n + nt - 1) / nt + 3) / 4 * 4;
+    const int64_t begin = std::min<int64_t>(n, t * per), end = std::min<int64_t>(n, begin + per);
+    if (begin < end) dispatch_rows<T, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
+  }
+}
+
+template <int T>
+void dequant_rows(const uint8_t* w, uint16_t* out, int64_t n, int64_t k) {
+  const int64_t nb = k / 32, rb = nb * kBlockBytes<T>;
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t b = 0; b < nb; ++b)
+        _mm512_storeu_si512(out + r * k + b * 32, (__m512i)dequant_block<T>(w + r * rb + b * kBlockBytes<T>));
+  });
+}
+
+void check_weight(const torch::Tensor& weight, int64_t type, int64_t k) {
+  const int64_t bb = ggml_block_bytes(static_cast<int>(type));
+  TORCH_CHECK(bb > 0, "GGML type ", type, " has no kernel (Q4_0=2, Q4_1=3, Q8_0=8)");
+  TORCH_CHECK(k > 0 && k % 32 == 0, "K=", k, " is not whole 32-value blocks");
+  TORCH_CHECK(weight.scalar_type() == torch::kUInt8 && weight.is_contiguous() && weight.dim() == 2 &&
+                  weight.device().is_cpu(),
+              "GGML weight: a contiguous uint8 [N, row_bytes] CPU tensor");
+  TORCH_CHECK(weight.size(1) == k / 32 * bb, "GGML weight rows hold ", weight.size(1), " bytes; K=", k, " needs ",
+              k / 32 * bb);
+}
+
+}  // namespace
+
+int64_t ggml_block_bytes(int type) {
+  switch (type) {
+    case kQ4_0: return kBlockBytes<kQ4_0>;
+    case kQ4_1: return kBlockBytes<kQ4_1>;
+    case kQ8_0: return kBlockBytes<kQ8_0>;
+    default: return 0;
+  }
+}
+
+void gemv_ggml(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t n, int64_t k, int m) {
+  switch (type) {
+    case kQ4_0: return gemv_type<kQ4_0>(w, x, y, n, k, m);
+    case kQ4_1: return gemv_type<kQ4_1>(w, x, y, n, k, m);
+    case kQ8_0: return gemv_type<kQ8_0>(w, x, y, n, k, m);
+    default: TORCH_CHECK(false, "GGML type ", type, " has no kernel");
+  }
+}
+
+torch::Tensor ggml_dequantize(torch::Tensor weight, int64_t type, int64_t k) {
+  check_weight(weight, type, k);
+  const int64_t n = weight.size(0);
+  auto out = torch::empty({n, k}, torch::dtype(torch::kBFloat16));
+  const uint8_t* w = weight.data_ptr<uint8_t>();
+  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  switch (type) {
+    case kQ4_0: dequant_rows<kQ4_0>(w, o, n, k); break;
+    case kQ4_1: dequant_rows<kQ4_1>(w, o, n, k); break;
+    default: dequant_rows<kQ8_0>(w, o, n, k); break;
+  }
+  return out;
+}
+
+torch::Tensor gemm_ggml_skinny(torch::Tensor weight, int64_t type, torch::Tensor x) {
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.dim() == 2, "x: contiguous bf16 [M, K]");
+  const int64_t n = weight.size(0), k = x.size(1), m = x.size(0);
+  check_weight(weight, type, k);
+  TORCH_CHECK(m >= 1 && m <= kMaxSkinnyRows, "x must have 1..8 rows");
+  auto out = torch::empty({m, n}, torch::dtype(torch::kFloat32));
+  gemv_ggml(weight.data_ptr<uint8_t>(), static_cast<int>(type),
+            reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), out.data_ptr<float>(), n, k,
+            static_cast<int>(m));
+  return out.to(torch::kBFloat16);
+}
+
+}  // namespace tacit
