@@ -21,10 +21,15 @@ from typing import Any
 
 import torch
 
+from tacit.kernels.ggml_quant import BF16
+
 
 @dataclass
 class DecoderLayerWeights:
-    """One dense pre-norm decoder layer: [out, in] bf16 matrices, q/k/v and gate/up stacked."""
+    """One dense pre-norm decoder layer: [out, in] bf16 matrices, q/k/v and gate/up stacked.
+
+    A projection whose *_type is a GGML type id (kernels/ggml_quant.GGML_TYPES) is instead that
+    type's uint8 [out, in / 32 * block_bytes] blocks; BF16 (30) marks a bf16 matrix."""
 
     input_norm: torch.Tensor
     qkv: torch.Tensor
@@ -37,6 +42,10 @@ class DecoderLayerWeights:
     gate_up: torch.Tensor
     down: torch.Tensor
     kv_cache: torch.Tensor  # [2, num_blocks, block_size, Hkv, D] bf16, the torch paged backend's layout
+    qkv_type: int = BF16
+    o_type: int = BF16
+    gate_up_type: int = BF16
+    down_type: int = BF16
 
 
 def bind_llama_decoder(
@@ -82,5 +91,9 @@ def bind_llama_decoder(
             w.gate_up,
             w.down,
             w.kv_cache,
+            w.qkv_type,
+            w.o_type,
+            w.gate_up_type,
+            w.down_type,
         )
     return decoder

@@ -17,8 +17,10 @@ from torch import nn
 
 from tacit.config import ModelConfig
 from tacit.kernels.cpu_fused_decode import DecoderLayerWeights, bind_llama_decoder
+from tacit.kernels.ggml_quant import BF16
 from tacit.kernels.torch_attention import TorchAttentionBackend
 from tacit.layers.attention import Attention
+from tacit.layers.ggml_linear_method import GGMLLinearMethod
 from tacit.layers.linear import Linear, MergedLinear
 from tacit.layers.norm import RMSNorm
 from tacit.layers.rotary import RotaryEmbedding
@@ -225,7 +227,8 @@ class LlamaForCausalLM(CausalLM):
             cache = attn.attn.kv_cache
             if cache is None or cache.dtype != torch.bfloat16 or cache.device.type != "cpu":
                 return f"layer {i} has no bf16 CPU KV cache"
-        if any(p.dtype != torch.bfloat16 for p in self.parameters()):
+        ggml = {id(m.weight) for m in self.modules() if isinstance(getattr(m, "linear_method", None), GGMLLinearMethod)}
+        if any(p.dtype != torch.bfloat16 for p in self.parameters() if id(p) not in ggml):
             return "weights are not bf16"
         return None
 
@@ -256,6 +259,10 @@ class LlamaForCausalLM(CausalLM):
         def data(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.data
 
+        def kind(linear: nn.Module) -> int:  # the GGML type the fused step reads this weight as
+            method = linear.linear_method
+            return method.ggml_type if isinstance(method, GGMLLinearMethod) else BF16
+
         weights = [
             DecoderLayerWeights(
                 input_norm=layer.input_layernorm.weight.data,
@@ -269,6 +276,10 @@ class LlamaForCausalLM(CausalLM):
                 gate_up=layer.mlp.gate_up_proj.weight.data,
                 down=layer.mlp.down_proj.weight.data,
                 kv_cache=a.attn.kv_cache,
+                qkv_type=kind(a.qkv_proj),
+                o_type=kind(a.o_proj),
+                gate_up_type=kind(layer.mlp.gate_up_proj),
+                down_type=kind(layer.mlp.down_proj),
             )
             for layer in layers
             for a in [layer.self_attn]

@@ -26,6 +26,7 @@
 #include "bf16_common.h"
 #include "bf16_vec.h"
 #include "decode_attention.h"
+#include "ggml_gemv.h"
 
 namespace tacit {
 namespace {
@@ -107,20 +108,28 @@ void rotate_neox(u16* x, const u16* cos, const u16* sin, int64_t half) {
   }
 }
 
-// y[m, n] (fp32) = x[m, k] @ w^T. Up to 8 rows the AVX512-BF16 kernel reads each weight once
-// for all of them. More rows: oneDNN (AMX on this CPU), phrased exactly as layers/linear.py
-// phrases it for the torch path, so both paths pick the same GEMM.
+// y[m, n] (fp32) = x[m, k] @ w^T. Up to 8 rows the AVX512-BF16 kernels read each weight once
+// for all of them (ggml_gemv.cpp for a GGML-quantized weight). More rows: oneDNN (AMX on this
+// CPU), phrased exactly as layers/linear.py phrases it for the torch path, so both paths pick
+// the same GEMM; a GGML weight is dequantized to bf16 first, as GGMLLinearMethod does.
 // Returns the bias still to add: F.linear (past 32 rows) adds it inside the GEMM, with one
 // rounding, the other phrasings add it to the rounded output.
-const torch::Tensor& project(const torch::Tensor& w, const torch::Tensor& bias, const uint16_t* x, float* y, int m) {
+const torch::Tensor& project(const torch::Tensor& w, int type, const torch::Tensor& bias, const uint16_t* x, float* y,
+                             int m) {
   static const torch::Tensor kNone;
-  const int64_t n = w.size(0), k = w.size(1);
+  const bool bf16 = type == kBf16;
+  const int64_t n = w.size(0), k = bf16 ? w.size(1) : w.size(1) / ggml_block_bytes(type) * 32;
   if (m <= kMaxSkinnyRows) {
-    gemv_bf16(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), x, y, n, k, m);
+    if (bf16)
+      gemv_bf16(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), x, y, n, k, m);
+    else
+      gemv_ggml(w.data_ptr<uint8_t>(), type, x, y, n, k, m);
     return bias;
   }
+  const torch::Tensor dense = bf16 ? w : ggml_dequantize(w, type, k);
   auto xt = torch::from_blob(const_cast<uint16_t*>(x), {m, k}, torch::dtype(torch::kBFloat16));
-  auto out = m <= 32 ? torch::mm(w, xt.t()).t() : torch::linear(xt, w, bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt);
+  auto out = m <= 32 ? torch::mm(dense, xt.t()).t()
+                     : torch::linear(xt, dense, bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt);
   torch::from_blob(y, {m, n}, torch::dtype(torch::kFloat32)).copy_(out);
   return m <= 32 ? bias : kNone;
 }
@@ -133,6 +142,19 @@ torch::Tensor checked(const torch::Tensor& t, const char* what, std::vector<int6
   TORCH_CHECK(t.scalar_type() == torch::kBFloat16 && t.is_contiguous() && t.device().is_cpu(), what,
               ": must be a contiguous bf16 CPU tensor");
   TORCH_CHECK(t.sizes().vec() == shape, what, ": shape ", t.sizes(), " but expected ", c10::IntArrayRef(shape));
+  return t;
+}
+
+// A projection's weight: bf16 [n, k], or a GGML type's uint8 [n, k / 32 * block_bytes].
+torch::Tensor checked_weight(const torch::Tensor& t, int64_t type, const char* what, int64_t n, int64_t k) {
+  if (type == kBf16) return checked(t, what, {n, k});
+  const int64_t bb = ggml_block_bytes(static_cast<int>(type));
+  TORCH_CHECK(bb > 0, what, ": GGML type ", type, " has no kernel");
+  TORCH_CHECK(k % 32 == 0, what, ": K=", k, " is not whole 32-value blocks");
+  TORCH_CHECK(t.scalar_type() == torch::kUInt8 && t.is_contiguous() && t.device().is_cpu(), what,
+              ": a GGML weight must be a contiguous uint8 CPU tensor");
+  TORCH_CHECK(t.sizes().vec() == std::vector<int64_t>({n, k / 32 * bb}), what, ": shape ", t.sizes(), " but type ",
+              type, " [", n, ", ", k, "] needs [", n, ", ", k / 32 * bb, "]");
   return t;
 }
 
@@ -156,22 +178,27 @@ LlamaDecoder::LlamaDecoder(torch::Tensor embed, torch::Tensor final_norm, torch:
 void LlamaDecoder::add_layer(torch::Tensor input_norm, torch::Tensor qkv, std::optional<torch::Tensor> qkv_bias,
                              std::optional<torch::Tensor> q_norm, std::optional<torch::Tensor> k_norm,
                              torch::Tensor o_proj, std::optional<torch::Tensor> o_bias, torch::Tensor post_norm,
-                             torch::Tensor gate_up, torch::Tensor down, torch::Tensor kv_cache) {
+                             torch::Tensor gate_up, torch::Tensor down, torch::Tensor kv_cache, int64_t qkv_type,
+                             int64_t o_type, int64_t gate_up_type, int64_t down_type) {
   const int64_t q = num_heads_ * head_dim_, kv = num_kv_heads_ * head_dim_, h = hidden_;
   LlamaLayerWeights w;
   w.input_norm = checked(input_norm, "input_layernorm", {h});
-  w.qkv = checked(qkv, "qkv_proj", {q + 2 * kv, h});
+  w.qkv = checked_weight(qkv, qkv_type, "qkv_proj", q + 2 * kv, h);
   if (qkv_bias) w.qkv_bias = checked(*qkv_bias, "qkv_proj.bias", {q + 2 * kv});
   TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q_norm and k_norm come together");
   if (q_norm) {
     w.q_norm = checked(*q_norm, "q_norm", {head_dim_});
     w.k_norm = checked(*k_norm, "k_norm", {head_dim_});
   }
-  w.o_proj = checked(o_proj, "o_proj", {h, q});
+  w.o_proj = checked_weight(o_proj, o_type, "o_proj", h, q);
   if (o_bias) w.o_bias = checked(*o_bias, "o_proj.bias", {h});
   w.post_norm = checked(post_norm, "post_attention_layernorm", {h});
-  w.gate_up = checked(gate_up, "gate_up_proj", {2 * intermediate_, h});
-  w.down = checked(down, "down_proj", {h, intermediate_});
+  w.gate_up = checked_weight(gate_up, gate_up_type, "gate_up_proj", 2 * intermediate_, h);
+  w.down = checked_weight(down, down_type, "down_proj", h, intermediate_);
+  w.qkv_type = static_cast<int>(qkv_type);
+  w.o_type = static_cast<int>(o_type);
+  w.gate_up_type = static_cast<int>(gate_up_type);
+  w.down_type = static_cast<int>(down_type);
   w.kv_cache = checked(kv_cache, "kv_cache", {2, kv_cache.size(1), block_size_, num_kv_heads_, head_dim_});
   layers_.push_back(std::move(w));
 }
@@ -232,7 +259,7 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
   for (int64_t l = begin; l < end; ++l) {
     const LlamaLayerWeights& w = layers_[l];
     for (int r = 0; r < m; ++r) rms_norm(xs + r * h, bf16_ptr(w.input_norm), normed.data() + r * h, h, eps_);
-    const u16* qkv_bias = bf16_ptr(project(w.qkv, w.qkv_bias, normed.data(), f32.data(), m));
+    const u16* qkv_bias = bf16_ptr(project(w.qkv, w.qkv_type, w.qkv_bias, normed.data(), f32.data(), m));
     u16* cache = reinterpret_cast<u16*>(w.kv_cache.data_ptr<at::BFloat16>());
     const int64_t cache_half = w.kv_cache.size(1) * block_size_ * hkv * d;
     for (int r = 0; r < m; ++r) {
@@ -249,12 +276,12 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
     }
     const PagedKV paged{cache, cache + cache_half, block_size_, hkv, d};
     decode_attention(qkv.data(), qkv_n, pos, tables, width, paged, hq, scale_, attn.data(), m);
-    const u16* o_bias = bf16_ptr(project(w.o_proj, w.o_bias, attn.data(), f32.data(), m));
+    const u16* o_bias = bf16_ptr(project(w.o_proj, w.o_type, w.o_bias, attn.data(), f32.data(), m));
     for (int r = 0; r < m; ++r) residual_add(xs + r * h, f32.data() + r * h, o_bias, h);
     for (int r = 0; r < m; ++r) rms_norm(xs + r * h, bf16_ptr(w.post_norm), normed.data() + r * h, h, eps_);
-    project(w.gate_up, torch::Tensor(), normed.data(), f32.data(), m);
+    project(w.gate_up, w.gate_up_type, torch::Tensor(), normed.data(), f32.data(), m);
     for (int r = 0; r < m; ++r) silu_mul(f32.data() + r * 2 * inter, act.data() + r * inter, inter);
-    project(w.down, torch::Tensor(), act.data(), f32.data(), m);
+    project(w.down, w.down_type, torch::Tensor(), act.data(), f32.data(), m);
     for (int r = 0; r < m; ++r) residual_add(xs + r * h, f32.data() + r * h, nullptr, h);
   }
 }

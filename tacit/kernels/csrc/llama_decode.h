@@ -13,6 +13,8 @@ torch::Tensor gemm_bf16_skinny(torch::Tensor weight, torch::Tensor x);
 
 struct LlamaLayerWeights {
   torch::Tensor input_norm, qkv, qkv_bias, q_norm, k_norm, o_proj, o_bias, post_norm, gate_up, down, kv_cache;
+  // Each projection's GGML type (ggml_gemv.h): kBf16 for a bf16 [out, in] matrix, else its blocks.
+  int qkv_type, o_type, gate_up_type, down_type;
 };
 
 class LlamaDecoder {
@@ -23,7 +25,8 @@ class LlamaDecoder {
   void add_layer(torch::Tensor input_norm, torch::Tensor qkv, std::optional<torch::Tensor> qkv_bias,
                  std::optional<torch::Tensor> q_norm, std::optional<torch::Tensor> k_norm, torch::Tensor o_proj,
                  std::optional<torch::Tensor> o_bias, torch::Tensor post_norm, torch::Tensor gate_up,
-                 torch::Tensor down, torch::Tensor kv_cache);
+                 torch::Tensor down, torch::Tensor kv_cache, int64_t qkv_type, int64_t o_type, int64_t gate_up_type,
+                 int64_t down_type);
   // token_ids [m], positions [m] (the token's index in its sequence; the context is
   // positions + 1 tokens), block_tables [m, B] -> final-normed hidden states [m, hidden] bf16.
   torch::Tensor forward(torch::Tensor token_ids, torch::Tensor positions, torch::Tensor block_tables);
