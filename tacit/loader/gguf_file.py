@@ -132,23 +132,6 @@ class GGUFFile:
                 out[name] = int(t.tensor_type)
         return out
 
-    def _check_size(self, t: Any) -> None:
-        import gguf
-
-        block, type_bytes = gguf.GGML_QUANT_SIZES[t.tensor_type]
-        shape = [int(d) for d in t.shape]  # GGUF order: columns first
-        if shape[0] % block:
-            raise ValueError(
-                f"{self.path}: tensor {t.name} is {t.tensor_type.name} with rows of {shape[0]} values, "
-                f"not whole {block}-value blocks"
-            )
-        need = int(np.prod(shape)) // block * type_bytes
-        if t.data.nbytes != need:
-            raise ValueError(
-                f"{self.path}: tensor {t.name} holds {t.data.nbytes} bytes but {t.tensor_type.name} "
-                f"{list(reversed(shape))} needs {need}: the file is truncated or its header is wrong"
-            )
-
     def tensors(self) -> Iterator[tuple[str, torch.Tensor | GGMLTensor]]:
         from gguf.quants import dequantize
 
@@ -158,7 +141,6 @@ class GGUFFile:
             name = self._hf_name(t.name)
             if name is None:
                 continue
-            self._check_size(t)
             shape = tuple(int(d) for d in reversed(t.shape))
             qk = self.arch == "llama" and (".attn_q." in t.name or ".attn_k." in t.name)
             heads = cfg["num_attention_heads"] if ".attn_q." in t.name else cfg["num_key_value_heads"]

@@ -39,10 +39,14 @@ def _permute(x: np.ndarray, heads: int) -> np.ndarray:
     return x.reshape(heads, 2, x.shape[0] // heads // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
 
 
-def _add_tensor(writer: Any, name: str, arr: np.ndarray, bf16: bool) -> None:
+def _add_tensor(writer: Any, name: str, arr: np.ndarray, bf16: bool, ggml_type: str | None = None) -> None:
     import gguf
 
-    if bf16 and arr.ndim == 2:
+    if ggml_type is not None and arr.ndim == 2:
+        qtype = gguf.GGMLQuantizationType[ggml_type]
+        raw = gguf.quants.quantize(arr.astype(np.float32), qtype)
+        writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
+    elif bf16 and arr.ndim == 2:
         raw = gguf.quants.quantize(arr.astype(np.float32), gguf.GGMLQuantizationType.BF16)
         writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
     else:  # norms and biases stay float32, as llama.cpp's converter keeps them
@@ -70,8 +74,11 @@ def reencode_gguf(src: Path, dst: Path, bf16: bool = True) -> Path:
     return dst
 
 
-def export_hf_to_gguf(hf_dir: Path, dst: Path, bf16: bool = False) -> Path:
-    """An HF llama/qwen2/qwen3 directory with a byte-level BPE tokenizer.json -> GGUF."""
+def export_hf_to_gguf(hf_dir: Path, dst: Path, bf16: bool = False, ggml_types: dict[str, str] | None = None) -> Path:
+    """An HF llama/qwen2/qwen3 directory with a byte-level BPE tokenizer.json -> GGUF.
+
+    ggml_types: {GGUF tensor-name suffix ("attn_q.weight", "token_embd.weight"; "" for every 2-D
+    tensor): GGML type name ("Q4_1")}: those matrices are quantized, the longest suffix wins."""
     import gguf
 
     from tacit.loader.hf import iter_safetensors, read_json
@@ -125,9 +132,14 @@ def export_hf_to_gguf(hf_dir: Path, dst: Path, bf16: bool = False) -> Path:
                 x = _permute(x, heads)
             elif arch == "llama" and ".attn_k." in name:
                 x = _permute(x, kv_heads)
-        _add_tensor(w, name, x, bf16)
+        _add_tensor(w, name, x, bf16, _type_for(name, ggml_types or {}))
     _finish(w)
     return dst
+
+
+def _type_for(name: str, ggml_types: dict[str, str]) -> str | None:
+    hits = [suffix for suffix in ggml_types if name.endswith(suffix)]
+    return ggml_types[max(hits, key=len)] if hits else None
 
 
 def _hf_tensors(items: Iterable[tuple[str, torch.Tensor]], cfg: dict) -> Iterable[tuple[str, torch.Tensor]]:

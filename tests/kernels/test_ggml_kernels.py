@@ -1,0 +1,101 @@
+"""csrc/ggml_gemv.cpp against the oracle: the gguf package's dequantize, then an fp32 matmul.
+
+Error bound: the kernel rounds each dequantized weight to bf16 (|dw| <= 2^-9 |w|), sums in
+fp32 and rounds the result to bf16 once (<= 2^-9 |y|); so |y - y_ref| <= 2^-9 sum|w||x| +
+2^-9 |y_ref| + fp32 summation error. The tests allow twice each term.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16, load_cpu_kernels
+from tacit.kernels.ggml_quant import GGML_TYPES, GGMLTensor, dequantize
+from tacit.layers.ggml_linear_method import GGMLLinearMethod
+from tacit.layers.linear import Linear
+
+pytestmark = pytest.mark.skipif(
+    not cpu_supports_avx512_bf16() or bool(os.environ.get("TACIT_NO_CPU_KERNELS")),
+    reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set",
+)
+TYPES = sorted(GGML_TYPES)
+
+
+def quantized(ggml_type: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 blocks, the oracle's float32 [n, k]) for a random matrix, quantized by the gguf package."""
+    import gguf
+    from gguf.quants import dequantize as gguf_dequantize
+    from gguf.quants import quantize
+
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    qtype = gguf.GGMLQuantizationType(ggml_type)
+    q = quantize(w, qtype)
+    return torch.from_numpy(q), torch.from_numpy(gguf_dequantize(q, qtype))
+
+
+def within_bound(y: torch.Tensor, x: torch.Tensor, w_ref: torch.Tensor) -> bool:
+    ref = x.float() @ w_ref.T
+    bound = (x.float().abs() @ w_ref.abs().T) * 2**-8 + ref.abs() * 2**-8 + 1e-6
+    return bool(((y.float() - ref).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: GGML_TYPES[t].name)
+@pytest.mark.parametrize("n, k", [(1, 32), (7, 96), (13, 64), (257, 576), (64, 1536)])
+def test_gemv_matches_oracle_at_1_to_8_rows(ggml_type, n, k):
+    kernels = load_cpu_kernels()
+    assert kernels is not None, "the kernels failed to build on a CPU that supports them"
+    blocks, w_ref = quantized(ggml_type, n, k, seed=n * 7 + k)
+    assert torch.equal(dequantize(blocks, ggml_type, k), w_ref)  # the torch reference is the oracle, bit for bit
+    g = torch.Generator().manual_seed(n + k)
+    for m in range(1, 9):
+        x = torch.randn(m, k, generator=g).bfloat16()
+        y = kernels.gemm_ggml_skinny(blocks, ggml_type, x)
+        assert y.shape == (m, n) and y.dtype == torch.bfloat16
+        assert within_bound(y, x, w_ref), f"{GGML_TYPES[ggml_type].name} m={m}"
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: GGML_TYPES[t].name)
+def test_dequantize_is_the_oracle_rounded_to_bf16(ggml_type):
+    blocks, w_ref = quantized(ggml_type, 96, 320, seed=ggml_type)
+    got = load_cpu_kernels().ggml_dequantize(blocks, ggml_type, 320).float()
+    want = w_ref.bfloat16().float()
+    # Q4_1's d * q + m is one fused multiply-add in the kernel, two roundings in numpy: at most
+    # one bf16 ulp apart (2^-8 relative) where the fp32 results straddle a bf16 rounding edge.
+    assert ((got - want).abs() <= want.abs() * 2**-8).all()
+    if GGML_TYPES[ggml_type].name != "Q4_1":
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: GGML_TYPES[t].name)
+@pytest.mark.parametrize("rows", [1, 5, 8, 20, 40])
+def test_layer_with_kernels_matches_torch_reference(ggml_type, rows):
+    """GGMLLinearMethod on the kernels (1-8 rows: GEMV; more: dequantize + oneDNN) against the
+    same layer on the torch reference (kernels=None), bias included."""
+    blocks, w_ref = quantized(ggml_type, 48, 128, seed=rows)
+    layers = []
+    for kernels in (load_cpu_kernels(), None):
+        layer = Linear(128, 48, bias=True, dtype=torch.bfloat16)
+        layer.rebuild_weights(GGMLLinearMethod(ggml_type, kernels))
+        with torch.no_grad():
+            layer.weight.copy_(GGMLTensor(blocks, ggml_type, (48, 128)).data)
+            layer.bias.copy_(torch.linspace(-1, 1, 48))
+        layers.append(layer)
+    x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    got, ref = layers[0](x), layers[1](x)
+    assert got.dtype == ref.dtype == torch.bfloat16 and got.shape == (rows, 48)
+    assert within_bound(got - layers[0].bias, x, w_ref)
+    # Both multiply the same bf16-rounded weights; only fp32 summation order differs.
+    assert torch.allclose(got.float(), ref.float(), rtol=2**-7, atol=2**-7 * ref.abs().max().item())
+
+
+def test_wrong_sizes_are_refused_with_the_numbers():
+    blocks, _ = quantized(3, 8, 64, seed=0)  # Q4_1: 2 blocks of 20 bytes per row
+    x = torch.randn(1, 96).bfloat16()
+    with pytest.raises(RuntimeError, match="rows hold 40 bytes; K=96 needs 60"):
+        load_cpu_kernels().gemm_ggml_skinny(blocks, 3, x)
+    with pytest.raises(RuntimeError, match="GGML type 12 has no kernel"):
+        load_cpu_kernels().gemm_ggml_skinny(blocks, 12, torch.randn(1, 64).bfloat16())
+    with pytest.raises(ValueError, match=r"Q4_1 \[8, 96\] is 8 x 60 bytes; got torch.uint8 \(8, 40\)"):
+        GGMLTensor(blocks, 3, (8, 96))

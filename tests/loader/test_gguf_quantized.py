@@ -1,0 +1,127 @@
+"""A GGUF whose matrices are Q4_0/Q4_1/Q8_0, run with its weights kept in their GGML blocks
+(quantization="gguf"/"auto") and dequantized at load ("none"): the same greedy tokens.
+
+Both runs multiply by the same bf16-rounded weights in the same fp32 order (ggml_gemv.cpp
+walks 32-value blocks as gemv_bf16.cpp walks 32-value chunks), so the tokens agree exactly;
+the tiny models' peaked weights (tests/tiny_models.py) keep that robust anyway.
+"""
+
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tacit import LLM, SamplingParams
+from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
+from tacit.layers.ggml_linear_method import GGMLLinearMethod
+from tacit.loader.gguf_file import GGUFFile
+from tacit.loader.gguf_writer import export_hf_to_gguf
+
+KERNELS = cpu_supports_avx512_bf16() and not os.environ.get("TACIT_NO_CPU_KERNELS")
+PROMPTS = ["Paris is the capital of", [5, 9, 11, 3, 200], list(range(20, 60))]
+PARAMS = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tiny_model_factory):
+    return tiny_model_factory("llama")[2]
+
+
+def export(hf_dir: Path, tmp_path: Path, types: dict[str, str]) -> Path:
+    return export_hf_to_gguf(hf_dir, tmp_path / "tiny.gguf", ggml_types=types)
+
+
+def greedy(path: Path, **kwargs) -> tuple[list[list[int]], LLM]:
+    llm = LLM(str(path), **kwargs)
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)], llm
+
+
+def ggml_layers(llm: LLM) -> dict[str, str]:
+    return {
+        name: m.linear_method.type_name
+        for name, m in llm.engine.model.named_modules()
+        if isinstance(getattr(m, "linear_method", None), GGMLLinearMethod)
+    }
+
+
+@pytest.mark.skipif(not KERNELS, reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set")
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q8_0"])
+def test_native_weights_give_the_dequantized_tokens(tiny_llama_dir, tmp_path, ggml_type):
+    path = export(tiny_llama_dir, tmp_path, {"": ggml_type})
+    native, llm = greedy(path, dtype="bfloat16")  # auto: kept quantized where the kernels run
+    layers = ggml_layers(llm)
+    # qkv, o, gate_up, down in each of 2 layers, and the (untied) lm_head
+    assert len(layers) == 2 * 4 + 1 and set(layers.values()) == {ggml_type} and "lm_head" in layers
+    assert llm.engine.runner.fused_decode is not None
+    assert llm.engine.model.model.embed_tokens.weight.dtype.is_floating_point  # embeddings: dequantized
+    dequantized, ref = greedy(path, dtype="bfloat16", quantization="none")
+    assert ggml_layers(ref) == {}
+    assert native == dequantized
+    weight_bytes = [sum(p.nbytes for p in x.engine.model.model.layers.parameters()) for x in (llm, ref)]
+    assert weight_bytes[0] < 0.6 * weight_bytes[1]
+
+
+@pytest.mark.skipif(not KERNELS, reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set")
+def test_merged_shards_of_mixed_types_are_dequantized_with_a_message(tiny_llama_dir, tmp_path, capsys):
+    types = {"": "Q4_1", "attn_q.weight": "Q8_0", "ffn_down.weight": "Q4_0", "token_embd.weight": "Q8_0"}
+    path = export(tiny_llama_dir, tmp_path, types)
+    native, llm = greedy(path, dtype="bfloat16")
+    assert "shards of mixed GGML types: model.layers.0.self_attn.qkv_proj (Q4_1/Q8_0)" in capsys.readouterr().err
+    layers = ggml_layers(llm)
+    assert "model.layers.0.self_attn.qkv_proj" not in layers
+    assert layers["model.layers.1.mlp.down_proj"] == "Q4_0" and layers["model.layers.1.self_attn.o_proj"] == "Q4_1"
+    assert llm.engine.runner.fused_decode is not None  # bf16 and GGML projections side by side
+    assert native == greedy(path, dtype="bfloat16", quantization="none")[0]
+
+
+def test_torch_reference_keeps_blocks_where_no_kernel_runs(tiny_llama_dir, tmp_path):
+    """float32 has no kernel: auto dequantizes at load, gguf keeps the blocks on the torch
+    reference (dequantize, then the unquantized method's matmul), with the same tokens."""
+    path = export(tiny_llama_dir, tmp_path, {"": "Q4_1"})
+    auto, llm = greedy(path, dtype="float32")
+    assert ggml_layers(llm) == {}
+    kept, llm = greedy(path, dtype="float32", quantization="gguf")
+    assert set(ggml_layers(llm).values()) == {"Q4_1"} and llm.engine.runner.fused_decode is None
+    assert kept == auto
+
+
+def test_unknown_quantization_is_refused():
+    with pytest.raises(ValueError, match="quantization='q4' is not supported; valid: auto, gguf, none"):
+        LLM(None, quantization="q4")
+
+
+def _write_q8_0(path: Path, rows: int, cols: int, raw_shape: tuple[int, int] | None = None) -> None:
+    import gguf
+    from gguf.quants import quantize
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, val in [("block_count", 1), ("embedding_length", cols), ("feed_forward_length", rows)]:
+        writer.add_uint32(f"llama.{key}", val)
+    writer.add_uint32("llama.attention.head_count", 2)
+    writer.add_token_list(["a"] * 64)
+    q = quantize(np.ones((rows, cols), np.float32), gguf.GGMLQuantizationType.Q8_0)
+    writer.add_tensor(
+        "blk.0.ffn_gate.weight", q, raw_shape=raw_shape or q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0
+    )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_tensor_bytes_that_do_not_fit_type_and_shape_are_refused(tmp_path):
+    # The header says 8 rows, the file holds 4.
+    _write_q8_0(tmp_path / "short.gguf", 4, 128, raw_shape=(8, 136))
+    with pytest.raises(ValueError, match="short.gguf is not a readable GGUF file: cannot reshape array of size 544"):
+        GGUFFile(tmp_path / "short.gguf")
+    # The header says rows of 100 values: not whole 32-value Q8_0 blocks.
+    _write_q8_0(tmp_path / "odd.gguf", 4, 128)
+    data = bytearray((tmp_path / "odd.gguf").read_bytes())
+    at = data.index(b"blk.0.ffn_gate.weight") + len("blk.0.ffn_gate.weight")
+    assert struct.unpack_from("<IQ", data, at) == (2, 128)
+    struct.pack_into("<Q", data, at + 4, 100)
+    (tmp_path / "odd.gguf").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="row size \\(100\\) is not a multiple of Q8_0 block size \\(32\\)"):
+        GGUFFile(tmp_path / "odd.gguf")
