@@ -17,7 +17,7 @@ from torch import nn
 
 from tacit.config import ModelConfig
 from tacit.kernels.cpu_fused_decode import DecoderLayerWeights, bind_llama_decoder
-from tacit.kernels.ggml_quant import BF16
+from tacit.kernels.ggml_quant import BF16, GGMLTensor
 from tacit.kernels.torch_attention import TorchAttentionBackend
 from tacit.layers.attention import Attention
 from tacit.layers.ggml_linear_method import GGMLLinearMethod
@@ -178,11 +178,26 @@ class CausalLM(nn.Module):
         mod.load_shard(shard, kind, tensor)
         return f"{mod_name}.{kind}"
 
+    @property
+    def _head_shares_embedding(self) -> bool:
+        # False when build_model gave a tied head the embedding's GGML blocks as its own weight.
+        return self.tie_word_embeddings and self.lm_head.weight is self.model.embed_tokens.weight
+
     def ignore_weight(self, name: str) -> bool:
-        return self.tie_word_embeddings and name == "lm_head.weight"
+        return self._head_shares_embedding and name == "lm_head.weight"
+
+    def _with_head_from_embedding(
+        self, weights: Iterable[tuple[str, torch.Tensor | GGMLTensor]]
+    ) -> Iterable[tuple[str, torch.Tensor | GGMLTensor]]:
+        for name, tensor in weights:
+            yield name, tensor
+            if name == "model.embed_tokens.weight":
+                yield "lm_head.weight", tensor
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        derived = ["lm_head.weight"] if self.tie_word_embeddings else []
+        derived = ["lm_head.weight"] if self._head_shares_embedding else []
+        if self.tie_word_embeddings and not self._head_shares_embedding:
+            weights = self._with_head_from_embedding(weights)
         load_named_weights(self, weights, hook=self.weight_hook, ignore=self.ignore_weight, derived=derived)
         for name, module in self.named_modules():
             check = getattr(module, "check_fully_loaded", None)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from tacit import LLM, SamplingParams
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
@@ -125,3 +126,14 @@ def test_tensor_bytes_that_do_not_fit_type_and_shape_are_refused(tmp_path):
     (tmp_path / "odd.gguf").write_bytes(bytes(data))
     with pytest.raises(ValueError, match="row size \\(100\\) is not a multiple of Q8_0 block size \\(32\\)"):
         GGUFFile(tmp_path / "odd.gguf")
+
+
+@pytest.mark.skipif(not KERNELS, reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set")
+def test_tied_head_keeps_the_embedding_blocks(tiny_model_factory, tmp_path):
+    """Tied embeddings (llama3 tiny: also attention bias): the head multiplies by the Q8_0
+    token_embd blocks, the lookup table is dequantized, and the tokens are unchanged."""
+    path = export(tiny_model_factory("llama3")[2], tmp_path, {"": "Q4_1", "token_embd.weight": "Q8_0"})
+    native, llm = greedy(path, dtype="bfloat16")
+    model = llm.engine.model
+    assert ggml_layers(llm)["lm_head"] == "Q8_0" and model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert native == greedy(path, dtype="bfloat16", quantization="none")[0]
