@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tacit.bench.latency import ratios
+from tacit.bench.latency import ratios, weight_bytes
 from tacit.bench.serve import parse_slo
 from tacit.bench.workloads import sample_lengths
 
@@ -20,6 +20,15 @@ def test_workloads_are_seeded_and_shaped():
     assert all(i + o <= 64 for i, o in sample_lengths("longtail", 200, 100, 50, max_total=64))
     with pytest.raises(ValueError, match="valid: fixed, uniform, longtail"):
         sample_lengths("zipf", 3, 1, 1)
+
+
+def test_weight_bytes_counts_a_lookup_table_only_when_a_head_streams_it():
+    import torch
+
+    model = torch.nn.ModuleDict({"embed": torch.nn.Embedding(100, 8), "head": torch.nn.Linear(8, 100, bias=False)})
+    assert weight_bytes(model) == 800 * 4  # the head's matrix; the table is only looked up
+    model["head"].weight = model["embed"].weight
+    assert weight_bytes(model) == 800 * 4  # tied: one matrix, streamed by the head
 
 
 def test_slo_parsing():
