@@ -93,7 +93,9 @@ def _log(msg: str) -> None:
 
 
 def _setup(args: argparse.Namespace, peers: list[str]):
-    """tacit's engine plus the peers, all on the same weights and dtype."""
+    """tacit's engine plus the peers, all on the same weights and dtype. A GGUF that tacit keeps
+    in its GGML blocks (--quantization) goes to llama.cpp as it is, so both read the quantized
+    bytes; transformers still gets it dequantized (it would dequantize inside every matmul)."""
     from dataclasses import replace
 
     import torch
@@ -121,8 +123,12 @@ def _setup(args: argparse.Namespace, peers: list[str]):
             engines.append(cls(path, dtype, getattr(args, "static_batch", 16)))
         elif peer == "llama.cpp":
             from tacit.bench.peers.llamacpp_peer import LlamaCppBench
+            from tacit.layers.ggml_linear_method import GGMLLinearMethod
 
-            engines.append(LlamaCppBench(_gguf_for_llamacpp(path, dtype), engine.max_model_len))
+            native = any(
+                isinstance(getattr(m, "linear_method", None), GGMLLinearMethod) for m in engine.model.modules()
+            )
+            engines.append(LlamaCppBench(path if native else _gguf_for_llamacpp(path, dtype), engine.max_model_len))
     torch.manual_seed(0)
     return engine, engines
 
