@@ -24,6 +24,11 @@ class SamplingMetadata:
     output_token_ids: list[list[int]]  # tokens generated so far (penalties count these)
     # A per-request generator makes a seeded sample independent of what else is batched.
     generators: list[torch.Generator | None]
+    # Constrained decoding: int32 [len(grammar_rows), ceil(vocab / 32)] packed allowed tokens
+    # (bit j of word w allows token 32 * w + j) for the rows listed in grammar_rows. None: no
+    # row is constrained and the sampler does nothing extra.
+    grammar_bitmask: torch.Tensor | None = None
+    grammar_rows: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.params)
@@ -36,12 +41,35 @@ class SamplerOutput:
     logprobs: list[tuple[float, int, list[tuple[int, float]]] | None]
 
 
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """int32 [rows, words] packed bits -> bool [rows, vocab]; ids past 32 * words are disallowed."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = ((bitmask[:, :, None] >> shifts) & 1).bool().reshape(bitmask.shape[0], -1)
+    if bits.shape[1] >= vocab:
+        return bits[:, :vocab]
+    return torch.nn.functional.pad(bits, (0, vocab - bits.shape[1]), value=False)
+
+
+def apply_grammar_bitmask(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> torch.Tensor:
+    """A copy of logits with the tokens each listed row's grammar forbids set to -inf."""
+    allowed = unpack_bitmask(bitmask.to(logits.device, non_blocking=True), logits.shape[-1])
+    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    out = logits.clone()
+    out[index] = logits[index].masked_fill(~allowed, float("-inf"))
+    return out
+
+
 class Sampler:
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         logits = logits.float()
         params = metadata.params
         if any(p.needs_penalties for p in params):
             logits = self._apply_penalties(logits, metadata)
+        # Logprobs report the model's distribution (vLLM's default), not the grammar's: a masked
+        # top-n would be -inf entries, which JSON cannot carry.
+        model_logits = logits
+        if metadata.grammar_bitmask is not None:
+            logits = apply_grammar_bitmask(logits, metadata.grammar_rows, metadata.grammar_bitmask)
         greedy_ids = logits.argmax(dim=-1)
         if all(p.greedy for p in params):
             tokens = greedy_ids
@@ -51,7 +79,7 @@ class Sampler:
         logprobs: list = [None] * len(params)
         want = [i for i, p in enumerate(params) if p.logprobs is not None]
         if want:
-            logprobs = self._logprobs(logits, tokens, params, want)
+            logprobs = self._logprobs(model_logits, tokens, params, want)
         return SamplerOutput(token_list, logprobs)
 
     def _apply_penalties(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
