@@ -55,7 +55,7 @@ class ChatServing:
             raise bad_request(f"could not apply the chat template: {e}", "messages") from None
         ctx.check_length(len(ids), req.requested_max_tokens)
         request_id = random_id("chatcmpl")
-        streams = await ctx.submit([ids], params, request_id, req.priority)
+        streams = await ctx.submit([ids], params, request_id, req.priority, req.structured_param)
         if req.stream:
             return StreamingResponse(
                 self._stream(req, raw, streams[0], request_id, len(ids)),
