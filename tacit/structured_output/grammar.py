@@ -34,7 +34,8 @@ def spec_key(spec: StructuredOutputsParams) -> tuple[str, str]:
     field = spec.chosen_fields()[0]
     value = getattr(spec, field)
     if field == "json" and isinstance(value, dict):
-        return field, json.dumps(value, sort_keys=True)
+        # Key order is kept: llguidance writes properties in the order the schema declares them.
+        return field, json.dumps(value)
     if field == "choice":
         return field, json.dumps(value)
     if field == "json_object":

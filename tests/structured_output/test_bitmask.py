@@ -45,10 +45,15 @@ def test_accept_token_reports_the_end_of_the_grammar():
 
 
 def test_compiled_grammars_are_cached_by_spec():
-    m, _ = manager()
-    a = m.compiler.compile(StructuredOutputsParams(json={"type": "object", "required": ["x"]}))
-    b = m.compiler.compile(StructuredOutputsParams(json={"required": ["x"], "type": "object"}))
-    assert a is b
+    m, tok = manager()
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "integer"}}}
+    a = m.compiler.compile(StructuredOutputsParams(json=schema))
+    assert m.compiler.compile(StructuredOutputsParams(json=dict(schema))) is a
+    # Property order is the schema's (llguidance writes them in that order): not one spec.
+    flipped = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    assert m.compiler.compile(StructuredOutputsParams(json=flipped)) is not a
+    m.add_request("r", StructuredOutputsParams(json=schema))
+    assert all(not m.accept_token("r", t) for t in tok.encode('{"b": 1, "a": 2'))
 
 
 def test_sampler_masks_only_the_constrained_rows():
@@ -63,3 +68,12 @@ def test_sampler_masks_only_the_constrained_rows():
     out = Sampler()(logits, meta)
     assert out.token_ids[1] == 41 and out.token_ids[0] == int(logits[0].argmax())
     assert all(lp != float("-inf") for _, lp in out.logprobs[1][2])  # the model's logprobs, finite
+
+
+def test_unpack_pads_and_in_place_masking_of_every_row():
+    bits = unpack_bitmask(torch.full((2, 1), -1, dtype=torch.int32), 40)
+    assert bits.shape == (2, 40) and bits[:, :32].all() and not bits[:, 32:].any()
+    logits = torch.randn(2, 40)
+    bitmask = torch.tensor([[1 << 3], [1 << 30]], dtype=torch.int32)
+    out = apply_grammar_bitmask(logits, [0, 1], bitmask, inplace=True)
+    assert out is logits and out.argmax(dim=-1).tolist() == [3, 30] and torch.isinf(out).sum() == 78
