@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
+from tacit.entrypoints.openai.structured_outputs import resolve_structured_outputs
 from tacit.sampling_params import SamplingParams, StructuredOutputsParams
 
 
@@ -42,14 +43,6 @@ class StreamOptions(OpenAIModel):
     include_usage: StrictBool = False
 
 
-class FieldError(ValueError):
-    """A bad value in the request body whose field is known: the server answers 400 with `param`."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
 class JsonSchemaFormat(OpenAIModel):
     name: StrictStr | None = None
     # "schema" would shadow pydantic's BaseModel.schema(): the field takes it as an alias.
@@ -73,17 +66,6 @@ class StructuredOutputsRequest(OpenAIModel):
     choice: list[StrictStr] | None = None
     grammar: StrictStr | None = None
     json_object: StrictBool | None = None
-
-
-# The request fields that ask for structured output; at most one may be given.
-_STRUCTURED_FIELDS = (
-    "response_format",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-    "structured_outputs",
-)
 
 
 class SamplingRequest(OpenAIModel):
@@ -131,57 +113,13 @@ class SamplingRequest(OpenAIModel):
     def structured_outputs_spec(self) -> tuple[str, StructuredOutputsParams] | None:
         """(the wire field that asked, as a 400's `param` names it; the engine's spec), or None.
         Raises FieldError for two fields at once, an unsupported option or an empty spec."""
-        given = [name for name in _STRUCTURED_FIELDS if getattr(self, name) is not None]
-        rf = self.response_format
-        if rf is not None and rf.type == "text":
-            given.remove("response_format")  # OpenAI's default: plain text, nothing to constrain
-        if len(given) > 1:
-            raise FieldError(
-                given[1], f"give at most one of {', '.join(_STRUCTURED_FIELDS)}; this request sets {', '.join(given)}"
-            )
-        if self.guided_whitespace_pattern is not None:
-            raise FieldError("guided_whitespace_pattern", "guided_whitespace_pattern is not supported")
-        if self.guided_decoding_backend not in (None, "auto", "guidance", "llguidance"):
-            raise FieldError(
-                "guided_decoding_backend",
-                f"guided_decoding_backend={self.guided_decoding_backend!r} is not available; "
-                "tacit's is llguidance ('auto', 'guidance' or 'llguidance')",
-            )
-        if not given:
-            return None
-        name = given[0]
-        if name == "response_format":
-            if rf.type == "json_object":
-                return self._spec("response_format", json_object=True)
-            if rf.json_schema is None or rf.json_schema.json_schema is None:
-                param = "response_format.json_schema" + ("" if rf.json_schema is None else ".schema")
-                raise FieldError(param, f'response_format type "json_schema" needs {param} (a JSON schema object)')
-            return self._spec("response_format.json_schema.schema", json=rf.json_schema.json_schema)
-        if name == "structured_outputs":
-            so = self.structured_outputs
-            kw = dict(json=so.json_, regex=so.regex, choice=so.choice, grammar=so.grammar, json_object=so.json_object)
-            kw = {k: v for k, v in kw.items() if v is not None and v is not False}
-            if len(kw) != 1:
-                raise FieldError(
-                    "structured_outputs",
-                    f"structured_outputs needs exactly one of json, regex, choice, grammar, json_object; got {sorted(kw) or 'none'}",
-                )
-            return self._spec(f"structured_outputs.{next(iter(kw))}", **kw)
-        field = name.removeprefix("guided_")
-        return self._spec(name, **{field: getattr(self, name)})
+        return resolve_structured_outputs(self)
 
     @property
     def structured_param(self) -> str | None:
         """The wire field carrying this request's grammar (already checked by to_sampling_params)."""
         spec = self.structured_outputs_spec()
         return spec[0] if spec else None
-
-    @staticmethod
-    def _spec(param: str, **kw: Any) -> tuple[str, StructuredOutputsParams]:
-        try:
-            return param, StructuredOutputsParams(**kw)
-        except ValueError as e:
-            raise FieldError(param, f"{param} is invalid: {e}") from None
 
     @property
     def include_usage(self) -> bool:
