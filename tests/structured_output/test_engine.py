@@ -141,3 +141,39 @@ def test_invalid_grammar_is_refused_when_added(llm, spec, message):
 def test_exactly_one_structured_field(kwargs):
     with pytest.raises(ValueError, match="exactly one of json, json_object, regex, choice, grammar"):
         StructuredOutputsParams(**kwargs)
+
+
+def test_constrained_request_cutting_in_mid_step(tiny_llama):
+    """A constrained urgent request prefilled between the layers of a step whose rows are
+    constrained too: each gets its own mask from its own matcher, tokens as in a plain run."""
+    path = str(tiny_llama[2])
+    batch = [[5 + i] * (20 + 3 * i) for i in range(3)]
+    urgent = [9, 8, 7, 6, 5, 4, 3]
+    params = [constrained(json=SCHEMA), constrained(regex="[a-z]{2,40}"), SamplingParams(temperature=0.0)]
+    urgent_params = constrained(choice=["first", "second"])
+    ref = [
+        o.outputs[0].token_ids for o in LLM(path, dtype="float32").generate(batch + [urgent], params + [urgent_params])
+    ]
+    e = LLM(path, dtype="float32", scheduling_policy="priority").engine
+    ids = [e.add_request(p, sp, priority=1) for p, sp in zip(batch, params)]
+    for _ in range(2):
+        e.step()
+    arrived = []
+
+    def between_layers():
+        if not arrived:
+            arrived.append(e.add_request(urgent, urgent_params, priority=0))
+        e.cut_in_step()
+
+    e.between_layers = between_layers
+    e.step()
+    e.between_layers = None
+    done = {}
+    while e.has_unfinished_requests():
+        for out in e.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0]
+    assert e.get_stats().num_cut_ins == 1
+    assert [done[i].token_ids for i in ids + arrived] == ref
+    check_schema(json.loads(done[ids[0]].text))
+    assert done[arrived[0]].text in ("first", "second")
