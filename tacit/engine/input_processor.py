@@ -2,8 +2,9 @@
 
 It tokenizes, checks everything a client can get wrong before anything is queued or allocated
 (token ids in range, the prompt shorter than the context, prompt + max_tokens within the whole
-KV pool, the priority an integer, the structured-output grammar compiles), resolves the request's latency targets from its priority
-class, and fans an n>1 request out into n sequences with their own seeds.
+KV pool, the priority an integer, a structured-output grammar that compiles), resolves the
+request's latency targets from its priority class, and fans an n>1 request out into n
+sequences with their own seeds.
 """
 
 from __future__ import annotations
