@@ -2,8 +2,9 @@
 
 It tokenizes, checks everything a client can get wrong before anything is queued or allocated
 (token ids in range, the prompt shorter than the context, prompt + max_tokens within the whole
-KV pool, the priority an integer), resolves the request's latency targets from its priority
-class, and fans an n>1 request out into n sequences with their own seeds.
+KV pool, the priority an integer, a structured-output grammar that compiles), resolves the
+request's latency targets from its priority class, and fans an n>1 request out into n
+sequences with their own seeds.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from tacit.sampling_params import SamplingParams
 from tacit.scheduling.request import Request
+from tacit.structured_output import StructuredOutputManager
 from tacit.tokenizer import Tokenizer
 
 
@@ -38,12 +40,14 @@ class InputProcessor:
         max_model_len: int,
         kv_capacity_tokens: int,
         slo_classes: dict[int, dict[str, float]],
+        structured_output: StructuredOutputManager | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.kv_capacity_tokens = kv_capacity_tokens
         self.slo_classes = slo_classes
+        self.structured_output = structured_output
 
     def tokenize_prompt(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -78,6 +82,10 @@ class InputProcessor:
             )
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority={priority!r} is invalid: must be an integer (lower runs first)")
+        if params.structured_outputs is not None:
+            if self.structured_output is None:
+                raise ValueError("structured_outputs is not supported by this engine")
+            self.structured_output.validate(params.structured_outputs)  # compiles; a bad grammar raises here
         ttft, tpot = self._slo_targets(params, priority)
         children = []
         for i in range(params.n):

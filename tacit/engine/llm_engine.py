@@ -29,6 +29,7 @@ from tacit.sampling_params import SamplingParams
 from tacit.scheduling.policy import get_policy
 from tacit.scheduling.scheduler import Scheduler
 from tacit.scheduling.scheduler_output import SchedulerOutput
+from tacit.structured_output import StructuredOutputManager
 from tacit.tokenizer import Tokenizer
 
 
@@ -65,12 +66,15 @@ class LLMEngine:
                 int(swap_space * (1 << 30)),
             )
         kv = KVCacheManager(num_blocks, block_size)
+        # The logits' width (vocab_size), which may exceed the tokenizer's: padding ids stay masked.
+        structured_output = StructuredOutputManager(self.tokenizer, model_cfg.hf["vocab_size"], model_cfg.eos_token_ids)
         self.scheduler = Scheduler(
             self.config.scheduler,
             kv,
             get_policy(scheduling_policy),
             swapper=swapper,
             eos_token_ids=model_cfg.eos_token_ids,
+            structured_output=structured_output,
         )
         self.max_model_len = model_cfg.max_model_len
         self.num_kv_blocks = num_blocks
@@ -80,6 +84,7 @@ class LLMEngine:
             self.max_model_len,
             kv.capacity_tokens,
             self.config.scheduler.slo_classes,
+            structured_output,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()

@@ -225,6 +225,19 @@ class ModelRunner:
             return [], None
         return samples, self.model.compute_logits(hidden)
 
+    @staticmethod
+    def _add_grammar_bitmask(
+        metadata: SamplingMetadata, states: list[CachedRequestState], scheduler_output: SchedulerOutput
+    ) -> None:
+        """Point the scheduler's bitmask rows at the sampling rows they constrain."""
+        row_of = {r.req_id: i for i, r in enumerate(states)}
+        ids = scheduler_output.structured_output_request_ids
+        missing = [rid for rid in ids if rid not in row_of]
+        if missing:  # the scheduler masks only rows that sample: anything else is a bookkeeping bug
+            raise RuntimeError(f"grammar bitmask for requests that do not sample this step: {missing}")
+        metadata.grammar_rows = [row_of[rid] for rid in ids]
+        metadata.grammar_bitmask = torch.from_numpy(scheduler_output.grammar_bitmask)
+
     @torch.inference_mode()
     def execute(
         self, scheduler_output: SchedulerOutput, between_layers: Callable[[], None] | None = None
@@ -255,6 +268,8 @@ class ModelRunner:
             # each step would copy the whole context of every sampling row for nothing.
             output_ids = [r.output_token_ids if p.needs_penalties else [] for r, p in zip(states, params)]
             metadata = SamplingMetadata(params, output_ids, [r.generator for r in states])
+            if scheduler_output.grammar_bitmask is not None:
+                self._add_grammar_bitmask(metadata, states, scheduler_output)
             sampled = self.sampler(logits, metadata)
             for state, token in zip(states, sampled.token_ids):
                 state.token_ids.append(token)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from tacit.sampling_params import SamplingParams
@@ -24,6 +25,11 @@ class SamplingMetadata:
     output_token_ids: list[list[int]]  # tokens generated so far (penalties count these)
     # A per-request generator makes a seeded sample independent of what else is batched.
     generators: list[torch.Generator | None]
+    # Constrained decoding: int32 [len(grammar_rows), ceil(vocab / 32)] packed allowed tokens
+    # (bit j of word w allows token 32 * w + j) for the rows listed in grammar_rows. None: no
+    # row is constrained and the sampler does nothing extra.
+    grammar_bitmask: torch.Tensor | None = None
+    grammar_rows: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.params)
@@ -36,12 +42,43 @@ class SamplerOutput:
     logprobs: list[tuple[float, int, list[tuple[int, float]]] | None]
 
 
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """int32 [rows, words] packed bits (on the host) -> bool [rows, vocab]; ids past 32 * words
+    are disallowed. numpy's unpackbits: 0.1 ms for 32 rows of a 49k vocabulary, where shifting
+    in torch took 2 ms."""
+    bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little").view(np.bool_)
+    if bits.shape[1] < vocab:
+        bits = np.pad(bits, ((0, 0), (0, vocab - bits.shape[1])))
+    return torch.from_numpy(bits[:, :vocab])
+
+
+def apply_grammar_bitmask(
+    logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor, inplace: bool = False
+) -> torch.Tensor:
+    """logits with the tokens each listed row's grammar forbids set to -inf (a copy unless inplace)."""
+    allowed = unpack_bitmask(bitmask, logits.shape[-1]).to(logits.device, non_blocking=True)
+    out = logits if inplace else logits.clone()
+    if len(rows) == logits.shape[0] and rows == list(range(len(rows))):
+        return out.masked_fill_(~allowed, float("-inf"))  # every row constrained: no gather
+    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    out[index] = torch.where(allowed, logits[index], float("-inf"))
+    return out
+
+
 class Sampler:
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         logits = logits.float()
         params = metadata.params
         if any(p.needs_penalties for p in params):
             logits = self._apply_penalties(logits, metadata)
+        # Logprobs report the model's distribution (vLLM's default), not the grammar's: a masked
+        # top-n would be -inf entries, which JSON cannot carry.
+        model_logits = logits
+        if metadata.grammar_bitmask is not None:
+            rows = metadata.grammar_rows
+            # Masked in place unless a constrained row also wants logprobs (then they need a copy).
+            keep = any(params[i].logprobs is not None for i in rows)
+            logits = apply_grammar_bitmask(logits, rows, metadata.grammar_bitmask, inplace=not keep)
         greedy_ids = logits.argmax(dim=-1)
         if all(p.greedy for p in params):
             tokens = greedy_ids
@@ -51,7 +88,7 @@ class Sampler:
         logprobs: list = [None] * len(params)
         want = [i for i, p in enumerate(params) if p.logprobs is not None]
         if want:
-            logprobs = self._logprobs(logits, tokens, params, want)
+            logprobs = self._logprobs(model_logits, tokens, params, want)
         return SamplerOutput(token_list, logprobs)
 
     def _apply_penalties(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tacit.outputs import RawLogprobs
 from tacit.sampling_params import SamplingParams
 
@@ -51,6 +53,11 @@ class SchedulerOutput:
     preempted_req_ids: list[str] = field(default_factory=list)
     # Finished or aborted since the previous output: the runner drops their state.
     finished_req_ids: list[str] = field(default_factory=list)
+    # Constrained decoding (vLLM's names): the rows that sample this step under a grammar, and
+    # their allowed tokens, packed (int32 [len(ids), ceil(vocab / 32)], row i for ids[i]; bit j
+    # of word w allows token 32 * w + j). None when no row this step is constrained.
+    structured_output_request_ids: list[str] = field(default_factory=list)
+    grammar_bitmask: np.ndarray | None = None
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
-from tacit.sampling_params import SamplingParams
+from tacit.entrypoints.openai.structured_outputs import resolve_structured_outputs
+from tacit.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 class OpenAIModel(BaseModel):
@@ -41,6 +42,31 @@ class ErrorResponse(BaseModel):
 
 class StreamOptions(OpenAIModel):
     include_usage: StrictBool = False
+
+
+class JsonSchemaFormat(OpenAIModel):
+    name: StrictStr | None = None
+    # "schema" would shadow pydantic's BaseModel.schema(): the field takes it as an alias.
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+    description: StrictStr | None = None
+
+
+class ResponseFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(OpenAIModel):
+    """vLLM's newer `structured_outputs` object. Keys it does not know are refused, not dropped:
+    a client asking for a structural tag or a whitespace pattern must not get unconstrained text."""
+
+    model_config = ConfigDict(extra="forbid")
+    json_: dict[str, Any] | StrictStr | None = Field(default=None, alias="json")
+    regex: StrictStr | None = None
+    choice: list[StrictStr] | None = None
+    grammar: StrictStr | None = None
+    json_object: StrictBool | None = None
 
 
 class SamplingRequest(OpenAIModel):
@@ -73,6 +99,28 @@ class SamplingRequest(OpenAIModel):
     user: str | None = None
     # vLLM's extension: logprob tokens as "token_id:123", lossless where bytes split a character.
     return_tokens_as_token_ids: StrictBool = False
+    # Structured output: OpenAI's response_format, vLLM's guided_* fields and its newer
+    # structured_outputs object (README, "Structured output").
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | StrictStr | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
+    guided_grammar: StrictStr | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    # vLLM fields tacit cannot honour: refused (400) if set, rather than silently ignored.
+    guided_whitespace_pattern: StrictStr | None = None
+    guided_decoding_backend: StrictStr | None = None
+
+    def structured_outputs_spec(self) -> tuple[str, StructuredOutputsParams] | None:
+        """(the wire field that asked, as a 400's `param` names it; the engine's spec), or None.
+        Raises FieldError for two fields at once, an unsupported option or an empty spec."""
+        return resolve_structured_outputs(self)
+
+    @property
+    def structured_param(self) -> str | None:
+        """The wire field carrying this request's grammar (already checked by to_sampling_params)."""
+        spec = self.structured_outputs_spec()
+        return spec[0] if spec else None
 
     @property
     def include_usage(self) -> bool:
@@ -95,6 +143,9 @@ class SamplingRequest(OpenAIModel):
             tpot_slo_ms=self.tpot_slo_ms,
             expected_output_tokens=self.expected_output_tokens,
         )
+        spec = self.structured_outputs_spec()
+        if spec is not None:
+            kw["structured_outputs"] = spec[1]
         # OpenAI's defaults are temperature 1, top_p 1: "unset" means that, not greedy.
         for name in ("temperature", "top_p", "top_k", "min_p"):
             value = getattr(self, name)

@@ -51,7 +51,7 @@ class ChatServing:
         ids = await ctx.encode_chat(messages, req.add_generation_prompt, tools.definitions)
         ctx.check_length(len(ids), req.requested_max_tokens)
         request_id = random_id("chatcmpl")
-        streams = await ctx.submit([ids], params, request_id, req.priority)
+        streams = await ctx.submit([ids], params, request_id, req.priority, req.structured_param)
         if req.stream:
             return StreamingResponse(
                 self._stream(req, tools, raw, streams[0], request_id, len(ids)),

@@ -49,7 +49,7 @@ class CompletionServing:
         for ids in prompts:
             ctx.check_length(len(ids), req.max_tokens)
         request_id = random_id("cmpl")
-        streams = await ctx.submit(prompts, params, request_id, req.priority)
+        streams = await ctx.submit(prompts, params, request_id, req.priority, req.structured_param)
         num_prompt_tokens = sum(len(ids) for ids in prompts)
         if req.stream:
             return StreamingResponse(
