@@ -560,3 +560,55 @@ def test_tools_reach_the_prompt_and_bad_tool_requests_are_400(server, client, mo
     ):
         err = _assert_error(httpx.post(url, json=body), 400)
         assert err["param"] is not None and err["param"].startswith(param), (body, err)
+
+
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_and_named_tool_choice_force_valid_calls(client, model_dir, stream):
+    """A random model never calls a tool on its own: these calls exist because the grammar made
+    them, and their arguments follow the function's schema."""
+    m = str(model_dir)
+    tools = [WEATHER_TOOL, ADD_TOOL]
+
+    def calls(**kw):
+        r = client.chat.completions.create(model=m, messages=MESSAGES, tools=tools, max_tokens=200, stream=stream, **kw)
+        if not stream:
+            choice = r.choices[0]
+            return choice.message.tool_calls, choice.finish_reason, choice.message.content
+        chunks = list(r)
+        out = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+        content = "".join(c.choices[0].delta.content or "" for c in chunks)
+        return out, chunks[-1].choices[0].finish_reason, content or None
+
+    named, finish, content = calls(tool_choice={"type": "function", "function": {"name": "add"}})
+    assert finish == "tool_calls" and content is None and len(named) == 1
+    assert named[0].function.name == "add" and named[0].id.startswith("call_")
+    args = json.loads(named[0].function.arguments)
+    assert set(args) == {"a", "b"} and all(isinstance(v, int) for v in args.values())
+    required, finish, _ = calls(tool_choice="required", parallel_tool_calls=False)
+    assert finish == "tool_calls" and len(required) == 1
+    assert required[0].function.name in ("get_weather", "add")
+    assert isinstance(json.loads(required[0].function.arguments), dict)
+
+
+def test_tool_choice_conflicts_are_400(server, model_dir):
+    url = f"{server.url}/v1/chat/completions"
+    base = {"model": str(model_dir), "messages": MESSAGES, "max_tokens": 2, "tools": [ADD_TOOL]}
+    for extra in (
+        {"tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        {"tool_choice": "required", "response_format": {"type": "json_object"}},
+    ):
+        assert _assert_error(httpx.post(url, json={**base, **extra}), 400)["param"] == "tool_choice"

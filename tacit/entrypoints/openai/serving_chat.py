@@ -46,12 +46,12 @@ class ChatServing:
         ctx.check_model(req.model)
         params = ctx.sampling_params(req.to_sampling_params)
         tools = ChatTools(req)
-        tools.adjust(params)
+        structured_param = tools.adjust(params) or req.structured_param
         messages = [m.to_template_dict() for m in req.messages]
         ids = await ctx.encode_chat(messages, req.add_generation_prompt, tools.definitions)
         ctx.check_length(len(ids), req.requested_max_tokens)
         request_id = random_id("chatcmpl")
-        streams = await ctx.submit([ids], params, request_id, req.priority, req.structured_param)
+        streams = await ctx.submit([ids], params, request_id, req.priority, structured_param)
         if req.stream:
             return StreamingResponse(
                 self._stream(req, tools, raw, streams[0], request_id, len(ids)),
