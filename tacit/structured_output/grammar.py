@@ -49,8 +49,42 @@ def spec_key(spec: StructuredOutputsParams) -> tuple[str, str]:
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def closed_objects(schema: object) -> object:
+    """The schema with `additionalProperties: false` on every object that does not say.
+
+    JSON Schema lets an object carry keys it does not list, and a small model takes the
+    invitation: SmolLM2-135M, asked for instructor's City {name, country, population}, wrote
+    `population_density_per_square_kilometer_per_...` keys until max_tokens ran out. vLLM's
+    default backend (xgrammar, strict mode) closes objects the same way, and OpenAI's strict
+    schemas must; a schema that wants extra keys says `additionalProperties: true`.
+    """
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed_objects(v) for k, v in out[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(v) for v in out[key]]
+    for key in ("items", "additionalProperties", "not", "if", "then", "else"):
+        if isinstance(out.get(key), dict):
+            out[key] = closed_objects(out[key])
+    return out
+
+
 def _to_llguidance(field: str, text: str) -> str:
     if field == "json":
+        try:
+            text = json.dumps(closed_objects(json.loads(text)))
+        except ValueError:
+            pass  # not JSON: llguidance's own error names the problem below
         return llguidance.LLMatcher.grammar_from_json_schema(text, defaults=_JSON_OPTIONS)
     if field == "json_object":
         return llguidance.LLMatcher.grammar_from_json_schema('{"type": "object"}', defaults=_JSON_OPTIONS)

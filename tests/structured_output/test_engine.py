@@ -9,6 +9,7 @@ import re
 import pytest
 
 from tacit import LLM, SamplingParams, StructuredOutputsParams
+from tacit.structured_output.grammar import closed_objects
 
 PROMPT = "Paris is the capital of"
 SCHEMA = {
@@ -49,6 +50,21 @@ def test_json_schema_output_parses_and_validates(llm):
     unconstrained = llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=30))[0].outputs[0].text
     with pytest.raises(ValueError):
         json.loads(unconstrained)  # the model alone does not write JSON: the grammar did
+
+
+def test_objects_are_closed_unless_the_schema_opens_them(llm):
+    """A schema that does not say additionalProperties gets only its listed keys (xgrammar's
+    strict default in vLLM); `additionalProperties: true` still allows more."""
+    open_schema = {k: v for k, v in SCHEMA.items() if k != "additionalProperties"}
+    out = llm.generate([PROMPT], constrained(json=open_schema))[0].outputs[0]
+    check_schema(json.loads(out.text))
+    closed = closed_objects(
+        {"type": "object", "properties": {"a": {"type": "object"}}, "$defs": {"b": {"properties": {}}}}
+    )
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["a"]["additionalProperties"] is False
+    assert closed["$defs"]["b"]["additionalProperties"] is False
+    assert closed_objects({"type": "object", "additionalProperties": True})["additionalProperties"] is True
 
 
 def test_json_object(llm):
