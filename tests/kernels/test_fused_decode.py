@@ -19,10 +19,10 @@ def both_paths(runner, rows, compute=None):
     """Logits of one step's rows from the fused decoder, then from the torch path."""
     compute = compute or runner.compute_logits
     fused = runner.fused_decode
-    samples, got = compute(rows)
+    samples, got, _ = compute(rows)
     runner.fused_decode = None
     try:
-        ref_samples, ref = compute(rows)  # rewrites this step's KV slots with torch's values
+        ref_samples, ref, _ = compute(rows)  # rewrites this step's KV slots with torch's values
     finally:
         runner.fused_decode = fused
     assert samples == ref_samples
@@ -147,7 +147,7 @@ def test_layer_by_layer_step_equals_one_call_and_lets_a_cut_in_run(tiny_model_fa
     engine.step()
     rows = scheduled_rows(engine)
     assert engine.runner._uses_fused_decode(rows) and len(rows) == 12
-    _, one_call = engine.runner.compute_logits(rows)
+    _, one_call, _ = engine.runner.compute_logits(rows)
     calls = []
 
     def hook():
@@ -161,7 +161,7 @@ def test_layer_by_layer_step_equals_one_call_and_lets_a_cut_in_run(tiny_model_fa
             )
             assert engine.cut_in_step(), "the urgent request should have cut in"
 
-    _, by_layer = engine.runner.compute_logits(rows, hook)
+    _, by_layer, _ = engine.runner.compute_logits(rows, hook)
     assert len(calls) == engine.model.num_layers - 1  # one boundary between each two layers
     assert torch.equal(one_call, by_layer)
     assert engine.get_stats().num_cut_ins == 1
