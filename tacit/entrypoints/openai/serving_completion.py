@@ -58,10 +58,11 @@ class CompletionServing:
         )
         for ids in prompts:
             ctx.check_length(len(ids), req.max_tokens)
-        # What echo prepends: the prompt as sent, or a token-id prompt decoded (special tokens kept).
-        echoes = (
-            [p if isinstance(p, str) else ctx.tokenizer.decode(p, False) for p in req.prompts()] if req.echo else []
-        )
+        echoes: list[str] = []  # what echo prepends: the prompt as sent, or its ids decoded (specials kept)
+        if req.echo:
+            echoes = await asyncio.to_thread(
+                lambda: [p if isinstance(p, str) else ctx.tokenizer.decode(p, False) for p in req.prompts()]
+            )
         request_id = random_id("cmpl")
         streams = await ctx.submit(prompts, params, request_id, req.priority)
         num_prompt_tokens = sum(len(ids) for ids in prompts)
@@ -168,7 +169,8 @@ class CompletionServing:
                         if index in done:
                             continue  # a finished sibling of an n>1 request is reported every step
                         echo, positions = "", []
-                        if req.echo and index not in echoed:
+                        echoing = req.echo and index not in echoed
+                        if echoing:
                             positions = self._prompt_positions(req, out)
                             if positions is None:
                                 continue  # its prompt is still being scored: echo it whole, later
@@ -176,7 +178,7 @@ class CompletionServing:
                         t0, k0, k1 = sent_text.get(index, 0), sent_tokens.get(index, 0), len(c.token_ids)
                         delta = c.text[t0:]
                         new_logprobs = req.logprobs is not None and k1 > k0
-                        if not echo and not delta and c.finish_reason is None and not new_logprobs:
+                        if not echoing and not delta and c.finish_reason is None and not new_logprobs:
                             continue  # a token that ends mid-character: wait for the rest
                         # Generated tokens' offsets count the echoed prompt's text before them.
                         offset = (len(echoes[pi]) if req.echo else 0) + t0
