@@ -30,7 +30,7 @@ from tacit.scheduling.scheduler_output import SchedulerOutput
 # A step's rows: each request's state and the tokens it computes this step, in batch order.
 Rows = list[tuple[CachedRequestState, int]]
 # req_id -> the prompt tokens its chunk scored this step (only requests with prompt_logprobs).
-PromptLogprobs = dict[str, RawPromptLogprobs]
+PromptScores = dict[str, RawPromptLogprobs]
 
 _DEFAULT_KV_BUDGET = 2 << 30  # 2 GiB, capped by what the batch limits could ever use
 # Below this many rows a fused decode step is short (~11 ms at 1 row, ~40 ms at 8 on the default
@@ -205,7 +205,7 @@ class ModelRunner:
 
     def _fused_part(
         self, rows: Rows, between_layers: Callable[[], None] | None
-    ) -> tuple[list[int], torch.Tensor, PromptLogprobs]:
+    ) -> tuple[list[int], torch.Tensor, PromptScores]:
         hidden = self._fused_decode_hidden(rows, between_layers)
         # A one-token step can also be the last prompt token of a chunked prefill that is
         # not yet level with its request (only those level with all their tokens sample).
@@ -214,7 +214,7 @@ class ModelRunner:
 
     def _torch_part(
         self, rows: Rows, between_layers: Callable[[], None] | None
-    ) -> tuple[list[int], torch.Tensor, PromptLogprobs]:
+    ) -> tuple[list[int], torch.Tensor, PromptScores]:
         input_ids, positions, meta, samples, sample_rows, scored = self._build(rows)
         model = self.model
         with set_forward_context(meta):
@@ -239,7 +239,7 @@ class ModelRunner:
 
     def _split_part(
         self, rows: Rows, between_layers: Callable[[], None] | None
-    ) -> tuple[list[int], torch.Tensor, PromptLogprobs]:
+    ) -> tuple[list[int], torch.Tensor, PromptScores]:
         """One-token rows through the fused decoder, the rest through torch, rows back in
         scheduled order. The two forwards write the KV slots of disjoint requests."""
         decodes = [i for i, (r, n) in enumerate(rows) if _fusable(r, n)]
@@ -257,7 +257,7 @@ class ModelRunner:
     @torch.inference_mode()
     def compute_logits(
         self, rows: Rows, between_layers: Callable[[], None] | None = None
-    ) -> tuple[list[int], torch.Tensor | None, PromptLogprobs]:
+    ) -> tuple[list[int], torch.Tensor | None, PromptScores]:
         """Run the step's forward: (indexes of the rows that sample, their logits, the prompt
         logprobs its chunks scored); writes this step's KV. between_layers, if given, runs at
         every decoder-layer boundary."""
