@@ -2,8 +2,8 @@
 
 It owns everything about a request's output that the scheduler does not need: incremental
 detokenization, stop strings (found in text, so only here), logprobs (sampled and prompt)
-turned into Logprob entries with their decoded text, and the grouping of an n>1 request's sequences under their
-parent id. A stop string ends a sequence here; the engine then tells the scheduler to free it.
+turned into Logprob entries with their decoded text, and the grouping of an n>1 request's
+sequences under their parent id. A stop string ends a sequence here; the engine then tells the scheduler to free it.
 """
 
 from __future__ import annotations
