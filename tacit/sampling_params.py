@@ -78,6 +78,8 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     logprobs: int | None = None
+    # vLLM's meaning: per prompt token (the first has none), its logprob, rank and the top-N.
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     n: int = 1
@@ -115,12 +117,17 @@ class SamplingParams:
             raise bad("top_k", self.top_k, "must be -1 or 0 (disabled) or an integer >= 1")
         if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", self.min_p, "must be in [0, 1]")
-        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            raise bad("max_tokens", self.max_tokens, "must be an integer >= 1 or None")
+        # 0 scores a prompt without generating (prompt_logprobs): it finishes after its prefill.
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 0):
+            raise bad("max_tokens", self.max_tokens, "must be an integer >= 0 or None")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise bad("min_tokens", self.min_tokens, "must be an integer >= 0")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", self.logprobs, "must be an integer in [0, 20] or None")
+        if self.prompt_logprobs is not None and (
+            not _is_int(self.prompt_logprobs) or not 0 <= self.prompt_logprobs <= 20
+        ):
+            raise bad("prompt_logprobs", self.prompt_logprobs, "must be an integer in [0, 20] or None")
         if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
             raise bad("n", self.n, f"must be an integer in [1, {MAX_N}]")
         for name in ("presence_penalty", "frequency_penalty"):

@@ -66,13 +66,17 @@ class InputProcessor:
         text, ids = self.tokenize_prompt(prompt)
         if not ids:
             raise ValueError("prompt is empty: it must hold at least one token")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt is {len(ids)} tokens, but max_model_len is {self.max_model_len}: "
-                f"it must be shorter, leaving room for at least one generated token"
+        scoring_only = params.max_tokens == 0  # a prompt to score may fill the whole context
+        if len(ids) > self.max_model_len or (len(ids) == self.max_model_len and not scoring_only):
+            rule = (
+                "it may be at most that long"
+                if scoring_only
+                else "it must be shorter, leaving room for at least one generated token "
+                "(as long only with max_tokens=0, which scores the prompt without generating)"
             )
+            raise ValueError(f"prompt is {len(ids)} tokens, but max_model_len is {self.max_model_len}: {rule}")
         room = self.max_model_len - len(ids)
-        max_tokens = min(params.max_tokens or room, room)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         need = len(ids) + max_tokens
         if need > self.kv_capacity_tokens:
             raise ValueError(
@@ -90,6 +94,8 @@ class InputProcessor:
         children = []
         for i in range(params.n):
             child_params = params if params.n == 1 or params.seed is None else replace(params, seed=params.seed + i)
+            if i and params.prompt_logprobs is not None:  # the n sequences share one prompt: score it once
+                child_params = replace(child_params, prompt_logprobs=None)
             child_id = request_id if params.n == 1 else f"{request_id}#{i}"
             req = Request(child_id, ids, child_params, max_tokens, priority=priority, parent_id=request_id, index=i)
             req.ttft_slo, req.tpot_slo = ttft, tpot

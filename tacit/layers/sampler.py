@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tacit.outputs import RawLogprobs
 from tacit.sampling_params import SamplingParams
 
 
@@ -39,7 +40,7 @@ class SamplingMetadata:
 class SamplerOutput:
     token_ids: list[int]
     # Per row: (chosen logprob, chosen rank, [(token_id, logprob), ...] top-n), or None.
-    logprobs: list[tuple[float, int, list[tuple[int, float]]] | None]
+    logprobs: list[RawLogprobs | None]
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -143,15 +144,23 @@ class Sampler:
     ) -> list:
         # Logprobs of the model's distribution (after penalties, before temperature/top-k/top-p),
         # as vLLM reports them by default.
-        lp = logits[rows].log_softmax(dim=-1)
-        chosen = tokens[rows]
-        chosen_lp = lp.gather(1, chosen[:, None])[:, 0]
-        ranks = (lp > chosen_lp[:, None]).sum(dim=-1) + 1
         n_max = max(params[i].logprobs for i in rows)
-        top_vals, top_ids = lp.topk(max(n_max, 1), dim=-1) if n_max else (None, None)
+        picked = gather_logprobs(logits[rows].log_softmax(dim=-1), tokens[rows], n_max)
         out: list = [None] * len(params)
         for j, i in enumerate(rows):
-            n = params[i].logprobs
-            top = list(zip(top_ids[j, :n].tolist(), top_vals[j, :n].tolist())) if n else []
-            out[i] = (float(chosen_lp[j]), int(ranks[j]), top)
+            out[i] = picked[j][0], picked[j][1], picked[j][2][: params[i].logprobs]
         return out
+
+
+def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: int) -> list[RawLogprobs]:
+    """Per row of log-softmaxed logits: (token_ids[row]'s logprob, its rank (1 = the most
+    likely; ties rank it first), [(token_id, logprob), ...] of the num_top most likely).
+    The sampler and the prompt logprobs share it, so both rank alike."""
+    chosen_lp = logprobs.gather(1, token_ids[:, None])[:, 0]
+    ranks = (logprobs > chosen_lp[:, None]).sum(dim=-1) + 1
+    if num_top:
+        top_vals, top_ids = logprobs.topk(num_top, dim=-1)
+        tops = [list(zip(i, v)) for i, v in zip(top_ids.tolist(), top_vals.tolist())]
+    else:
+        tops = [[] for _ in range(len(token_ids))]
+    return list(zip(chosen_lp.tolist(), ranks.tolist(), tops))

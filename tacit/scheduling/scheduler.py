@@ -324,7 +324,8 @@ class Scheduler:
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
         """Advance every scheduled request by the tokens it computed, append what was sampled,
-        finish (and free) requests that hit EOS, a stop token id or max_tokens."""
+        finish (and free) requests that hit EOS, a stop token id or max_tokens (0: at the end of
+        the prefill), pass on the prompt logprobs the runner scored."""
         prefill_tokens = decodes = 0
         for req_id, n in scheduler_output.num_scheduled_tokens.items():
             req = self.requests.get(req_id)
@@ -337,6 +338,8 @@ class Scheduler:
         self.cost.observe(prefill_tokens, decodes, runner_output.execute_s)
         now = self.clock()
         outputs = []
+        scored = runner_output.prompt_logprobs
+        sampled = set(runner_output.req_ids)
         for req_id, token, logprobs in zip(
             runner_output.req_ids, runner_output.sampled_token_ids, runner_output.logprobs
         ):
@@ -354,7 +357,19 @@ class Scheduler:
                 reason = "stop"  # the grammar is complete (or refused the token): nothing valid can follow
             if reason is not None:
                 self.finish_request(req_id, reason, stop_reason)
-            outputs.append(EngineCoreOutput(req_id, token, logprobs, reason, stop_reason))
+            outputs.append(EngineCoreOutput(req_id, token, logprobs, reason, stop_reason, scored.get(req_id)))
+        # News without a token: prompt tokens a chunk scored mid-prefill, and a prompt that was
+        # only to be scored (max_tokens=0) ending with its prefill.
+        for req_id in scheduler_output.num_scheduled_tokens:
+            req = self.requests.get(req_id)
+            if req_id in sampled or req is None or req.is_finished:
+                continue
+            reason = None
+            if req.max_tokens == 0 and req.num_computed_tokens >= req.num_tokens:
+                reason = "length"
+                self.finish_request(req_id, reason)
+            if reason is not None or req_id in scored:
+                outputs.append(EngineCoreOutput(req_id, None, None, reason, None, scored.get(req_id)))
         return outputs
 
     def _check_stop(self, req: Request, token: int) -> tuple[str | None, int | None]:
@@ -385,7 +400,8 @@ class Scheduler:
         if self.structured_output is not None:
             self.structured_output.remove_request(request_id)
         self._finished_req_ids.append(request_id)
-        if reason in ("stop", "length"):  # an abort says nothing about how long it would have run
+        # An abort says nothing about how long it would have run, nor a prompt only scored.
+        if reason in ("stop", "length") and req.max_tokens > 0:
             p = req.params
             self.predictor.observe(
                 req.num_prompt_tokens,

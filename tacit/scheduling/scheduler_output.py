@@ -5,8 +5,8 @@ a preemption, comes whole (NewRequestData: its tokens, sampling parameters and e
 a request already running comes as a delta (CachedRequestData: the blocks added this step).
 The runner keeps its own copy of each request's state from these, so nothing below the
 scheduler ever holds a live Request, and with several worker processes this same object is
-what each of them receives. update_from_output answers with an EngineCoreOutput per sampled
-request, and make_stats with SchedulerStats.
+what each of them receives. update_from_output answers with an EngineCoreOutput per request
+with news (a sampled token, scored prompt tokens, or an end), and make_stats with SchedulerStats.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tacit.outputs import RawLogprobs
+from tacit.outputs import RawLogprobs, RawPromptLogprobs
 from tacit.sampling_params import SamplingParams
 
 
@@ -73,14 +73,18 @@ class SchedulerOutput:
 
 @dataclass(frozen=True)
 class EngineCoreOutput:
-    """One request's news from one step (vLLM v1's name): the token it sampled, and whether that
-    ended it. The output processor turns these into text and RequestOutputs."""
+    """One request's news from one step (vLLM v1's name): the token it sampled, whether that
+    ended it, and the prompt tokens its prefill chunk scored (prompt_logprobs). new_token_id is
+    None when there is no token: a chunk mid-prefill that scored prompt tokens, or a prompt
+    that was only to be scored (max_tokens=0) finishing its prefill. The output processor
+    turns these into text and RequestOutputs."""
 
     req_id: str
-    new_token_id: int
+    new_token_id: int | None
     logprobs: RawLogprobs | None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: RawPromptLogprobs | None = None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
@@ -612,3 +613,127 @@ def test_tool_choice_conflicts_are_400(server, model_dir):
         {"tool_choice": "required", "response_format": {"type": "json_object"}},
     ):
         assert _assert_error(httpx.post(url, json={**base, **extra}), 400)["param"] == "tool_choice"
+
+
+# ---- echo, prompt logprobs, max_tokens=0 ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_dir):
+    import transformers as tf
+
+    return tf.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+
+
+def test_lm_eval_loglikelihood_requests(server, model_dir, hf_model):
+    """Exactly what lm-evaluation-harness `local-completions` sends for loglikelihood (multiple
+    choice, perplexity) and how it reads the answer, against transformers' float32 numbers. The
+    600-token prompt is prefilled in two chunks (--long-prefill-token-threshold 512)."""
+    g = torch.Generator().manual_seed(3)
+    contexts = [torch.randint(3, 384, (n,), generator=g).tolist() for n in (5, 30, 600)]
+    with torch.no_grad():
+        greedy_cont = hf_model.generate(
+            torch.tensor([contexts[1]]), max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None
+        )[0, 30:].tolist()
+    continuations = [torch.randint(3, 384, (3,), generator=g).tolist(), greedy_cont, [7]]
+    prompts = [c + k for c, k in zip(contexts, continuations)]
+    ctxlens = [len(c) for c in contexts]
+    payload = {
+        "model": str(model_dir),
+        "prompt": prompts,
+        "temperature": 0,
+        "max_tokens": 1,
+        "logprobs": 1,
+        "seed": 1234,
+        "echo": True,
+    }
+    out = httpx.post(f"{server.url}/v1/completions", json=payload, timeout=120).json()
+    # lm_eval.models.openai_completions.LocalCompletionsAPI.parse_logprobs, verbatim.
+    res = []
+    for choice, ctxlen in zip(sorted(out["choices"], key=lambda c: c["index"]), ctxlens):
+        logprobs = sum(choice["logprobs"]["token_logprobs"][ctxlen:-1])
+        tokens_logprobs = choice["logprobs"]["token_logprobs"][ctxlen:-1]
+        top_logprobs = choice["logprobs"]["top_logprobs"][ctxlen:-1]
+        is_greedy = True
+        for tok, top in zip(tokens_logprobs, top_logprobs):
+            if tok != max(top.values()):
+                is_greedy = False
+                break
+        res.append((logprobs, is_greedy))
+
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2]
+    for (got, got_greedy), prompt, ctxlen, choice in zip(res, prompts, ctxlens, out["choices"]):
+        with torch.no_grad():
+            ref = hf_model(torch.tensor([prompt])).logits[0].float().log_softmax(-1)
+        want = sum(float(ref[t - 1, prompt[t]]) for t in range(ctxlen, len(prompt)))
+        want_greedy = all(int(ref[t - 1].argmax()) == prompt[t] for t in range(ctxlen, len(prompt)))
+        assert abs(got - want) < 1e-3 and got_greedy == want_greedy
+        lp = choice["logprobs"]
+        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(prompt) + 1
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
+    assert res[1][1] is True and not all(g for _, g in res)  # both outcomes of the greedy check
+    assert out["usage"]["prompt_tokens"] == sum(len(p) for p in prompts)
+
+
+def test_echo_max_tokens_zero_and_streaming(server, llm, model_dir):
+    m, url = str(model_dir), f"{server.url}/v1/completions"
+    prompt = "The quick brown fox"
+    ids = llm.get_tokenizer().encode(prompt)
+    ref = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=5, prompt_logprobs=2, logprobs=2))[0]
+    body = dict(model=m, prompt=prompt, echo=True, temperature=0.0)
+
+    # max_tokens 0: the prompt and its logprobs, nothing generated.
+    r = httpx.post(url, json={**body, "max_tokens": 0, "logprobs": 2}).json()
+    choice = r["choices"][0]
+    assert choice["text"] == prompt and choice["finish_reason"] == "length"
+    assert r["usage"]["completion_tokens"] == 0 and r["usage"]["prompt_tokens"] == len(ids)
+    lp = choice["logprobs"]
+    assert lp["token_logprobs"][0] is None and len(lp["tokens"]) == len(ids)
+    for t in range(1, len(ids)):
+        assert abs(lp["token_logprobs"][t] - ref.prompt_logprobs[t][ids[t]].logprob) < 1e-5
+        assert 2 <= len(lp["top_logprobs"][t]) <= 3  # top-2 plus the prompt's own token
+
+    # Generating after the echo: prompt text, then the generated text; logprobs for both.
+    r = httpx.post(url, json={**body, "max_tokens": 5, "logprobs": 2}).json()
+    choice = r["choices"][0]
+    assert choice["text"] == prompt + ref.outputs[0].text
+    assert len(choice["logprobs"]["tokens"]) == len(ids) + 5
+    # A token-id prompt echoes its decoded text.
+    r = httpx.post(url, json={**body, "prompt": ids, "max_tokens": 2}).json()
+    assert r["choices"][0]["text"].startswith(llm.get_tokenizer().decode(ids, False))
+
+    # Streamed: the first chunk carries the prompt (and its logprobs), the rest the generation.
+    with httpx.stream("POST", url, json={**body, "max_tokens": 5, "logprobs": 2, "stream": True}) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    first = events[0]["choices"][0]
+    assert first["text"].startswith(prompt) and first["logprobs"]["token_logprobs"][0] is None
+    assert "".join(e["choices"][0]["text"] for e in events) == prompt + ref.outputs[0].text
+    assert sum(len(e["choices"][0]["logprobs"]["tokens"]) for e in events) == len(ids) + 5
+    with httpx.stream("POST", url, json={**body, "max_tokens": 0, "n": 2, "stream": True}) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    assert sorted((e["choices"][0]["index"], e["choices"][0]["text"]) for e in events) == [(0, prompt), (1, prompt)]
+
+
+def test_prompt_logprobs_field(server, llm, model_dir):
+    m = str(model_dir)
+    ids = llm.get_tokenizer().encode_chat(MESSAGES)
+    ref = llm.generate(ids, SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=1))[0].prompt_logprobs
+    r = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json=dict(model=m, messages=MESSAGES, temperature=0.0, max_tokens=2, prompt_logprobs=1),
+    ).json()
+    got = r["prompt_logprobs"]
+    assert len(got) == len(ids) and got[0] is None
+    for t in range(1, len(ids)):
+        entry = got[t][str(ids[t])]
+        assert abs(entry["logprob"] - ref[t][ids[t]].logprob) < 1e-5 and entry["rank"] == ref[t][ids[t]].rank
+    r = httpx.post(
+        f"{server.url}/v1/completions", json=dict(model=m, prompt="Hi there", max_tokens=1, prompt_logprobs=0)
+    )
+    assert [len(e) if e else e for e in r.json()["choices"][0]["prompt_logprobs"]][:2] == [None, 1]
+    for path, extra in (("chat/completions", {"messages": MESSAGES}), ("completions", {"prompt": "Hi"})):
+        r = httpx.post(f"{server.url}/v1/{path}", json=dict(model=m, stream=True, prompt_logprobs=1, **extra))
+        assert r.status_code == 400 and "prompt_logprobs" in r.json()["error"]["message"]
+        r = httpx.post(f"{server.url}/v1/{path}", json=dict(model=m, prompt_logprobs=21, **extra))
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"

@@ -118,7 +118,13 @@ class ChatServing:
             completion_tokens=completion_tokens,
             total_tokens=num_prompt_tokens + completion_tokens,
         )
-        body = ChatCompletionResponse(id=request_id, model=self.ctx.model_name, choices=choices, usage=usage)
+        body = ChatCompletionResponse(
+            id=request_id,
+            model=self.ctx.model_name,
+            choices=choices,
+            usage=usage,
+            prompt_logprobs=out.prompt_logprobs if req.prompt_logprobs is not None else None,
+        )
         return JSONResponse(body.model_dump())
 
     async def _stream(
