@@ -737,3 +737,33 @@ def test_prompt_logprobs_field(server, llm, model_dir):
         assert r.status_code == 400 and "prompt_logprobs" in r.json()["error"]["message"]
         r = httpx.post(f"{server.url}/v1/{path}", json=dict(model=m, prompt_logprobs=21, **extra))
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
+
+
+def test_client_libraries_structured_output_and_tools(server, model_dir):
+    """instructor (default TOOLS mode: a named tool_choice) and langchain-openai (bind_tools,
+    with_structured_output by json_schema and by function calling) parse what the server sends."""
+    instructor = pytest.importorskip("instructor")
+    langchain_openai = pytest.importorskip("langchain_openai")
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):  # bounded, so a random model's constrained answer always closes
+        name: str = Field(max_length=8)
+        population: int = Field(ge=0, le=1000)
+
+    m, url = str(model_dir), f"{server.url}/v1"
+    ic = instructor.from_openai(openai.OpenAI(base_url=url, api_key="x", max_retries=0))
+    city = ic.chat.completions.create(
+        model=m, messages=MESSAGES, response_model=City, max_tokens=100, temperature=0, max_retries=0
+    )
+    assert isinstance(city, City)
+    chat = langchain_openai.ChatOpenAI(base_url=url, api_key="x", model=m, temperature=0, max_tokens=100, max_retries=0)
+
+    class GetWeather(BaseModel):
+        """Weather in a city."""
+
+        city: str = Field(max_length=8)
+
+    msg = chat.bind_tools([GetWeather], tool_choice="GetWeather").invoke("Weather in Paris?")
+    assert [c["name"] for c in msg.tool_calls] == ["GetWeather"] and isinstance(msg.tool_calls[0]["args"]["city"], str)
+    for method in ("json_schema", "function_calling"):
+        assert isinstance(chat.with_structured_output(City, method=method).invoke("A city?"), City)
