@@ -767,3 +767,18 @@ def test_client_libraries_structured_output_and_tools(server, model_dir):
     assert [c["name"] for c in msg.tool_calls] == ["GetWeather"] and isinstance(msg.tool_calls[0]["args"]["city"], str)
     for method in ("json_schema", "function_calling"):
         assert isinstance(chat.with_structured_output(City, method=method).invoke("A city?"), City)
+
+
+def test_responses_api_structured_output(client, model_dir):
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        name: str = Field(max_length=8)
+        population: int = Field(ge=0, le=1000)
+
+    r = client.responses.parse(model=str(model_dir), input="A city?", text_format=City, max_output_tokens=100)
+    assert isinstance(r.output_parsed, City) and r.status == "completed"
+    r = client.responses.create(
+        model=str(model_dir), input="JSON?", text={"format": {"type": "json_object"}}, max_output_tokens=100
+    )
+    assert isinstance(json.loads(r.output_text), dict)
