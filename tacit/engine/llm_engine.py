@@ -10,6 +10,7 @@ OutputProcessor.process_outputs -> RequestOutputs (text, stop strings, logprobs,
 from __future__ import annotations
 
 import itertools
+import logging
 from typing import Any, Callable
 
 import torch
@@ -30,6 +31,8 @@ from tacit.scheduling.policy import get_policy
 from tacit.scheduling.scheduler import Scheduler
 from tacit.scheduling.scheduler_output import SchedulerOutput
 from tacit.tokenizer import Tokenizer
+
+logger = logging.getLogger("tacit.engine")
 
 
 class LLMEngine:
@@ -52,8 +55,18 @@ class LLMEngine:
         torch.manual_seed(seed)
         self.tokenizer: Tokenizer = source.tokenizer
         self.device = platform.device()
-        self.model = build_model(model_cfg, source.weights(), self.device, platform.free_memory_bytes())
+        self.model = build_model(model_cfg, source.weights, self.device, platform.free_memory_bytes())
         self.runner = ModelRunner(self.config, self.model, self.device, platform.free_memory_bytes())
+        if self.runner.config.model.max_model_len != model_cfg.max_model_len:
+            logger.info(
+                "max_model_len capped at %d tokens, what the KV cache holds (%d blocks of %d); the model's "
+                "max_position_embeddings is %d. Pass max_model_len or a larger kv_cache_memory to change it",
+                self.runner.config.model.max_model_len,
+                self.runner.num_blocks,
+                block_size,
+                model_cfg.max_position_embeddings,
+            )
+        self.config, model_cfg = self.runner.config, self.runner.config.model
         num_blocks = self.runner.num_blocks
         swapper = None
         if swap_space > 0:
