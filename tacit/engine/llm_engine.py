@@ -54,6 +54,7 @@ class LLMEngine:
         scheduling_policy = self.config.scheduler.policy
         torch.manual_seed(seed)
         self.tokenizer: Tokenizer = source.tokenizer
+        self.tokenizer.allow_special_tokens_in_chat_content = engine_args.allow_special_tokens_in_chat_content
         self.device = platform.device()
         self.model = build_model(model_cfg, source.weights, self.device, platform.free_memory_bytes())
         self.runner = ModelRunner(self.config, self.model, self.device, platform.free_memory_bytes())
