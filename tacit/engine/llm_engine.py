@@ -133,6 +133,7 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         for seq_id in self.output_processor.abort_request(request_id):
             self.scheduler.finish_request(seq_id, "abort")
+        self._hand_over_finished_when_idle()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -149,7 +150,17 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        return self._run(self.scheduler.schedule(), self.between_layers)
+        outputs = self._run(self.scheduler.schedule(), self.between_layers)
+        self._hand_over_finished_when_idle()
+        return outputs
+
+    def _hand_over_finished_when_idle(self) -> None:
+        """Finished ids reach the runner with the next SchedulerOutput. With nothing left to run
+        there is no next one until a request arrives, and the runner held the last batch's
+        states (up to max_num_seqs token lists) all that time; an empty step hands them over
+        now, so an idle engine holds no per-request state anywhere."""
+        if not self.scheduler.has_unfinished_requests():
+            self._run(self.scheduler.schedule(), None)
 
     def cut_in_step(self) -> list[RequestOutput]:
         """Prefill the requests Scheduler.schedule_cut_in() picks, now: called between two
