@@ -10,6 +10,7 @@ OutputProcessor.process_outputs -> RequestOutputs (text, stop strings, logprobs,
 from __future__ import annotations
 
 import itertools
+import logging
 from typing import Any, Callable
 
 import torch
@@ -32,6 +33,8 @@ from tacit.scheduling.scheduler_output import SchedulerOutput
 from tacit.structured_output import StructuredOutputManager
 from tacit.tokenizer import Tokenizer
 
+logger = logging.getLogger("tacit.engine")
+
 
 class LLMEngine:
     def __init__(self, model: str | None = None, *, engine_args: EngineArgs | None = None, **kwargs: Any) -> None:
@@ -52,9 +55,20 @@ class LLMEngine:
         scheduling_policy = self.config.scheduler.policy
         torch.manual_seed(seed)
         self.tokenizer: Tokenizer = source.tokenizer
+        self.tokenizer.allow_special_tokens_in_chat_content = engine_args.allow_special_tokens_in_chat_content
         self.device = platform.device()
-        self.model = build_model(model_cfg, source.weights(), self.device, platform.free_memory_bytes())
+        self.model = build_model(model_cfg, source.weights, self.device, platform.free_memory_bytes())
         self.runner = ModelRunner(self.config, self.model, self.device, platform.free_memory_bytes())
+        if self.runner.config.model.max_model_len != model_cfg.max_model_len:
+            logger.info(
+                "max_model_len capped at %d tokens, what the KV cache holds (%d blocks of %d); the model's "
+                "max_position_embeddings is %d. Pass max_model_len or a larger kv_cache_memory to change it",
+                self.runner.config.model.max_model_len,
+                self.runner.num_blocks,
+                block_size,
+                model_cfg.max_position_embeddings,
+            )
+        self.config, model_cfg = self.runner.config, self.runner.config.model
         num_blocks = self.runner.num_blocks
         swapper = None
         if swap_space > 0:
@@ -124,6 +138,7 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         for seq_id in self.output_processor.abort_request(request_id):
             self.scheduler.finish_request(seq_id, "abort")
+        self._hand_over_finished_when_idle()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -140,7 +155,17 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        return self._run(self.scheduler.schedule(), self.between_layers)
+        outputs = self._run(self.scheduler.schedule(), self.between_layers)
+        self._hand_over_finished_when_idle()
+        return outputs
+
+    def _hand_over_finished_when_idle(self) -> None:
+        """Finished ids reach the runner with the next SchedulerOutput. With nothing left to run
+        there is no next one until a request arrives, and the runner held the last batch's
+        states (up to max_num_seqs token lists) all that time; an empty step hands them over
+        now, so an idle engine holds no per-request state anywhere."""
+        if not self.scheduler.has_unfinished_requests():
+            self._run(self.scheduler.schedule(), None)
 
     def cut_in_step(self) -> list[RequestOutput]:
         """Prefill the requests Scheduler.schedule_cut_in() picks, now: called between two

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tacit.config import EngineConfig
+from tacit.config import EngineConfig, fit_kv_capacity
 from tacit.engine.prompt_logprobs import prompt_tokens_to_score, score_prompt_tokens
 from tacit.engine.request_state import CachedRequestState, update_request_states
 from tacit.forward_context import set_forward_context
@@ -90,13 +90,17 @@ class ModelRunner:
         dtype = config.model.dtype
         self.bytes_per_block = self.block_size * sum(m.kv_numel_per_token() for m in layers) * dtype.itemsize
         self.num_blocks = self._num_blocks(free_memory)
+        self.config = config = fit_kv_capacity(config, self.num_blocks * self.block_size)
         for m in layers:
             m.allocate_kv_cache(self.num_blocks, self.block_size, dtype, device)
         # Decode-only steps run as one C++ call when the model and CPU allow it.
         self.fused_decode = None
         build_fused_decoder = getattr(model, "build_fused_decoder", None)
         if kernels is not None and build_fused_decoder is not None:
-            self.fused_decode = build_fused_decoder(kernels, self.block_size, config.model.max_model_len)
+            # Its rope tables cover every position a sequence can reach: no more than the pool
+            # holds, even when an explicit max_model_len is longer.
+            positions = min(config.model.max_model_len, self.num_blocks * self.block_size)
+            self.fused_decode = build_fused_decoder(kernels, self.block_size, positions)
         self.split_min_decodes = _SPLIT_MIN_DECODES
         self.requests: dict[str, CachedRequestState] = {}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -14,14 +14,18 @@ from tacit.models.registry import get_model_class
 
 def build_model(
     cfg: ModelConfig,
-    weights: Iterator[tuple[str, torch.Tensor]],
+    weights: Callable[[], Iterator[tuple[str, torch.Tensor]]],
     device: torch.device,
     free_memory: int | None = None,
 ) -> nn.Module:
-    """free_memory: bytes the device has; a model whose weights exceed it is refused before any
+    """weights: opens the checkpoint's tensors (ModelSource.weights); called once the architecture
+    is known to be supported and before any allocation, since opening checks the files (a
+    truncated safetensors shard fails there, not after the model took its memory).
+    free_memory: bytes the device has; a model whose weights exceed it is refused before any
     allocation (hidden_size 1e9 once tried to allocate 196 TB)."""
     cls = get_model_class(cfg.architecture)
     check_required_sizes(cfg.path, cfg.hf)
+    tensors = weights()
     # Meta device: no memory and no random init for weights we are about to overwrite.
     prev = torch.get_default_dtype()
     torch.set_default_dtype(cfg.dtype)
@@ -43,5 +47,5 @@ def build_model(
     if getattr(model, "tie_word_embeddings", False):
         # to_empty materializes shared parameters separately; tie them again.
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.load_weights(weights)
+    model.load_weights(tensors)
     return model.eval()
