@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -60,12 +60,14 @@ class ModelConfig:
     dtype: torch.dtype
     architecture: str = ""
     eos_token_ids: list[int] = field(default_factory=list)
-    # 0: the model's max_position_embeddings.
+    # 0: the model's max_position_embeddings, capped once the KV pool is sized (fit_kv_capacity).
     max_model_len: int = 0
     # GGUF weights in GGML blocks: "auto" keeps them where the CPU kernels run, "gguf" always,
     # "none" dequantizes them at load (models/build.py keeps_ggml_weights).
     quantization: str = "auto"
     rope: dict[str, Any] = field(init=False)
+    # True when max_model_len came from the model rather than the user: only then is it capped.
+    max_model_len_derived: bool = field(init=False)
 
     def __post_init__(self) -> None:
         check_quantization(self.quantization)
@@ -83,6 +85,7 @@ class ModelConfig:
             object.__setattr__(self, "architecture", archs[0])
         object.__setattr__(self, "rope", normalize_rope(hf))
         limit = int(hf.get("max_position_embeddings", 2048))
+        object.__setattr__(self, "max_model_len_derived", not self.max_model_len)
         if not self.max_model_len:
             object.__setattr__(self, "max_model_len", limit)
         elif self.max_model_len > limit and self.rope["rope_type"] == "default":
@@ -91,6 +94,10 @@ class ModelConfig:
     def get(self, key: str, default: Any = None) -> Any:
         value = self.hf.get(key, default)
         return default if value is None else value
+
+    @property
+    def max_position_embeddings(self) -> int:
+        return int(self.get("max_position_embeddings", 2048))
 
     @property
     def num_layers(self) -> int:
@@ -253,3 +260,18 @@ class EngineConfig:
                 f"({self.scheduler.max_num_batched_tokens} < {self.model.max_model_len}): "
                 f"a whole prompt must fit in one step"
             )
+
+
+def fit_kv_capacity(config: EngineConfig, capacity_tokens: int) -> EngineConfig:
+    """The config with a max_model_len derived from the model capped at the tokens the KV pool
+    holds; the one resolution that waits for the model (the pool's size needs its layers).
+
+    A sequence never holds more tokens than the pool, so a longer max_model_len only made every
+    request without max_tokens fail (max_position_embeddings 10**12 loaded and then refused them
+    all; Qwen3's 40,960 against a 2 GiB pool of ~14,600 tokens did the same). An explicit
+    max_model_len stays the user's: requests beyond the pool are refused one by one.
+    """
+    model = config.model
+    if not model.max_model_len_derived or model.max_model_len <= capacity_tokens:
+        return config
+    return replace(config, model=replace(model, max_model_len=capacity_tokens))

@@ -33,10 +33,11 @@ SIZE_LIMITS: dict[str, int] = {
     "qk_rope_head_dim": 4096,
     "qk_nope_head_dim": 4096,
     "v_head_dim": 4096,
-    # The rotary tables are built for every position at load: 2**24 positions of 128 dims in
-    # fp32 are 8 GB, the most that is reasonable to hold; 10**12 once loaded silently.
-    "max_position_embeddings": 1 << 24,
 }
+# Sizes with no upper limit of their own. max_position_embeddings allocates nothing: the engine
+# caps the max_model_len it derives from it at the tokens its KV cache holds
+# (EngineConfig.fit_kv_capacity), so 10**12 costs nothing and serves what memory allows.
+UNBOUNDED = ("max_position_embeddings",)
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
@@ -48,16 +49,20 @@ def check_required_sizes(path: str, hf: dict[str, Any]) -> None:
         raise ValueError(f"{path}: the model config lacks {', '.join(missing)}")
 
 
+def check_size(path: str, field: str, value: Any, limit: int | None) -> None:
+    """One size: a positive integer (a bool, a float like 1e9 or a string is refused), at most limit."""
+    if not isinstance(value, Integral) or isinstance(value, bool) or value < 1 or (limit is not None and value > limit):
+        valid = "an integer >= 1" if limit is None else f"an integer in [1, {limit}]"
+        raise ValueError(f"{path}: {field}={value!r} is invalid: must be {valid}")
+
+
 def check_architecture_numbers(path: str, hf: Any) -> None:
     """Type and range of every size the config gives (absent ones are checked later)."""
     if not isinstance(hf, dict):
         raise ValueError(f"{path}: the model config must be a JSON object of settings, got {type(hf).__name__}")
-    for key, limit in SIZE_LIMITS.items():
-        value = hf.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, Integral) or isinstance(value, bool) or not 1 <= value <= limit:
-            raise ValueError(f"{path}: {key}={value!r} is invalid: must be an integer in [1, {limit}]")
+    for key, limit in [*SIZE_LIMITS.items(), *((k, None) for k in UNBOUNDED)]:
+        if hf.get(key) is not None:
+            check_size(path, key, hf[key], limit)
     heads = hf.get("num_attention_heads")
     if heads is None:
         return

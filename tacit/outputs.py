@@ -33,18 +33,32 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: dict[str, float] = field(default_factory=dict)
+    # With SamplingParams.prompt_logprobs: one entry per prompt token, None for the first (nothing
+    # predicts it), else {token_id: Logprob} holding the prompt's own token plus the top-n.
+    # Filled chunk by chunk while the prompt prefills; complete once the first token is out.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 # (chosen token's logprob, its rank, [(token_id, logprob), ...] top-n) for one sampled row.
 RawLogprobs = tuple[float, int, list[tuple[int, float]]]
 
 
+@dataclass(frozen=True)
+class RawPromptLogprobs:
+    """Logprobs of consecutive prompt tokens scored in one step: prompt tokens start,
+    start + 1, ..., each entry as for a sampled token (start >= 1: the first token has none)."""
+
+    start: int
+    token_ids: list[int]
+    entries: list[RawLogprobs]
+
+
 @dataclass
 class ModelRunnerOutput:
     """What the model runner hands back to the scheduler for one step: plain data, vLLM v1's name.
 
-    Only requests that sampled this step appear (a prefill chunk short of its request's last
-    prompt token samples nothing).
+    Only requests that sampled this step appear in req_ids (a prefill chunk short of its
+    request's last prompt token samples nothing, nor does a prompt only scored, max_tokens=0).
     """
 
     req_ids: list[str] = field(default_factory=list)
@@ -53,3 +67,6 @@ class ModelRunnerOutput:
     # Seconds the runner spent on this step's own forward and sampling, not counting work run
     # between its layers (a cut-in prefill): what the step-cost model learns from.
     execute_s: float = 0.0
+    # Requests with prompt_logprobs whose prefill chunk scored prompt tokens this step (any chunk,
+    # sampling or not).
+    prompt_logprobs: dict[str, RawPromptLogprobs] = field(default_factory=dict)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 # Below this a temperature is treated as greedy: dividing logits by ~0 overflows.
 _GREEDY_EPS = 1e-5
@@ -25,6 +25,46 @@ def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """A grammar the output must follow (vLLM's name and fields): exactly one of them set.
+
+    json: a JSON schema (dict or its JSON text); json_object: any JSON object; regex: a regular
+    expression (Rust regex syntax); choice: one of these strings exactly; grammar: EBNF (GBNF,
+    llama.cpp's) or Lark. Whether the grammar itself is valid is checked when the request is
+    added (the engine compiles it then), so a bad one fails before anything is queued.
+    """
+
+    json: dict | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        chosen = self.chosen_fields()
+        if len(chosen) != 1:
+            names = ", ".join(f.name for f in fields(self))
+            got = ", ".join(chosen) or "none"
+            raise ValueError(f"StructuredOutputsParams needs exactly one of {names} set; got {got}")
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            raise ValueError(
+                f"StructuredOutputsParams.json must be a dict or a JSON string, got {type(self.json).__name__}"
+            )
+        if self.json_object is not False and self.json_object is not True:
+            raise ValueError(f"StructuredOutputsParams.json_object must be a bool, got {self.json_object!r}")
+        for name in ("regex", "grammar"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise ValueError(f"StructuredOutputsParams.{name} must be a non-empty string, got {v!r}")
+        c = self.choice
+        if c is not None and (not isinstance(c, list) or not c or not all(isinstance(x, str) and x for x in c)):
+            raise ValueError(f"StructuredOutputsParams.choice must be a non-empty list of non-empty strings, got {c!r}")
+
+    def chosen_fields(self) -> list[str]:
+        return [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 1.0
@@ -38,6 +78,8 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     logprobs: int | None = None
+    # vLLM's meaning: per prompt token (the first has none), its logprob, rank and the top-N.
+    prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     n: int = 1
@@ -49,6 +91,8 @@ class SamplingParams:
     ttft_slo_ms: float | None = None
     tpot_slo_ms: float | None = None
     expected_output_tokens: int | None = None
+    # Constrained decoding: the sampler may only pick tokens this grammar allows.
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -73,12 +117,17 @@ class SamplingParams:
             raise bad("top_k", self.top_k, "must be -1 or 0 (disabled) or an integer >= 1")
         if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", self.min_p, "must be in [0, 1]")
-        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            raise bad("max_tokens", self.max_tokens, "must be an integer >= 1 or None")
+        # 0 scores a prompt without generating (prompt_logprobs): it finishes after its prefill.
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 0):
+            raise bad("max_tokens", self.max_tokens, "must be an integer >= 0 or None")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise bad("min_tokens", self.min_tokens, "must be an integer >= 0")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", self.logprobs, "must be an integer in [0, 20] or None")
+        if self.prompt_logprobs is not None and (
+            not _is_int(self.prompt_logprobs) or not 0 <= self.prompt_logprobs <= 20
+        ):
+            raise bad("prompt_logprobs", self.prompt_logprobs, "must be an integer in [0, 20] or None")
         if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
             raise bad("n", self.n, f"must be an integer in [1, {MAX_N}]")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -99,6 +148,9 @@ class SamplingParams:
         e = self.expected_output_tokens
         if e is not None and (not _is_int(e) or not 1 <= e <= _MAX_EXPECTED_OUTPUT_TOKENS):
             raise bad("expected_output_tokens", e, f"must be an integer in [1, {_MAX_EXPECTED_OUTPUT_TOKENS}] or None")
+        so = self.structured_outputs
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise bad("structured_outputs", so, "must be a StructuredOutputsParams or None")
         if self.top_k == 0:
             self.top_k = -1
 

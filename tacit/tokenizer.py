@@ -11,6 +11,8 @@ from jinja2 import TemplateError, meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+from tacit.chat_content import ChatContentEncoder
+
 
 def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
@@ -87,6 +89,10 @@ class Tokenizer:
         self.eos_token_id = tokenizer.token_to_id(eos_token) if eos_token else None
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.special_ids = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+        # False: special-token text inside chat messages is encoded as text (chat_content.py), so
+        # a user cannot forge a turn; the engine sets it from allow_special_tokens_in_chat_content.
+        self.allow_special_tokens_in_chat_content = False
+        self._chat_content = ChatContentEncoder(tokenizer, self.special_ids)
         self._template = None
         self.template_takes_tools = False
         if chat_template:
@@ -175,7 +181,15 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        """Render the chat template and encode it (LLM.chat and the OpenAI server share this)."""
-        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        """Render the chat template and encode it (LLM.chat and the OpenAI server share this).
+        Special-token text inside the messages and tools stays text unless
+        allow_special_tokens_in_chat_content."""
+
+        def render(fields: tuple[list[dict[str, Any]], list[dict[str, Any]] | None]) -> str:
+            return self.apply_chat_template(fields[0], add_generation_prompt=add_generation_prompt, tools=fields[1])
+
+        fields = (messages, tools)
+        if not self.allow_special_tokens_in_chat_content and self._chat_content.has_special_text(fields):
+            return self._chat_content.encode(fields, render)
         # The template already wrote any BOS it wants; encoding must not add another.
-        return self.encode(text, add_special_tokens=False)
+        return self.encode(render(fields), add_special_tokens=False)

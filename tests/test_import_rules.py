@@ -31,6 +31,9 @@ RULES: list[tuple[str, tuple[str, ...], str]] = [
      "KV cache bookkeeping is model-agnostic and is driven by the engine, not the other way round"),
     ("tacit.scheduling", ("tacit.engine", "tacit.entrypoints", "tacit.models"),
      "the scheduler decides from request state and cost numbers, not from a model or the engine"),
+    ("tacit.structured_output", ("tacit.engine", "tacit.entrypoints", "tacit.models", "tacit.scheduling",
+                                 "tacit.layers", "tacit.bench"),
+     "grammars and their matchers sit under the scheduler that owns them: tokens in, bitmasks out"),
     ("tacit.engine", ("tacit.entrypoints", "tacit.bench"),
      "the engine is the library core; the CLI, server and benchmarks wrap it"),
 ]

@@ -4,7 +4,9 @@ Requests stream from /v1/completions. Arrivals are Poisson at --request-rate, or
 --burstiness (shape; 1 is Poisson, below 1 burstier), or all at once when the rate is inf;
 --max-concurrency caps requests in flight. Per request: TTFT (send to first token), TPOT
 ((e2e - TTFT) / (tokens - 1)), ITL (every gap between chunks) and end-to-end latency.
-Goodput counts requests per second that met every --slo bound.
+Goodput counts requests per second that met every --slo bound. --structured-fraction F sends a
+seeded F of the requests with a json_schema response_format (the same prompts and lengths for
+every F), so one invocation can compare constrained decoding's cost against plain decoding.
 """
 
 from __future__ import annotations
@@ -55,6 +57,39 @@ def parse_slo(spec: str | None) -> dict[str, float]:
 def meets(r: RequestResult, slo: dict[str, float]) -> bool:
     """Did a finished request meet every bound in slo (seconds; keys ttft, tpot, e2e)?"""
     return all((getattr(r, k) if k != "tpot" else (r.tpot or 0.0)) <= v for k, v in slo.items())
+
+
+def structured_body(output_len: int) -> dict:
+    """The json_schema response_format a constrained benchmark request carries: the shape
+    `client.chat.completions.parse` sends (strict object, typed fields), ending in a string whose
+    minLength (16 characters a token, more than any of SmolLM2's common tokens) keeps the grammar
+    open past output_len tokens, so a constrained request stops at max_tokens like a plain one
+    with ignore_eos and both kinds produce the same number of tokens."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 32},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+            "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b", "c"]}, "maxItems": 4},
+            "summary": {"type": "string", "minLength": 16 * output_len},
+        },
+        "required": ["name", "age", "tags", "summary"],
+        "additionalProperties": False,
+    }
+    return {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema, "strict": True}}
+    }
+
+
+def structured_mask(num_prompts: int, fraction: float, seed: int) -> list[bool]:
+    """Which requests carry a grammar: round(fraction * n) of them, spread by a seeded shuffle."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"--structured-fraction {fraction} is invalid: each value must be in [0, 1]")
+    chosen = np.random.default_rng(seed + 2).permutation(num_prompts)[: round(fraction * num_prompts)]
+    mask = [False] * num_prompts
+    for i in chosen:
+        mask[int(i)] = True
+    return mask
 
 
 def _prompt(n_words: int, rng: np.random.Generator) -> str:
@@ -167,10 +202,12 @@ def run(
     slo: dict[str, float] | None = None,
     api_key: str | None = None,
     seed: int = 0,
+    structured_fraction: float = 0.0,
 ) -> dict:
     rng = np.random.default_rng(seed)
     pairs = sample_lengths(dist, num_prompts, input_len, output_len, seed=seed)
-    requests = [(_prompt(i, rng), o, {}) for i, o in pairs]
+    mask = structured_mask(num_prompts, structured_fraction, seed)
+    requests = [(_prompt(i, rng), o, structured_body(o) if m else {}) for (i, o), m in zip(pairs, mask)]
     results, duration = asyncio.run(
         _run(url.rstrip("/"), model, requests, rate, burstiness, max_concurrency, api_key, seed)
     )
@@ -179,6 +216,8 @@ def run(
     good = [r for r in ok if meets(r, slo)]
     out_tokens = sum(r.output_tokens for r in ok)
     return {
+        "structured_fraction": structured_fraction,
+        "num_structured": sum(mask),
         "completed": len(ok),
         "failed": len(results) - len(ok),
         "duration_s": duration,

@@ -103,6 +103,16 @@ class EngineArgs:
     seed: int = knob(
         _config_default(EngineConfig, "seed"), "model", "seed of torch's generator at engine start", type=int
     )
+    allow_special_tokens_in_chat_content: bool = knob(
+        False,
+        "model",
+        "parse special-token text inside chat messages as special tokens (false: it stays text, "
+        "so a message cannot forge a turn such as <|im_start|>system)",
+        action="store_const",
+        const=True,
+        cli_help="parse special-token text inside chat messages as special tokens (by default it stays "
+        "text, so a message cannot forge a turn such as <|im_start|>system)",
+    )
     # ---- platform ----
     device: str = knob("auto", "platform", "auto | cpu | cuda")
     # ---- cache ----
@@ -277,6 +287,11 @@ class EngineArgs:
             v = getattr(self, key)
             if v is not None and not isinstance(v, str):
                 raise ValueError(f"{key}={v!r} is invalid: must be a string")
+        if not isinstance(self.allow_special_tokens_in_chat_content, bool):
+            raise ValueError(
+                f"allow_special_tokens_in_chat_content={self.allow_special_tokens_in_chat_content!r} is invalid: "
+                f"must be true or false"
+            )
 
     def create_cache_config(self) -> CacheConfig:
         return CacheConfig(

@@ -190,13 +190,19 @@ class AsyncLLMEngine:
         finally:
             self._ready.set()
         stop_reason: BaseException = EngineDeadError("the server is shutting down")
+        stepped = False  # since the heap was last trimmed
         try:
             while True:
                 idle = not self.engine.has_unfinished_requests()
+                if idle and stepped:
+                    # About to wait for work: a good moment to give freed heap pages back.
+                    self.engine.platform.release_host_memory()
+                    stepped = False
                 if not self._apply_commands(block=idle):
                     break
                 if self.engine.has_unfinished_requests():
                     steps_before = self.engine.num_steps
+                    stepped = True
                     self._step()
                     if self.engine.num_steps == steps_before and self.engine.has_unfinished_requests():
                         # Nothing could be scheduled (the current scheduler never does this, but

@@ -2,8 +2,9 @@
 
 It tokenizes, checks everything a client can get wrong before anything is queued or allocated
 (token ids in range, the prompt shorter than the context, prompt + max_tokens within the whole
-KV pool, the priority an integer), resolves the request's latency targets from its priority
-class, and fans an n>1 request out into n sequences with their own seeds.
+KV pool, the priority an integer, a structured-output grammar that compiles), resolves the
+request's latency targets from its priority class, and fans an n>1 request out into n
+sequences with their own seeds.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from tacit.sampling_params import SamplingParams
 from tacit.scheduling.request import Request
+from tacit.structured_output import StructuredOutputManager
 from tacit.tokenizer import Tokenizer
 
 
@@ -38,12 +40,14 @@ class InputProcessor:
         max_model_len: int,
         kv_capacity_tokens: int,
         slo_classes: dict[int, dict[str, float]],
+        structured_output: StructuredOutputManager | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.kv_capacity_tokens = kv_capacity_tokens
         self.slo_classes = slo_classes
+        self.structured_output = structured_output
 
     def tokenize_prompt(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -62,13 +66,17 @@ class InputProcessor:
         text, ids = self.tokenize_prompt(prompt)
         if not ids:
             raise ValueError("prompt is empty: it must hold at least one token")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt is {len(ids)} tokens, but max_model_len is {self.max_model_len}: "
-                f"it must be shorter, leaving room for at least one generated token"
+        scoring_only = params.max_tokens == 0  # a prompt to score may fill the whole context
+        if len(ids) > self.max_model_len or (len(ids) == self.max_model_len and not scoring_only):
+            rule = (
+                "it may be at most that long"
+                if scoring_only
+                else "it must be shorter, leaving room for at least one generated token "
+                "(as long only with max_tokens=0, which scores the prompt without generating)"
             )
+            raise ValueError(f"prompt is {len(ids)} tokens, but max_model_len is {self.max_model_len}: {rule}")
         room = self.max_model_len - len(ids)
-        max_tokens = min(params.max_tokens or room, room)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         need = len(ids) + max_tokens
         if need > self.kv_capacity_tokens:
             raise ValueError(
@@ -78,10 +86,16 @@ class InputProcessor:
             )
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority={priority!r} is invalid: must be an integer (lower runs first)")
+        if params.structured_outputs is not None:
+            if self.structured_output is None:
+                raise ValueError("structured_outputs is not supported by this engine")
+            self.structured_output.validate(params.structured_outputs)  # compiles; a bad grammar raises here
         ttft, tpot = self._slo_targets(params, priority)
         children = []
         for i in range(params.n):
             child_params = params if params.n == 1 or params.seed is None else replace(params, seed=params.seed + i)
+            if i and params.prompt_logprobs is not None:  # the n sequences share one prompt: score it once
+                child_params = replace(child_params, prompt_logprobs=None)
             child_id = request_id if params.n == 1 else f"{request_id}#{i}"
             req = Request(child_id, ids, child_params, max_tokens, priority=priority, parent_id=request_id, index=i)
             req.ttft_slo, req.tpot_slo = ttft, tpot

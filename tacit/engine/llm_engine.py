@@ -10,6 +10,7 @@ OutputProcessor.process_outputs -> RequestOutputs (text, stop strings, logprobs,
 from __future__ import annotations
 
 import itertools
+import logging
 from typing import Any, Callable
 
 import torch
@@ -29,7 +30,10 @@ from tacit.sampling_params import SamplingParams
 from tacit.scheduling.policy import get_policy
 from tacit.scheduling.scheduler import Scheduler
 from tacit.scheduling.scheduler_output import SchedulerOutput
+from tacit.structured_output import StructuredOutputManager
 from tacit.tokenizer import Tokenizer
+
+logger = logging.getLogger("tacit.engine")
 
 
 class LLMEngine:
@@ -51,11 +55,22 @@ class LLMEngine:
         scheduling_policy = self.config.scheduler.policy
         torch.manual_seed(seed)
         self.tokenizer: Tokenizer = source.tokenizer
+        self.tokenizer.allow_special_tokens_in_chat_content = engine_args.allow_special_tokens_in_chat_content
         self.device = platform.device()
         self.model = build_model(
-            model_cfg, source.weights(), self.device, platform.free_memory_bytes(), source.quantized_weights
+            model_cfg, source.weights, self.device, platform.free_memory_bytes(), source.quantized_weights
         )
         self.runner = ModelRunner(self.config, self.model, self.device, platform.free_memory_bytes())
+        if self.runner.config.model.max_model_len != model_cfg.max_model_len:
+            logger.info(
+                "max_model_len capped at %d tokens, what the KV cache holds (%d blocks of %d); the model's "
+                "max_position_embeddings is %d. Pass max_model_len or a larger kv_cache_memory to change it",
+                self.runner.config.model.max_model_len,
+                self.runner.num_blocks,
+                block_size,
+                model_cfg.max_position_embeddings,
+            )
+        self.config, model_cfg = self.runner.config, self.runner.config.model
         num_blocks = self.runner.num_blocks
         swapper = None
         if swap_space > 0:
@@ -67,12 +82,15 @@ class LLMEngine:
                 int(swap_space * (1 << 30)),
             )
         kv = KVCacheManager(num_blocks, block_size)
+        # The logits' width (vocab_size), which may exceed the tokenizer's: padding ids stay masked.
+        structured_output = StructuredOutputManager(self.tokenizer, model_cfg.hf["vocab_size"], model_cfg.eos_token_ids)
         self.scheduler = Scheduler(
             self.config.scheduler,
             kv,
             get_policy(scheduling_policy),
             swapper=swapper,
             eos_token_ids=model_cfg.eos_token_ids,
+            structured_output=structured_output,
         )
         self.max_model_len = model_cfg.max_model_len
         self.num_kv_blocks = num_blocks
@@ -82,6 +100,7 @@ class LLMEngine:
             self.max_model_len,
             kv.capacity_tokens,
             self.config.scheduler.slo_classes,
+            structured_output,
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
@@ -121,6 +140,7 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         for seq_id in self.output_processor.abort_request(request_id):
             self.scheduler.finish_request(seq_id, "abort")
+        self._hand_over_finished_when_idle()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -137,7 +157,17 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        return self._run(self.scheduler.schedule(), self.between_layers)
+        outputs = self._run(self.scheduler.schedule(), self.between_layers)
+        self._hand_over_finished_when_idle()
+        return outputs
+
+    def _hand_over_finished_when_idle(self) -> None:
+        """Finished ids reach the runner with the next SchedulerOutput. With nothing left to run
+        there is no next one until a request arrives, and the runner held the last batch's
+        states (up to max_num_seqs token lists) all that time; an empty step hands them over
+        now, so an idle engine holds no per-request state anywhere."""
+        if not self.scheduler.has_unfinished_requests():
+            self._run(self.scheduler.schedule(), None)
 
     def cut_in_step(self) -> list[RequestOutput]:
         """Prefill the requests Scheduler.schedule_cut_in() picks, now: called between two
@@ -151,7 +181,7 @@ class LLMEngine:
             return []
         self.num_steps += 1
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        self.num_generation_tokens += len(core_outputs)
+        self.num_generation_tokens += sum(o.new_token_id is not None for o in core_outputs)
         outputs, stopped = self.output_processor.process_outputs(core_outputs)
         for seq_id, stop in stopped:
             self.scheduler.finish_request(seq_id, "stop", stop)

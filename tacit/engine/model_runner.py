@@ -16,18 +16,21 @@ import numpy as np
 import torch
 from torch import nn
 
-from tacit.config import EngineConfig
+from tacit.config import EngineConfig, fit_kv_capacity
+from tacit.engine.prompt_logprobs import prompt_tokens_to_score, score_prompt_tokens
 from tacit.engine.request_state import CachedRequestState, update_request_states
 from tacit.forward_context import set_forward_context
 from tacit.layers.attention_selector import select_attention_backend
 from tacit.layers.kv_cache import KVCacheLayer
 from tacit.layers.linear import select_linear_method, use_linear_method
 from tacit.layers.sampler import Sampler, SamplingMetadata
-from tacit.outputs import ModelRunnerOutput
+from tacit.outputs import ModelRunnerOutput, RawPromptLogprobs
 from tacit.scheduling.scheduler_output import SchedulerOutput
 
 # A step's rows: each request's state and the tokens it computes this step, in batch order.
 Rows = list[tuple[CachedRequestState, int]]
+# req_id -> the prompt tokens its chunk scored this step (only requests with prompt_logprobs).
+PromptScores = dict[str, RawPromptLogprobs]
 
 _DEFAULT_KV_BUDGET = 2 << 30  # 2 GiB, capped by what the batch limits could ever use
 # Below this many rows a fused decode step is short (~11 ms at 1 row, ~40 ms at 8 on the default
@@ -44,6 +47,26 @@ _SPLIT_MIN_DECODES = 1
 
 def kv_cache_layers(model: nn.Module) -> list[KVCacheLayer]:
     return [m for m in model.modules() if isinstance(m, KVCacheLayer)]
+
+
+def _samples(r: CachedRequestState, n: int) -> bool:
+    """A request samples when this step brings it level with all its tokens (not mid-prefill),
+    unless it only scores its prompt (max_tokens=0)."""
+    return r.num_computed_tokens + n == r.num_tokens and r.sampling_params.max_tokens != 0
+
+
+def _prompt_tokens_scored(r: CachedRequestState, n: int) -> tuple[int, int]:
+    """[first, end) of the prompt tokens this step's chunk of r scores; empty unless it asked."""
+    if r.sampling_params.prompt_logprobs is None:
+        return 0, 0
+    return prompt_tokens_to_score(r.num_computed_tokens, n, r.num_prompt_tokens, r.next_prompt_logprob)
+
+
+def _fusable(r: CachedRequestState, n: int) -> bool:
+    """One-token rows may run on the fused decoder, which hands back only the sampling rows'
+    hidden states; a row that scores a prompt token needs its own, from the torch path."""
+    first, end = _prompt_tokens_scored(r, n)
+    return n == 1 and first == end
 
 
 class ModelRunner:
@@ -67,13 +90,17 @@ class ModelRunner:
         dtype = config.model.dtype
         self.bytes_per_block = self.block_size * sum(m.kv_numel_per_token() for m in layers) * dtype.itemsize
         self.num_blocks = self._num_blocks(free_memory)
+        self.config = config = fit_kv_capacity(config, self.num_blocks * self.block_size)
         for m in layers:
             m.allocate_kv_cache(self.num_blocks, self.block_size, dtype, device)
         # Decode-only steps run as one C++ call when the model and CPU allow it.
         self.fused_decode = None
         build_fused_decoder = getattr(model, "build_fused_decoder", None)
         if kernels is not None and build_fused_decoder is not None:
-            self.fused_decode = build_fused_decoder(kernels, self.block_size, config.model.max_model_len)
+            # Its rope tables cover every position a sequence can reach: no more than the pool
+            # holds, even when an explicit max_model_len is longer.
+            positions = min(config.model.max_model_len, self.num_blocks * self.block_size)
+            self.fused_decode = build_fused_decoder(kernels, self.block_size, positions)
         self.split_min_decodes = _SPLIT_MIN_DECODES
         self.requests: dict[str, CachedRequestState] = {}
 
@@ -114,9 +141,14 @@ class ModelRunner:
         tables = self._block_tables(rows, computed + num_new)
         slot_mapping = tables[req_of_token, positions // bs] * bs + positions % bs
         meta = self.attn_backend.build_metadata(num_new, computed, tables, slot_mapping, self.device, bs)
-        # A request samples when this step brings it level with all its tokens (not mid-prefill).
-        samples = [i for i, ((r, n), c) in enumerate(zip(rows, computed)) if c + n == r.num_tokens]
+        samples = [i for i, (r, n) in enumerate(rows) if _samples(r, n)]
         sample_rows = starts[1:][samples] - 1
+        # (row index, prompt tokens [first, end) it scores, flat batch row of the position before first)
+        scored = []
+        for i, ((r, n), c) in enumerate(zip(rows, computed)):
+            first, end = _prompt_tokens_scored(r, n)
+            if first < end:
+                scored.append((i, first, end, int(starts[i] + first - 1 - c)))
         dev = self.device
         return (
             torch.from_numpy(token_ids).to(dev),
@@ -124,6 +156,7 @@ class ModelRunner:
             meta,
             samples,
             torch.from_numpy(sample_rows).to(dev),
+            scored,
         )
 
     @staticmethod
@@ -161,7 +194,7 @@ class ModelRunner:
         return fused.final_norm(x)
 
     def _uses_fused_decode(self, rows: Rows) -> bool:
-        return self.fused_decode is not None and all(n == 1 for _, n in rows)
+        return self.fused_decode is not None and all(_fusable(r, n) for r, n in rows)
 
     def _splits_mixed_step(self, rows: Rows) -> bool:
         """Whether a step with prefill chunks sends its one-token rows through the fused decoder.
@@ -172,17 +205,21 @@ class ModelRunner:
         """
         if self.fused_decode is None:
             return False
-        return sum(n == 1 for _, n in rows) >= self.split_min_decodes
+        return sum(_fusable(r, n) for r, n in rows) >= max(1, self.split_min_decodes)
 
-    def _fused_part(self, rows: Rows, between_layers: Callable[[], None] | None) -> tuple[list[int], torch.Tensor]:
+    def _fused_part(
+        self, rows: Rows, between_layers: Callable[[], None] | None
+    ) -> tuple[list[int], torch.Tensor, PromptScores]:
         hidden = self._fused_decode_hidden(rows, between_layers)
         # A one-token step can also be the last prompt token of a chunked prefill that is
         # not yet level with its request (only those level with all their tokens sample).
-        samples = [i for i, (r, _) in enumerate(rows) if r.num_computed_tokens + 1 == r.num_tokens]
-        return samples, hidden if len(samples) == len(rows) else hidden[samples]
+        samples = [i for i, (r, n) in enumerate(rows) if _samples(r, n)]
+        return samples, hidden if len(samples) == len(rows) else hidden[samples], {}
 
-    def _torch_part(self, rows: Rows, between_layers: Callable[[], None] | None) -> tuple[list[int], torch.Tensor]:
-        input_ids, positions, meta, samples, sample_rows = self._build(rows)
+    def _torch_part(
+        self, rows: Rows, between_layers: Callable[[], None] | None
+    ) -> tuple[list[int], torch.Tensor, PromptScores]:
+        input_ids, positions, meta, samples, sample_rows, scored = self._build(rows)
         model = self.model
         with set_forward_context(meta):
             state = model.begin_forward(input_ids, positions)
@@ -190,19 +227,33 @@ class ModelRunner:
                 lambda begin, end: model.forward_layers(state, begin, end), model.num_layers, between_layers
             )
             hidden = model.end_forward(state)
-        return samples, hidden[sample_rows]
+        prompt_logprobs = {}
+        vocab_size = self.config.model.hf["vocab_size"]
+        for i, first, end, row in scored:
+            r = rows[i][0]
+            prompt_logprobs[r.req_id] = score_prompt_tokens(
+                model.compute_logits,
+                hidden[row : row + end - first],
+                r.token_ids[first:end],
+                first,
+                r.sampling_params.prompt_logprobs,
+                vocab_size,
+            )
+        return samples, hidden[sample_rows], prompt_logprobs
 
-    def _split_part(self, rows: Rows, between_layers: Callable[[], None] | None) -> tuple[list[int], torch.Tensor]:
+    def _split_part(
+        self, rows: Rows, between_layers: Callable[[], None] | None
+    ) -> tuple[list[int], torch.Tensor, PromptScores]:
         """One-token rows through the fused decoder, the rest through torch, rows back in
         scheduled order. The two forwards write the KV slots of disjoint requests."""
-        decodes = [i for i, (_, n) in enumerate(rows) if n == 1]
-        prefills = [i for i, (_, n) in enumerate(rows) if n > 1]
-        dec_samples, dec_hidden = self._fused_part([rows[i] for i in decodes], between_layers)
-        pre_samples, pre_hidden = self._torch_part([rows[i] for i in prefills], between_layers)
+        decodes = [i for i, (r, n) in enumerate(rows) if _fusable(r, n)]
+        prefills = [i for i, (r, n) in enumerate(rows) if not _fusable(r, n)]
+        dec_samples, dec_hidden, _ = self._fused_part([rows[i] for i in decodes], between_layers)
+        pre_samples, pre_hidden, prompt_logprobs = self._torch_part([rows[i] for i in prefills], between_layers)
         index = [decodes[i] for i in dec_samples] + [prefills[i] for i in pre_samples]
         order = sorted(range(len(index)), key=index.__getitem__)
         hidden = torch.cat([dec_hidden, pre_hidden.to(dec_hidden.dtype)])[torch.tensor(order, dtype=torch.long)]
-        return [index[i] for i in order], hidden
+        return [index[i] for i in order], hidden, prompt_logprobs
 
     def rows(self, scheduler_output: SchedulerOutput) -> Rows:
         return [(self.requests[rid], n) for rid, n in scheduler_output.num_scheduled_tokens.items()]
@@ -210,20 +261,34 @@ class ModelRunner:
     @torch.inference_mode()
     def compute_logits(
         self, rows: Rows, between_layers: Callable[[], None] | None = None
-    ) -> tuple[list[int], torch.Tensor | None]:
-        """Run the step's forward: (indexes of the rows that sample, their logits); writes this
-        step's KV. between_layers, if given, runs at every decoder-layer boundary."""
+    ) -> tuple[list[int], torch.Tensor | None, PromptScores]:
+        """Run the step's forward: (indexes of the rows that sample, their logits, the prompt
+        logprobs its chunks scored); writes this step's KV. between_layers, if given, runs at
+        every decoder-layer boundary."""
         if not rows:
-            return [], None
+            return [], None, {}
         if self._uses_fused_decode(rows):
-            samples, hidden = self._fused_part(rows, between_layers)
+            samples, hidden, prompt_logprobs = self._fused_part(rows, between_layers)
         elif self._splits_mixed_step(rows):
-            samples, hidden = self._split_part(rows, between_layers)
+            samples, hidden, prompt_logprobs = self._split_part(rows, between_layers)
         else:
-            samples, hidden = self._torch_part(rows, between_layers)
+            samples, hidden, prompt_logprobs = self._torch_part(rows, between_layers)
         if not samples:
-            return [], None
-        return samples, self.model.compute_logits(hidden)
+            return [], None, prompt_logprobs
+        return samples, self.model.compute_logits(hidden), prompt_logprobs
+
+    @staticmethod
+    def _add_grammar_bitmask(
+        metadata: SamplingMetadata, states: list[CachedRequestState], scheduler_output: SchedulerOutput
+    ) -> None:
+        """Point the scheduler's bitmask rows at the sampling rows they constrain."""
+        row_of = {r.req_id: i for i, r in enumerate(states)}
+        ids = scheduler_output.structured_output_request_ids
+        missing = [rid for rid in ids if rid not in row_of]
+        if missing:  # the scheduler masks only rows that sample: anything else is a bookkeeping bug
+            raise RuntimeError(f"grammar bitmask for requests that do not sample this step: {missing}")
+        metadata.grammar_rows = [row_of[rid] for rid in ids]
+        metadata.grammar_bitmask = torch.from_numpy(scheduler_output.grammar_bitmask)
 
     @torch.inference_mode()
     def execute(
@@ -246,7 +311,7 @@ class ModelRunner:
                 nested_s += time.perf_counter() - t
 
         rows = self.rows(scheduler_output)
-        samples, logits = self.compute_logits(rows, hook)
+        samples, logits, prompt_logprobs = self.compute_logits(rows, hook)
         out = ModelRunnerOutput()
         if logits is not None:
             states = [rows[i][0] for i in samples]
@@ -255,9 +320,14 @@ class ModelRunner:
             # each step would copy the whole context of every sampling row for nothing.
             output_ids = [r.output_token_ids if p.needs_penalties else [] for r, p in zip(states, params)]
             metadata = SamplingMetadata(params, output_ids, [r.generator for r in states])
+            if scheduler_output.grammar_bitmask is not None:
+                self._add_grammar_bitmask(metadata, states, scheduler_output)
             sampled = self.sampler(logits, metadata)
             for state, token in zip(states, sampled.token_ids):
                 state.token_ids.append(token)
             out = ModelRunnerOutput([r.req_id for r in states], sampled.token_ids, sampled.logprobs)
+        for req_id, scored in prompt_logprobs.items():
+            self.requests[req_id].next_prompt_logprob = scored.start + len(scored.token_ids)
+        out.prompt_logprobs = prompt_logprobs
         out.execute_s = time.perf_counter() - t0 - nested_s
         return out

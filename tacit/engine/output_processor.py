@@ -1,9 +1,9 @@
 """OutputProcessor: the scheduler's per-step token news in, RequestOutputs out.
 
 It owns everything about a request's output that the scheduler does not need: incremental
-detokenization, stop strings (found in text, so only here), logprobs turned into Logprob
-entries with their decoded text, and the grouping of an n>1 request's sequences under their
-parent id. A stop string ends a sequence here; the engine then tells the scheduler to free it.
+detokenization, stop strings (found in text, so only here), logprobs (sampled and prompt)
+turned into Logprob entries with their decoded text, and the grouping of an n>1 request's
+sequences under their parent id. A stop string ends a sequence here; the engine then tells the scheduler to free it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from tacit.engine.detokenizer import IncrementalDetokenizer
-from tacit.outputs import CompletionOutput, Logprob, RequestOutput
+from tacit.outputs import CompletionOutput, Logprob, RawLogprobs, RequestOutput
 from tacit.sampling_params import SamplingParams
 from tacit.scheduling.request import Request
 from tacit.scheduling.scheduler_output import EngineCoreOutput
@@ -51,6 +51,8 @@ class ParentState:
     arrival_time: float
     sequences: dict[str, SequenceState]
     first_token_time: float | None = None
+    # With prompt_logprobs: an entry per prompt token scored so far (None for the first).
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 class OutputProcessor:
@@ -76,7 +78,12 @@ class OutputProcessor:
             sequences[req.request_id] = seq
             self._parent_of[req.request_id] = request_id
         self._parents[request_id] = ParentState(
-            request_id, prompt, list(prompt_token_ids), children[0].arrival_time, sequences
+            request_id,
+            prompt,
+            list(prompt_token_ids),
+            children[0].arrival_time,
+            sequences,
+            prompt_logprobs=None if children[0].params.prompt_logprobs is None else [None],
         )
 
     def abort_request(self, request_id: str) -> list[str]:
@@ -99,7 +106,10 @@ class OutputProcessor:
             if parent_id is None:
                 continue  # aborted
             parent = self._parents[parent_id]
-            if parent.first_token_time is None:
+            if out.prompt_logprobs is not None:
+                scored = out.prompt_logprobs
+                parent.prompt_logprobs += map(self._logprob_entry, scored.token_ids, scored.entries)
+            if parent.first_token_time is None and out.new_token_id is not None:
                 parent.first_token_time = now
             stop = self._append(parent.sequences[out.req_id], out)
             if stop is not None:
@@ -113,17 +123,26 @@ class OutputProcessor:
                 self.abort_request(parent_id)
         return results, stopped
 
+    def _logprob_entry(self, token: int, raw: RawLogprobs) -> dict[int, Logprob]:
+        """{token_id: Logprob} for one position: the top-n, then the token itself if not among them."""
+        chosen_lp, rank, top = raw
+        entry = {tid: Logprob(lp, r + 1, self.tokenizer.decode([tid], False)) for r, (tid, lp) in enumerate(top)}
+        entry.setdefault(token, Logprob(chosen_lp, rank, self.tokenizer.decode([token], False)))
+        return entry
+
     def _append(self, seq: SequenceState, out: EngineCoreOutput) -> str | None:
-        """Take one sampled token; returns the stop string if one ended the sequence."""
+        """Take one step's news (a sampled token, or none); returns the stop string if one
+        ended the sequence."""
         token = out.new_token_id
+        if token is None:  # a prompt chunk scored, or a prompt only scored (max_tokens=0) done
+            if out.finish_reason is not None:
+                seq.finish_reason, seq.stop_reason = out.finish_reason, out.stop_reason
+            return None
         seq.token_ids.append(token)
         p = seq.params
         if out.logprobs is not None:
-            chosen_lp, rank, top = out.logprobs
-            entry = {tid: Logprob(lp, r + 1, self.tokenizer.decode([tid], False)) for r, (tid, lp) in enumerate(top)}
-            entry.setdefault(token, Logprob(chosen_lp, rank, self.tokenizer.decode([token], False)))
-            seq.logprobs.append(entry)
-            seq.cumulative_logprob += chosen_lp
+            seq.logprobs.append(self._logprob_entry(token, out.logprobs))
+            seq.cumulative_logprob += out.logprobs[0]
         delta = seq.detokenizer.step(token)
         seq.text += delta
         if p.stop and delta:
@@ -164,4 +183,5 @@ class OutputProcessor:
             completions,
             finished=all(s.finished for s in parent.sequences.values()),
             metrics=metrics,
+            prompt_logprobs=None if parent.prompt_logprobs is None else list(parent.prompt_logprobs),
         )

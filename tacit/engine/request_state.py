@@ -26,6 +26,9 @@ class CachedRequestState:
     # Seeded requests draw their sampling noise from their own generator; it lives as long as the
     # request (across preemptions), so a seeded output never depends on what else was batched.
     generator: torch.Generator | None = field(default=None, repr=False)
+    # The first prompt token whose logprob is not yet out (prompt_logprobs; token 0 has none). It
+    # too outlives a preemption, so a prompt recomputed from scratch is not scored twice.
+    next_prompt_logprob: int = 1
 
     @property
     def num_tokens(self) -> int:
@@ -44,6 +47,7 @@ def update_request_states(states: dict[str, CachedRequestState], out: SchedulerO
     for new in out.scheduled_new_reqs:
         old = states.get(new.req_id)  # a request resumed after a preemption keeps its generator
         generator = old.generator if old is not None else None
+        next_prompt_logprob = old.next_prompt_logprob if old is not None else 1
         if generator is None and new.sampling_params.seed is not None:
             generator = torch.Generator().manual_seed(new.sampling_params.seed)
         states[new.req_id] = CachedRequestState(
@@ -54,6 +58,7 @@ def update_request_states(states: dict[str, CachedRequestState], out: SchedulerO
             list(new.block_ids),
             new.num_computed_tokens,
             generator,
+            next_prompt_logprob,
         )
     for cached in out.scheduled_cached_reqs:
         state = states[cached.req_id]

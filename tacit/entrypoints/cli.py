@@ -24,7 +24,8 @@ def load_llm(args: argparse.Namespace):
     llm = LLM(engine_args=engine_args)
     print(
         f"tacit: loaded {llm.engine.source.path.name} in {time.perf_counter() - t0:.1f}s "
-        f"({llm.engine.config.model.dtype}, {llm.engine.num_kv_blocks} KV blocks)",
+        f"({llm.engine.config.model.dtype}, {llm.engine.num_kv_blocks} KV blocks, "
+        f"max_model_len {llm.engine.max_model_len})",
         file=sys.stderr,
         flush=True,
     )

@@ -12,6 +12,7 @@ from tacit.kernels.ggml_quant import GGMLTensor
 from tacit.loader.default_model import resolve_default_model
 from tacit.loader.gguf_file import GGUFFile
 from tacit.loader.hf import hf_eos_token_ids, iter_safetensors, read_json
+from tacit.model_config_checks import check_architecture_numbers
 from tacit.tokenizer import Tokenizer
 
 
@@ -50,6 +51,8 @@ def open_model(model: str | Path | None) -> ModelSource:
             f"*.safetensors and tokenizer.json"
         )
     config = read_json(config_file)
+    # Before anything reads the config (a list once ended in an AttributeError), naming the file.
+    check_architecture_numbers(str(config_file), config)
     tok = Tokenizer.from_hf_dir(path)
     eos = hf_eos_token_ids(path, config) or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
     return ModelSource(path, config, tok, eos, lambda: iter_safetensors(path))

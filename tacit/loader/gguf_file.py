@@ -7,6 +7,7 @@ loads them. Tensors of other quantized types are dequantized here, with a messag
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 
 from tacit.kernels.ggml_quant import GGML_TYPES, GGMLTensor
 from tacit.loader.progress import progress
+from tacit.model_config_checks import SIZE_LIMITS, check_size
 from tacit.tokenizer import Tokenizer
 
 _ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -39,6 +41,18 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# GGUF size keys (after the architecture prefix) -> the config.json key each becomes, whose limit
+# applies; checked under the GGUF name, so the error names the field the file holds.
+_SIZE_KEYS = {
+    "block_count": "num_hidden_layers",
+    "embedding_length": "hidden_size",
+    "feed_forward_length": "intermediate_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.key_length": "head_dim",
+    "context_length": "max_position_embeddings",
+    "vocab_size": "vocab_size",
+}
 _BLOCK = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 
 # Pre-tokenizer regexes by `tokenizer.ggml.pre`, the split rules the original tokenizer.json had.
@@ -57,15 +71,49 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
     return default if f is None else f.contents()
 
 
+def _check_tensor_bounds(path: Path, file_size: int, data_offset: int, fields: list[Any]) -> None:
+    """Each tensor's data inside the file. GGUFReader maps every tensor as it opens the file and
+    a truncated one failed with "cannot reshape array of size 1862 into shape (32,64)"."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    for field in fields:
+        _, name_data, _, dims, raw_dtype, offset = field.parts
+        name = bytes(name_data).decode("utf-8", "replace")
+        try:
+            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
+        except (ValueError, KeyError):
+            raise ValueError(f"{path}: tensor {name!r} has an unknown GGML type {int(raw_dtype[0])}") from None
+        start = data_offset + int(offset[0])
+        end = start + math.prod(int(d) for d in dims) * type_size // block
+        if end > file_size:
+            raise ValueError(
+                f"{path}: tensor {name!r} data is bytes [{start}, {end}), past the file's end ({file_size} bytes): "
+                f"the file is truncated or its header is wrong"
+            )
+
+
+def _open_reader(path: Path) -> Any:
+    import gguf
+
+    class CheckedReader(gguf.GGUFReader):
+        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+            _check_tensor_bounds(path, len(self.data), start_offs, fields)
+            super()._build_tensors(start_offs, fields)
+
+    try:
+        return CheckedReader(str(path))
+    except ValueError as e:
+        if str(e).startswith(str(path)):
+            raise
+        raise ValueError(f"{path} is not a readable GGUF file: {e}") from None
+    except Exception as e:  # the gguf package raises bare struct/index errors on bad files
+        raise ValueError(f"{path} is not a readable GGUF file: {e}") from None
+
+
 class GGUFFile:
     def __init__(self, path: Path) -> None:
-        import gguf
-
         self.path = path
-        try:
-            self.reader = gguf.GGUFReader(str(path))
-        except Exception as e:  # the gguf package raises bare ValueError/struct errors on bad files
-            raise ValueError(f"{path} is not a readable GGUF file: {e}") from None
+        self.reader = _open_reader(path)
         self.arch = _field(self.reader, "general.architecture")
         if self.arch not in _ARCHS:
             raise ValueError(
@@ -75,23 +123,34 @@ class GGUFFile:
     def _meta(self, key: str, default: Any = None) -> Any:
         return _field(self.reader, f"{self.arch}.{key}", default)
 
+    def _size(self, key: str, default: int | None = None) -> int:
+        """A size from the metadata, checked under its GGUF name (head_count 0 once ended in a
+        ZeroDivisionError, block_count 4e9 in a hang); default None: the key is required."""
+        value = self._meta(key)
+        if value is None:
+            if default is None:
+                raise ValueError(f"{self.path}: GGUF metadata lacks {self.arch}.{key}")
+            return default
+        check_size(str(self.path), f"{self.arch}.{key}", value, SIZE_LIMITS.get(_SIZE_KEYS[key]))
+        return int(value)
+
     def hf_config(self) -> dict[str, Any]:
         names = {t.name for t in self.reader.tensors}
-        heads = int(self._meta("attention.head_count"))
-        hidden = int(self._meta("embedding_length"))
-        vocab = self._meta("vocab_size") or len(self.reader.fields["tokenizer.ggml.tokens"].data)
+        heads = self._size("attention.head_count")
+        hidden = self._size("embedding_length")
+        tokens = self.reader.fields.get("tokenizer.ggml.tokens")
         cfg: dict[str, Any] = {
             "architectures": [_ARCHS[self.arch]],
             "hidden_size": hidden,
-            "intermediate_size": int(self._meta("feed_forward_length")),
-            "num_hidden_layers": int(self._meta("block_count")),
+            "intermediate_size": self._size("feed_forward_length"),
+            "num_hidden_layers": self._size("block_count"),
             "num_attention_heads": heads,
-            "num_key_value_heads": int(self._meta("attention.head_count_kv", heads)),
-            "head_dim": int(self._meta("attention.key_length", hidden // heads)),
-            "max_position_embeddings": int(self._meta("context_length", 2048)),
+            "num_key_value_heads": self._size("attention.head_count_kv", heads),
+            "head_dim": self._size("attention.key_length", max(hidden // heads, 1)),
+            "max_position_embeddings": self._size("context_length", 2048),
             "rms_norm_eps": float(self._meta("attention.layer_norm_rms_epsilon", 1e-6)),
             "rope_theta": float(self._meta("rope.freq_base", 10000.0)),
-            "vocab_size": int(vocab),
+            "vocab_size": self._size("vocab_size", len(tokens.data) if tokens is not None else None),
             "tie_word_embeddings": "output.weight" not in names,
             "attention_bias": "blk.0.attn_q.bias" in names and self.arch == "llama",
         }

@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from tacit.loader.progress import progress
+from tacit.loader.safetensors_check import check_safetensors_file
 
 
 def read_json(path: Path) -> dict:
@@ -22,7 +23,11 @@ def read_json(path: Path) -> dict:
 def safetensors_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():
-        names = sorted(set(read_json(index)["weight_map"].values()))
+        doc = read_json(index)
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(n, str) for n in weight_map.values()):
+            raise ValueError(f"{index}: weight_map is invalid: must be an object of tensor name -> shard file name")
+        names = sorted(set(weight_map.values()))
         files = [path / n for n in names]
         missing = [str(f) for f in files if not f.exists()]
         if missing:
@@ -41,12 +46,30 @@ def safetensors_files(path: Path) -> list[Path]:
 
 
 def iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Stream tensors one at a time so peak memory is the model plus one tensor."""
+    """Check every shard's header against its file now (one small read each, so a lying or
+    truncated file fails before the model is allocated), then stream tensors one at a time so
+    peak memory is the model plus one tensor."""
     files = safetensors_files(path)
-    handles = [safe_open(str(f), framework="pt") for f in files]
-    names = [(h, k) for h in handles for k in h.keys()]
-    for handle, name in progress(names, desc=f"loading {path.name}"):
-        yield name, handle.get_tensor(name)
+    for f in files:
+        check_safetensors_file(f)
+    return _stream_safetensors(path, files)
+
+
+def _stream_safetensors(path: Path, files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    names = []
+    for f in files:
+        # Checked above; a file changed since still fails with its name, not a traceback.
+        try:
+            handle = safe_open(str(f), framework="pt")
+        except SafetensorError as e:
+            raise ValueError(f"{f} is not a readable safetensors file: {e}") from None
+        names += [(f, handle, k) for k in handle.keys()]
+    for f, handle, name in progress(names, desc=f"loading {path.name}"):
+        try:
+            tensor = handle.get_tensor(name)
+        except SafetensorError as e:
+            raise ValueError(f"{f}: tensor {name!r} cannot be read: {e}") from None
+        yield name, tensor
 
 
 def hf_eos_token_ids(path: Path, config: dict) -> list[int]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -29,17 +29,21 @@ def keeps_ggml_weights(cfg: ModelConfig, device: torch.device) -> bool:
 
 def build_model(
     cfg: ModelConfig,
-    weights: Iterator[tuple[str, torch.Tensor | GGMLTensor]],
+    weights: Callable[[], Iterator[tuple[str, torch.Tensor | GGMLTensor]]],
     device: torch.device,
     free_memory: int | None = None,
     quantized_weights: dict[str, int] | None = None,
 ) -> nn.Module:
-    """free_memory: bytes the device has; a model whose weights exceed it is refused before any
+    """weights: opens the checkpoint's tensors (ModelSource.weights); called once the architecture
+    is known to be supported and before any allocation, since opening checks the files (a
+    truncated safetensors shard fails there, not after the model took its memory).
+    free_memory: bytes the device has; a model whose weights exceed it is refused before any
     allocation (hidden_size 1e9 once tried to allocate 196 TB). quantized_weights: {HF name: GGML
     type} of the weights `weights` yields as GGML blocks; their linear layers keep them so when
     keeps_ggml_weights says."""
     cls = get_model_class(cfg.architecture)
     check_required_sizes(cfg.path, cfg.hf)
+    tensors = weights()
     # Meta device: no memory and no random init for weights we are about to overwrite.
     prev = torch.get_default_dtype()
     torch.set_default_dtype(cfg.dtype)
@@ -70,5 +74,5 @@ def build_model(
     if getattr(model, "tie_word_embeddings", False) and model.lm_head.weight.dtype != torch.uint8:
         # to_empty materializes shared parameters separately; tie them again.
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.load_weights(weights)
+    model.load_weights(tensors)
     return model.eval()

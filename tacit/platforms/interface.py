@@ -5,6 +5,7 @@ An Ascend NPU (torch_npu) would add one more subclass; nothing above this file c
 
 from __future__ import annotations
 
+import ctypes
 from abc import ABC, abstractmethod
 
 import torch
@@ -26,3 +27,22 @@ class Platform(ABC):
 
     def default_dtype(self) -> torch.dtype:
         return torch.bfloat16
+
+    def release_host_memory(self) -> None:
+        """Give the host heap's free pages back to the system (glibc's malloc_trim; a no-op
+        elsewhere). Steps of ever new shapes leave freed holes that glibc keeps: 1,100 distinct
+        bf16 matmul shapes left 700 MB resident, 540 MB after a trim. The server calls it when
+        it goes idle, where the few ms it takes cost nobody anything."""
+        trim = _malloc_trim()
+        if trim is not None:
+            trim(0)
+
+
+_TRIM: list = []
+
+
+def _malloc_trim():
+    """glibc's malloc_trim, looked up once; None where the C library has none (musl, macOS)."""
+    if not _TRIM:
+        _TRIM.append(getattr(ctypes.CDLL(None), "malloc_trim", None))  # the process's own symbols
+    return _TRIM[0]

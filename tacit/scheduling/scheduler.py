@@ -45,6 +45,7 @@ from tacit.scheduling.scheduler_output import (
     SchedulerOutput,
     SchedulerStats,
 )
+from tacit.structured_output import StructuredOutputManager
 
 
 class Scheduler:
@@ -56,6 +57,7 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         swapper: KVSwapper | None = None,
         eos_token_ids: Iterable[int] = (),
+        structured_output: StructuredOutputManager | None = None,
     ) -> None:
         self.config = config
         self.kv = kv
@@ -66,6 +68,8 @@ class Scheduler:
         self.predictor = OutputLengthPredictor()  # learns every finished request's length
         self.swapper = swapper  # None: preemption always recomputes
         self.eos_token_ids = frozenset(eos_token_ids)
+        # Matchers of the requests with a grammar (None: this scheduler refuses them).
+        self.structured_output = structured_output
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -88,6 +92,11 @@ class Scheduler:
                 request.num_prompt_tokens, request.max_tokens, p.temperature, p.expected_output_tokens
             )
         self.policy.admit(request, self.view)
+        spec = request.params.structured_outputs
+        if spec is not None:
+            if self.structured_output is None:
+                raise ValueError("structured_outputs needs a StructuredOutputManager; this scheduler has none")
+            self.structured_output.add_request(request.request_id, spec)
         self.waiting.append(request)
         self.requests[request.request_id] = request
 
@@ -202,6 +211,17 @@ class Scheduler:
                 )
             else:
                 out.scheduled_cached_reqs.append(CachedRequestData(req.request_id, new_blocks, req.num_computed_tokens))
+        so = self.structured_output
+        if so:  # no constrained request anywhere: no loop, no mask
+            # Only rows that sample this step (brought level with all their tokens) need a mask.
+            ids = [
+                r.request_id
+                for r, n, _ in scheduled
+                if r.request_id in so and r.num_computed_tokens + n == r.num_tokens
+            ]
+            if ids:
+                out.structured_output_request_ids = ids
+                out.grammar_bitmask = so.grammar_bitmask(ids)
         return out
 
     def may_cut_in(self, req: Request) -> bool:
@@ -304,7 +324,8 @@ class Scheduler:
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
         """Advance every scheduled request by the tokens it computed, append what was sampled,
-        finish (and free) requests that hit EOS, a stop token id or max_tokens."""
+        finish (and free) requests that hit EOS, a stop token id or max_tokens (0: at the end of
+        the prefill), pass on the prompt logprobs the runner scored."""
         prefill_tokens = decodes = 0
         for req_id, n in scheduler_output.num_scheduled_tokens.items():
             req = self.requests.get(req_id)
@@ -317,6 +338,8 @@ class Scheduler:
         self.cost.observe(prefill_tokens, decodes, runner_output.execute_s)
         now = self.clock()
         outputs = []
+        scored = runner_output.prompt_logprobs
+        sampled = set(runner_output.req_ids)
         for req_id, token, logprobs in zip(
             runner_output.req_ids, runner_output.sampled_token_ids, runner_output.logprobs
         ):
@@ -327,10 +350,26 @@ class Scheduler:
             if req.first_token_time is None:
                 req.first_token_time = now
             req.last_token_time = now
+            so = self.structured_output
+            grammar_ended = bool(so) and so.accept_token(req_id, token)
             reason, stop_reason = self._check_stop(req, token)
+            if reason is None and grammar_ended:
+                reason = "stop"  # the grammar is complete (or refused the token): nothing valid can follow
             if reason is not None:
                 self.finish_request(req_id, reason, stop_reason)
-            outputs.append(EngineCoreOutput(req_id, token, logprobs, reason, stop_reason))
+            outputs.append(EngineCoreOutput(req_id, token, logprobs, reason, stop_reason, scored.get(req_id)))
+        # News without a token: prompt tokens a chunk scored mid-prefill, and a prompt that was
+        # only to be scored (max_tokens=0) ending with its prefill.
+        for req_id in scheduler_output.num_scheduled_tokens:
+            req = self.requests.get(req_id)
+            if req_id in sampled or req is None or req.is_finished:
+                continue
+            reason = None
+            if req.max_tokens == 0 and req.num_computed_tokens >= req.num_tokens:
+                reason = "length"
+                self.finish_request(req_id, reason)
+            if reason is not None or req_id in scored:
+                outputs.append(EngineCoreOutput(req_id, None, None, reason, None, scored.get(req_id)))
         return outputs
 
     def _check_stop(self, req: Request, token: int) -> tuple[str | None, int | None]:
@@ -358,8 +397,11 @@ class Scheduler:
         self.kv.free(request_id)
         if self.swapper is not None:
             self.swapper.drop(request_id)
+        if self.structured_output is not None:
+            self.structured_output.remove_request(request_id)
         self._finished_req_ids.append(request_id)
-        if reason in ("stop", "length"):  # an abort says nothing about how long it would have run
+        # An abort says nothing about how long it would have run, nor a prompt only scored.
+        if reason in ("stop", "length") and req.max_tokens > 0:
             p = req.params
             self.predictor.observe(
                 req.num_prompt_tokens,

@@ -5,15 +5,17 @@ a preemption, comes whole (NewRequestData: its tokens, sampling parameters and e
 a request already running comes as a delta (CachedRequestData: the blocks added this step).
 The runner keeps its own copy of each request's state from these, so nothing below the
 scheduler ever holds a live Request, and with several worker processes this same object is
-what each of them receives. update_from_output answers with an EngineCoreOutput per sampled
-request, and make_stats with SchedulerStats.
+what each of them receives. update_from_output answers with an EngineCoreOutput per request
+with news (a sampled token, scored prompt tokens, or an end), and make_stats with SchedulerStats.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tacit.outputs import RawLogprobs
+import numpy as np
+
+from tacit.outputs import RawLogprobs, RawPromptLogprobs
 from tacit.sampling_params import SamplingParams
 
 
@@ -51,6 +53,11 @@ class SchedulerOutput:
     preempted_req_ids: list[str] = field(default_factory=list)
     # Finished or aborted since the previous output: the runner drops their state.
     finished_req_ids: list[str] = field(default_factory=list)
+    # Constrained decoding (vLLM's names): the rows that sample this step under a grammar, and
+    # their allowed tokens, packed (int32 [len(ids), ceil(vocab / 32)], row i for ids[i]; bit j
+    # of word w allows token 32 * w + j). None when no row this step is constrained.
+    structured_output_request_ids: list[str] = field(default_factory=list)
+    grammar_bitmask: np.ndarray | None = None
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -66,14 +73,18 @@ class SchedulerOutput:
 
 @dataclass(frozen=True)
 class EngineCoreOutput:
-    """One request's news from one step (vLLM v1's name): the token it sampled, and whether that
-    ended it. The output processor turns these into text and RequestOutputs."""
+    """One request's news from one step (vLLM v1's name): the token it sampled, whether that
+    ended it, and the prompt tokens its prefill chunk scored (prompt_logprobs). new_token_id is
+    None when there is no token: a chunk mid-prefill that scored prompt tokens, or a prompt
+    that was only to be scored (max_tokens=0) finishing its prefill. The output processor
+    turns these into text and RequestOutputs."""
 
     req_id: str
-    new_token_id: int
+    new_token_id: int | None
     logprobs: RawLogprobs | None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: RawPromptLogprobs | None = None
 
 
 @dataclass(frozen=True)

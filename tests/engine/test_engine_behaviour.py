@@ -89,7 +89,8 @@ def test_prompt_longer_than_context(llm):
 
 
 def test_request_larger_than_kv_pool(tiny_llama):
-    llm = LLM(str(tiny_llama[2]), dtype="float32", num_kv_blocks=2, block_size=16)
+    # An explicit max_model_len: the one derived from the model is capped at the pool's 32 tokens.
+    llm = LLM(str(tiny_llama[2]), dtype="float32", num_kv_blocks=2, block_size=16, max_model_len=1024)
     with pytest.raises(ValueError, match="more than the whole KV pool holds"):
         llm.generate([[5] * 30], greedy(max_tokens=10))
 
@@ -101,7 +102,8 @@ def test_request_larger_than_kv_pool(tiny_llama):
         (dict(top_p=0), "top_p"),
         (dict(top_k=-5), "top_k"),
         (dict(min_p=2), "min_p"),
-        (dict(max_tokens=0), "max_tokens"),
+        (dict(max_tokens=-1), "max_tokens"),
+        (dict(prompt_logprobs=21), "prompt_logprobs"),
         (dict(n=0), "n"),
         (dict(logprobs=99), "logprobs"),
         (dict(stop=[""]), "stop"),

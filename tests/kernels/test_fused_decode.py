@@ -19,10 +19,10 @@ def both_paths(runner, rows, compute=None):
     """Logits of one step's rows from the fused decoder, then from the torch path."""
     compute = compute or runner.compute_logits
     fused = runner.fused_decode
-    samples, got = compute(rows)
+    samples, got, _ = compute(rows)
     runner.fused_decode = None
     try:
-        ref_samples, ref = compute(rows)  # rewrites this step's KV slots with torch's values
+        ref_samples, ref, _ = compute(rows)  # rewrites this step's KV slots with torch's values
     finally:
         runner.fused_decode = fused
     assert samples == ref_samples
@@ -147,7 +147,7 @@ def test_layer_by_layer_step_equals_one_call_and_lets_a_cut_in_run(tiny_model_fa
     engine.step()
     rows = scheduled_rows(engine)
     assert engine.runner._uses_fused_decode(rows) and len(rows) == 12
-    _, one_call = engine.runner.compute_logits(rows)
+    _, one_call, _ = engine.runner.compute_logits(rows)
     calls = []
 
     def hook():
@@ -161,7 +161,7 @@ def test_layer_by_layer_step_equals_one_call_and_lets_a_cut_in_run(tiny_model_fa
             )
             assert engine.cut_in_step(), "the urgent request should have cut in"
 
-    _, by_layer = engine.runner.compute_logits(rows, hook)
+    _, by_layer, _ = engine.runner.compute_logits(rows, hook)
     assert len(calls) == engine.model.num_layers - 1  # one boundary between each two layers
     assert torch.equal(one_call, by_layer)
     assert engine.get_stats().num_cut_ins == 1
@@ -193,3 +193,32 @@ def test_mixed_step_runs_decodes_fused_and_prefill_on_torch(tiny_model_factory, 
     top2 = ref.topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) > 0.05 * scale
     assert torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])
+
+
+def test_one_token_prompt_chunks_that_score_take_the_torch_path(tiny_model_factory):
+    """prompt_logprobs need every prompt position's hidden state, which the fused decoder does
+    not hand back: one-token chunks that score go through torch beside fused decodes."""
+    _, _, path = tiny_model_factory("llama")
+    prompt = list(range(10, 30))
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, prompt_logprobs=2)
+    whole = LLM(str(path), dtype="bfloat16").generate([prompt], params)[0].prompt_logprobs
+    engine = LLM(str(path), dtype="bfloat16", long_prefill_token_threshold=1).engine
+    plain = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    engine.add_request([5, 6, 7], plain)
+    engine.step()
+    engine.step()  # now decoding on the fused path
+    rid = engine.add_request(prompt, params)
+    runner, split = engine.runner, []
+    real_split = runner._split_part
+    runner._split_part = lambda rows, hook: split.append(len(rows)) or real_split(rows, hook)
+    out = None
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.request_id == rid:
+                out = o
+    assert len(split) >= len(prompt) - 1, "each one-token scored chunk beside a fused decode"
+    got = out.prompt_logprobs
+    assert len(got) == len(prompt) and got[0] is None
+    for t in range(1, len(prompt)):
+        assert got[t].keys() == whole[t].keys()
+        assert abs(got[t][prompt[t]].logprob - whole[t][prompt[t]].logprob) < 0.02

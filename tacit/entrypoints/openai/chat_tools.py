@@ -3,6 +3,7 @@ sampling settings, and the generated text turned back into `message.tool_calls`.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from tacit.entrypoints.openai.errors import bad_request
@@ -14,7 +15,7 @@ from tacit.entrypoints.openai.protocol import (
     ToolCallOut,
 )
 from tacit.entrypoints.openai.tool_parser import END, StreamingToolParser, ToolCall, parse_tool_calls
-from tacit.sampling_params import SamplingParams
+from tacit.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 class ChatTools:
@@ -23,11 +24,19 @@ class ChatTools:
         self.definitions: list[dict[str, Any]] | None = req.tool_definitions()
         self.names = {t.function.name for t in req.tools or []}
         self.parallel = req.parallel_tool_calls
+        self.schemas = {t.function.name: t.function.parameters or {"type": "object"} for t in req.tools or []}
+        self.named = req.tool_choice.function.name if self.mode == "named" else None
         if req.tool_choice is not None and req.tool_choice != "none" and not req.tools:
             raise bad_request("tool_choice needs tools: there is no tool to call", "tool_choice")
-        if self.mode in ("required", "named"):
+        if self.named is not None and self.named not in self.names:
             raise bad_request(
-                f'tool_choice "{self.mode}" is not supported yet: it needs constrained decoding; use "auto"',
+                f"tool_choice names the function {self.named!r}, which is not among tools ({', '.join(sorted(self.names))})",
+                "tool_choice",
+            )
+        if self.constrained and req.structured_outputs_spec() is not None:
+            raise bad_request(
+                f'tool_choice "{self.mode}" constrains the output to a tool call; it cannot also follow '
+                f"{req.structured_param}",
                 "tool_choice",
             )
         if self.mode == "auto" and any(t.function.strict for t in req.tools or []):
@@ -39,22 +48,89 @@ class ChatTools:
     def active(self) -> bool:
         return self.definitions is not None
 
-    def adjust(self, params: SamplingParams) -> None:
-        """parallel_tool_calls=false: generation ends with the first call's closing tag."""
+    @property
+    def constrained(self) -> bool:
+        """ "required" or a named function: the grammar makes the whole output a call, as JSON
+        (vLLM's shapes: the named function's arguments; for "required" a list of
+        {"name", "parameters"} objects)."""
+        return self.mode in ("required", "named")
+
+    def output_schema(self) -> dict[str, Any]:
+        if self.named is not None:
+            return self.schemas[self.named]
+        one_call = {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {"name": {"type": "string", "enum": [name]}, "parameters": schema},
+                    "required": ["name", "parameters"],
+                    "additionalProperties": False,
+                }
+                for name, schema in self.schemas.items()
+            ]
+        }
+        calls: dict[str, Any] = {"type": "array", "items": one_call, "minItems": 1}
+        if not self.parallel:
+            calls["maxItems"] = 1
+        return calls
+
+    def adjust(self, params: SamplingParams) -> str | None:
+        """Fit params to the tool choice; returns the request field a grammar error should name.
+        parallel_tool_calls=false under "auto": generation ends with the first call's closing
+        tag; "required"/named: the output is constrained to the call's JSON."""
+        if self.constrained:
+            params.structured_outputs = StructuredOutputsParams(json=self.output_schema())
+            return "tools"
         if self.active and not self.parallel:
             params.stop.append(END)
+        return None
+
+    def constrained_calls(self, text: str) -> list[ToolCall]:
+        """The calls in a constrained output (empty if it was cut off before its JSON closed)."""
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return []
+        if self.named is not None:
+            return [ToolCall(self.named, json.dumps(value, ensure_ascii=False))] if isinstance(value, dict) else []
+        return [
+            ToolCall(c["name"], json.dumps(c["parameters"], ensure_ascii=False))
+            for c in value
+            if isinstance(c, dict) and c.get("name") in self.names
+        ]
 
     def message(self, text: str, finish_reason: str | None) -> tuple[ChatResponseMessage, str | None]:
         """A finished choice's message and finish_reason ("tool_calls" when it called)."""
         if not self.active:
             return ChatResponseMessage(content=text), finish_reason
+        if self.constrained:
+            calls = self.constrained_calls(text)
+            if not calls:  # cut off by max_tokens: what was generated is all there is
+                return ChatResponseMessage(content=text), finish_reason
+            return ChatResponseMessage(content=None, tool_calls=[_out(c) for c in calls]), _finish(finish_reason)
         content, calls = parse_tool_calls(text, self.names)
         if not calls:
             return ChatResponseMessage(content=text), finish_reason
         return ChatResponseMessage(content=content, tool_calls=[_out(c) for c in calls]), _finish(finish_reason)
 
-    def stream_parser(self) -> StreamingToolParser:
-        return StreamingToolParser(self.names)
+    def stream_parser(self) -> StreamingToolParser | ConstrainedToolStream:
+        return ConstrainedToolStream(self) if self.constrained else StreamingToolParser(self.names)
+
+
+class ConstrainedToolStream:
+    """A constrained output is one JSON value: its calls are sent when it is complete (a client
+    never sees half a call), and no content before them."""
+
+    def __init__(self, tools: ChatTools) -> None:
+        self.tools = tools
+        self.num_calls = 0
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+        if not final:
+            return "", []
+        calls = self.tools.constrained_calls(text)
+        self.num_calls += len(calls)
+        return ("" if calls else text), calls
 
 
 def _out(call: ToolCall) -> ToolCallOut:

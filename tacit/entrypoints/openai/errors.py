@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tacit.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BYTES
 from tacit.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
+from tacit.structured_output import StructuredOutputError
 
 logger = logging.getLogger("tacit.server")
 
@@ -56,10 +57,16 @@ def overloaded(message: str, param: str | None = None) -> OpenAIError:
 _PARAM_IN_MESSAGE = re.compile(r"^SamplingParams\.(\w+)=")
 
 
-def from_value_error(e: ValueError) -> OpenAIError:
+def from_value_error(e: ValueError, structured_param: str | None = None) -> OpenAIError:
     """The engine's and SamplingParams' ValueErrors already say what is wrong and what is valid;
-    SamplingParams' also name the field, which becomes `param`."""
+    SamplingParams' also name the field, which becomes `param`. A grammar the engine could not
+    compile is named by the request field that carried it (structured_param)."""
     message = str(e)
+    if isinstance(e, StructuredOutputError) and structured_param is not None:
+        return bad_request(f"{structured_param} is invalid: {e.reason}", structured_param)
+    param = getattr(e, "param", None)  # protocol.FieldError
+    if isinstance(param, str):
+        return bad_request(message, param)
     m = _PARAM_IN_MESSAGE.match(message)
     if m:
         return bad_request(message.removeprefix("SamplingParams."), m.group(1))

@@ -1,7 +1,8 @@
 """OpenAI wire format: requests validated with pydantic, responses and stream chunks built from it.
 
 Field names and defaults follow OpenAI's API reference (and vLLM where it extends it: top_k,
-min_p, ignore_eos, priority, return_tokens_as_token_ids), so the official `openai` client and
+min_p, ignore_eos, priority, return_tokens_as_token_ids,
+prompt_logprobs), so the official `openai` client and
 existing tooling work unchanged. A field this server does not know is a 400 naming it, never
 ignored: a client that sent `tools` and got prose back would fail far from the cause. Message
 objects are the exception: their extra keys (name, tool_call_id, ...) reach the chat template.
@@ -15,7 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
-from tacit.sampling_params import SamplingParams
+from tacit.entrypoints.openai.structured_outputs import resolve_structured_outputs
+from tacit.outputs import Logprob
+from tacit.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 class OpenAIModel(BaseModel):
@@ -41,6 +44,31 @@ class ErrorResponse(BaseModel):
 
 class StreamOptions(OpenAIModel):
     include_usage: StrictBool = False
+
+
+class JsonSchemaFormat(OpenAIModel):
+    name: StrictStr | None = None
+    # "schema" would shadow pydantic's BaseModel.schema(): the field takes it as an alias.
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+    description: StrictStr | None = None
+
+
+class ResponseFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(OpenAIModel):
+    """vLLM's newer `structured_outputs` object. Keys it does not know are refused, not dropped:
+    a client asking for a structural tag or a whitespace pattern must not get unconstrained text."""
+
+    model_config = ConfigDict(extra="forbid")
+    json_: dict[str, Any] | StrictStr | None = Field(default=None, alias="json")
+    regex: StrictStr | None = None
+    choice: list[StrictStr] | None = None
+    grammar: StrictStr | None = None
+    json_object: StrictBool | None = None
 
 
 class SamplingRequest(OpenAIModel):
@@ -73,12 +101,45 @@ class SamplingRequest(OpenAIModel):
     user: str | None = None
     # vLLM's extension: logprob tokens as "token_id:123", lossless where bytes split a character.
     return_tokens_as_token_ids: StrictBool = False
+    # Structured output: OpenAI's response_format, vLLM's guided_* fields and its newer
+    # structured_outputs object (README, "Structured output").
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | StrictStr | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
+    guided_grammar: StrictStr | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    # vLLM fields tacit cannot honour: refused (400) if set, rather than silently ignored.
+    guided_whitespace_pattern: StrictStr | None = None
+    guided_decoding_backend: StrictStr | None = None
+
+    def structured_outputs_spec(self) -> tuple[str, StructuredOutputsParams] | None:
+        """(the wire field that asked, as a 400's `param` names it; the engine's spec), or None.
+        Raises FieldError for two fields at once, an unsupported option or an empty spec."""
+        return resolve_structured_outputs(self)
+
+    @property
+    def structured_param(self) -> str | None:
+        """The wire field carrying this request's grammar (already checked by to_sampling_params)."""
+        spec = self.structured_outputs_spec()
+        return spec[0] if spec else None
+
+    # vLLM's extension: every prompt token's logprob plus the top-N, returned as `prompt_logprobs`.
+    prompt_logprobs: StrictInt | None = None
+
+    @model_validator(mode="after")
+    def _check_prompt_logprobs(self) -> "SamplingRequest":
+        if self.stream and self.prompt_logprobs is not None:
+            raise ValueError("prompt_logprobs is not available with stream=true (as in vLLM)")
+        return self
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
-    def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def _sampling_params(
+        self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+    ) -> SamplingParams:
         """Raises ValueError naming the field when a value is out of range."""
         kw: dict[str, Any] = dict(
             max_tokens=max_tokens,
@@ -91,10 +152,14 @@ class SamplingRequest(OpenAIModel):
             ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
             logprobs=logprobs,
+            prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
             ttft_slo_ms=self.ttft_slo_ms,
             tpot_slo_ms=self.tpot_slo_ms,
             expected_output_tokens=self.expected_output_tokens,
         )
+        spec = self.structured_outputs_spec()
+        if spec is not None:
+            kw["structured_outputs"] = spec[1]
         # OpenAI's defaults are temperature 1, top_p 1: "unset" means that, not greedy.
         for name in ("temperature", "top_p", "top_k", "min_p"):
             value = getattr(self, name)
@@ -116,8 +181,6 @@ class CompletionRequest(SamplingRequest):
     def _check(self) -> "CompletionRequest":
         if isinstance(self.prompt, list) and not self.prompt:
             raise ValueError("prompt must not be an empty list")
-        if self.echo:
-            raise ValueError("echo is not supported")
         if self.suffix:
             raise ValueError("suffix is not supported")
         return self
@@ -130,8 +193,16 @@ class CompletionRequest(SamplingRequest):
             return [list(p)]  # type: ignore[arg-type]
         return list(p)  # type: ignore[arg-type]
 
+    @property
+    def echoes_logprobs(self) -> bool:
+        """echo with logprobs: the logprobs object covers the prompt's tokens before the generated ones."""
+        return self.echo and self.logprobs is not None
+
     def to_sampling_params(self) -> SamplingParams:
-        return self._sampling_params(self.max_tokens, self.logprobs)
+        prompt_logprobs = self.prompt_logprobs
+        if self.echoes_logprobs:  # as vLLM: the echoed prompt is scored like the generated tokens
+            prompt_logprobs = max(prompt_logprobs or 0, self.logprobs)
+        return self._sampling_params(self.max_tokens, self.logprobs, prompt_logprobs)
 
 
 class TextPart(OpenAIModel):
@@ -245,12 +316,20 @@ class CompletionChoice(BaseModel):
     stop_reason: int | str | None = None
 
 
+# vLLM's prompt_logprobs: per prompt token None (the first) or {token_id: Logprob}.
+PromptLogprobs = list[dict[int, Logprob] | None]
+
+
+class CompletionResponseChoice(CompletionChoice):
+    prompt_logprobs: PromptLogprobs | None = None
+
+
 class CompletionResponse(BaseModel):
     id: str
     object: Literal["text_completion"] = "text_completion"
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
-    choices: list[CompletionChoice]
+    choices: list[CompletionResponseChoice]
     usage: UsageInfo | None = None
 
 
@@ -304,6 +383,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatCompletionChoice]
     usage: UsageInfo | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaMessage(BaseModel):

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
 from tacit.entrypoints.openai.protocol import OpenAIModel
-from tacit.sampling_params import SamplingParams
+from tacit.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 class InputTextPart(OpenAIModel):
@@ -39,7 +39,22 @@ class InputMessage(OpenAIModel):
 
 
 class TextFormat(OpenAIModel):
-    type: Literal["text"] = "text"
+    # The Responses API spells Chat's response_format flat: {"type": "json_schema", "name",
+    # "schema", "strict", "description"}.
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: StrictStr | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+    description: StrictStr | None = None
+
+    def structured_outputs(self) -> StructuredOutputsParams | None:
+        if self.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if self.type == "json_schema":
+            if self.schema_ is None:
+                raise ValueError('text.format type "json_schema" needs text.format.schema')
+            return StructuredOutputsParams(json=self.schema_)
+        return None
 
 
 class TextConfig(OpenAIModel):
@@ -87,6 +102,8 @@ class ResponsesRequest(OpenAIModel):
         """Raises ValueError naming the field when a value is out of range. OpenAI's defaults
         (temperature 1, top_p 1) apply when unset."""
         kw: dict[str, Any] = {"max_tokens": self.max_output_tokens}
+        if self.text is not None:
+            kw["structured_outputs"] = self.text.format.structured_outputs()
         for name in ("temperature", "top_p"):
             if getattr(self, name) is not None:
                 kw[name] = getattr(self, name)
@@ -143,7 +160,7 @@ class ResponseObject(BaseModel):
     store: bool = False
     temperature: float | None = None
     top_p: float | None = None
-    text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
+    text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})  # echoed from the request
     tool_choice: str = "none"
     tools: list[Any] = Field(default_factory=list)
     truncation: str = "disabled"

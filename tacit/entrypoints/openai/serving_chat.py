@@ -46,12 +46,12 @@ class ChatServing:
         ctx.check_model(req.model)
         params = ctx.sampling_params(req.to_sampling_params)
         tools = ChatTools(req)
-        tools.adjust(params)
+        structured_param = tools.adjust(params) or req.structured_param
         messages = [m.to_template_dict() for m in req.messages]
         ids = await ctx.encode_chat(messages, req.add_generation_prompt, tools.definitions)
         ctx.check_length(len(ids), req.requested_max_tokens)
         request_id = random_id("chatcmpl")
-        streams = await ctx.submit([ids], params, request_id, req.priority)
+        streams = await ctx.submit([ids], params, request_id, req.priority, structured_param)
         if req.stream:
             return StreamingResponse(
                 self._stream(req, tools, raw, streams[0], request_id, len(ids)),
@@ -118,7 +118,13 @@ class ChatServing:
             completion_tokens=completion_tokens,
             total_tokens=num_prompt_tokens + completion_tokens,
         )
-        body = ChatCompletionResponse(id=request_id, model=self.ctx.model_name, choices=choices, usage=usage)
+        body = ChatCompletionResponse(
+            id=request_id,
+            model=self.ctx.model_name,
+            choices=choices,
+            usage=usage,
+            prompt_logprobs=out.prompt_logprobs if req.prompt_logprobs is not None else None,
+        )
         return JSONResponse(body.model_dump())
 
     async def _stream(

@@ -77,10 +77,16 @@ class ServingContext:
             raise from_value_error(e) from None
 
     async def submit(
-        self, prompts: list[list[int]], params: SamplingParams, request_id: str, priority: int
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        request_id: str,
+        priority: int,
+        structured_param: str | None = None,
     ) -> list[RequestStream]:
         """Add one engine request per prompt; all or none (a failure aborts those already in).
-        The queue bound is checked for the first prompt only: the batch is one client request."""
+        The queue bound is checked for the first prompt only: the batch is one client request.
+        structured_param: the request field that carried params' grammar, named if it is invalid."""
         num_sequences = len(prompts) * params.n
         if num_sequences > MAX_SEQUENCES_PER_REQUEST:
             raise bad_request(
@@ -99,7 +105,7 @@ class ServingContext:
             if isinstance(e, SLOUnattainableError):  # a load condition, not a bad request
                 raise overloaded(str(e), "ttft_slo_ms") from None
             if isinstance(e, ValueError):
-                raise from_value_error(e) from None
+                raise from_value_error(e, structured_param) from None
             if isinstance(e, QueueFullError):
                 raise overloaded(str(e)) from None
             if isinstance(e, EngineDeadError):

@@ -40,7 +40,7 @@ class ResponsesServing:
         ids = await ctx.encode_chat(req.messages())
         ctx.check_length(len(ids), req.max_output_tokens)
         response_id = random_id("resp")
-        (stream,) = await ctx.submit([ids], params, response_id, 0)
+        (stream,) = await ctx.submit([ids], params, response_id, 0, "text.format.schema")
         if req.stream:
             return StreamingResponse(
                 self._stream(req, raw, stream, response_id, len(ids)),
@@ -69,6 +69,8 @@ class ResponsesServing:
             user=req.user,
             metadata=req.metadata or {},
         )
+        if req.text is not None:
+            r.text = {"format": req.text.format.model_dump(by_alias=True, exclude_none=True)}
         if c is None:
             return r
         incomplete = c.finish_reason == "length"
