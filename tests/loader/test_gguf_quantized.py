@@ -115,7 +115,9 @@ def _write_q8_0(path: Path, rows: int, cols: int, raw_shape: tuple[int, int] | N
 def test_tensor_bytes_that_do_not_fit_type_and_shape_are_refused(tmp_path):
     # The header says 8 rows, the file holds 4.
     _write_q8_0(tmp_path / "short.gguf", 4, 128, raw_shape=(8, 136))
-    with pytest.raises(ValueError, match="short.gguf is not a readable GGUF file: cannot reshape array of size 544"):
+    with pytest.raises(
+        ValueError, match=r"short.gguf: tensor 'blk.0.ffn_gate.weight' data is bytes .* past the file's end"
+    ):
         GGUFFile(tmp_path / "short.gguf")
     # The header says rows of 100 values: not whole 32-value Q8_0 blocks.
     _write_q8_0(tmp_path / "odd.gguf", 4, 128)
