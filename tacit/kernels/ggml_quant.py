@@ -8,6 +8,9 @@ its own run of 32-value blocks, so rows can be permuted (llama's q/k un-permute)
   Q4_1 (20 bytes): fp16 d, fp16 m, 16 bytes;     value = d * q + m
   Q8_0 (34 bytes): fp16 d, 32 int8;              value = d * q
   (byte j of a 4-bit block holds value j in its low nibble and value j + 16 in its high one)
+  Q4_K (144 bytes per 256 values): fp16 d, fp16 dmin, 12 bytes of 6-bit scales/mins for 8
+       sub-blocks of 32, 128 bytes of nibbles (sub-blocks 2i and 2i+1 are the low and high
+       nibbles of bytes 32i..32i+31);  value = (d * sc) * q - dmin * m
 
 `dequantize` is the oracle the AVX512 kernels (csrc/ggml_gemv.cpp) are tested against: the
 same float32 arithmetic as the gguf package's numpy code.
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-QK = 32  # values per block, for every type here
+QK = 32  # values per block (Q4_K: per sub-block; its blocks hold 256)
 BF16 = 30  # GGML's id for bf16: the fused decoder's tag for a plain bf16 matrix
 
 
@@ -28,17 +31,23 @@ class GGMLType:
     name: str
     id: int  # GGML's enum value (ggml.h), also the kernels' type tag
     block_bytes: int
+    block_values: int = QK
 
 
 # The types with native kernels; every other GGML type is dequantized at load.
-GGML_TYPES = {t.id: t for t in (GGMLType("Q4_0", 2, 18), GGMLType("Q4_1", 3, 20), GGMLType("Q8_0", 8, 34))}
+GGML_TYPES = {
+    t.id: t
+    for t in (GGMLType("Q4_0", 2, 18), GGMLType("Q4_1", 3, 20), GGMLType("Q8_0", 8, 34), GGMLType("Q4_K", 12, 144, 256))
+}
 
 
 def row_bytes(ggml_type: int, cols: int) -> int:
     t = GGML_TYPES[ggml_type]
-    if cols % QK:
-        raise ValueError(f"{t.name} rows hold whole {QK}-value blocks; {cols} values is not a multiple of {QK}")
-    return cols // QK * t.block_bytes
+    if cols % t.block_values:
+        raise ValueError(
+            f"{t.name} rows hold whole {t.block_values}-value blocks; {cols} values is not a multiple of {t.block_values}"
+        )
+    return cols // t.block_values * t.block_bytes
 
 
 @dataclass
@@ -70,7 +79,9 @@ def dequantize(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
     """uint8 [rows, row_bytes] in `ggml_type`'s blocks -> float32 [rows, cols]."""
     t = GGML_TYPES[ggml_type]
     rows = data.shape[0]
-    blocks = data.reshape(rows, cols // QK, t.block_bytes)
+    blocks = data.reshape(rows, cols // t.block_values, t.block_bytes)
+    if t.name == "Q4_K":
+        return _dequantize_q4_k(blocks).reshape(rows, cols)
     d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [rows, nb, 1]
     if t.name == "Q8_0":
         q = blocks[..., 2:].contiguous().view(torch.int8).float()
@@ -82,3 +93,16 @@ def dequantize(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
         m = blocks[..., 2:4].contiguous().view(torch.float16).float()
         return (d * q + m).reshape(rows, cols)
     return (d * (q - 8)).reshape(rows, cols)
+
+
+def _dequantize_q4_k(blocks: torch.Tensor) -> torch.Tensor:
+    """[rows, nb, 144] -> [rows, nb, 256]: the gguf package's Q4_K arithmetic."""
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float()
+    dmin = blocks[..., 2:4].contiguous().view(torch.float16).float()
+    sc6 = blocks[..., 4:16].int()
+    lo, hi, mix = sc6[..., 0:4], sc6[..., 4:8], sc6[..., 8:12]
+    sc = torch.cat([lo & 0x3F, (mix & 0x0F) | ((lo >> 2) & 0x30)], dim=-1).float()  # [rows, nb, 8]
+    mn = torch.cat([hi & 0x3F, (mix >> 4) | ((hi >> 2) & 0x30)], dim=-1).float()
+    qs = blocks[..., 16:].reshape(*blocks.shape[:-1], 4, 1, 32)
+    q = torch.cat([qs & 0x0F, qs >> 4], dim=-2).reshape(*blocks.shape[:-1], 8, 32).float()
+    return ((d * sc).unsqueeze(-1) * q - (dmin * mn).unsqueeze(-1)).reshape(*blocks.shape[:-1], 256)

@@ -23,15 +23,24 @@ pytestmark = pytest.mark.skipif(
 TYPES = sorted(GGML_TYPES)
 
 
+Q4_K = 12
+
+
 def quantized(ggml_type: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(uint8 blocks, the oracle's float32 [n, k]) for a random matrix, quantized by the gguf package."""
+    """(uint8 blocks, the oracle's float32 [n, k]) for a random matrix, quantized by the gguf
+    package; Q4_K, which it cannot quantize, as random blocks with small finite d and dmin."""
     import gguf
     from gguf.quants import dequantize as gguf_dequantize
     from gguf.quants import quantize
 
-    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    rng = np.random.default_rng(seed)
     qtype = gguf.GGMLQuantizationType(ggml_type)
-    q = quantize(w, qtype)
+    if ggml_type == Q4_K:
+        q = rng.integers(0, 256, size=(n, k // 256, 144), dtype=np.uint8)
+        q[..., 0:4] = rng.uniform(0.002, 0.02, size=(n, k // 256, 2)).astype(np.float16).view(np.uint8)
+        q = q.reshape(n, -1)
+    else:
+        q = quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
     return torch.from_numpy(q), torch.from_numpy(gguf_dequantize(q, qtype))
 
 
@@ -41,8 +50,18 @@ def within_bound(y: torch.Tensor, x: torch.Tensor, w_ref: torch.Tensor) -> bool:
     return bool(((y.float() - ref).abs() <= bound).all())
 
 
-@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: GGML_TYPES[t].name)
-@pytest.mark.parametrize("n, k", [(1, 32), (7, 96), (13, 64), (257, 576), (64, 1536)])
+SHAPES = [(1, 32), (7, 96), (13, 64), (257, 576), (64, 1536)]
+SHAPES_256 = [(1, 256), (7, 512), (257, 1536)]  # Q4_K rows are whole 256-value blocks
+
+
+@pytest.mark.parametrize(
+    "ggml_type, n, k",
+    [
+        pytest.param(t, n, k, id=f"{GGML_TYPES[t].name}-{n}x{k}")
+        for t in TYPES
+        for n, k in (SHAPES_256 if t == Q4_K else SHAPES)
+    ],
+)
 def test_gemv_matches_oracle_at_1_to_8_rows(ggml_type, n, k):
     kernels = load_cpu_kernels()
     assert kernels is not None, "the kernels failed to build on a CPU that supports them"
@@ -58,13 +77,13 @@ def test_gemv_matches_oracle_at_1_to_8_rows(ggml_type, n, k):
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: GGML_TYPES[t].name)
 def test_dequantize_is_the_oracle_rounded_to_bf16(ggml_type):
-    blocks, w_ref = quantized(ggml_type, 96, 320, seed=ggml_type)
-    got = load_cpu_kernels().ggml_dequantize(blocks, ggml_type, 320).float()
+    blocks, w_ref = quantized(ggml_type, 96, 512, seed=ggml_type)
+    got = load_cpu_kernels().ggml_dequantize(blocks, ggml_type, 512).float()
     want = w_ref.bfloat16().float()
-    # Q4_1's d * q + m is one fused multiply-add in the kernel, two roundings in numpy: at most
-    # one bf16 ulp apart (2^-8 relative) where the fp32 results straddle a bf16 rounding edge.
+    # Q4_1's d * q + m (Q4_K's sc * q - m) is one fused multiply-add in the kernel, two roundings
+    # in numpy: at most one bf16 ulp apart (2^-8 relative) where they straddle a rounding edge.
     assert ((got - want).abs() <= want.abs() * 2**-8).all()
-    if GGML_TYPES[ggml_type].name != "Q4_1":
+    if GGML_TYPES[ggml_type].name not in ("Q4_1", "Q4_K"):
         assert torch.equal(got, want)
 
 
@@ -73,16 +92,16 @@ def test_dequantize_is_the_oracle_rounded_to_bf16(ggml_type):
 def test_layer_with_kernels_matches_torch_reference(ggml_type, rows):
     """GGMLLinearMethod on the kernels (1-8 rows: GEMV; more: dequantize + oneDNN) against the
     same layer on the torch reference (kernels=None), bias included."""
-    blocks, w_ref = quantized(ggml_type, 48, 128, seed=rows)
+    blocks, w_ref = quantized(ggml_type, 48, 256, seed=rows)
     layers = []
     for kernels in (load_cpu_kernels(), None):
-        layer = Linear(128, 48, bias=True, dtype=torch.bfloat16)
+        layer = Linear(256, 48, bias=True, dtype=torch.bfloat16)
         layer.rebuild_weights(GGMLLinearMethod(ggml_type, kernels))
         with torch.no_grad():
-            layer.weight.copy_(GGMLTensor(blocks, ggml_type, (48, 128)).data)
+            layer.weight.copy_(GGMLTensor(blocks, ggml_type, (48, 256)).data)
             layer.bias.copy_(torch.linspace(-1, 1, 48))
         layers.append(layer)
-    x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)).bfloat16()
     got, ref = layers[0](x), layers[1](x)
     assert got.dtype == ref.dtype == torch.bfloat16 and got.shape == (rows, 48)
     assert within_bound(got - layers[0].bias, x, w_ref)
@@ -95,7 +114,9 @@ def test_wrong_sizes_are_refused_with_the_numbers():
     x = torch.randn(1, 96).bfloat16()
     with pytest.raises(RuntimeError, match="rows hold 40 bytes; K=96 needs 60"):
         load_cpu_kernels().gemm_ggml_skinny(blocks, 3, x)
-    with pytest.raises(RuntimeError, match="GGML type 12 has no kernel"):
+    with pytest.raises(RuntimeError, match="GGML type 14 has no kernel"):  # Q6_K
+        load_cpu_kernels().gemm_ggml_skinny(blocks, 14, torch.randn(1, 64).bfloat16())
+    with pytest.raises(RuntimeError, match="K=64 is not whole blocks of GGML type 12"):  # Q4_K: 256-value blocks
         load_cpu_kernels().gemm_ggml_skinny(blocks, 12, torch.randn(1, 64).bfloat16())
     with pytest.raises(ValueError, match=r"Q4_1 \[8, 96\] is 8 x 60 bytes; got torch.uint8 \(8, 40\)"):
         GGMLTensor(blocks, 3, (8, 96))

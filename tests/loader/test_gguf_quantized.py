@@ -139,3 +139,40 @@ def test_tied_head_keeps_the_embedding_blocks(tiny_model_factory, tmp_path):
     model = llm.engine.model
     assert ggml_layers(llm)["lm_head"] == "Q8_0" and model.model.embed_tokens.weight.dtype == torch.bfloat16
     assert native == greedy(path, dtype="bfloat16", quantization="none")[0]
+
+
+def test_q4_k_stays_in_blocks_and_other_types_dequantize_with_a_message(tmp_path, capsys):
+    """The gguf package cannot quantize K-quants, so the file holds random blocks with small
+    finite scales; the oracle is the package's dequantize either way."""
+    import gguf
+    from gguf.quants import dequantize
+
+    rng = np.random.default_rng(0)
+    writer = gguf.GGUFWriter(str(tmp_path / "k.gguf"), "llama")
+    for key, val in [("block_count", 1), ("embedding_length", 256), ("feed_forward_length", 8)]:
+        writer.add_uint32(f"llama.{key}", val)
+    writer.add_uint32("llama.attention.head_count", 2)
+    writer.add_token_list(["a"] * 64)
+    raw = {}
+    for name, qtype, block_bytes in [("ffn_gate", "Q4_K", 144), ("ffn_up", "Q6_K", 210)]:
+        q = rng.integers(0, 256, size=(8, block_bytes), dtype=np.uint8)
+        scale_at = 0 if qtype == "Q4_K" else block_bytes - 2  # Q4_K: d, dmin first; Q6_K: d last
+        q[:, scale_at : scale_at + (4 if qtype == "Q4_K" else 2)] = (
+            rng.uniform(0.002, 0.02, size=(8, 2 if qtype == "Q4_K" else 1)).astype(np.float16).view(np.uint8)
+        )
+        raw[name] = (q, gguf.GGMLQuantizationType[qtype])
+        writer.add_tensor(f"blk.0.{name}.weight", q, raw_shape=q.shape, raw_dtype=raw[name][1])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    f = GGUFFile(tmp_path / "k.gguf")
+    assert f.quantized_weights() == {"model.layers.0.mlp.gate_proj.weight": 12}
+    got = dict(f.tensors())
+    gate, up = got["model.layers.0.mlp.gate_proj.weight"], got["model.layers.0.mlp.up_proj.weight"]
+    assert gate.type_name == "Q4_K" and gate.shape == (8, 256)
+    assert torch.equal(gate.dequantize(), torch.from_numpy(dequantize(*raw["ffn_gate"])))
+    assert isinstance(up, torch.Tensor) and torch.equal(up, torch.from_numpy(dequantize(*raw["ffn_up"])))
+    assert "k.gguf: Q6_K (1 tensors) dequantized at load; native GGML kernels take Q4_0, Q4_1, Q8_0, Q4_K" in (
+        capsys.readouterr().err
+    )

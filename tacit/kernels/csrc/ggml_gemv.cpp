@@ -56,13 +56,54 @@ inline __m512bh dequant_block(const uint8_t* b) {
   }
 }
 
+// A block's bytes and values: 32 values for the simple types, 256 (8 sub-blocks) for Q4_K.
 template <int T>
-constexpr int64_t kBlockBytes = T == kQ4_0 ? 18 : T == kQ4_1 ? 20 : 34;
+constexpr int64_t kBlockBytes = T == kQ4_0 ? 18 : T == kQ4_1 ? 20 : T == kQ8_0 ? 34 : 144;
+template <int T>
+constexpr int64_t kBlockValues = T == kQ4_K ? 256 : 32;
+
+// Q4_K sub-block s (0-7) of the block at b: (d * sc) * q - dmin * m, the gguf package's order;
+// sc and m are 6-bit fields packed in the block's 12 scale bytes (ggml's get_scale_min_k4).
+inline __m512bh dequant_q4_k(const uint8_t* b, int s) {
+  const uint8_t* q = b + 4;
+  int sc, mn;
+  if (s < 4) {
+    sc = q[s] & 63;
+    mn = q[s + 4] & 63;
+  } else {
+    sc = (q[s + 4] & 0xF) | ((q[s - 4] >> 6) << 4);
+    mn = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+  }
+  const __m512 scale = _mm512_set1_ps(half_at(b) * static_cast<float>(sc));
+  const __m512 minv = _mm512_set1_ps(half_at(b + 2) * static_cast<float>(mn));
+  const uint8_t* qs = b + 16 + (s >> 1) * 32;
+  __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  __m512i hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16)));
+  if (s & 1) {
+    lo = _mm512_srli_epi32(lo, 4);
+    hi = _mm512_srli_epi32(hi, 4);
+  } else {
+    lo = _mm512_and_si512(lo, _mm512_set1_epi32(0xF));
+    hi = _mm512_and_si512(hi, _mm512_set1_epi32(0xF));
+  }
+  const __m512 vlo = _mm512_fmsub_ps(_mm512_cvtepi32_ps(lo), scale, minv);
+  const __m512 vhi = _mm512_fmsub_ps(_mm512_cvtepi32_ps(hi), scale, minv);
+  return _mm512_cvtne2ps_pbh(vhi, vlo);
+}
+
+// The 32 values from index 32 * i of a row, as bf16.
+template <int T>
+inline __m512bh dequant_32(const uint8_t* row, int64_t i) {
+  if constexpr (T == kQ4_K)
+    return dequant_q4_k(row + (i >> 3) * kBlockBytes<T>, static_cast<int>(i & 7));
+  else
+    return dequant_block<T>(row + i * kBlockBytes<T>);
+}
 
 template <int T, int R, int M>
 inline void tile_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64_t r, int64_t k) {
-  constexpr int64_t bb = kBlockBytes<T>;
-  const int64_t nb = k / 32, rb = nb * bb;
+  constexpr int64_t bb = kBlockBytes<T> * 32 / kBlockValues<T>;  // bytes per 32 values
+  const int64_t nb = k / 32, rb = k / kBlockValues<T> * kBlockBytes<T>;
   __m512 acc[R][M];
   for (int j = 0; j < R; ++j)
     for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
@@ -72,7 +113,7 @@ inline void tile_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n
     if ((b * bb) % 64 < bb)
       for (int j = 0; j < R; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr + (8 + j) * rb + b * bb), _MM_HINT_T0);
     __m512bh wv[R];
-    for (int j = 0; j < R; ++j) wv[j] = dequant_block<T>(wr + j * rb + b * bb);
+    for (int j = 0; j < R; ++j) wv[j] = dequant_32<T>(wr + j * rb, b);
     for (int m = 0; m < M; ++m) {
       const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * k + b * 32);
       for (int j = 0; j < R; ++j) acc[j][m] = _mm512_dpbf16_ps(acc[j][m], wv[j], xv);
@@ -110,32 +151,53 @@ void gemv_type(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64_t
 
 template <int T>
 void dequant_rows(const uint8_t* w, uint16_t* out, int64_t n, int64_t k) {
-  const int64_t nb = k / 32, rb = nb * kBlockBytes<T>;
+  const int64_t nb = k / 32, rb = k / kBlockValues<T> * kBlockBytes<T>;
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
-      for (int64_t b = 0; b < nb; ++b)
-        _mm512_storeu_si512(out + r * k + b * 32, (__m512i)dequant_block<T>(w + r * rb + b * kBlockBytes<T>));
+      for (int64_t b = 0; b < nb; ++b) _mm512_storeu_si512(out + r * k + b * 32, (__m512i)dequant_32<T>(w + r * rb, b));
   });
 }
 
+bool has_kernel(int type) { return type == kQ4_0 || type == kQ4_1 || type == kQ8_0 || type == kQ4_K; }
+
 void check_weight(const torch::Tensor& weight, int64_t type, int64_t k) {
-  const int64_t bb = ggml_block_bytes(static_cast<int>(type));
-  TORCH_CHECK(bb > 0, "GGML type ", type, " has no kernel (Q4_0=2, Q4_1=3, Q8_0=8)");
-  TORCH_CHECK(k > 0 && k % 32 == 0, "K=", k, " is not whole 32-value blocks");
+  TORCH_CHECK(has_kernel(static_cast<int>(type)), "GGML type ", type, " has no kernel (Q4_0=2, Q4_1=3, Q8_0=8, Q4_K=12)");
+  const int64_t rb = ggml_row_bytes(static_cast<int>(type), k);
+  TORCH_CHECK(k > 0 && rb > 0, "K=", k, " is not whole blocks of GGML type ", type);
   TORCH_CHECK(weight.scalar_type() == torch::kUInt8 && weight.is_contiguous() && weight.dim() == 2 &&
                   weight.device().is_cpu(),
               "GGML weight: a contiguous uint8 [N, row_bytes] CPU tensor");
-  TORCH_CHECK(weight.size(1) == k / 32 * bb, "GGML weight rows hold ", weight.size(1), " bytes; K=", k, " needs ",
-              k / 32 * bb);
+  TORCH_CHECK(weight.size(1) == rb, "GGML weight rows hold ", weight.size(1), " bytes; K=", k, " needs ", rb);
+}
+
+template <int T>
+int64_t row_bytes_of(int64_t k) {
+  return k % kBlockValues<T> ? 0 : k / kBlockValues<T> * kBlockBytes<T>;
+}
+
+template <int T>
+int64_t row_values_of(int64_t bytes) {
+  return bytes / kBlockBytes<T> * kBlockValues<T>;
 }
 
 }  // namespace
 
-int64_t ggml_block_bytes(int type) {
+int64_t ggml_row_bytes(int type, int64_t k) {
   switch (type) {
-    case kQ4_0: return kBlockBytes<kQ4_0>;
-    case kQ4_1: return kBlockBytes<kQ4_1>;
-    case kQ8_0: return kBlockBytes<kQ8_0>;
+    case kQ4_0: return row_bytes_of<kQ4_0>(k);
+    case kQ4_1: return row_bytes_of<kQ4_1>(k);
+    case kQ8_0: return row_bytes_of<kQ8_0>(k);
+    case kQ4_K: return row_bytes_of<kQ4_K>(k);
+    default: return 0;
+  }
+}
+
+int64_t ggml_row_values(int type, int64_t bytes) {
+  switch (type) {
+    case kQ4_0: return row_values_of<kQ4_0>(bytes);
+    case kQ4_1: return row_values_of<kQ4_1>(bytes);
+    case kQ8_0: return row_values_of<kQ8_0>(bytes);
+    case kQ4_K: return row_values_of<kQ4_K>(bytes);
     default: return 0;
   }
 }
@@ -145,6 +207,7 @@ void gemv_ggml(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t 
     case kQ4_0: return gemv_type<kQ4_0>(w, x, y, n, k, m);
     case kQ4_1: return gemv_type<kQ4_1>(w, x, y, n, k, m);
     case kQ8_0: return gemv_type<kQ8_0>(w, x, y, n, k, m);
+    case kQ4_K: return gemv_type<kQ4_K>(w, x, y, n, k, m);
     default: TORCH_CHECK(false, "GGML type ", type, " has no kernel");
   }
 }
@@ -158,7 +221,8 @@ torch::Tensor ggml_dequantize(torch::Tensor weight, int64_t type, int64_t k) {
   switch (type) {
     case kQ4_0: dequant_rows<kQ4_0>(w, o, n, k); break;
     case kQ4_1: dequant_rows<kQ4_1>(w, o, n, k); break;
-    default: dequant_rows<kQ8_0>(w, o, n, k); break;
+    case kQ8_0: dequant_rows<kQ8_0>(w, o, n, k); break;
+    default: dequant_rows<kQ4_K>(w, o, n, k); break;
   }
   return out;
 }

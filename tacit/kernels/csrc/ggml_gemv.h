@@ -1,4 +1,4 @@
-// GGML block-quantized weights (Q4_0, Q4_1, Q8_0) x 1-8 bf16 activation rows, for decode.
+// GGML block-quantized weights (Q4_0, Q4_1, Q8_0, Q4_K) x 1-8 bf16 activation rows, for decode.
 #pragma once
 
 #include <torch/extension.h>
@@ -8,18 +8,20 @@
 namespace tacit {
 
 // GGML's type ids (ggml.h); kBf16 tags a plain bf16 matrix in the fused decoder.
-enum GgmlType : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kBf16 = 30 };
+enum GgmlType : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kBf16 = 30 };
 
-// Bytes of one 32-value block, or 0 for a type without a kernel here.
-int64_t ggml_block_bytes(int type);
+// Bytes of a row of k values, or 0 for a type without a kernel here or k not whole blocks.
+int64_t ggml_row_bytes(int type, int64_t k);
+// Values in a row of `bytes` bytes (0 for a type without a kernel here).
+int64_t ggml_row_values(int type, int64_t bytes);
 
-// y[m, n] (fp32) = x[m, k] @ dequant(w)[n, k]^T, w uint8 [n, k / 32 * block_bytes], 1 <= m <= 8.
+// y[m, n] (fp32) = x[m, k] @ dequant(w)[n, k]^T, w uint8 [n, ggml_row_bytes(type, k)], 1 <= m <= 8.
 void gemv_ggml(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t n, int64_t k, int m);
 
 // bf16 [n, k]: each weight dequantized in fp32, rounded once (what prefill multiplies by).
 torch::Tensor ggml_dequantize(torch::Tensor weight, int64_t type, int64_t k);
 
-// weight uint8 [N, K / 32 * block_bytes], x bf16 [M, K], 1 <= M <= 8 -> [M, N] bf16.
+// weight uint8 [N, ggml_row_bytes(type, K)], x bf16 [M, K], 1 <= M <= 8 -> [M, N] bf16.
 torch::Tensor gemm_ggml_skinny(torch::Tensor weight, int64_t type, torch::Tensor x);
 
 }  // namespace tacit

@@ -118,7 +118,7 @@ const torch::Tensor& project(const torch::Tensor& w, int type, const torch::Tens
                              int m) {
   static const torch::Tensor kNone;
   const bool bf16 = type == kBf16;
-  const int64_t n = w.size(0), k = bf16 ? w.size(1) : w.size(1) / ggml_block_bytes(type) * 32;
+  const int64_t n = w.size(0), k = bf16 ? w.size(1) : ggml_row_values(type, w.size(1));
   if (m <= kMaxSkinnyRows) {
     if (bf16)
       gemv_bf16(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), x, y, n, k, m);
@@ -145,16 +145,15 @@ torch::Tensor checked(const torch::Tensor& t, const char* what, std::vector<int6
   return t;
 }
 
-// A projection's weight: bf16 [n, k], or a GGML type's uint8 [n, k / 32 * block_bytes].
+// A projection's weight: bf16 [n, k], or a GGML type's uint8 [n, ggml_row_bytes(type, k)].
 torch::Tensor checked_weight(const torch::Tensor& t, int64_t type, const char* what, int64_t n, int64_t k) {
   if (type == kBf16) return checked(t, what, {n, k});
-  const int64_t bb = ggml_block_bytes(static_cast<int>(type));
-  TORCH_CHECK(bb > 0, what, ": GGML type ", type, " has no kernel");
-  TORCH_CHECK(k % 32 == 0, what, ": K=", k, " is not whole 32-value blocks");
+  const int64_t rb = ggml_row_bytes(static_cast<int>(type), k);
+  TORCH_CHECK(rb > 0, what, ": GGML type ", type, " has no kernel, or K=", k, " is not whole blocks of it");
   TORCH_CHECK(t.scalar_type() == torch::kUInt8 && t.is_contiguous() && t.device().is_cpu(), what,
               ": a GGML weight must be a contiguous uint8 CPU tensor");
-  TORCH_CHECK(t.sizes().vec() == std::vector<int64_t>({n, k / 32 * bb}), what, ": shape ", t.sizes(), " but type ",
-              type, " [", n, ", ", k, "] needs [", n, ", ", k / 32 * bb, "]");
+  TORCH_CHECK(t.sizes().vec() == std::vector<int64_t>({n, rb}), what, ": shape ", t.sizes(), " but type ", type,
+              " [", n, ", ", k, "] needs [", n, ", ", rb, "]");
   return t;
 }
 
