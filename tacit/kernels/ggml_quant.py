@@ -11,6 +11,8 @@ its own run of 32-value blocks, so rows can be permuted (llama's q/k un-permute)
   Q4_K (144 bytes per 256 values): fp16 d, fp16 dmin, 12 bytes of 6-bit scales/mins for 8
        sub-blocks of 32, 128 bytes of nibbles (sub-blocks 2i and 2i+1 are the low and high
        nibbles of bytes 32i..32i+31);  value = (d * sc) * q - dmin * m
+  Q6_K (210 bytes per 256 values): 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8
+       scales (one per 16 values), fp16 d last;  value = (d * sc) * (q - 32)
 
 `dequantize` is the oracle the AVX512 kernels (csrc/ggml_gemv.cpp) are tested against: the
 same float32 arithmetic as the gguf package's numpy code.
@@ -37,7 +39,13 @@ class GGMLType:
 # The types with native kernels; every other GGML type is dequantized at load.
 GGML_TYPES = {
     t.id: t
-    for t in (GGMLType("Q4_0", 2, 18), GGMLType("Q4_1", 3, 20), GGMLType("Q8_0", 8, 34), GGMLType("Q4_K", 12, 144, 256))
+    for t in (
+        GGMLType("Q4_0", 2, 18),
+        GGMLType("Q4_1", 3, 20),
+        GGMLType("Q8_0", 8, 34),
+        GGMLType("Q4_K", 12, 144, 256),
+        GGMLType("Q6_K", 14, 210, 256),
+    )
 }
 
 
@@ -82,6 +90,8 @@ def dequantize(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
     blocks = data.reshape(rows, cols // t.block_values, t.block_bytes)
     if t.name == "Q4_K":
         return _dequantize_q4_k(blocks).reshape(rows, cols)
+    if t.name == "Q6_K":
+        return _dequantize_q6_k(blocks).reshape(rows, cols)
     d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [rows, nb, 1]
     if t.name == "Q8_0":
         q = blocks[..., 2:].contiguous().view(torch.int8).float()
@@ -106,3 +116,18 @@ def _dequantize_q4_k(blocks: torch.Tensor) -> torch.Tensor:
     qs = blocks[..., 16:].reshape(*blocks.shape[:-1], 4, 1, 32)
     q = torch.cat([qs & 0x0F, qs >> 4], dim=-2).reshape(*blocks.shape[:-1], 8, 32).float()
     return ((d * sc).unsqueeze(-1) * q - (dmin * mn).unsqueeze(-1)).reshape(*blocks.shape[:-1], 256)
+
+
+def _dequantize_q6_k(blocks: torch.Tensor) -> torch.Tensor:
+    """[rows, nb, 210] -> [rows, nb, 256]: the gguf package's Q6_K arithmetic. 32-value piece s
+    of a block: half s // 4; low nibbles of ql bytes 0-31 / 32-63, then high nibbles of the
+    same; qh's bit pair 2 * (s % 4)."""
+    lead = blocks.shape[:-1]
+    ql = blocks[..., :128].reshape(*lead, 2, 1, 64)
+    ql = torch.cat([ql & 0x0F, ql >> 4], dim=-2).reshape(*lead, 8, 32)
+    qh = blocks[..., 128:192].reshape(*lead, 2, 1, 32)
+    qh = torch.cat([(qh >> shift) & 0x03 for shift in (0, 2, 4, 6)], dim=-2).reshape(*lead, 8, 32)
+    q = ((ql | (qh << 4)).int() - 32).reshape(*lead, 16, 16).float()
+    sc = blocks[..., 192:208].contiguous().view(torch.int8).float()
+    d = blocks[..., 208:210].contiguous().view(torch.float16).float()
+    return ((d * sc).unsqueeze(-1) * q).reshape(*lead, 256)

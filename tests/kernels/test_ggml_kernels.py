@@ -23,21 +23,25 @@ pytestmark = pytest.mark.skipif(
 TYPES = sorted(GGML_TYPES)
 
 
-Q4_K = 12
+Q4_K, Q6_K = 12, 14
+# Where a K-quant block keeps its fp16 scales (Q4_K: d, dmin first; Q6_K: d last).
+_K_SCALES = {Q4_K: (0, 4), Q6_K: (208, 210)}
 
 
 def quantized(ggml_type: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(uint8 blocks, the oracle's float32 [n, k]) for a random matrix, quantized by the gguf
-    package; Q4_K, which it cannot quantize, as random blocks with small finite d and dmin."""
+    package; K-quants, which it cannot quantize, as random blocks with small finite scales."""
     import gguf
     from gguf.quants import dequantize as gguf_dequantize
     from gguf.quants import quantize
 
     rng = np.random.default_rng(seed)
     qtype = gguf.GGMLQuantizationType(ggml_type)
-    if ggml_type == Q4_K:
-        q = rng.integers(0, 256, size=(n, k // 256, 144), dtype=np.uint8)
-        q[..., 0:4] = rng.uniform(0.002, 0.02, size=(n, k // 256, 2)).astype(np.float16).view(np.uint8)
+    if ggml_type in _K_SCALES:
+        t = GGML_TYPES[ggml_type]
+        q = rng.integers(0, 256, size=(n, k // 256, t.block_bytes), dtype=np.uint8)
+        a, b = _K_SCALES[ggml_type]
+        q[..., a:b] = rng.uniform(0.002, 0.02, size=(n, k // 256, (b - a) // 2)).astype(np.float16).view(np.uint8)
         q = q.reshape(n, -1)
     else:
         q = quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
@@ -51,7 +55,7 @@ def within_bound(y: torch.Tensor, x: torch.Tensor, w_ref: torch.Tensor) -> bool:
 
 
 SHAPES = [(1, 32), (7, 96), (13, 64), (257, 576), (64, 1536)]
-SHAPES_256 = [(1, 256), (7, 512), (257, 1536)]  # Q4_K rows are whole 256-value blocks
+SHAPES_256 = [(1, 256), (7, 512), (257, 1536)]  # K-quant rows are whole 256-value blocks
 
 
 @pytest.mark.parametrize(
@@ -59,7 +63,7 @@ SHAPES_256 = [(1, 256), (7, 512), (257, 1536)]  # Q4_K rows are whole 256-value 
     [
         pytest.param(t, n, k, id=f"{GGML_TYPES[t].name}-{n}x{k}")
         for t in TYPES
-        for n, k in (SHAPES_256 if t == Q4_K else SHAPES)
+        for n, k in (SHAPES_256 if t in _K_SCALES else SHAPES)
     ],
 )
 def test_gemv_matches_oracle_at_1_to_8_rows(ggml_type, n, k):
@@ -114,8 +118,8 @@ def test_wrong_sizes_are_refused_with_the_numbers():
     x = torch.randn(1, 96).bfloat16()
     with pytest.raises(RuntimeError, match="rows hold 40 bytes; K=96 needs 60"):
         load_cpu_kernels().gemm_ggml_skinny(blocks, 3, x)
-    with pytest.raises(RuntimeError, match="GGML type 14 has no kernel"):  # Q6_K
-        load_cpu_kernels().gemm_ggml_skinny(blocks, 14, torch.randn(1, 64).bfloat16())
+    with pytest.raises(RuntimeError, match="GGML type 13 has no kernel"):  # Q5_K
+        load_cpu_kernels().gemm_ggml_skinny(blocks, 13, torch.randn(1, 64).bfloat16())
     with pytest.raises(RuntimeError, match="K=64 is not whole blocks of GGML type 12"):  # Q4_K: 256-value blocks
         load_cpu_kernels().gemm_ggml_skinny(blocks, 12, torch.randn(1, 64).bfloat16())
     with pytest.raises(ValueError, match=r"Q4_1 \[8, 96\] is 8 x 60 bytes; got torch.uint8 \(8, 40\)"):

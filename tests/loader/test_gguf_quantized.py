@@ -141,7 +141,7 @@ def test_tied_head_keeps_the_embedding_blocks(tiny_model_factory, tmp_path):
     assert native == greedy(path, dtype="bfloat16", quantization="none")[0]
 
 
-def test_q4_k_stays_in_blocks_and_other_types_dequantize_with_a_message(tmp_path, capsys):
+def test_k_quants_stay_in_blocks_and_other_types_dequantize_with_a_message(tmp_path, capsys):
     """The gguf package cannot quantize K-quants, so the file holds random blocks with small
     finite scales; the oracle is the package's dequantize either way."""
     import gguf
@@ -154,12 +154,14 @@ def test_q4_k_stays_in_blocks_and_other_types_dequantize_with_a_message(tmp_path
     writer.add_uint32("llama.attention.head_count", 2)
     writer.add_token_list(["a"] * 64)
     raw = {}
-    for name, qtype, block_bytes in [("ffn_gate", "Q4_K", 144), ("ffn_up", "Q6_K", 210)]:
+    # (tensor, type, block bytes, where its fp16 scales are: Q4_K/Q5_K d, dmin first; Q6_K d last)
+    for name, qtype, block_bytes, (a, b) in [
+        ("ffn_gate", "Q4_K", 144, (0, 4)),
+        ("ffn_up", "Q6_K", 210, (208, 210)),
+        ("ffn_down", "Q5_K", 176, (0, 4)),
+    ]:
         q = rng.integers(0, 256, size=(8, block_bytes), dtype=np.uint8)
-        scale_at = 0 if qtype == "Q4_K" else block_bytes - 2  # Q4_K: d, dmin first; Q6_K: d last
-        q[:, scale_at : scale_at + (4 if qtype == "Q4_K" else 2)] = (
-            rng.uniform(0.002, 0.02, size=(8, 2 if qtype == "Q4_K" else 1)).astype(np.float16).view(np.uint8)
-        )
+        q[:, a:b] = rng.uniform(0.002, 0.02, size=(8, (b - a) // 2)).astype(np.float16).view(np.uint8)
         raw[name] = (q, gguf.GGMLQuantizationType[qtype])
         writer.add_tensor(f"blk.0.{name}.weight", q, raw_shape=q.shape, raw_dtype=raw[name][1])
     writer.write_header_to_file()
@@ -167,12 +169,14 @@ def test_q4_k_stays_in_blocks_and_other_types_dequantize_with_a_message(tmp_path
     writer.write_tensors_to_file()
     writer.close()
     f = GGUFFile(tmp_path / "k.gguf")
-    assert f.quantized_weights() == {"model.layers.0.mlp.gate_proj.weight": 12}
+    layer = "model.layers.0.mlp"
+    assert f.quantized_weights() == {f"{layer}.gate_proj.weight": 12, f"{layer}.up_proj.weight": 14}
     got = dict(f.tensors())
-    gate, up = got["model.layers.0.mlp.gate_proj.weight"], got["model.layers.0.mlp.up_proj.weight"]
-    assert gate.type_name == "Q4_K" and gate.shape == (8, 256)
-    assert torch.equal(gate.dequantize(), torch.from_numpy(dequantize(*raw["ffn_gate"])))
-    assert isinstance(up, torch.Tensor) and torch.equal(up, torch.from_numpy(dequantize(*raw["ffn_up"])))
-    assert "k.gguf: Q6_K (1 tensors) dequantized at load; native GGML kernels take Q4_0, Q4_1, Q8_0, Q4_K" in (
-        capsys.readouterr().err
-    )
+    for name, gguf_name, type_name in [("gate_proj", "ffn_gate", "Q4_K"), ("up_proj", "ffn_up", "Q6_K")]:
+        t = got[f"{layer}.{name}.weight"]
+        assert t.type_name == type_name and t.shape == (8, 256)
+        assert torch.equal(t.dequantize(), torch.from_numpy(dequantize(*raw[gguf_name])))
+    down = got[f"{layer}.down_proj.weight"]
+    assert isinstance(down, torch.Tensor) and torch.equal(down, torch.from_numpy(dequantize(*raw["ffn_down"])))
+    err = capsys.readouterr().err
+    assert "k.gguf: Q5_K (1 tensors) dequantized at load; native GGML kernels take Q4_0, Q4_1, Q8_0, Q4_K, Q6_K" in err

@@ -58,9 +58,9 @@ inline __m512bh dequant_block(const uint8_t* b) {
 
 // A block's bytes and values: 32 values for the simple types, 256 (8 sub-blocks) for Q4_K.
 template <int T>
-constexpr int64_t kBlockBytes = T == kQ4_0 ? 18 : T == kQ4_1 ? 20 : T == kQ8_0 ? 34 : 144;
+constexpr int64_t kBlockBytes = T == kQ4_0 ? 18 : T == kQ4_1 ? 20 : T == kQ8_0 ? 34 : T == kQ4_K ? 144 : 210;
 template <int T>
-constexpr int64_t kBlockValues = T == kQ4_K ? 256 : 32;
+constexpr int64_t kBlockValues = T == kQ4_K || T == kQ6_K ? 256 : 32;
 
 // Q4_K sub-block s (0-7) of the block at b: (d * sc) * q - dmin * m, the gguf package's order;
 // sc and m are 6-bit fields packed in the block's 12 scale bytes (ggml's get_scale_min_k4).
@@ -91,11 +91,36 @@ inline __m512bh dequant_q4_k(const uint8_t* b, int s) {
   return _mm512_cvtne2ps_pbh(vhi, vlo);
 }
 
+// Q6_K 32-value piece s (0-7) of the block at b: (d * sc) * (q - 32), the gguf package's order,
+// with one int8 scale per 16 values. Piece s: half h = s / 4, j = s % 4; its low 4 bits are
+// the low (j < 2) or high nibbles of ql[64h + 32(j % 2) ..], its top 2 bits qh[32h ..] >> 2j.
+inline __m512bh dequant_q6_k(const uint8_t* b, int s) {
+  const int h = s >> 2, j = s & 3;
+  const uint8_t* ql = b + h * 64 + (j & 1) * 32;
+  const uint8_t* qh = b + 128 + h * 32;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + s * 2;
+  const float d = half_at(b + 208);
+  const __m128i shift_lo = _mm_cvtsi32_si128(j >= 2 ? 4 : 0), shift_hi = _mm_cvtsi32_si128(2 * j);
+  const __m512i mask4 = _mm512_set1_epi32(0xF), mask2 = _mm512_set1_epi32(3), bias = _mm512_set1_epi32(32);
+  __m512 v[2];
+  for (int half = 0; half < 2; ++half) {
+    __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ql + 16 * half)));
+    __m512i hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16 * half)));
+    lo = _mm512_and_si512(_mm512_srl_epi32(lo, shift_lo), mask4);
+    hi = _mm512_and_si512(_mm512_srl_epi32(hi, shift_hi), mask2);
+    const __m512i q = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), bias);
+    v[half] = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(d * static_cast<float>(sc[half])));
+  }
+  return _mm512_cvtne2ps_pbh(v[1], v[0]);
+}
+
 // The 32 values from index 32 * i of a row, as bf16.
 template <int T>
 inline __m512bh dequant_32(const uint8_t* row, int64_t i) {
   if constexpr (T == kQ4_K)
     return dequant_q4_k(row + (i >> 3) * kBlockBytes<T>, static_cast<int>(i & 7));
+  else if constexpr (T == kQ6_K)
+    return dequant_q6_k(row + (i >> 3) * kBlockBytes<T>, static_cast<int>(i & 7));
   else
     return dequant_block<T>(row + i * kBlockBytes<T>);
 }
@@ -158,10 +183,12 @@ void dequant_rows(const uint8_t* w, uint16_t* out, int64_t n, int64_t k) {
   });
 }
 
-bool has_kernel(int type) { return type == kQ4_0 || type == kQ4_1 || type == kQ8_0 || type == kQ4_K; }
+bool has_kernel(int type) {
+  return type == kQ4_0 || type == kQ4_1 || type == kQ8_0 || type == kQ4_K || type == kQ6_K;
+}
 
 void check_weight(const torch::Tensor& weight, int64_t type, int64_t k) {
-  TORCH_CHECK(has_kernel(static_cast<int>(type)), "GGML type ", type, " has no kernel (Q4_0=2, Q4_1=3, Q8_0=8, Q4_K=12)");
+  TORCH_CHECK(has_kernel(static_cast<int>(type)), "GGML type ", type, " has no kernel (Q4_0=2, Q4_1=3, Q8_0=8, Q4_K=12, Q6_K=14)");
   const int64_t rb = ggml_row_bytes(static_cast<int>(type), k);
   TORCH_CHECK(k > 0 && rb > 0, "K=", k, " is not whole blocks of GGML type ", type);
   TORCH_CHECK(weight.scalar_type() == torch::kUInt8 && weight.is_contiguous() && weight.dim() == 2 &&
@@ -188,6 +215,7 @@ int64_t ggml_row_bytes(int type, int64_t k) {
     case kQ4_1: return row_bytes_of<kQ4_1>(k);
     case kQ8_0: return row_bytes_of<kQ8_0>(k);
     case kQ4_K: return row_bytes_of<kQ4_K>(k);
+    case kQ6_K: return row_bytes_of<kQ6_K>(k);
     default: return 0;
   }
 }
@@ -198,6 +226,7 @@ int64_t ggml_row_values(int type, int64_t bytes) {
     case kQ4_1: return row_values_of<kQ4_1>(bytes);
     case kQ8_0: return row_values_of<kQ8_0>(bytes);
     case kQ4_K: return row_values_of<kQ4_K>(bytes);
+    case kQ6_K: return row_values_of<kQ6_K>(bytes);
     default: return 0;
   }
 }
@@ -208,6 +237,7 @@ void gemv_ggml(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t 
     case kQ4_1: return gemv_type<kQ4_1>(w, x, y, n, k, m);
     case kQ8_0: return gemv_type<kQ8_0>(w, x, y, n, k, m);
     case kQ4_K: return gemv_type<kQ4_K>(w, x, y, n, k, m);
+    case kQ6_K: return gemv_type<kQ6_K>(w, x, y, n, k, m);
     default: TORCH_CHECK(false, "GGML type ", type, " has no kernel");
   }
 }
@@ -222,7 +252,8 @@ torch::Tensor ggml_dequantize(torch::Tensor weight, int64_t type, int64_t k) {
     case kQ4_0: dequant_rows<kQ4_0>(w, o, n, k); break;
     case kQ4_1: dequant_rows<kQ4_1>(w, o, n, k); break;
     case kQ8_0: dequant_rows<kQ8_0>(w, o, n, k); break;
-    default: dequant_rows<kQ4_K>(w, o, n, k); break;
+    case kQ4_K: dequant_rows<kQ4_K>(w, o, n, k); break;
+    default: dequant_rows<kQ6_K>(w, o, n, k); break;
   }
   return out;
 }
