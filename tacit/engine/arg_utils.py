@@ -97,7 +97,7 @@ class EngineArgs:
     quantization: str = knob(
         _config_default(ModelConfig, "quantization"),
         "model",
-        "auto | gguf | none: a GGUF's Q4_0/Q4_1/Q8_0/Q4_K/Q6_K weights stay in their GGML blocks (gguf), "
+        "auto | gguf | none: a GGUF's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weights stay in their GGML blocks (gguf), "
         "are dequantized at load (none), or stay where the AVX512 CPU kernels run (auto)",
     )
     seed: int = knob(

@@ -11,6 +11,8 @@ its own run of 32-value blocks, so rows can be permuted (llama's q/k un-permute)
   Q4_K (144 bytes per 256 values): fp16 d, fp16 dmin, 12 bytes of 6-bit scales/mins for 8
        sub-blocks of 32, 128 bytes of nibbles (sub-blocks 2i and 2i+1 are the low and high
        nibbles of bytes 32i..32i+31);  value = (d * sc) * q - dmin * m
+  Q5_K (176 bytes per 256 values): Q4_K's d, dmin and scales, 32 bytes of fifth bits (bit s of
+       byte l for value l of sub-block s), then Q4_K's 128 bytes of nibbles; q = nibble + 16 * bit
   Q6_K (210 bytes per 256 values): 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8
        scales (one per 16 values), fp16 d last;  value = (d * sc) * (q - 32)
 
@@ -44,6 +46,7 @@ GGML_TYPES = {
         GGMLType("Q4_1", 3, 20),
         GGMLType("Q8_0", 8, 34),
         GGMLType("Q4_K", 12, 144, 256),
+        GGMLType("Q5_K", 13, 176, 256),
         GGMLType("Q6_K", 14, 210, 256),
     )
 }
@@ -88,7 +91,7 @@ def dequantize(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
     t = GGML_TYPES[ggml_type]
     rows = data.shape[0]
     blocks = data.reshape(rows, cols // t.block_values, t.block_bytes)
-    if t.name == "Q4_K":
+    if t.name in ("Q4_K", "Q5_K"):
         return _dequantize_q4_k(blocks).reshape(rows, cols)
     if t.name == "Q6_K":
         return _dequantize_q6_k(blocks).reshape(rows, cols)
@@ -106,15 +109,20 @@ def dequantize(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
 
 
 def _dequantize_q4_k(blocks: torch.Tensor) -> torch.Tensor:
-    """[rows, nb, 144] -> [rows, nb, 256]: the gguf package's Q4_K arithmetic."""
+    """[rows, nb, 144 or 176] -> [rows, nb, 256]: the gguf package's Q4_K and Q5_K arithmetic."""
     d = blocks[..., 0:2].contiguous().view(torch.float16).float()
     dmin = blocks[..., 2:4].contiguous().view(torch.float16).float()
     sc6 = blocks[..., 4:16].int()
     lo, hi, mix = sc6[..., 0:4], sc6[..., 4:8], sc6[..., 8:12]
     sc = torch.cat([lo & 0x3F, (mix & 0x0F) | ((lo >> 2) & 0x30)], dim=-1).float()  # [rows, nb, 8]
     mn = torch.cat([hi & 0x3F, (mix >> 4) | ((hi >> 2) & 0x30)], dim=-1).float()
-    qs = blocks[..., 16:].reshape(*blocks.shape[:-1], 4, 1, 32)
-    q = torch.cat([qs & 0x0F, qs >> 4], dim=-2).reshape(*blocks.shape[:-1], 8, 32).float()
+    five = blocks.shape[-1] == 176  # Q5_K: 32 bytes of fifth bits before the nibbles
+    qs = blocks[..., 48 if five else 16 :].reshape(*blocks.shape[:-1], 4, 1, 32)
+    q = torch.cat([qs & 0x0F, qs >> 4], dim=-2).reshape(*blocks.shape[:-1], 8, 32)
+    if five:
+        qh = blocks[..., 16:48].unsqueeze(-2)  # [rows, nb, 1, 32]
+        q = q | (torch.cat([(qh >> bit) & 1 for bit in range(8)], dim=-2) << 4)
+    q = q.float()
     return ((d * sc).unsqueeze(-1) * q - (dmin * mn).unsqueeze(-1)).reshape(*blocks.shape[:-1], 256)
 
 

@@ -1,6 +1,6 @@
 """A single .gguf file: metadata -> HF-style config, tensors -> HF names, tokenizer -> `tokenizers`.
 
-Q4_0, Q4_1, Q8_0, Q4_K and Q6_K tensors come out still in their GGML blocks (kernels/ggml_quant.GGMLTensor):
+Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K tensors come out still in their GGML blocks (kernels/ggml_quant.GGMLTensor):
 a linear layer built for that type keeps them as they are, anything else dequantizes them as it
 loads them. Tensors of other quantized types are dequantized here, with a message naming the type.
 """

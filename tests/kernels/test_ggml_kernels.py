@@ -23,9 +23,9 @@ pytestmark = pytest.mark.skipif(
 TYPES = sorted(GGML_TYPES)
 
 
-Q4_K, Q6_K = 12, 14
-# Where a K-quant block keeps its fp16 scales (Q4_K: d, dmin first; Q6_K: d last).
-_K_SCALES = {Q4_K: (0, 4), Q6_K: (208, 210)}
+Q4_K, Q5_K, Q6_K = 12, 13, 14
+# Where a K-quant block keeps its fp16 scales (Q4_K, Q5_K: d, dmin first; Q6_K: d last).
+_K_SCALES = {Q4_K: (0, 4), Q5_K: (0, 4), Q6_K: (208, 210)}
 
 
 def quantized(ggml_type: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,10 +84,10 @@ def test_dequantize_is_the_oracle_rounded_to_bf16(ggml_type):
     blocks, w_ref = quantized(ggml_type, 96, 512, seed=ggml_type)
     got = load_cpu_kernels().ggml_dequantize(blocks, ggml_type, 512).float()
     want = w_ref.bfloat16().float()
-    # Q4_1's d * q + m (Q4_K's sc * q - m) is one fused multiply-add in the kernel, two roundings
+    # Q4_1's d * q + m (Q4_K/Q5_K's sc * q - m) is one fused multiply-add in the kernel, two roundings
     # in numpy: at most one bf16 ulp apart (2^-8 relative) where they straddle a rounding edge.
     assert ((got - want).abs() <= want.abs() * 2**-8).all()
-    if GGML_TYPES[ggml_type].name not in ("Q4_1", "Q4_K"):
+    if GGML_TYPES[ggml_type].name not in ("Q4_1", "Q4_K", "Q5_K"):
         assert torch.equal(got, want)
 
 
@@ -118,8 +118,8 @@ def test_wrong_sizes_are_refused_with_the_numbers():
     x = torch.randn(1, 96).bfloat16()
     with pytest.raises(RuntimeError, match="rows hold 40 bytes; K=96 needs 60"):
         load_cpu_kernels().gemm_ggml_skinny(blocks, 3, x)
-    with pytest.raises(RuntimeError, match="GGML type 13 has no kernel"):  # Q5_K
-        load_cpu_kernels().gemm_ggml_skinny(blocks, 13, torch.randn(1, 64).bfloat16())
+    with pytest.raises(RuntimeError, match="GGML type 10 has no kernel"):  # Q2_K
+        load_cpu_kernels().gemm_ggml_skinny(blocks, 10, torch.randn(1, 64).bfloat16())
     with pytest.raises(RuntimeError, match="K=64 is not whole blocks of GGML type 12"):  # Q4_K: 256-value blocks
         load_cpu_kernels().gemm_ggml_skinny(blocks, 12, torch.randn(1, 64).bfloat16())
     with pytest.raises(ValueError, match=r"Q4_1 \[8, 96\] is 8 x 60 bytes; got torch.uint8 \(8, 40\)"):

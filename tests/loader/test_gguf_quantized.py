@@ -154,11 +154,13 @@ def test_k_quants_stay_in_blocks_and_other_types_dequantize_with_a_message(tmp_p
     writer.add_uint32("llama.attention.head_count", 2)
     writer.add_token_list(["a"] * 64)
     raw = {}
-    # (tensor, type, block bytes, where its fp16 scales are: Q4_K/Q5_K d, dmin first; Q6_K d last)
+    # (tensor, type, block bytes, where its fp16 scales are: Q4_K/Q5_K d, dmin first; Q6_K d
+    # last; Q2_K d, dmin last)
     for name, qtype, block_bytes, (a, b) in [
         ("ffn_gate", "Q4_K", 144, (0, 4)),
         ("ffn_up", "Q6_K", 210, (208, 210)),
         ("ffn_down", "Q5_K", 176, (0, 4)),
+        ("attn_output", "Q2_K", 84, (80, 84)),
     ]:
         q = rng.integers(0, 256, size=(8, block_bytes), dtype=np.uint8)
         q[:, a:b] = rng.uniform(0.002, 0.02, size=(8, (b - a) // 2)).astype(np.float16).view(np.uint8)
@@ -170,13 +172,21 @@ def test_k_quants_stay_in_blocks_and_other_types_dequantize_with_a_message(tmp_p
     writer.close()
     f = GGUFFile(tmp_path / "k.gguf")
     layer = "model.layers.0.mlp"
-    assert f.quantized_weights() == {f"{layer}.gate_proj.weight": 12, f"{layer}.up_proj.weight": 14}
+    native = [
+        ("gate_proj", "ffn_gate", "Q4_K", 12),
+        ("up_proj", "ffn_up", "Q6_K", 14),
+        ("down_proj", "ffn_down", "Q5_K", 13),
+    ]
+    assert f.quantized_weights() == {f"{layer}.{name}.weight": t for name, _, _, t in native}
     got = dict(f.tensors())
-    for name, gguf_name, type_name in [("gate_proj", "ffn_gate", "Q4_K"), ("up_proj", "ffn_up", "Q6_K")]:
+    for name, gguf_name, type_name, _ in native:
         t = got[f"{layer}.{name}.weight"]
         assert t.type_name == type_name and t.shape == (8, 256)
         assert torch.equal(t.dequantize(), torch.from_numpy(dequantize(*raw[gguf_name])))
-    down = got[f"{layer}.down_proj.weight"]
-    assert isinstance(down, torch.Tensor) and torch.equal(down, torch.from_numpy(dequantize(*raw["ffn_down"])))
+    o = got["model.layers.0.self_attn.o_proj.weight"]
+    assert isinstance(o, torch.Tensor) and torch.equal(o, torch.from_numpy(dequantize(*raw["attn_output"])))
     err = capsys.readouterr().err
-    assert "k.gguf: Q5_K (1 tensors) dequantized at load; native GGML kernels take Q4_0, Q4_1, Q8_0, Q4_K, Q6_K" in err
+    assert (
+        "k.gguf: Q2_K (1 tensors) dequantized at load; native GGML kernels take Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K"
+        in err
+    )

@@ -5,8 +5,8 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm_bf16_skinny", &tacit::gemm_bf16_skinny, "bf16 weight x 1-8 activation rows (AVX512-BF16)");
-  m.def("gemm_ggml_skinny", &tacit::gemm_ggml_skinny, "GGML Q4_0/Q4_1/Q8_0/Q4_K/Q6_K weight x 1-8 bf16 activation rows");
-  m.def("ggml_dequantize", &tacit::ggml_dequantize, "GGML Q4_0/Q4_1/Q8_0/Q4_K/Q6_K weight -> bf16 [N, K]");
+  m.def("gemm_ggml_skinny", &tacit::gemm_ggml_skinny, "GGML Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weight x 1-8 bf16 activation rows");
+  m.def("ggml_dequantize", &tacit::ggml_dequantize, "GGML Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weight -> bf16 [N, K]");
   pybind11::class_<tacit::LlamaDecoder>(m, "LlamaDecoder")
       .def(pybind11::init<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t,
                           int64_t, double, double, int64_t>())

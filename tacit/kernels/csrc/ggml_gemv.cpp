@@ -58,12 +58,19 @@ inline __m512bh dequant_block(const uint8_t* b) {
 
 // A block's bytes and values: 32 values for the simple types, 256 (8 sub-blocks) for Q4_K.
 template <int T>
-constexpr int64_t kBlockBytes = T == kQ4_0 ? 18 : T == kQ4_1 ? 20 : T == kQ8_0 ? 34 : T == kQ4_K ? 144 : 210;
+constexpr int64_t kBlockBytes = T == kQ4_0   ? 18
+                                 : T == kQ4_1 ? 20
+                                 : T == kQ8_0 ? 34
+                                 : T == kQ4_K ? 144
+                                 : T == kQ5_K ? 176
+                                              : 210;
 template <int T>
-constexpr int64_t kBlockValues = T == kQ4_K || T == kQ6_K ? 256 : 32;
+constexpr int64_t kBlockValues = T == kQ4_K || T == kQ5_K || T == kQ6_K ? 256 : 32;
 
-// Q4_K sub-block s (0-7) of the block at b: (d * sc) * q - dmin * m, the gguf package's order;
-// sc and m are 6-bit fields packed in the block's 12 scale bytes (ggml's get_scale_min_k4).
+// Q4_K (Q5_K) sub-block s (0-7) of the block at b: (d * sc) * q - dmin * m, the gguf package's
+// order; sc and m are 6-bit fields packed in the block's 12 scale bytes (ggml's
+// get_scale_min_k4). Q5_K adds 16 where bit s of byte l of its 32 qh bytes is set.
+template <bool kFifthBit>
 inline __m512bh dequant_q4_k(const uint8_t* b, int s) {
   const uint8_t* q = b + 4;
   int sc, mn;
@@ -76,7 +83,7 @@ inline __m512bh dequant_q4_k(const uint8_t* b, int s) {
   }
   const __m512 scale = _mm512_set1_ps(half_at(b) * static_cast<float>(sc));
   const __m512 minv = _mm512_set1_ps(half_at(b + 2) * static_cast<float>(mn));
-  const uint8_t* qs = b + 16 + (s >> 1) * 32;
+  const uint8_t* qs = b + (kFifthBit ? 48 : 16) + (s >> 1) * 32;
   __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
   __m512i hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16)));
   if (s & 1) {
@@ -85,6 +92,14 @@ inline __m512bh dequant_q4_k(const uint8_t* b, int s) {
   } else {
     lo = _mm512_and_si512(lo, _mm512_set1_epi32(0xF));
     hi = _mm512_and_si512(hi, _mm512_set1_epi32(0xF));
+  }
+  if constexpr (kFifthBit) {
+    const __m128i shift = _mm_cvtsi32_si128(s);
+    const __m512i one = _mm512_set1_epi32(1);
+    const __m512i h0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16)));
+    const __m512i h1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 32)));
+    lo = _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_and_si512(_mm512_srl_epi32(h0, shift), one), 4));
+    hi = _mm512_or_si512(hi, _mm512_slli_epi32(_mm512_and_si512(_mm512_srl_epi32(h1, shift), one), 4));
   }
   const __m512 vlo = _mm512_fmsub_ps(_mm512_cvtepi32_ps(lo), scale, minv);
   const __m512 vhi = _mm512_fmsub_ps(_mm512_cvtepi32_ps(hi), scale, minv);
@@ -117,8 +132,8 @@ inline __m512bh dequant_q6_k(const uint8_t* b, int s) {
 // The 32 values from index 32 * i of a row, as bf16.
 template <int T>
 inline __m512bh dequant_32(const uint8_t* row, int64_t i) {
-  if constexpr (T == kQ4_K)
-    return dequant_q4_k(row + (i >> 3) * kBlockBytes<T>, static_cast<int>(i & 7));
+  if constexpr (T == kQ4_K || T == kQ5_K)
+    return dequant_q4_k<T == kQ5_K>(row + (i >> 3) * kBlockBytes<T>, static_cast<int>(i & 7));
   else if constexpr (T == kQ6_K)
     return dequant_q6_k(row + (i >> 3) * kBlockBytes<T>, static_cast<int>(i & 7));
   else
@@ -184,11 +199,11 @@ void dequant_rows(const uint8_t* w, uint16_t* out, int64_t n, int64_t k) {
 }
 
 bool has_kernel(int type) {
-  return type == kQ4_0 || type == kQ4_1 || type == kQ8_0 || type == kQ4_K || type == kQ6_K;
+  return type == kQ4_0 || type == kQ4_1 || type == kQ8_0 || type == kQ4_K || type == kQ5_K || type == kQ6_K;
 }
 
 void check_weight(const torch::Tensor& weight, int64_t type, int64_t k) {
-  TORCH_CHECK(has_kernel(static_cast<int>(type)), "GGML type ", type, " has no kernel (Q4_0=2, Q4_1=3, Q8_0=8, Q4_K=12, Q6_K=14)");
+  TORCH_CHECK(has_kernel(static_cast<int>(type)), "GGML type ", type, " has no kernel (Q4_0=2, Q4_1=3, Q8_0=8, Q4_K=12, Q5_K=13, Q6_K=14)");
   const int64_t rb = ggml_row_bytes(static_cast<int>(type), k);
   TORCH_CHECK(k > 0 && rb > 0, "K=", k, " is not whole blocks of GGML type ", type);
   TORCH_CHECK(weight.scalar_type() == torch::kUInt8 && weight.is_contiguous() && weight.dim() == 2 &&
@@ -215,6 +230,7 @@ int64_t ggml_row_bytes(int type, int64_t k) {
     case kQ4_1: return row_bytes_of<kQ4_1>(k);
     case kQ8_0: return row_bytes_of<kQ8_0>(k);
     case kQ4_K: return row_bytes_of<kQ4_K>(k);
+    case kQ5_K: return row_bytes_of<kQ5_K>(k);
     case kQ6_K: return row_bytes_of<kQ6_K>(k);
     default: return 0;
   }
@@ -226,6 +242,7 @@ int64_t ggml_row_values(int type, int64_t bytes) {
     case kQ4_1: return row_values_of<kQ4_1>(bytes);
     case kQ8_0: return row_values_of<kQ8_0>(bytes);
     case kQ4_K: return row_values_of<kQ4_K>(bytes);
+    case kQ5_K: return row_values_of<kQ5_K>(bytes);
     case kQ6_K: return row_values_of<kQ6_K>(bytes);
     default: return 0;
   }
@@ -237,6 +254,7 @@ void gemv_ggml(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t 
     case kQ4_1: return gemv_type<kQ4_1>(w, x, y, n, k, m);
     case kQ8_0: return gemv_type<kQ8_0>(w, x, y, n, k, m);
     case kQ4_K: return gemv_type<kQ4_K>(w, x, y, n, k, m);
+    case kQ5_K: return gemv_type<kQ5_K>(w, x, y, n, k, m);
     case kQ6_K: return gemv_type<kQ6_K>(w, x, y, n, k, m);
     default: TORCH_CHECK(false, "GGML type ", type, " has no kernel");
   }
@@ -253,6 +271,7 @@ torch::Tensor ggml_dequantize(torch::Tensor weight, int64_t type, int64_t k) {
     case kQ4_1: dequant_rows<kQ4_1>(w, o, n, k); break;
     case kQ8_0: dequant_rows<kQ8_0>(w, o, n, k); break;
     case kQ4_K: dequant_rows<kQ4_K>(w, o, n, k); break;
+    case kQ5_K: dequant_rows<kQ5_K>(w, o, n, k); break;
     default: dequant_rows<kQ6_K>(w, o, n, k); break;
   }
   return out;

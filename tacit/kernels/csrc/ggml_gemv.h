@@ -1,4 +1,4 @@
-// GGML block-quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) x 1-8 bf16 activation rows, for decode.
+// GGML block-quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) x 1-8 bf16 activation rows, for decode.
 #pragma once
 
 #include <torch/extension.h>
@@ -8,7 +8,7 @@
 namespace tacit {
 
 // GGML's type ids (ggml.h); kBf16 tags a plain bf16 matrix in the fused decoder.
-enum GgmlType : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14, kBf16 = 30 };
+enum GgmlType : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kBf16 = 30 };
 
 // Bytes of a row of k values, or 0 for a type without a kernel here or k not whole blocks.
 int64_t ggml_row_bytes(int type, int64_t k);
