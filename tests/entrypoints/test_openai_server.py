@@ -636,6 +636,9 @@ def test_tool_choice_conflicts_are_400(server, model_dir):
         {"tool_choice": "required", "response_format": {"type": "json_object"}},
     ):
         assert _assert_error(httpx.post(url, json={**base, **extra}), 400)["param"] == "tool_choice"
+    strict = {**ADD_TOOL, "function": {**ADD_TOOL["function"], "strict": True}}
+    err = _assert_error(httpx.post(url, json={**base, "tools": [strict]}), 400)  # auto cannot enforce it
+    assert err["param"] == "tools"
 
 
 # ---- echo, prompt logprobs, max_tokens=0 ---------------------------------------------------

@@ -104,3 +104,21 @@ def test_a_hermes_template_renders_tools_itself():
     assert tok.template_takes_tools
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tools=TOOLS)
     assert "TOOLS:get_weather" in text and "# Tools" not in text
+
+
+def test_parallel_tool_calls_false_stops_after_the_first_call():
+    from tacit.entrypoints.openai.chat_tools import ChatTools
+    from tacit.entrypoints.openai.protocol import ChatCompletionRequest
+    from tacit.sampling_params import SamplingParams
+
+    base = {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
+    params = SamplingParams()
+    ChatTools(ChatCompletionRequest(**base, parallel_tool_calls=False)).adjust(params)
+    assert params.stop == ["</tool_call>"]
+    params = SamplingParams()
+    ChatTools(ChatCompletionRequest(**base)).adjust(params)
+    assert params.stop == [] and params.structured_outputs is None
+    named = ChatCompletionRequest(**base, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    params = SamplingParams()
+    assert ChatTools(named).adjust(params) == "tools"
+    assert params.structured_outputs.json == TOOLS[0]["function"]["parameters"]
