@@ -1,5 +1,5 @@
 """`tacit ...`: the command line. It sits above both halves of the package: the entrypoints'
-commands (generate, chat, serve, fetch) and the benchmarks' (bench), which share only the engine
+commands (generate, chat, serve, fetch), the benchmarks' (bench) and the evaluations' (eval), which share only the engine
 flags (EngineArgs.add_cli_args) and never import each other."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import sys
 
 from tacit.bench.cli import add_bench_parser
 from tacit.entrypoints.cli import add_parsers
+from tacit.eval.kld import add_eval_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_parsers(sub)
     add_bench_parser(sub)
+    add_eval_parser(sub)
     return parser
 
 

@@ -34,7 +34,9 @@ RULES: list[tuple[str, tuple[str, ...], str]] = [
     ("tacit.structured_output", ("tacit.engine", "tacit.entrypoints", "tacit.models", "tacit.scheduling",
                                  "tacit.layers", "tacit.bench"),
      "grammars and their matchers sit under the scheduler that owns them: tokens in, bitmasks out"),
-    ("tacit.engine", ("tacit.entrypoints", "tacit.bench"),
+    ("tacit.eval", ("tacit.bench",),
+     "evaluations use the engine and the offline LLM, never the benchmark harness"),
+    ("tacit.engine", ("tacit.entrypoints", "tacit.bench", "tacit.eval"),
      "the engine is the library core; the CLI, server and benchmarks wrap it"),
 ]
 # fmt: on

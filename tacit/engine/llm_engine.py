@@ -154,6 +154,49 @@ class LLMEngine:
             self.scheduler.make_stats(), self.num_prompt_tokens, self.num_generation_tokens, self.num_steps
         )
 
+    def score_full_logprobs(self, chunks: list[list[int]]) -> list[torch.Tensor]:
+        """Teacher-forced float32 log-softmax over the whole vocabulary, [len(c) - 1, vocab] for
+        each chunk c of token ids: row i is the distribution the model predicts for c[i + 1] from
+        c[: i + 1]. Each chunk is scored from its own start (nothing carries over between chunks).
+
+        It goes through the normal request path (max_tokens=0, prompt_logprobs=0 requests): the
+        scheduler allocates and frees their KV blocks like any prompt's, chunked prefill and
+        preemption behave as usual, and no later request can see a corrupted cache. The runner's
+        full_prompt_logprobs hook copies out the whole distributions that prompt_logprobs
+        computes anyway and otherwise cuts to the top N. It needs an idle engine: it steps the
+        engine until everything finishes, which would swallow other requests' outputs."""
+        if self.has_unfinished_requests():
+            raise RuntimeError("score_full_logprobs needs an idle engine (requests are in flight)")
+        short = [i for i, c in enumerate(chunks) if len(c) < 2]
+        if short:
+            raise ValueError(f"chunks {short} have fewer than 2 tokens: nothing to predict")
+        vocab = self.config.model.hf["vocab_size"]
+        out = [torch.empty(len(c) - 1, vocab, dtype=torch.float32) for c in chunks]
+        filled = [torch.zeros(len(c) - 1, dtype=torch.bool) for c in chunks]
+        index: dict[str, int] = {}
+
+        def sink(req_id: str, start: int, logprobs: torch.Tensor) -> None:
+            i = index[req_id]
+            # start counts prompt tokens: token `start` is predicted by row start - 1.
+            out[i][start - 1 : start - 1 + len(logprobs)] = logprobs
+            filled[i][start - 1 : start - 1 + len(logprobs)] = True
+
+        params = SamplingParams(max_tokens=0, prompt_logprobs=0, temperature=0.0)
+        self.runner.full_prompt_logprobs = sink
+        try:
+            for i, c in enumerate(chunks):
+                index[self.add_request(list(c), params)] = i
+            while self.has_unfinished_requests():
+                self.step()
+        finally:
+            self.runner.full_prompt_logprobs = None
+            for rid in index:
+                self.abort_request(rid)  # a no-op for finished ones; frees the rest after an error
+        missing = [i for i, f in enumerate(filled) if not bool(f.all())]
+        if missing:
+            raise RuntimeError(f"chunks {missing} were not fully scored")
+        return out
+
     # ---- the step -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:

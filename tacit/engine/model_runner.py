@@ -103,6 +103,9 @@ class ModelRunner:
             self.fused_decode = build_fused_decoder(kernels, self.block_size, positions)
         self.split_min_decodes = _SPLIT_MIN_DECODES
         self.requests: dict[str, CachedRequestState] = {}
+        # Set by LLMEngine.score_full_logprobs for the length of one call: (req_id, first prompt
+        # token, [rows, vocab] float32 log-softmax) for every slice a prompt_logprobs request scores.
+        self.full_prompt_logprobs: Callable[[str, int, torch.Tensor], None] | None = None
 
     def _num_blocks(self, free_memory: int) -> int:
         cache = self.config.cache
@@ -229,8 +232,10 @@ class ModelRunner:
             hidden = model.end_forward(state)
         prompt_logprobs = {}
         vocab_size = self.config.model.hf["vocab_size"]
+        sink = self.full_prompt_logprobs
         for i, first, end, row in scored:
             r = rows[i][0]
+            full = None if sink is None else (lambda start, lp, rid=r.req_id: sink(rid, start, lp))
             prompt_logprobs[r.req_id] = score_prompt_tokens(
                 model.compute_logits,
                 hidden[row : row + end - first],
@@ -238,6 +243,7 @@ class ModelRunner:
                 first,
                 r.sampling_params.prompt_logprobs,
                 vocab_size,
+                full,
             )
         return samples, hidden[sample_rows], prompt_logprobs
 

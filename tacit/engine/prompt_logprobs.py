@@ -38,13 +38,17 @@ def score_prompt_tokens(
     start: int,
     num_top: int,
     vocab_size: int,
+    full: Callable[[int, torch.Tensor], None] | None = None,
 ) -> RawPromptLogprobs:
     """hidden[i] is the final hidden state of the position before prompt token start + i, and
-    token_ids[i] that token."""
+    token_ids[i] that token. full, if given, also receives each slice's whole float32 log-softmax
+    (first prompt token it scores, [rows, vocab] on the CPU): what `tacit eval kld` compares."""
     rows = max(1, _SLICE_BYTES // (4 * vocab_size))
     entries: list[RawLogprobs] = []
     targets = torch.tensor(token_ids, dtype=torch.long, device=hidden.device)
     for i in range(0, len(token_ids), rows):
         logprobs = compute_logits(hidden[i : i + rows]).float().log_softmax(dim=-1)
+        if full is not None:
+            full(start + i, logprobs.cpu())
         entries += gather_logprobs(logprobs, targets[i : i + rows], num_top)
     return RawPromptLogprobs(start, list(token_ids), entries)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Sequence
 
+import torch
+
 from tacit.engine.arg_utils import EngineArgs
 from tacit.engine.llm_engine import LLMEngine
 from tacit.outputs import RequestOutput
@@ -67,6 +69,11 @@ class LLM:
                 if out.finished:
                     done[out.request_id] = out
         return [done[rid] for rid in ids]
+
+    def score_full_logprobs(self, chunks: list[list[int]]) -> list[torch.Tensor]:
+        """Teacher-forced float32 log-softmax over the vocabulary per chunk of token ids
+        ([len - 1, vocab] each; see LLMEngine.score_full_logprobs)."""
+        return self.engine.score_full_logprobs(chunks)
 
     def chat(
         self,

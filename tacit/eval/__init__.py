@@ -1,0 +1,1 @@
+"""Accuracy measurements of one model against another (`tacit eval ...`)."""
