@@ -61,7 +61,15 @@ def _messages_with_tools(messages: list[dict[str, Any]], tools: list[dict[str, A
     for m in messages:
         calls = m.get("tool_calls") if m.get("role") == "assistant" else None
         if calls:
-            text = "\n".join(tool_call_text(c["function"]["name"], c["function"].get("arguments", {})) for c in calls)
+            try:
+                text = "\n".join(
+                    tool_call_text(c["function"]["name"], c["function"].get("arguments", {})) for c in calls
+                )
+            except (KeyError, TypeError, AttributeError):
+                raise ValueError(
+                    "an assistant message's tool_calls must be a list of "
+                    '{"type": "function", "function": {"name": ..., "arguments": ...}}'
+                ) from None
             m = {**m, "content": (m.get("content") or "") + text}
         out.append(m)
     if out and out[0].get("role") == "system":

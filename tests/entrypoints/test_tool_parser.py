@@ -122,3 +122,10 @@ def test_parallel_tool_calls_false_stops_after_the_first_call():
     params = SamplingParams()
     assert ChatTools(named).adjust(params) == "tools"
     assert params.structured_outputs.json == TOOLS[0]["function"]["parameters"]
+
+
+def test_malformed_tool_calls_in_history_are_a_value_error():
+    tok = Tokenizer(build_tokenizer(), CHAT_TEMPLATE, eos_token="<|im_end|>")
+    bad = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [{"id": "x"}]}]
+    with pytest.raises(ValueError, match="tool_calls must be a list"):
+        tok.apply_chat_template(bad, tools=TOOLS)
