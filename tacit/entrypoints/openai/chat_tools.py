@@ -93,8 +93,10 @@ class ChatTools:
             return []
         if self.named is not None:
             return [ToolCall(self.named, json.dumps(value, ensure_ascii=False))] if isinstance(value, dict) else []
+        if not isinstance(value, list):
+            return []
         return [
-            ToolCall(c["name"], json.dumps(c["parameters"], ensure_ascii=False))
+            ToolCall(c["name"], json.dumps(c.get("parameters", {}), ensure_ascii=False))
             for c in value
             if isinstance(c, dict) and c.get("name") in self.names
         ]
