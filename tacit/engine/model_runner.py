@@ -25,7 +25,7 @@ from tacit.layers.kv_cache import KVCacheLayer
 from tacit.layers.linear import select_linear_method, use_linear_method
 from tacit.layers.sampler import Sampler, SamplingMetadata
 from tacit.outputs import ModelRunnerOutput, RawPromptLogprobs
-from tacit.scheduling.scheduler_output import SchedulerOutput
+from tacit.scheduling.scheduler_output import SchedulerOutput, samples_this_step
 
 # A step's rows: each request's state and the tokens it computes this step, in batch order.
 Rows = list[tuple[CachedRequestState, int]]
@@ -50,9 +50,7 @@ def kv_cache_layers(model: nn.Module) -> list[KVCacheLayer]:
 
 
 def _samples(r: CachedRequestState, n: int) -> bool:
-    """A request samples when this step brings it level with all its tokens (not mid-prefill),
-    unless it only scores its prompt (max_tokens=0)."""
-    return r.num_computed_tokens + n == r.num_tokens and r.sampling_params.max_tokens != 0
+    return samples_this_step(r.num_computed_tokens, n, r.num_tokens, r.sampling_params)
 
 
 def _prompt_tokens_scored(r: CachedRequestState, n: int) -> tuple[int, int]:

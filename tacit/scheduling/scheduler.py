@@ -44,6 +44,7 @@ from tacit.scheduling.scheduler_output import (
     NewRequestData,
     SchedulerOutput,
     SchedulerStats,
+    samples_this_step,
 )
 from tacit.structured_output import StructuredOutputManager
 
@@ -217,7 +218,7 @@ class Scheduler:
             ids = [
                 r.request_id
                 for r, n, _ in scheduled
-                if r.request_id in so and r.num_computed_tokens + n == r.num_tokens
+                if r.request_id in so and samples_this_step(r.num_computed_tokens, n, r.num_tokens, r.params)
             ]
             if ids:
                 out.structured_output_request_ids = ids

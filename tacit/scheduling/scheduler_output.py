@@ -19,6 +19,13 @@ from tacit.outputs import RawLogprobs, RawPromptLogprobs
 from tacit.sampling_params import SamplingParams
 
 
+def samples_this_step(num_computed_tokens: int, num_scheduled: int, num_tokens: int, params: SamplingParams) -> bool:
+    """Whether a request samples a token in a step: the step brings it level with all its tokens
+    (not mid-prefill) and it generates at all (max_tokens=0 only scores its prompt). The
+    scheduler masks exactly these rows' grammars and the runner samples exactly these rows."""
+    return num_computed_tokens + num_scheduled == num_tokens and params.max_tokens != 0
+
+
 @dataclass(frozen=True)
 class NewRequestData:
     """A request the runner must (re)build its state for: first scheduled, or resumed."""

@@ -193,3 +193,18 @@ def test_constrained_request_cutting_in_mid_step(tiny_llama):
     assert [done[i].token_ids for i in ids + arrived] == ref
     check_schema(json.loads(done[ids[0]].text))
     assert done[arrived[0]].text in ("first", "second")
+
+
+def test_a_constrained_prompt_only_scored_beside_a_sampling_request(llm):
+    """max_tokens=0 samples nothing, so its grammar gets no mask row even in a step where another
+    request samples (the scheduler and the runner agree on which rows sample)."""
+    eng = llm.engine
+    eng.add_request(PROMPT, SamplingParams(max_tokens=0, structured_outputs=StructuredOutputsParams(regex="[a-z]+")))
+    eng.add_request("Hello", SamplingParams(temperature=0.0, max_tokens=3))
+    done = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0]
+    reasons = sorted((len(c.token_ids), c.finish_reason) for c in done.values())
+    assert reasons == [(0, "length"), (3, "length")]
