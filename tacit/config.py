@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from tacit.kernels.kv_quant import KV_CACHE_DTYPES
 from tacit.model_config_checks import check_architecture_numbers
 from tacit.scheduling.policy import POLICIES  # the package import registers every policy
 
@@ -121,8 +122,15 @@ class CacheConfig:
     # Host memory (GiB) that preempted requests' KV blocks may be swapped to; vLLM's name and
     # default. 4 GiB holds ~180k tokens of SmolLM2-135M's bf16 KV (23 KB a token).
     swap_space: float = 4.0
+    # What the KV cache stores: "auto" the model's dtype, or int8 rows with a scale each
+    # (kernels/kv_quant.py): half of bf16's bytes, so twice the tokens in the same pool.
+    cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype={self.cache_dtype!r} is not supported; valid: {', '.join(KV_CACHE_DTYPES)}"
+            )
         if not isinstance(self.block_size, int) or self.block_size < 1:
             raise ValueError(f"block_size={self.block_size!r} is invalid: must be an integer >= 1")
         if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1):

@@ -129,6 +129,12 @@ class EngineArgs:
         "GiB of host memory for swapped-out KV blocks (0: no swapping)",
         type=float,
     )
+    kv_cache_dtype: str = knob(
+        _config_default(CacheConfig, "cache_dtype"),
+        "cache",
+        "auto | bfloat16 | float16 | float32 | int8: what the KV cache stores (auto: the model's dtype; "
+        "int8: values with a scale per token and kv head, half of bf16's bytes)",
+    )
     # ---- scheduler ----
     scheduling_policy: str = knob(
         _config_default(SchedulerConfig, "policy"), "scheduler", "fcfs | priority | sjf | sla", key="policy"
@@ -299,6 +305,7 @@ class EngineArgs:
             num_kv_blocks=self.num_kv_blocks,
             kv_cache_memory=self.kv_cache_memory,
             swap_space=self.swap_space,
+            cache_dtype=self.kv_cache_dtype,
         )
 
     def create_scheduler_config(self, max_model_len: int | None = None) -> SchedulerConfig:

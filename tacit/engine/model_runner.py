@@ -20,6 +20,7 @@ from tacit.config import EngineConfig, fit_kv_capacity
 from tacit.engine.prompt_logprobs import prompt_tokens_to_score, score_prompt_tokens
 from tacit.engine.request_state import CachedRequestState, update_request_states
 from tacit.forward_context import set_forward_context
+from tacit.kernels.kv_quant import parse_kv_cache_dtype
 from tacit.layers.attention_selector import select_attention_backend
 from tacit.layers.kv_cache import KVCacheLayer
 from tacit.layers.linear import select_linear_method, use_linear_method
@@ -85,8 +86,8 @@ class ModelRunner:
         layers = kv_cache_layers(model)
         for m in layers:
             m.set_attention_backend(self.attn_backend)
-        dtype = config.model.dtype
-        self.bytes_per_block = self.block_size * sum(m.kv_numel_per_token() for m in layers) * dtype.itemsize
+        dtype = self.kv_cache_dtype = parse_kv_cache_dtype(config.cache.cache_dtype, config.model.dtype)
+        self.bytes_per_block = self.block_size * sum(m.kv_numel_per_token(dtype) for m in layers) * dtype.itemsize
         self.num_blocks = self._num_blocks(free_memory)
         self.config = config = fit_kv_capacity(config, self.num_blocks * self.block_size)
         for m in layers:

@@ -41,7 +41,9 @@ class DecoderLayerWeights:
     post_attention_norm: torch.Tensor
     gate_up: torch.Tensor
     down: torch.Tensor
-    kv_cache: torch.Tensor  # [2, num_blocks, block_size, Hkv, D] bf16, the torch paged backend's layout
+    # [2, num_blocks, block_size, Hkv, D] bf16, the torch paged backend's layout, or int8 with
+    # D + 4 (kernels/kv_quant.py's rows: values, then their fp32 scale).
+    kv_cache: torch.Tensor
     qkv_type: int = BF16
     o_type: int = BF16
     gate_up_type: int = BF16

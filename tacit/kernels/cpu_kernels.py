@@ -3,7 +3,8 @@
 - csrc/gemv_bf16.cpp: the skinny GEMM (1-8 activation rows) behind bf16 `Linear` in decode;
 - csrc/ggml_gemv.cpp: the same over GGUF's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K blocks (layers/ggml_linear_method.py);
 - csrc/llama_decode.cpp: a whole Llama-family decode step in one call (kernels/cpu_fused_decode.py);
-- csrc/decode_attention.cpp: that step's attention, read straight from the paged KV cache.
+- csrc/decode_attention.cpp: that step's attention, read straight from the paged KV cache
+  (csrc/decode_attention_int8.cpp for an int8 cache, scales applied in the kernel).
 
 Batch-1 decode is ~60% GEMV time; on this CPU torch.mv streams bf16 weights at 13-19 GB/s
 and this kernel at 22-27 GB/s (SmolLM2's layer shapes, weights cold in DRAM); with 2-4 rows
@@ -22,8 +23,17 @@ from types import ModuleType
 import torch
 
 _CSRC = Path(__file__).parent / "csrc"
-_SOURCES = ["gemv_bf16.cpp", "ggml_gemv.cpp", "decode_attention.cpp", "llama_decode.cpp", "bindings.cpp"]
-_CFLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mf16c", "-fopenmp"]
+_SOURCES = [
+    "gemv_bf16.cpp",
+    "ggml_gemv.cpp",
+    "decode_attention.cpp",
+    "decode_attention_int8.cpp",
+    "decode_attention_op.cpp",
+    "llama_decode.cpp",
+    "bindings.cpp",
+]
+# AVX512-VNNI (vpdpbusd) for the int8 KV cache's scores: every CPU with AVX512-BF16 has it.
+_CFLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mavx512vnni", "-mavx512vl", "-mf16c", "-fopenmp"]
 _module: ModuleType | None = None
 _tried = False
 
@@ -35,7 +45,7 @@ def cpu_supports_avx512_bf16() -> bool:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    return "avx512_bf16" in flags and "avx512f" in flags
+    return all(f in flags for f in ("avx512_bf16", "avx512f", "avx512_vnni"))
 
 
 def _source_hash() -> str:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from tacit.kernels.attention_backend import AttentionBackend, AttentionMetadata, register_attention_backend
+from tacit.kernels.kv_quant import gather_paged_int8, write_paged_int8
 
 
 @dataclass
@@ -245,6 +246,9 @@ class TorchAttentionBackend(TorchMetadataBackend, AttentionBackend):
     def write_kv(
         self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: TorchAttentionMetadata
     ) -> None:
+        if kv_cache.dtype == torch.int8:
+            write_paged_int8(kv_cache, meta.slot_mapping, key, value)
+            return
         flat = kv_cache.view(2, -1, *kv_cache.shape[3:])
         flat[0].index_copy_(0, meta.slot_mapping, key.to(kv_cache.dtype))
         flat[1].index_copy_(0, meta.slot_mapping, value.to(kv_cache.dtype))
@@ -252,9 +256,14 @@ class TorchAttentionBackend(TorchMetadataBackend, AttentionBackend):
     def forward(
         self, query: torch.Tensor, kv_cache: torch.Tensor, meta: TorchAttentionMetadata, scale: float
     ) -> torch.Tensor:
+        quantized = kv_cache.dtype == torch.int8
+        head_dim = query.shape[-1]
+
         def attend(q: torch.Tensor, g: AttentionGroup) -> torch.Tensor:
-            k = gather_blocks(kv_cache[0], g).to(q.dtype)
-            v = gather_blocks(kv_cache[1], g).to(q.dtype)
+            if quantized:
+                k, v = gather_paged_int8(kv_cache, g.block_tables, head_dim, q.dtype)
+            else:
+                k, v = gather_blocks(kv_cache[0], g).to(q.dtype), gather_blocks(kv_cache[1], g).to(q.dtype)
             return padded_sdpa(q, k, v, g, scale)
 
-        return run_groups(query, meta, kv_cache.shape[-1], attend)
+        return run_groups(query, meta, query.shape[-1], attend)

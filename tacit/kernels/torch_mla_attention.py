@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from tacit.kernels.attention_backend import MLAAttentionBackend, register_attention_backend
+from tacit.kernels.kv_quant import SCALE_BYTES, kv_row_width, pack_rows, unpack_rows
 from tacit.kernels.torch_attention import (
     AttentionGroup,
     TorchAttentionMetadata,
@@ -31,7 +32,11 @@ class TorchMLAAttentionBackend(TorchMetadataBackend, MLAAttentionBackend):
         self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: TorchAttentionMetadata
     ) -> None:
         flat = kv_cache.view(-1, kv_cache.shape[-1])
-        flat.index_copy_(0, meta.slot_mapping, torch.cat([key, value], dim=-1).to(flat.dtype))
+        if kv_cache.dtype == torch.int8:  # latent and rotated key part, each with its scale
+            rows = torch.cat([pack_rows(key), pack_rows(value)], dim=-1)
+        else:
+            rows = torch.cat([key, value], dim=-1).to(flat.dtype)
+        flat.index_copy_(0, meta.slot_mapping, rows)
 
     def forward(
         self,
@@ -44,14 +49,19 @@ class TorchMLAAttentionBackend(TorchMetadataBackend, MLAAttentionBackend):
     ) -> torch.Tensor:
         h = query.shape[1]
         kv_lora_rank = kv_b_proj.shape[1]
-        rope_dim = kv_cache.shape[-1] - kv_lora_rank
+        quantized = kv_cache.dtype == torch.int8
+        rope_dim = kv_cache.shape[-1] - kv_row_width(kv_lora_rank, kv_cache.dtype) - (SCALE_BYTES if quantized else 0)
         nope_dim = query.shape[-1] - rope_dim
         v_dim = kv_b_proj.shape[0] // h - nope_dim
 
         def attend(q: torch.Tensor, g: AttentionGroup) -> torch.Tensor:
-            ctx = gather_blocks(kv_cache, g).to(q.dtype)  # [R, L, C + rope]
-            ctx_latent, ctx_pe = ctx.split([kv_lora_rank, rope_dim], dim=-1)
-            r, length = ctx.shape[:2]
+            ctx = gather_blocks(kv_cache, g)  # [R, L, C + rope (+ scales)]
+            if quantized:
+                rows = ctx.split([kv_lora_rank + SCALE_BYTES, rope_dim + SCALE_BYTES], dim=-1)
+                ctx_latent, ctx_pe = (unpack_rows(x, q.dtype) for x in rows)
+            else:
+                ctx_latent, ctx_pe = ctx.to(q.dtype).split([kv_lora_rank, rope_dim], dim=-1)
+            r, length = ctx_latent.shape[:2]
             kv = F.linear(ctx_latent, kv_b_proj).view(r, length, h, nope_dim + v_dim)
             k_nope, v = kv.split([nope_dim, v_dim], dim=-1)
             k = torch.cat([k_nope, ctx_pe[:, :, None, :].expand(r, length, h, rope_dim)], dim=-1)

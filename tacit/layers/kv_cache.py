@@ -27,8 +27,9 @@ class KVCacheLayer(ABC):
         """The axis of kv_cache that indexes blocks (the next one indexes slots in a block)."""
 
     @abstractmethod
-    def kv_numel_per_token(self) -> int:
-        """Cache elements one token takes in this layer."""
+    def kv_numel_per_token(self, dtype: torch.dtype) -> int:
+        """Cache elements one token takes in this layer in a cache of `dtype` (int8: the values
+        and each row's scale, kernels/kv_quant.py)."""
 
     @abstractmethod
     def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:

@@ -15,6 +15,7 @@ from torch import nn
 from tacit.config import ModelConfig
 from tacit.forward_context import get_attention_metadata
 from tacit.kernels.attention_backend import AttentionBackend
+from tacit.kernels.kv_quant import kv_row_width
 from tacit.layers.kv_cache import KVCacheLayer
 from tacit.layers.linear import Linear
 from tacit.layers.moe import FusedMoE, grouped_sigmoid_topk
@@ -26,7 +27,7 @@ from tacit.models.qwen3_moe import load_expert_tensor
 
 class MLAAttention(nn.Module, KVCacheLayer):
     use_mla = True
-    kv_block_dim = 0  # [num_blocks, block_size, kv_lora_rank + rope_dim]
+    kv_block_dim = 0  # [num_blocks, block_size, kv_lora_rank + rope_dim (+ 2 x 4 scale bytes in int8)]
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -57,11 +58,14 @@ class MLAAttention(nn.Module, KVCacheLayer):
         self.backend: AttentionBackend | None = None
         self.kv_cache: torch.Tensor | None = None
 
-    def kv_numel_per_token(self) -> int:
-        return self.kv_lora_rank + self.rope_dim
+    def kv_numel_per_token(self, dtype: torch.dtype) -> int:
+        # In int8 the latent and the rotated key part are two rows with a scale each: k_pe is not
+        # normed, so one scale across both would cost the normed latent its resolution.
+        return kv_row_width(self.kv_lora_rank, dtype) + kv_row_width(self.rope_dim, dtype)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.kv_cache = torch.zeros(num_blocks, block_size, self.kv_numel_per_token(), dtype=dtype, device=device)
+        numel = self.kv_numel_per_token(dtype)
+        self.kv_cache = torch.zeros(num_blocks, block_size, numel, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         meta = get_attention_metadata()

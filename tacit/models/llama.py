@@ -240,8 +240,8 @@ class LlamaForCausalLM(CausalLM):
             if attn.attn.backend is None or attn.attn.backend.name != TorchAttentionBackend.name:
                 return f"layer {i} uses another attention backend"
             cache = attn.attn.kv_cache
-            if cache is None or cache.dtype != torch.bfloat16 or cache.device.type != "cpu":
-                return f"layer {i} has no bf16 CPU KV cache"
+            if cache is None or cache.dtype not in (torch.bfloat16, torch.int8) or cache.device.type != "cpu":
+                return f"layer {i} has no bf16 or int8 CPU KV cache"
         ggml = {id(m.weight) for m in self.modules() if isinstance(getattr(m, "linear_method", None), GGMLLinearMethod)}
         if any(p.dtype != torch.bfloat16 for p in self.parameters() if id(p) not in ggml):
             return "weights are not bf16"

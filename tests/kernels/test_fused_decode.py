@@ -29,8 +29,9 @@ def both_paths(runner, rows, compute=None):
     return got.float(), ref.float()
 
 
-def step_both_ways(engine) -> int:
-    """Run the engine to the end, checking every fused step against the torch path; returns how many."""
+def step_both_ways(engine, tolerance: float = 0.02) -> int:
+    """Run the engine to the end, checking every fused step against the torch path; returns how
+    many. tolerance: the largest logit difference allowed, as a fraction of the largest logit."""
     runner, checked = engine.runner, 0
     real = runner.compute_logits
 
@@ -41,7 +42,7 @@ def step_both_ways(engine) -> int:
             # bf16 through two layers: ~1 ulp per op of drift from fp32 summation order, at most
             # ~1.1% of the largest logit here; leaving out the 0.05-std qkv bias moves them ~5%.
             scale = ref.abs().max().item()
-            assert (got - ref).abs().max().item() < 0.02 * scale, f"fused step {checked}: logits diverge"
+            assert (got - ref).abs().max().item() < tolerance * scale, f"fused step {checked}: logits diverge"
             top2 = ref.topk(2, dim=-1).values
             clear = (top2[:, 0] - top2[:, 1]) > 0.05 * scale
             assert torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])

@@ -76,7 +76,7 @@ class FakeMLA(nn.Module, KVCacheLayer):
         self.allocate_kv_cache(num_blocks, block_size, torch.float32, torch.device("cpu"))
         self.kv_cache.copy_(torch.arange(self.kv_cache.numel(), dtype=torch.float32).view_as(self.kv_cache))
 
-    def kv_numel_per_token(self) -> int:
+    def kv_numel_per_token(self, dtype: torch.dtype) -> int:
         return 3
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:

@@ -1,4 +1,5 @@
-// Decode attention (one query token per row) read straight from tacit's paged bf16 KV cache.
+// Decode attention (one query token per row) read straight from tacit's paged KV cache, bf16
+// or int8 (kernels/kv_quant.py: each row's int8 values, then its fp32 scale).
 #pragma once
 
 #include <cstdint>
@@ -11,9 +12,25 @@ struct PagedKV {
   int64_t block_size, num_kv_heads, head_dim;
 };
 
+// kernels/kv_quant.py's paged int8 layout: per (block, kv head), block_size rows of head_dim
+// int8 values (K's with the sign bit flipped), then block_size fp32 scales.
+struct PagedKVInt8 {
+  const int8_t* k;  // [num_blocks, num_kv_heads, block_size * (head_dim + 4)]
+  const int8_t* v;  // same layout
+  int64_t block_size, num_kv_heads, head_dim;
+  int64_t run_bytes() const { return block_size * (head_dim + 4); }  // one (block, head)
+};
+
 // q: row r's query heads at q + r * q_stride, [num_heads, head_dim]; positions[r] + 1 keys per
 // row, found through tables[r * table_width + j / block_size]; out: [m, num_heads, head_dim].
 void decode_attention(const uint16_t* q, int64_t q_stride, const int64_t* positions, const int64_t* tables,
                       int64_t table_width, const PagedKV& kv, int64_t num_heads, float scale, uint16_t* out, int m);
+void decode_attention_int8(const uint16_t* q, int64_t q_stride, const int64_t* positions, const int64_t* tables,
+                           int64_t table_width, const PagedKVInt8& kv, int64_t num_heads, float scale, uint16_t* out,
+                           int m);
+
+// One cached row: d bf16 values -> d int8 values and their fp32 scale, the arithmetic of
+// kernels/kv_quant.py quantize_rows, bit for bit; flip_sign for K (stored as k + 128).
+void quantize_kv_row(const uint16_t* x, int64_t d, int8_t* values, float* scale, bool flip_sign);
 
 }  // namespace tacit

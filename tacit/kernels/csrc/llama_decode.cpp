@@ -198,7 +198,18 @@ void LlamaDecoder::add_layer(torch::Tensor input_norm, torch::Tensor qkv, std::o
   w.o_type = static_cast<int>(o_type);
   w.gate_up_type = static_cast<int>(gate_up_type);
   w.down_type = static_cast<int>(down_type);
-  w.kv_cache = checked(kv_cache, "kv_cache", {2, kv_cache.size(1), block_size_, num_kv_heads_, head_dim_});
+  if (kv_cache.scalar_type() == torch::kInt8) {  // kernels/kv_quant.py: [2, blocks, Hkv, bs * (D + 4)]
+    TORCH_CHECK(kv_cache.is_contiguous() && kv_cache.device().is_cpu(), "kv_cache: must be a contiguous CPU tensor");
+    TORCH_CHECK(kv_cache.dim() == 4 && kv_cache.size(0) == 2 && kv_cache.size(2) == num_kv_heads_ &&
+                    kv_cache.size(3) == block_size_ * (head_dim_ + 4),
+                "kv_cache: int8 shape ", kv_cache.sizes(), " but expected [2, blocks, ", num_kv_heads_, ", ",
+                block_size_ * (head_dim_ + 4), "]");
+    w.kv_cache = kv_cache;
+  } else {
+    w.kv_cache = checked(kv_cache, "kv_cache", {2, kv_cache.size(1), block_size_, num_kv_heads_, head_dim_});
+  }
+  TORCH_CHECK(layers_.empty() || layers_[0].kv_cache.scalar_type() == w.kv_cache.scalar_type(),
+              "every layer's KV cache must have the same dtype");
   layers_.push_back(std::move(w));
 }
 
@@ -259,22 +270,41 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
     const LlamaLayerWeights& w = layers_[l];
     for (int r = 0; r < m; ++r) rms_norm(xs + r * h, bf16_ptr(w.input_norm), normed.data() + r * h, h, eps_);
     const u16* qkv_bias = bf16_ptr(project(w.qkv, w.qkv_type, w.qkv_bias, normed.data(), f32.data(), m));
-    u16* cache = reinterpret_cast<u16*>(w.kv_cache.data_ptr<at::BFloat16>());
-    const int64_t cache_half = w.kv_cache.size(1) * block_size_ * hkv * d;
+    const bool int8_kv = w.kv_cache.scalar_type() == torch::kInt8;
+    const int64_t cache_half = w.kv_cache.numel() / 2;
     for (int r = 0; r < m; ++r) {
-      u16* row = qkv.data() + r * qkv_n;
-      round_out(f32.data() + r * qkv_n, qkv_bias, row, qkv_n);
+      u16* x = qkv.data() + r * qkv_n;
+      round_out(f32.data() + r * qkv_n, qkv_bias, x, qkv_n);
       for (int64_t head = 0; head < hq + hkv; ++head) {
-        u16* v = row + head * d;
+        u16* v = x + head * d;
         if (w.q_norm.defined()) rms_norm(v, bf16_ptr(head < hq ? w.q_norm : w.k_norm), v, d, eps_);
         rotate_neox(v, cos + pos[r] * (d / 2), sin + pos[r] * (d / 2), d / 2);
       }
       const int64_t slot = tables[r * width + pos[r] / block_size_] * block_size_ + pos[r] % block_size_;
-      std::memcpy(cache + slot * hkv * d, row + hq * d, hkv * d * sizeof(u16));
-      std::memcpy(cache + cache_half + slot * hkv * d, row + (hq + hkv) * d, hkv * d * sizeof(u16));
+      if (int8_kv) {  // per (block, head): block_size rows of d values, then block_size fp32 scales
+        int8_t* cache = w.kv_cache.data_ptr<int8_t>();
+        const int64_t run = block_size_ * (d + 4), block = slot / block_size_, s = slot % block_size_;
+        for (int64_t g = 0; g < hkv; ++g)
+          for (int half = 0; half < 2; ++half) {
+            int8_t* base = cache + half * cache_half + (block * hkv + g) * run;
+            quantize_kv_row(x + (hq + half * hkv + g) * d, d, base + s * d,
+                            reinterpret_cast<float*>(base + block_size_ * d + s * 4), half == 0);
+          }
+      } else {
+        u16* cache = reinterpret_cast<u16*>(w.kv_cache.data_ptr<at::BFloat16>());
+        std::memcpy(cache + slot * hkv * d, x + hq * d, hkv * d * sizeof(u16));
+        std::memcpy(cache + cache_half + slot * hkv * d, x + (hq + hkv) * d, hkv * d * sizeof(u16));
+      }
     }
-    const PagedKV paged{cache, cache + cache_half, block_size_, hkv, d};
-    decode_attention(qkv.data(), qkv_n, pos, tables, width, paged, hq, scale_, attn.data(), m);
+    if (int8_kv) {
+      const int8_t* cache = w.kv_cache.data_ptr<int8_t>();
+      const PagedKVInt8 paged{cache, cache + cache_half, block_size_, hkv, d};
+      decode_attention_int8(qkv.data(), qkv_n, pos, tables, width, paged, hq, scale_, attn.data(), m);
+    } else {
+      const u16* cache = reinterpret_cast<const u16*>(w.kv_cache.data_ptr<at::BFloat16>());
+      const PagedKV paged{cache, cache + cache_half, block_size_, hkv, d};
+      decode_attention(qkv.data(), qkv_n, pos, tables, width, paged, hq, scale_, attn.data(), m);
+    }
     const u16* o_bias = bf16_ptr(project(w.o_proj, w.o_type, w.o_bias, attn.data(), f32.data(), m));
     for (int r = 0; r < m; ++r) residual_add(xs + r * h, f32.data() + r * h, o_bias, h);
     for (int r = 0; r < m; ++r) rms_norm(xs + r * h, bf16_ptr(w.post_norm), normed.data() + r * h, h, eps_);

@@ -1,5 +1,5 @@
 // A whole Llama-family decode step (SmolLM2, Llama 2/3, Qwen2/2.5, Qwen3 dense) in one call,
-// for single-token requests over tacit's paged bf16 KV cache.
+// for single-token requests over tacit's paged KV cache (bf16, or int8 rows with a scale each).
 #pragma once
 
 #include <torch/extension.h>

@@ -1,0 +1,350 @@
+// Decode attention over the int8 paged KV cache (kernels/kv_quant.py: per block and kv head,
+// block_size rows of int8 values, then their fp32 scales), the scales applied inside the
+// kernel: nothing is dequantized to memory.
+//
+// Why int8: at long contexts the decode step's attention is bytes. SmolLM2-135M at 4k context
+// reads 94 MB of bf16 K/V a step (30 layers x 3 kv heads x 4,096 keys x 2 x 128 bytes); int8
+// reads 50 MB (64 bytes a row, one cache line, plus 4 for its scale). The arithmetic has to stay cheaper than the bytes saved:
+//  - QK: the query head is quantized to int8 once per row (scale max|q| / 127, as llama.cpp
+//    does for its q8_0 K cache), so a 64-wide key costs one vpdpbusd per query head. vpdpbusd
+//    multiplies unsigned by signed bytes: the cache stores K's bytes as k + 128 (sign bit
+//    flipped), so rows go to it straight from memory, and 128 * sum(q) comes off the 16-key
+//    tile's reduced sums. score = dot * q_scale * k_scale.
+//    The query's int8 rounding is the one approximation beyond the cache's own (scores move by
+//    ~0.4% of max|q| * |k|; tests bound it against the dequantize-then-attend reference).
+//  - softmax in fp32; each probability is multiplied by its key's V scale and the products are
+//    rounded to int16 fixed point (relative to their max), so PV is integer too: two V rows
+//    widened to int16 and interleaved feed one vpdpwssd per 16 columns per query head, for
+//    both keys at once. A first version widened V to fp32 and used FMAs: no faster than the
+//    bf16 kernel at 4k context (the widening and FMAs made it compute-bound at ~6 GB/s).
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "attention_common.h"
+#include "bf16_common.h"
+#include "bf16_vec.h"
+#include "decode_attention.h"
+
+namespace tacit {
+namespace {
+
+using u16 = uint16_t;
+constexpr int64_t kScaleBytes = 4;
+// Keys prefetched ahead: rows are 64 bytes, and 128 keys (8 KB) ahead measured 19.3 ms at 4k
+// context, 8 rows, 2 threads, against 20.4 ms at 64 keys, 21.8 at 32 (the bf16 kernel's) and no
+// gain at 256.
+constexpr int kPrefetchKeysI8 = 128;
+constexpr int64_t kMaxGroup = 16;  // query heads per kv head (Llama-3-70B: 8; Qwen2.5-7B: 7)
+
+// One query head -> int8 (zero-padded to dpad), its scale and the sum of its int8 values.
+void quantize_query(const u16* q, int64_t d, int64_t dpad, int8_t* out, float* scale, int32_t* sum) {
+  float amax = 0.0f;
+  bool nan = false;
+  for (int64_t i = 0; i < d; ++i) {
+    const float v = bf16_to_float(q[i]);
+    nan |= std::isnan(v);
+    amax = std::max(amax, std::fabs(v));
+  }
+  const float s = nan ? std::numeric_limits<float>::quiet_NaN() : amax / 127.0f;
+  const float div = (s == 0.0f || nan) ? 1.0f : s;
+  int32_t total = 0;
+  for (int64_t i = 0; i < dpad; ++i) {
+    const float v = i < d ? std::nearbyint(bf16_to_float(q[i]) / div) : 0.0f;
+    const int8_t c = static_cast<int8_t>(std::isnan(v) ? 0.0f : std::min(127.0f, std::max(-127.0f, v)));
+    out[i] = c;
+    total += c;
+  }
+  *scale = s;
+  *sum = total;
+}
+
+// dot(q, k_t) for 16 key rows as int32 sums of (k + 128) * q, reduced, then converted to fp32.
+inline __m512 score_tile_int8(const int8_t* q, const int8_t* const* krow, int64_t d) {
+  __m512i acc[kTile];
+  for (int t = 0; t < kTile; ++t) acc[t] = _mm512_setzero_si512();
+  int64_t c0 = 0;
+  for (; c0 + 64 <= d; c0 += 64) {  // whole 64-byte chunks: vpdpbusd straight from memory
+    const __m512i qv = _mm512_loadu_si512(q + c0);
+#pragma GCC unroll 16
+    for (int t = 0; t < kTile; ++t) acc[t] = _mm512_dpbusd_epi32(acc[t], _mm512_loadu_si512(krow[t] + c0), qv);
+  }
+  if (c0 < d) {  // the tail: masked loads (zero bytes times the zero-padded query add nothing)
+    const __mmask64 m = low_bits64(d - c0);
+    const __m512i qv = _mm512_loadu_si512(q + c0);
+    for (int t = 0; t < kTile; ++t) acc[t] = _mm512_dpbusd_epi32(acc[t], _mm512_maskz_loadu_epi8(m, krow[t] + c0), qv);
+  }
+  return reduce16x16_epi32(acc);
+}
+
+// Probabilities as int16 fixed point: p'_j * (32767 / max p') rounds to 0..32767, an absolute
+// error of at most max p' / 65534 per key, below the bf16 rounding (1/512 relative) that the bf16
+// kernel applies to every probability.
+constexpr float kProbOne = 32767.0f;
+// int32 accumulators take at most 2 x 127 x 32767 per key pair; flushing to fp32 every 256 pairs
+// keeps them below 2^31.
+constexpr int64_t kFlushPairs = 256;
+
+struct PvArgsI8 {
+  const int16_t* w;      // quantized p' per head (w + h * w_stride), even length, zero-padded
+  int64_t w_stride;
+  const float* unit;     // per head: max p' / 32767 / softmax sum, what one unit of w is worth
+  int64_t ctx;
+  const int8_t* v;       // V cache + this column chunk
+  const int8_t* zeros;   // a zero row standing in for key ctx when ctx is odd
+  const int64_t* offs;   // byte offsets of keys 0..ctx (+ kPrefetchKeysI8 padding)
+  int64_t row_bytes;     // bytes to prefetch per key
+  u16* out;              // output of the first head + this column chunk
+  int64_t d;             // stride between heads in `out`
+  __mmask32 tail;        // columns of the last 32-column word inside head_dim
+};
+
+// out[h, 32 * NW columns] = unit[h] * sum_j w[h, j] * V[j] for HC heads. Keys go in pairs, as
+// in the bf16 kernel: two V rows widened to int16 and interleaved (vpunpck{l,h}wd) let one
+// vpdpwssd add both keys' products to 16 columns; lane 4l+i of the "lo" accumulator of a word
+// holds column 8l+i, of the "hi" one column 8l+4+i.
+template <int NW, int HC>
+void pv_block_i8(const PvArgsI8& a) {
+  __m512i acc[HC][2 * NW];
+  alignas(64) float total[HC][2 * NW][16] = {};
+  for (int h = 0; h < HC; ++h)
+    for (int t = 0; t < 2 * NW; ++t) acc[h][t] = _mm512_setzero_si512();
+  for (int64_t j0 = 0; j0 < a.ctx; j0 += 2 * kFlushPairs) {
+    const int64_t j1 = std::min(a.ctx, j0 + 2 * kFlushPairs);
+    for (int64_t j = j0; j < j1; j += 2) {
+      const int8_t* r0 = a.v + a.offs[j];
+      const int8_t* r1 = j + 1 < a.ctx ? a.v + a.offs[j + 1] : a.zeros;
+      prefetch_row(a.v + a.offs[j + kPrefetchKeysI8], a.row_bytes);
+      prefetch_row(a.v + a.offs[j + 1 + kPrefetchKeysI8], a.row_bytes);
+      __m512i pair[HC];
+      for (int h = 0; h < HC; ++h) {
+        int32_t bits;
+        std::memcpy(&bits, a.w + h * a.w_stride + j, sizeof(bits));
+        pair[h] = _mm512_set1_epi32(bits);
+      }
+      for (int w = 0; w < NW; ++w) {
+        const __mmask32 m = w + 1 < NW ? 0xffffffffu : a.tail;
+        const __m512i x0 = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, r0 + 32 * w));
+        const __m512i x1 = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, r1 + 32 * w));
+        const __m512i lo = _mm512_unpacklo_epi16(x0, x1), hi = _mm512_unpackhi_epi16(x0, x1);
+        for (int h = 0; h < HC; ++h) {
+          acc[h][2 * w] = _mm512_dpwssd_epi32(acc[h][2 * w], lo, pair[h]);
+          acc[h][2 * w + 1] = _mm512_dpwssd_epi32(acc[h][2 * w + 1], hi, pair[h]);
+        }
+      }
+    }
+    for (int h = 0; h < HC; ++h)
+      for (int t = 0; t < 2 * NW; ++t) {
+        _mm512_store_ps(total[h][t], _mm512_add_ps(_mm512_load_ps(total[h][t]), _mm512_cvtepi32_ps(acc[h][t])));
+        acc[h][t] = _mm512_setzero_si512();
+      }
+  }
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int h = 0; h < HC; ++h) {
+    const __m512 unit = _mm512_set1_ps(a.unit[h]);
+    u16* o = a.out + h * a.d;
+    for (int w = 0; w < NW; ++w) {
+      const __mmask32 m = w + 1 < NW ? 0xffffffffu : a.tail;
+      const __m512 lo = _mm512_load_ps(total[h][2 * w]), hi = _mm512_load_ps(total[h][2 * w + 1]);
+      const __m512 c0 = _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), unit);
+      const __m512 c1 = _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), unit);
+      _mm256_mask_storeu_epi16(o + 32 * w, static_cast<__mmask16>(m & 0xffffu), (__m256i)_mm512_cvtneps_pbh(c0));
+      _mm256_mask_storeu_epi16(o + 32 * w + 16, static_cast<__mmask16>(m >> 16), (__m256i)_mm512_cvtneps_pbh(c1));
+    }
+  }
+}
+
+template <int NW, int HC>
+void pv_rest_i8(int heads, PvArgsI8 a) {
+  if constexpr (HC >= 1) {
+    if (heads == HC) return pv_block_i8<NW, HC>(a);
+    pv_rest_i8<NW, HC - 1>(heads, a);
+  }
+}
+
+// All `heads` heads, as many at a time as keep ~20 int32 accumulators in registers.
+template <int NW>
+void pv_heads_i8(int heads, PvArgsI8 a) {
+  constexpr int H = std::max(1, std::min(8, 10 / NW));
+  for (; heads >= H; heads -= H) {
+    pv_block_i8<NW, H>(a);
+    a.w += H * a.w_stride;
+    a.unit += H;
+    a.out += H * a.d;
+  }
+  if (heads > 0) pv_rest_i8<NW, H - 1>(heads, a);
+}
+
+struct ScratchI8 {
+  std::vector<float> scores, probs, unit, qscale, vscale;
+  std::vector<int64_t> offs, soff;
+  std::vector<int32_t> qsum;
+  std::vector<int16_t> w;
+  std::vector<int8_t> qq, zeros;
+};
+
+// The PV weights of one query head, in two passes: p'_j = exp(s_j - max) * v_scale_j (the V
+// scales folded in) with the softmax sum of the exps, then w_j = round(p'_j * 32767 / max p'),
+// zero-padded to even n. Returns what one unit of w is worth: max p' / 32767 / sum. A NaN
+// max (a NaN score) gives NaN.
+float pv_weights(const float* s, const float* vscale, int64_t n, float mx, float* p, int16_t* w) {
+  const __m512 vmx = _mm512_set1_ps(mx);
+  __m512 vsum = _mm512_setzero_ps(), pmax = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = low_bits16(n - j);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), vmx));
+    vsum = _mm512_mask_add_ps(vsum, m, vsum, e);
+    const __m512 pv = _mm512_maskz_mul_ps(m, e, _mm512_maskz_loadu_ps(m, vscale + j));
+    pmax = _mm512_max_ps(pv, pmax);
+    _mm512_mask_storeu_ps(p + j, m, pv);
+  }
+  const float top = _mm512_reduce_max_ps(pmax);
+  const __m512 k = _mm512_set1_ps(top > 0.0f ? kProbOne / top : 0.0f);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = low_bits16(n - j);
+    const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + j), k));
+    _mm256_mask_storeu_epi16(w + j, m, _mm512_cvtsepi32_epi16(q));
+  }
+  if (n % 2) w[n] = 0;
+  return top / kProbOne / _mm512_reduce_add_ps(vsum);
+}
+
+}  // namespace
+
+void quantize_kv_row(const uint16_t* x, int64_t d, int8_t* values, float* scale, bool flip_sign) {
+  float amax = 0.0f;
+  bool nan = false;
+  for (int64_t i = 0; i < d; ++i) {
+    const float v = bf16_to_float(x[i]);
+    nan |= std::isnan(v);
+    amax = std::max(amax, std::fabs(v));
+  }
+  // As torch: amax of a row holding NaN is NaN, and so is its scale (the row reads back NaN).
+  const float s = nan ? std::numeric_limits<float>::quiet_NaN() : amax / 127.0f;
+  const float div = s == 0.0f ? 1.0f : s;
+  for (int64_t i = 0; i < d; ++i) {
+    const float v = std::nearbyint(bf16_to_float(x[i]) / div);
+    const auto q = static_cast<int8_t>(std::isnan(v) ? 0.0f : std::min(127.0f, std::max(-127.0f, v)));
+    values[i] = flip_sign ? static_cast<int8_t>(q ^ 0x80) : q;
+  }
+  *scale = s;
+}
+
+void decode_attention_int8(const u16* q, int64_t q_stride, const int64_t* positions, const int64_t* tables,
+                           int64_t table_width, const PagedKVInt8& kv, int64_t num_heads, float scale, u16* out,
+                           int m) {
+  const int64_t d = kv.head_dim, hkv = kv.num_kv_heads, bs = kv.block_size, group = num_heads / hkv;
+  const int64_t dpad = (d + 63) / 64 * 64;
+  TORCH_CHECK(group <= kMaxGroup, "decode_attention_int8 takes at most ", kMaxGroup, " query heads per kv head");
+  // With 16-token blocks a 16-key tile is one block, and its scales are one vector load.
+  const bool scales_in_runs = bs % kTile == 0;
+  const int64_t items = static_cast<int64_t>(m) * hkv;
+  const int threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
+  const int chunk = m >= 2 * threads ? static_cast<int>(hkv) : 1;  // as decode_attention: a row's heads together
+#pragma omp parallel for num_threads(threads) schedule(dynamic, chunk)
+  for (int64_t item = 0; item < items; ++item) {
+    thread_local ScratchI8 sc;
+    const int64_t r = item / hkv, g = item % hkv, ctx = positions[r] + 1;
+    const int64_t* table = tables + r * table_width;
+    if (static_cast<int64_t>(sc.scores.size()) < group * ctx) sc.scores.resize(group * ctx);
+    if (static_cast<int64_t>(sc.probs.size()) < ctx) sc.probs.resize(ctx);
+    if (static_cast<int64_t>(sc.vscale.size()) < ctx) sc.vscale.resize(ctx);
+    if (static_cast<int64_t>(sc.offs.size()) < ctx + kPrefetchKeysI8 + 1) {
+      sc.offs.resize(ctx + kPrefetchKeysI8 + 1);
+      sc.soff.resize(ctx + kPrefetchKeysI8 + 1);
+    }
+    if (static_cast<int64_t>(sc.zeros.size()) < dpad) sc.zeros.resize(dpad, 0);
+    if (static_cast<int64_t>(sc.qq.size()) < group * dpad) sc.qq.resize(group * dpad);
+    const int64_t w_stride = (ctx + 1) / 2 * 2;
+    if (static_cast<int64_t>(sc.w.size()) < group * w_stride) sc.w.resize(group * w_stride);
+    if (static_cast<int64_t>(sc.unit.size()) < group) {
+      sc.unit.resize(group);
+      sc.qscale.resize(group);
+      sc.qsum.resize(group);
+    }
+    int64_t* offs = sc.offs.data();  // key j's value row (this kv head); its scale sits at soff[j]
+    int64_t* soff = sc.soff.data();
+    const int64_t run = kv.run_bytes();
+    for (int64_t j = 0; j < ctx; j += bs) {
+      const int64_t base = (table[j / bs] * hkv + g) * run;
+      for (int64_t s = 0; s < bs && j + s < ctx; ++s) {
+        offs[j + s] = base + s * d;
+        soff[j + s] = base + bs * d + s * kScaleBytes;
+      }
+    }
+    std::fill(offs + ctx, offs + ctx + kPrefetchKeysI8 + 1, offs[0]);  // prefetches past the end stay in bounds
+
+    const u16* qg = q + r * q_stride + g * group * d;
+    for (int64_t h = 0; h < group; ++h)
+      quantize_query(qg + h * d, d, dpad, sc.qq.data() + h * dpad, &sc.qscale[h], &sc.qsum[h]);
+
+    float* scores = sc.scores.data();
+    // Running max of each head's scores (for the softmax), and whether any was NaN.
+    __m512 smax[kMaxGroup];
+    __mmask16 nan[kMaxGroup] = {};
+    for (int64_t h = 0; h < group; ++h) smax[h] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t j = 0; j < ctx; j += kTile) {
+      const int64_t nk = std::min<int64_t>(kTile, ctx - j);
+      const int8_t* krow[kTile];
+      alignas(64) float kscale[kTile] = {};
+      const __mmask16 mk = low_bits16(nk);
+      if (scales_in_runs) {  // this tile is one block's keys: its scales are 16 floats side by side
+        _mm512_store_ps(kscale, _mm512_maskz_loadu_ps(mk, kv.k + soff[j]));
+        _mm512_mask_storeu_ps(sc.vscale.data() + j, mk, _mm512_maskz_loadu_ps(mk, kv.v + soff[j]));
+      }
+      for (int t = 0; t < kTile; ++t) {
+        if (t >= nk) {
+          krow[t] = sc.zeros.data();
+          continue;
+        }
+        krow[t] = kv.k + offs[j + t];
+        if (!scales_in_runs) {
+          std::memcpy(&kscale[t], kv.k + soff[j + t], sizeof(float));
+          std::memcpy(&sc.vscale[j + t], kv.v + soff[j + t], sizeof(float));
+        }
+        prefetch_row(kv.k + offs[j + t + kPrefetchKeysI8], d);
+      }
+      // The scales sit after their block's rows, off the rows' prefetch stream: unprefetched,
+      // each tile's K and V scales missed to DRAM, and the kernel ran at half of bf16's speed
+      // (4k context, 8 rows, 1 thread: 93 ms against 48).
+      for (const int64_t ahead : {j + kPrefetchKeysI8, j + kPrefetchKeysI8 + kTile - 1}) {
+        const int64_t at = std::min(ahead, ctx - 1);
+        _mm_prefetch(reinterpret_cast<const char*>(kv.k + soff[at]), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(kv.v + soff[at]), _MM_HINT_T0);
+      }
+      const __m512 ks = _mm512_mul_ps(_mm512_load_ps(kscale), _mm512_set1_ps(scale));
+      for (int64_t h = 0; h < group; ++h) {
+        const __m512 dot = _mm512_sub_ps(score_tile_int8(sc.qq.data() + h * dpad, krow, d),
+                                         _mm512_set1_ps(128.0f * static_cast<float>(sc.qsum[h])));
+        const __m512 sv = _mm512_mul_ps(dot, _mm512_mul_ps(ks, _mm512_set1_ps(sc.qscale[h])));
+        _mm512_mask_storeu_ps(scores + h * ctx + j, mk, sv);
+        nan[h] |= _mm512_mask_cmp_ps_mask(mk, sv, sv, _CMP_UNORD_Q);
+        smax[h] = _mm512_mask_max_ps(smax[h], mk, sv, smax[h]);
+      }
+    }
+    for (int64_t h = 0; h < group; ++h) {
+      const float mx = nan[h] ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(smax[h]);
+      sc.unit[h] = pv_weights(scores + h * ctx, sc.vscale.data(), ctx, mx, sc.probs.data(), sc.w.data() + h * w_stride);
+    }
+
+    for (int64_t col = 0; col < d; col += 64) {  // 2 words of 32 columns per pass at most
+      const int64_t width = std::min<int64_t>(64, d - col), nw = (width + 31) / 32;
+      const PvArgsI8 a{sc.w.data(), w_stride, sc.unit.data(), ctx, kv.v + col, sc.zeros.data(), offs, d,
+                       out + r * num_heads * d + g * group * d + col, d, low_bits32(width - 32 * (nw - 1))};
+      const int heads = static_cast<int>(group);
+      if (nw == 1)
+        pv_heads_i8<1>(heads, a);
+      else
+        pv_heads_i8<2>(heads, a);
+    }
+  }
+}
+
+}  // namespace tacit

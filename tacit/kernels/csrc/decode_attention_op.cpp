@@ -1,0 +1,67 @@
+// decode_attention / decode_attention_int8 as a torch op over a layer's whole KV cache tensor,
+// for the kernel tests and `tacit bench attention` (the fused decode step calls the kernels
+// directly).
+#include <torch/extension.h>
+
+#include "decode_attention.h"
+
+namespace tacit {
+
+// q [m, H, D] bf16; kv_cache [2, blocks, block_size, Hkv, D] bf16 or kernels/kv_quant.py's
+// int8 [2, blocks, Hkv, block_size * (D + 4)];
+// positions [m] int64 (the query's index: positions + 1 keys); block_tables [m, B] int64.
+torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor kv_cache, torch::Tensor positions,
+                                     torch::Tensor block_tables, double scale) {
+  TORCH_CHECK(q.scalar_type() == torch::kBFloat16 && q.dim() == 3 && q.is_contiguous(), "q: contiguous [m, H, D] bf16");
+  const bool int8_kv = kv_cache.scalar_type() == torch::kInt8;
+  TORCH_CHECK(kv_cache.dim() == (int8_kv ? 4 : 5) && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
+              "kv_cache: [2, blocks, bs, Hkv, D] bf16 or [2, blocks, Hkv, bs * (D + 4)] int8");
+  TORCH_CHECK(positions.scalar_type() == torch::kLong && block_tables.scalar_type() == torch::kLong,
+              "positions and block_tables must be int64");
+  positions = positions.contiguous();
+  block_tables = block_tables.contiguous();
+  const int64_t m = q.size(0), h = q.size(1), d = q.size(2);
+  const int64_t hkv = int8_kv ? kv_cache.size(2) : kv_cache.size(3);
+  const int64_t bs = int8_kv ? kv_cache.size(3) / (d + 4) : kv_cache.size(2);
+  const int64_t blocks = kv_cache.size(1), width = block_tables.size(1);
+  TORCH_CHECK(h % hkv == 0, "query heads must be a multiple of kv heads");
+  TORCH_CHECK(positions.size(0) == m && block_tables.size(0) == m, "one position and block table per row");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  for (int64_t r = 0; r < m; ++r) {
+    TORCH_CHECK(pos[r] >= 0 && pos[r] / bs < width, "position ", pos[r], " beyond row ", r, "'s block table");
+    for (int64_t b = 0; b <= pos[r] / bs; ++b)
+      TORCH_CHECK(tables[r * width + b] >= 0 && tables[r * width + b] < blocks, "block id outside the cache");
+  }
+  auto out = torch::empty({m, h, d}, q.options());
+  const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
+  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const int64_t half = kv_cache.numel() / 2;
+  if (int8_kv) {
+    TORCH_CHECK(kv_cache.size(3) == bs * (d + 4), "an int8 cache holds block_size x (head_dim + 4) bytes per block and head");
+    const int8_t* c = kv_cache.data_ptr<int8_t>();
+    decode_attention_int8(qp, h * d, pos, tables, width, PagedKVInt8{c, c + half, bs, hkv, d}, h,
+                          static_cast<float>(scale), op, static_cast<int>(m));
+  } else {
+    TORCH_CHECK(kv_cache.scalar_type() == torch::kBFloat16 && kv_cache.size(4) == d, "a bf16 cache row is head_dim values");
+    const auto* c = reinterpret_cast<const uint16_t*>(kv_cache.data_ptr<at::BFloat16>());
+    decode_attention(qp, h * d, pos, tables, width, PagedKV{c, c + half, bs, hkv, d}, h, static_cast<float>(scale),
+                     op, static_cast<int>(m));
+  }
+  return out;
+}
+
+// x [n, d] bf16 -> (int8 [n, d], fp32 [n]): the int8 cache's quantizer, as the fused step runs it.
+std::tuple<torch::Tensor, torch::Tensor> kv_quantize_rows(torch::Tensor x, bool flip_sign) {
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2, "x: [n, d] bf16");
+  x = x.contiguous();
+  const int64_t n = x.size(0), d = x.size(1);
+  auto values = torch::empty({n, d}, torch::dtype(torch::kInt8));
+  auto scales = torch::empty({n}, torch::dtype(torch::kFloat32));
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  for (int64_t r = 0; r < n; ++r)
+    quantize_kv_row(xp + r * d, d, values.data_ptr<int8_t>() + r * d, scales.data_ptr<float>() + r, flip_sign);
+  return {values, scales};
+}
+
+}  // namespace tacit
