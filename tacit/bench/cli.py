@@ -30,6 +30,14 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     lat.add_argument("--json", default=None)
     lat.add_argument("--plot", default=None, help="PNG: decode tok/s against batch size")
     lat.set_defaults(func=cmd_latency)
+    at = bsub.add_parser("attention", help="decode attention alone, per KV cache dtype (C++ kernels)")
+    at.add_argument("--model", default=None, help="whose attention shape (default: the embedded model)")
+    at.add_argument("--context", type=int, default=4096, help="tokens of context per row")
+    at.add_argument("--batch-sizes", default="1,8")
+    at.add_argument("--kv-cache-dtypes", default="bfloat16,int8", help="compared in turn; speedup is against the first")
+    at.add_argument("--repeats", type=int, default=5)
+    at.add_argument("--json", default=None)
+    at.set_defaults(func=cmd_attention)
     tp = bsub.add_parser("throughput", help="offline throughput over N requests")
     EngineArgs.add_cli_args(tp)
     tp.add_argument("--num-prompts", type=int, default=256)
@@ -91,6 +99,19 @@ def cmd_hw(args: argparse.Namespace) -> int:
     print(_table([result]))
     if args.json:
         json.dump(result, open(args.json, "w"), indent=2)
+    return 0
+
+
+def cmd_attention(args: argparse.Namespace) -> int:
+    from tacit.bench.attention import measure_attention
+    from tacit.loader import open_model
+
+    hf = open_model(args.model).hf_config
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    rows = measure_attention(hf, args.context, batch_sizes, args.kv_cache_dtypes.split(","), args.repeats)
+    print(_table(rows))
+    if args.json:
+        json.dump(rows, open(args.json, "w"), indent=2)
     return 0
 
 
