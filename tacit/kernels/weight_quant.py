@@ -90,7 +90,8 @@ def int4_groupwise_params(w: torch.Tensor, group: int) -> tuple[torch.Tensor, to
 
 def _fp16_bytes(x: torch.Tensor) -> torch.Tensor:
     """float16 [...] -> uint8 [..., 2], little-endian as GGML stores it."""
-    return x.contiguous().view(torch.uint8).reshape(*x.shape, 2)
+    # flattened first: a [N, 1] tensor may be "contiguous" with a last stride other than 1
+    return x.contiguous().reshape(-1).view(torch.uint8).reshape(*x.shape, 2)
 
 
 def pack_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:

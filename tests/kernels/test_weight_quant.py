@@ -15,6 +15,7 @@ from tacit.kernels.weight_quant import (
     Q8_0,
     int4_groupwise_params,
     int8_per_channel_params,
+    pack_q4_1,
     quantize_int4_groupwise,
     quantize_int8_per_channel,
 )
@@ -119,3 +120,12 @@ def test_bad_inputs_are_value_errors():
         quantize_int8_per_channel(torch.full((1, 32), 1e7))
     with pytest.raises(ValueError, match="2-D"):
         quantize_int8_per_channel(torch.zeros(32))
+
+
+def test_packing_takes_transposed_one_group_scales():
+    """A [N, 1] view of a [1, N] tensor counts as contiguous with a last stride of N (GPTQ/AWQ
+    scales of one group, transposed): the packer still reads its fp16 bytes in order."""
+    q, d, m = int4_groupwise_params(weights((6, 128)), 128)
+    d_t, m_t = (x.reshape(-1).as_strided((6, 1), (1, 6)) for x in (d, m))
+    assert d_t.stride(-1) != 1
+    assert torch.equal(pack_q4_1(q, d_t, m_t), pack_q4_1(q, d.clone(), m.clone()))
