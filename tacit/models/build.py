@@ -52,6 +52,11 @@ def build_model(
     try:
         with torch.device("meta"):
             model = cls(cfg)
+        if cfg.quantization in HF_QUANTIZATIONS and quantized_weights:
+            raise ValueError(
+                f"quantization={cfg.quantization!r}: int8/int4 quantize an unquantized Hugging Face checkpoint "
+                f"at load; {cfg.path}'s weights are already quantized: use auto|gguf|none"
+            )
         if cfg.quantization in HF_QUANTIZATIONS:
             # Quantized at load: the linear layers become GGML-method layers now, and their
             # tensors are converted one at a time as they stream in (models/quantize_at_load.py).
