@@ -31,6 +31,7 @@ from safetensors import safe_open
 
 from tacit.kernels.ggml_quant import QK, GGMLTensor
 from tacit.kernels.weight_quant import Q4_1, pack_q4_1
+from tacit.loader.safetensors_check import check_safetensors_file
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # bit slot i of a packed int32 holds column 8c + AWQ_ORDER[i]
 _AWQ_UNORDER = tuple(AWQ_ORDER.index(n) for n in range(8))  # column n's bit slot: (0, 4, 1, 5, 2, 6, 3, 7)
@@ -60,6 +61,8 @@ def quant_method(path: Path, config: dict) -> str | None:
         )
     if method == "awq" and str(qc.get("version", "gemm")).lower() != "gemm":
         raise ValueError(f"{where}: AWQ version {qc.get('version')!r} is not supported; tacit loads the gemm layout")
+    if method == "awq" and qc.get("zero_point") is False:
+        raise ValueError(f"{where}: zero_point=false (no qzeros) is not supported; tacit loads asymmetric AWQ")
     return method
 
 
@@ -67,6 +70,7 @@ def quantized_weight_names(files: list[Path]) -> dict[str, int]:
     """{HF weight name: Q4_1} for every layer whose qweight the shards hold (headers only)."""
     out = {}
     for f in files:
+        check_safetensors_file(f)  # a lying or truncated header fails here, naming the file
         with safe_open(str(f), framework="pt") as handle:
             for key in handle.keys():
                 if key.endswith(".qweight"):

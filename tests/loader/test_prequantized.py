@@ -176,6 +176,7 @@ def test_unsupported_settings_are_named(tiny_llama, tmp_path):
         ({"bits": 8}, "bits=8; tacit loads 4-bit gptq checkpoints only"),
         ({"quant_method": "fp8"}, "quant_method 'fp8' is not supported; tacit loads gptq and awq"),
         ({"quant_method": "awq", "version": "gemv"}, "AWQ version 'gemv' is not supported"),
+        ({"quant_method": "awq", "zero_point": False}, "zero_point=false \\(no qzeros\\) is not supported"),
     ]:
         (path / "config.json").write_text(
             json.dumps({**cfg, "quantization_config": {**cfg["quantization_config"], **change}})
