@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from tacit.kernels.kv_quant import KV_CACHE_DTYPES
+from tacit.kernels.weight_quant import INT4_GROUP_SIZES
 from tacit.model_config_checks import check_architecture_numbers
 from tacit.scheduling.policy import POLICIES  # the package import registers every policy
 
@@ -26,12 +27,23 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return _DTYPES[name]
 
 
-QUANTIZATIONS = ("auto", "gguf", "none")
+# auto | gguf | none: what happens to a GGUF's GGML blocks. int8 | int4: a Hugging Face
+# checkpoint's linear weights quantized at load (kernels/weight_quant.py).
+QUANTIZATIONS = ("auto", "gguf", "none", "int8", "int4")
+HF_QUANTIZATIONS = ("int8", "int4")
 
 
-def check_quantization(value: str) -> None:
+def check_quantization(value: str, group_size: int = INT4_GROUP_SIZES[0]) -> None:
     if value not in QUANTIZATIONS:
-        raise ValueError(f"quantization={value!r} is not supported; valid: {', '.join(QUANTIZATIONS)}")
+        raise ValueError(
+            f"quantization={value!r} is not supported; valid: {', '.join(QUANTIZATIONS)} "
+            f"(auto|gguf|none: a GGUF's quantized weights; int8|int4: quantize a Hugging Face checkpoint at load)"
+        )
+    if group_size not in INT4_GROUP_SIZES or isinstance(group_size, bool):
+        raise ValueError(
+            f"quantization_group_size={group_size!r} is not supported; valid: "
+            f"{', '.join(map(str, INT4_GROUP_SIZES))} (values per int4 scale and min)"
+        )
 
 
 def normalize_rope(hf: dict[str, Any]) -> dict[str, Any]:
@@ -64,14 +76,22 @@ class ModelConfig:
     # 0: the model's max_position_embeddings, capped once the KV pool is sized (fit_kv_capacity).
     max_model_len: int = 0
     # GGUF weights in GGML blocks: "auto" keeps them where the CPU kernels run, "gguf" always,
-    # "none" dequantizes them at load (models/build.py keeps_ggml_weights).
+    # "none" dequantizes them at load (models/build.py keeps_ggml_weights). "int8" / "int4"
+    # quantize a Hugging Face checkpoint's linear weights at load (models/quantize_at_load.py).
     quantization: str = "auto"
+    # Values of a row per int4 scale and min (32, 64 or 128); int4 only.
+    quantization_group_size: int = 32
     rope: dict[str, Any] = field(init=False)
     # True when max_model_len came from the model rather than the user: only then is it capped.
     max_model_len_derived: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        check_quantization(self.quantization)
+        check_quantization(self.quantization, self.quantization_group_size)
+        if self.quantization in HF_QUANTIZATIONS and str(self.path).endswith(".gguf"):
+            raise ValueError(
+                f"quantization={self.quantization!r}: int8/int4 quantize a Hugging Face checkpoint at load; "
+                f"a GGUF's weights are already quantized: use auto|gguf|none"
+            )
         check_architecture_numbers(self.path, self.hf)
         hf = dict(self.hf)
         # transformers 5 writes some keys under their attribute-map alias; real checkpoints use the originals.

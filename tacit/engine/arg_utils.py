@@ -97,8 +97,16 @@ class EngineArgs:
     quantization: str = knob(
         _config_default(ModelConfig, "quantization"),
         "model",
-        "auto | gguf | none: a GGUF's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weights stay in their GGML blocks (gguf), "
-        "are dequantized at load (none), or stay where the AVX512 CPU kernels run (auto)",
+        "auto | gguf | none | int8 | int4: a GGUF's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weights stay in their GGML "
+        "blocks (gguf), are dequantized at load (none), or stay where the AVX512 CPU kernels run (auto); "
+        "int8 (per output channel) and int4 (per group, see quantization_group_size) quantize a Hugging Face "
+        "checkpoint's linear weights at load, stored as Q8_0 / Q4_1 blocks (auto leaves it unquantized)",
+    )
+    quantization_group_size: int = knob(
+        _config_default(ModelConfig, "quantization_group_size"),
+        "model",
+        "values of a row per int4 scale and min: 32 | 64 | 128 (int4 only)",
+        type=int,
     )
     seed: int = knob(
         _config_default(EngineConfig, "seed"), "model", "seed of torch's generator at engine start", type=int
@@ -280,7 +288,7 @@ class EngineArgs:
         self.create_cache_config()
         if self.dtype != "auto":
             parse_dtype(self.dtype)
-        check_quantization(self.quantization)
+        check_quantization(self.quantization, self.quantization_group_size)
         self._check_plain_fields()
 
     def _check_plain_fields(self) -> None:
@@ -342,6 +350,7 @@ class EngineArgs:
             eos_token_ids=source.eos_token_ids,
             max_model_len=self.max_model_len or 0,
             quantization=self.quantization,
+            quantization_group_size=self.quantization_group_size,
         )
 
     def create_engine_config(self, source: ModelSource, platform: Platform) -> EngineConfig:

@@ -135,6 +135,15 @@ def weight_data(
     return tensor.data
 
 
+def checkpoint_weight_names(name: str, layer: LinearBase) -> list[str]:
+    """The HF names of the checkpoint tensors a linear layer's weight is loaded from: its own,
+    or one per shard of a merged layer (q/k/v_proj beside qkv_proj)."""
+    if isinstance(layer, MergedLinear):
+        parent = name.rsplit(".", 1)[0]
+        return [f"{parent}.{s}.weight" for s in layer.shard_names]
+    return [f"{name}.weight"]
+
+
 def use_ggml_weights(model: nn.Module, types: dict[str, int], platform: str, dtype: torch.dtype) -> None:
     """Rebuild each linear layer whose checkpoint weights are all GGML blocks of one type for
     that type (before the weights are materialized and loaded). `types`: {HF weight name: GGML
@@ -143,12 +152,7 @@ def use_ggml_weights(model: nn.Module, types: dict[str, int], platform: str, dty
     for name, layer in model.named_modules():
         if not isinstance(layer, LinearBase):
             continue
-        if isinstance(layer, MergedLinear):
-            parent = name.rsplit(".", 1)[0]
-            names = [f"{parent}.{s}.weight" for s in layer.shard_names]
-        else:
-            names = [f"{name}.weight"]
-        found = {types.get(n) for n in names}
+        found = {types.get(n) for n in checkpoint_weight_names(name, layer)}
         if None in found:
             continue
         if len(found) > 1:

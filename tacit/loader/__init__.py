@@ -11,7 +11,8 @@ import torch
 from tacit.kernels.ggml_quant import GGMLTensor
 from tacit.loader.default_model import resolve_default_model
 from tacit.loader.gguf_file import GGUFFile
-from tacit.loader.hf import hf_eos_token_ids, iter_safetensors, read_json
+from tacit.loader.hf import hf_eos_token_ids, iter_safetensors, read_json, safetensors_files
+from tacit.loader.prequantized import converted_weights, quant_method, quantized_weight_names
 from tacit.model_config_checks import check_architecture_numbers
 from tacit.tokenizer import Tokenizer
 
@@ -23,7 +24,8 @@ class ModelSource:
     tokenizer: Tokenizer
     eos_token_ids: list[int]
     weights: Callable[[], Iterator[tuple[str, torch.Tensor | GGMLTensor]]]
-    # {HF weight name: GGML type id} of the weights `weights` yields still quantized (GGUF only).
+    # {HF weight name: GGML type id} of the weights `weights` yields still quantized (a GGUF's
+    # blocks, or a GPTQ / AWQ checkpoint's layers converted to Q4_1).
     quantized_weights: dict[str, int] = field(default_factory=dict)
 
 
@@ -53,6 +55,18 @@ def open_model(model: str | Path | None) -> ModelSource:
     config = read_json(config_file)
     # Before anything reads the config (a list once ended in an AttributeError), naming the file.
     check_architecture_numbers(str(config_file), config)
+    method = quant_method(path, config)
     tok = Tokenizer.from_hf_dir(path)
     eos = hf_eos_token_ids(path, config) or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
-    return ModelSource(path, config, tok, eos, lambda: iter_safetensors(path))
+    if method is None:
+        return ModelSource(path, config, tok, eos, lambda: iter_safetensors(path))
+    # GPTQ / AWQ: each layer's packed 4-bit tensors arrive as one GGMLTensor of Q4_1 blocks,
+    # kept or dequantized as a GGUF's are (--quantization auto | gguf | none).
+    return ModelSource(
+        path,
+        config,
+        tok,
+        eos,
+        lambda: converted_weights(iter_safetensors(path), method, config),
+        quantized_weight_names(safetensors_files(path)),
+    )

@@ -7,10 +7,11 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from tacit.config import ModelConfig
+from tacit.config import HF_QUANTIZATIONS, ModelConfig
 from tacit.kernels.ggml_quant import GGMLTensor
 from tacit.layers.linear import use_ggml_weights
 from tacit.model_config_checks import check_required_sizes
+from tacit.models.quantize_at_load import quantization_plan, quantized_as_loaded
 from tacit.models.registry import get_model_class
 
 
@@ -40,7 +41,8 @@ def build_model(
     free_memory: bytes the device has; a model whose weights exceed it is refused before any
     allocation (hidden_size 1e9 once tried to allocate 196 TB). quantized_weights: {HF name: GGML
     type} of the weights `weights` yields as GGML blocks; their linear layers keep them so when
-    keeps_ggml_weights says."""
+    keeps_ggml_weights says. cfg.quantization int8/int4 quantizes a Hugging Face checkpoint's
+    linear weights as they load instead."""
     cls = get_model_class(cfg.architecture)
     check_required_sizes(cfg.path, cfg.hf)
     tensors = weights()
@@ -50,7 +52,18 @@ def build_model(
     try:
         with torch.device("meta"):
             model = cls(cfg)
-        if quantized_weights and keeps_ggml_weights(cfg, device):
+        if cfg.quantization in HF_QUANTIZATIONS and quantized_weights:
+            raise ValueError(
+                f"quantization={cfg.quantization!r}: int8/int4 quantize an unquantized Hugging Face checkpoint "
+                f"at load; {cfg.path}'s weights are already quantized: use auto|gguf|none"
+            )
+        if cfg.quantization in HF_QUANTIZATIONS:
+            # Quantized at load: the linear layers become GGML-method layers now, and their
+            # tensors are converted one at a time as they stream in (models/quantize_at_load.py).
+            plan = quantization_plan(model, cfg)
+            use_ggml_weights(model, plan, device.type, cfg.dtype)
+            tensors = quantized_as_loaded(tensors, plan, cfg.quantization_group_size)
+        elif quantized_weights and keeps_ggml_weights(cfg, device):
             types = dict(quantized_weights)
             embed = types.get("model.embed_tokens.weight")
             if getattr(model, "tie_word_embeddings", False) and embed is not None:

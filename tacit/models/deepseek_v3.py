@@ -123,6 +123,8 @@ class DeepseekV3MoE(nn.Module):
 
 
 class DeepseekV3ForCausalLM(CausalLM):
+    dense_weight_linears = ("self_attn.kv_b_proj",)  # MLA attention absorbs its weight directly
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         hf = cfg.hf

@@ -133,6 +133,10 @@ class CausalLM(nn.Module):
     """model + lm_head; subclasses build `self.model` and may add weight hooks."""
 
     model: LlamaModel
+    # Suffixes of the linear layers whose weight the model reads itself rather than through
+    # their linear method (a router's F.linear, MLA's absorbed kv_b_proj): --quantization
+    # int8/int4 leaves them in the model's dtype (models/quantize_at_load.py).
+    dense_weight_linears: tuple[str, ...] = ()
 
     def _init_head(self, cfg: ModelConfig) -> None:
         hf = cfg.hf

@@ -44,6 +44,8 @@ class Qwen3MoeSparseBlock(nn.Module):
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
+    dense_weight_linears = ("mlp.gate",)  # the router: F.linear over its weight in Qwen3MoeSparseBlock
+
     def make_mlp(self, cfg: ModelConfig, layer_idx: int) -> nn.Module:
         hf = cfg.hf
         sparse = (

@@ -75,6 +75,19 @@ def test_defaults_are_the_documented_numbers():
     assert "default 512" in helps["long_prefill_token_threshold"] and "default 256" in helps["cut_in_prefill_tokens"]
 
 
+def test_quantization_knobs_are_flags_and_keywords():
+    args = build_parser().parse_args(["serve", "--quantization", "int4", "--quantization-group-size", "64"])
+    a = EngineArgs.from_cli_args(args)
+    assert (a.quantization, a.quantization_group_size) == ("int4", 64)
+    assert (EngineArgs().quantization, EngineArgs().quantization_group_size) == ("auto", 32)
+    a = EngineArgs.from_kwargs(quantization="int8", quantization_group_size=128)
+    assert (a.quantization, a.quantization_group_size) == ("int8", 128)
+    helps = {a.dest: a.help for a in _subparser("generate")._actions}
+    assert "int8 | int4" in helps["quantization"] and "32 | 64 | 128" in helps["quantization_group_size"]
+    with pytest.raises(ValueError, match="quantization_group_size=48 is not supported; valid: 32, 64, 128"):
+        EngineArgs(quantization="int4", quantization_group_size=48).check()
+
+
 def _recipe(tmp_path: Path) -> Path:
     p = tmp_path / "recipe.yaml"
     p.write_text("cache: {block_size: 8}\nscheduler: {policy: priority, max_num_seqs: 3, aging_s: 30}\n")

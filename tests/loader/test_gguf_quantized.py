@@ -89,7 +89,7 @@ def test_torch_reference_keeps_blocks_where_no_kernel_runs(tiny_llama_dir, tmp_p
 
 
 def test_unknown_quantization_is_refused():
-    with pytest.raises(ValueError, match="quantization='q4' is not supported; valid: auto, gguf, none"):
+    with pytest.raises(ValueError, match="quantization='q4' is not supported; valid: auto, gguf, none, int8, int4"):
         LLM(None, quantization="q4")
 
 
