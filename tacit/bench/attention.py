@@ -59,7 +59,9 @@ def measure_attention(
     for m in batch_sizes:
         per_row = -(-context // block_size)
         blocks = m * per_row
-        caches = {name: _caches(shape, parse_kv_cache_dtype(name, torch.bfloat16), blocks, block_size, 0) for name in dtypes}
+        caches = {
+            name: _caches(shape, parse_kv_cache_dtype(name, torch.bfloat16), blocks, block_size, 0) for name in dtypes
+        }
         q = torch.randn(m, shape["num_heads"], shape["head_dim"]).bfloat16()
         positions = torch.full((m,), context - 1, dtype=torch.int64)
         tables = torch.arange(blocks, dtype=torch.int64).view(m, per_row)
