@@ -9,6 +9,13 @@ model's log-probability of the true token (perplexity) and its argmax (top-1 agr
 The reference is loaded, scored and freed before the model is loaded, so only one model is in
 memory at a time; its full distributions are kept (float32, tokens x vocab: 2,048 tokens of
 SmolLM2's 49,152-token vocabulary is 400 MB).
+
+--peer llama.cpp (the model a .gguf file; llama-cpp-python, the optional `bench` extra): after
+the model, llama.cpp loads the same file and scores the same token ids (tacit's tokenization,
+never its own), chunk by chunk from an empty cache, and is compared with the same reference by
+the same `compare`, each chunk reduced as it comes (its distributions are not kept). The result
+is one row per model (tacit, llama.cpp); the JSON's top level is tacit's, with "peers":
+{"llama.cpp": {...}}.
 """
 
 from __future__ import annotations
@@ -17,8 +24,10 @@ import argparse
 import gc
 import json
 import math
+import os
 import sys
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -27,6 +36,7 @@ from tacit.engine.arg_utils import EngineArgs
 
 DEFAULT_MAX_TOKENS = 2048
 DEFAULT_CONTEXT = 1024
+PEERS = ("llama.cpp",)
 
 
 def default_text() -> str:
@@ -71,10 +81,13 @@ class KLDResult:
     ppl_model: float
     delta_ppl: float  # model - reference
     top1_agreement: float  # fraction of tokens where both argmaxes agree
+    # Other engines scored against the same reference on the same ids: {"llama.cpp": result}.
+    peers: dict[str, KLDResult] = field(default_factory=dict)
 
 
-def compare(ref: list[torch.Tensor], model: list[torch.Tensor], chunks: list[list[int]], context: int) -> KLDResult:
-    """ref[i], model[i]: [len(chunks[i]) - 1, vocab] float32 log-softmax rows."""
+def compare(ref: list[torch.Tensor], model: Iterable[torch.Tensor], chunks: list[list[int]], context: int) -> KLDResult:
+    """ref[i], model[i]: [len(chunks[i]) - 1, vocab] float32 log-softmax rows; model may be an
+    iterator (each row block is reduced to per-token numbers as it comes, then dropped)."""
     klds, ref_lp, model_lp, agree = [], [], [], []
     for r, m, c in zip(ref, model, chunks):
         if r.shape != m.shape:
@@ -110,17 +123,38 @@ def _release(llm) -> None:
         torch.cuda.empty_cache()
 
 
+def peer_gguf(peer: str, model: str | None) -> Path:
+    """The .gguf file a peer scores: the model's own; anything else is a ValueError (checked
+    before any model loads, as is llama-cpp-python being installed)."""
+    from tacit.eval.llamacpp_scores import require_llama_cpp
+    from tacit.loader.default_model import resolve_default_model
+
+    if peer not in PEERS:
+        raise ValueError(f"--peer {peer!r}: known peers are {', '.join(PEERS)}")
+    path = resolve_default_model() if model is None else Path(model).expanduser()
+    if not (path.is_file() and path.suffix == ".gguf"):
+        raise ValueError(
+            f"--peer {peer} needs --model to be a .gguf file (llama.cpp scores that same file); {str(path)!r} is not one"
+        )
+    require_llama_cpp()
+    return path
+
+
 def run_kld(
     model_args: EngineArgs,
     reference_args: EngineArgs,
     text: str,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     context: int = DEFAULT_CONTEXT,
+    peer: str | None = None,
 ) -> KLDResult:
+    """The model against the reference; with peer ("llama.cpp"), that engine on the model's GGUF
+    too, in result.peers."""
     from tacit.entrypoints.llm import LLM
 
     if max_tokens < 2:
         raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
+    gguf = peer_gguf(peer, model_args.model) if peer is not None else None
     ref_llm = LLM(engine_args=reference_args)
     ids = ref_llm.get_tokenizer().encode(text)[:max_tokens]
     # A chunk is one request: it must fit the engine's context (which may be capped by its KV cache).
@@ -135,7 +169,16 @@ def run_kld(
         raise ValueError(f"the model's max_model_len {model_llm.engine.max_model_len} is below the context {context}")
     model = model_llm.score_full_logprobs(chunks)
     _release(model_llm)
-    return compare(ref, model, chunks, context)
+    result = compare(ref, model, chunks, context)
+    if gguf is not None:
+        from tacit.eval.llamacpp_scores import iter_llamacpp_full_logprobs
+
+        vocab = model[0].shape[-1]
+        del model
+        threads = len(os.sched_getaffinity(0))
+        scores = iter_llamacpp_full_logprobs(gguf, chunks, context, threads, vocab_size=vocab)
+        result.peers[peer] = compare(ref, scores, chunks, context)
+    return result
 
 
 def _parse_overrides(spec: str) -> dict[str, str]:
@@ -164,6 +207,8 @@ def reference_engine_args(args: argparse.Namespace) -> EngineArgs:
 
 
 def format_result(r: KLDResult) -> str:
+    if r.peers:
+        return format_table(r)
     return "\n".join(
         [
             f"tokens            {r.num_tokens} ({r.num_chunks} chunks of <= {r.context})",
@@ -179,12 +224,38 @@ def format_result(r: KLDResult) -> str:
     )
 
 
+def format_table(r: KLDResult) -> str:
+    """One row per model (tacit, then the peers), against the one reference."""
+    rows = [("tacit", r), *r.peers.items()]
+    width = max(len(name) for name, _ in rows)
+    lines = [
+        f"tokens {r.num_tokens} ({r.num_chunks} chunks of <= {r.context}), PPL reference {r.ppl_reference:.4f}",
+        f"{'model':<{width}}  {'KLD mean':>9}  {'median':>9}  {'p99':>9}  {'max':>9}  {'PPL':>9}  "
+        f"{'delta PPL':>9}  {'top-1':>7}",
+    ]
+    for name, x in rows:
+        lines.append(
+            f"{name:<{width}}  {x.kld_mean:9.6f}  {x.kld_median:9.6f}  {x.kld_p99:9.6f}  {x.kld_max:9.6f}  "
+            f"{x.ppl_model:9.4f}  {x.delta_ppl:+9.4f}  {100 * x.top1_agreement:6.2f}%"
+        )
+    return "\n".join(lines)
+
+
+def result_json(r: KLDResult) -> dict:
+    """tacit's numbers at the top level, each peer's under "peers" (without a "peers" of its own)."""
+    out = asdict(r)
+    for peer in out["peers"].values():
+        del peer["peers"]
+    return out
+
+
 def cmd_kld(args: argparse.Namespace) -> int:
     text = read_text(args.text)
-    result = run_kld(EngineArgs.from_cli_args(args), reference_engine_args(args), text, args.max_tokens, args.context)
+    model_args, reference_args = EngineArgs.from_cli_args(args), reference_engine_args(args)
+    result = run_kld(model_args, reference_args, text, args.max_tokens, args.context, args.peer)
     print(format_result(result))
     if args.json:
-        Path(args.json).write_text(json.dumps(asdict(result), indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(result_json(result), indent=2) + "\n")
         print(f"tacit: wrote {args.json}", file=sys.stderr)
     return 0
 
@@ -204,6 +275,13 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="tokens of the text to use")
     k.add_argument(
         "--context", type=int, default=DEFAULT_CONTEXT, help="chunk length; each chunk scored from its start"
+    )
+    k.add_argument(
+        "--peer",
+        choices=PEERS,
+        default=None,
+        help="also score the same token ids with llama.cpp on the --model .gguf file, against the same reference "
+        "(needs llama-cpp-python: pip install -e '.[bench]')",
     )
     k.add_argument("--json", default=None, help="write the numbers as JSON here")
     k.set_defaults(func=cmd_kld)

@@ -1,10 +1,12 @@
 """`tacit eval kld` on tiny random float32 models: a model against itself, against a perturbed
 copy (checked against transformers' own logits), the full-vocabulary scoring under chunked
-prefill, and the errors a useless text must raise."""
+prefill, the errors a useless text must raise, and llama.cpp as a peer on the same GGUF (those
+tests skip without llama-cpp-python; its errors are tested without it)."""
 
 import copy
 import json
 import shutil
+import sys
 
 import pytest
 import torch
@@ -130,3 +132,74 @@ def test_reference_args_apply_to_the_reference_only(tiny_llama):
     ns.reference_args = "nonsense=1"
     with pytest.raises(ValueError, match="nonsense"):
         reference_engine_args(ns)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tiny_llama, tmp_path_factory):
+    """The tiny llama as an all-float32 GGUF, which llama.cpp and tacit both read."""
+    from tacit.loader.gguf_writer import export_hf_to_gguf
+
+    return export_hf_to_gguf(tiny_llama[2], tmp_path_factory.mktemp("kld_gguf") / "tiny.gguf")
+
+
+def gguf_chunks(path, max_tokens: int, context: int) -> tuple[LLM, list[list[int]]]:
+    llm = LLM(str(path), dtype="float32")
+    return llm, chunk_ids(llm.get_tokenizer().encode(default_text())[:max_tokens], context)
+
+
+def test_llamacpp_scores_match_tacit(tiny_gguf):
+    """llama.cpp on the same float32 GGUF and ids: with an f32 K/V cache its log-probabilities are
+    tacit's to within 1e-4 (measured max |diff| 4e-6); with its default f16 cache, 3e-2 (measured
+    4e-3)."""
+    pytest.importorskip("llama_cpp")
+    from tacit.eval.llamacpp_scores import llamacpp_full_logprobs
+
+    llm, chunks = gguf_chunks(tiny_gguf, 70, 32)
+    assert [len(c) for c in chunks] == [32, 32, 6]
+    expect = llm.score_full_logprobs(chunks)
+    for kv_cache_f32, tol in ((True, 1e-4), (False, 3e-2)):
+        got = llamacpp_full_logprobs(tiny_gguf, chunks, 32, threads=2, kv_cache_f32=kv_cache_f32)
+        assert [g.shape for g in got] == [e.shape for e in expect]
+        assert all(g.dtype == torch.float32 for g in got)
+        diff = max((g - e).abs().max().item() for g, e in zip(got, expect))
+        assert diff < tol, (kv_cache_f32, diff)
+
+
+def test_llamacpp_vocab_mismatch_is_an_error(tiny_gguf):
+    pytest.importorskip("llama_cpp")
+    from tacit.eval.llamacpp_scores import iter_llamacpp_full_logprobs
+
+    with pytest.raises(ValueError, match="vocabulary of 384 tokens.*tacit's logits have 500"):
+        next(iter_llamacpp_full_logprobs(tiny_gguf, [[1, 2, 3]], 32, threads=1, vocab_size=500))
+
+
+def test_cli_llamacpp_peer_row(tiny_gguf, tmp_path, capsys):
+    pytest.importorskip("llama_cpp")
+    out = tmp_path / "kld.json"
+    argv = ["eval", "kld", "--model", str(tiny_gguf), "--dtype", "float32", "--peer", "llama.cpp"]
+    argv += ["--max-tokens", "64", "--context", "32", "--json", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line.split() for line in printed[2:]}
+    assert set(rows) == {"tacit", "llama.cpp"}
+    data = json.loads(out.read_text())
+    assert data["num_tokens"] == 62 and abs(data["kld_mean"]) < 1e-6  # the model against itself
+    peer = data["peers"]["llama.cpp"]
+    assert "peers" not in peer
+    assert peer["num_tokens"] == 62 and peer["ppl_reference"] == data["ppl_reference"]
+    assert 0 <= peer["kld_mean"] < 1e-5 and peer["kld_max"] < 1e-5  # measured 1.7e-7, 9.6e-7 (its f16 K/V cache)
+    assert peer["top1_agreement"] > 0.95
+    assert float(rows["llama.cpp"][1]) == pytest.approx(peer["kld_mean"], abs=1e-6)
+
+
+def test_peer_without_llama_cpp_says_how_to_install(tiny_gguf, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError
+    assert main(["eval", "kld", "--model", str(tiny_gguf), "--peer", "llama.cpp", "--max-tokens", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "--peer llama.cpp needs llama-cpp-python" in err and "pip install -e '.[bench]'" in err
+
+
+def test_peer_on_an_hf_directory_is_an_error(tiny_llama, capsys):
+    assert main(["eval", "kld", "--model", str(tiny_llama[2]), "--peer", "llama.cpp", "--max-tokens", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "--peer llama.cpp needs --model to be a .gguf file" in err and str(tiny_llama[2]) in err
