@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from tacit.bench.scenario import SCENARIOS
 from tacit.bench.workloads import DISTRIBUTIONS
@@ -115,11 +117,21 @@ def cmd_attention(args: argparse.Namespace) -> int:
     return 0
 
 
+def resident_bytes() -> int:
+    """This process's resident set (Linux /proc; 0 elsewhere)."""
+    import os
+
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _setup(args: argparse.Namespace, peers: list[str]):
+def _setup(args: argparse.Namespace, peers: list[str]) -> tuple[Any, list[Any], dict[str, float]]:
     """tacit's engine plus the peers, all on the same weights and dtype. A GGUF that tacit keeps
     in its GGML blocks (--quantization) goes to llama.cpp as it is, so both read the quantized
     bytes; transformers still gets it dequantized (it would dequantize inside every matmul)."""
@@ -138,7 +150,10 @@ def _setup(args: argparse.Namespace, peers: list[str]):
         # bf16 is this CPU's fast path
         dtype="bfloat16" if engine_args.dtype == "auto" else engine_args.dtype,
     )
+    t0 = time.perf_counter()
     engine = LLMEngine(engine_args=engine_args)
+    # Before any peer loads: tacit's own load time and the memory it holds.
+    load = {"load_s": time.perf_counter() - t0, "rss_after_load_mb": resident_bytes() / 1e6}
     path, dtype = engine.source.path, engine.config.model.dtype
     engines = [TacitBench(engine)]
     for peer in peers:
@@ -157,7 +172,7 @@ def _setup(args: argparse.Namespace, peers: list[str]):
             )
             engines.append(LlamaCppBench(path if native else _gguf_for_llamacpp(path, dtype), engine.max_model_len))
     torch.manual_seed(0)
-    return engine, engines
+    return engine, engines, load
 
 
 def _gguf_for_llamacpp(path: Path, dtype) -> Path:
@@ -193,7 +208,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
 
     _log("measuring read bandwidth ...")
     bw = peak_read_bandwidth() / 1e9
-    engine, engines = _setup(args, args.peer)
+    engine, engines, load = _setup(args, args.peer)
     wbytes = latency.weight_bytes(engine.model)
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     rows = latency.run(
@@ -211,10 +226,11 @@ def cmd_latency(args: argparse.Namespace) -> int:
         f"model {engine.source.path.name}, {engine.config.model.dtype}, weights {wbytes / 1e6:.0f} MB, "
         f"peak read bandwidth {bw:.1f} GB/s, input {args.input_len}, output {args.output_len}"
     )
+    print(f"tacit loaded in {load['load_s']:.2f} s; resident memory after load {load['rss_after_load_mb']:.0f} MB")
     print(_table(rows))
     r = latency.ratios(rows, "decode_tok_s", "batch_size")
     _print_ratios(r)
-    _write(args, {"read_GBps": bw, "weight_bytes": wbytes, "rows": rows, "ratios": r})
+    _write(args, {"read_GBps": bw, "weight_bytes": wbytes, **load, "rows": rows, "ratios": r})
     if args.plot:
         from tacit.bench.plot import plot_lines
 
@@ -225,7 +241,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
 def cmd_throughput(args: argparse.Namespace) -> int:
     from tacit.bench import throughput
 
-    engine, engines = _setup(args, args.peer)
+    engine, engines, _ = _setup(args, args.peer)
     rows = throughput.run(
         engines,
         args.num_prompts,

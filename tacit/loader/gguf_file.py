@@ -7,8 +7,8 @@ loads them. Tensors of other quantized types are dequantized here, with a messag
 
 from __future__ import annotations
 
-import math
 import re
+import struct
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from tacit.kernels.ggml_quant import GGML_TYPES, GGMLTensor
+from tacit.loader.gguf_header import GGUFHeader
 from tacit.loader.progress import progress
 from tacit.model_config_checks import SIZE_LIMITS, check_size
 from tacit.tokenizer import Tokenizer
@@ -66,62 +67,33 @@ _QWEN2_SPLIT = (
 )
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
-def _check_tensor_bounds(path: Path, file_size: int, data_offset: int, fields: list[Any]) -> None:
-    """Each tensor's data inside the file. GGUFReader maps every tensor as it opens the file and
-    a truncated one failed with "cannot reshape array of size 1862 into shape (32,64)"."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    for field in fields:
-        _, name_data, _, dims, raw_dtype, offset = field.parts
-        name = bytes(name_data).decode("utf-8", "replace")
-        try:
-            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
-        except (ValueError, KeyError):
-            raise ValueError(f"{path}: tensor {name!r} has an unknown GGML type {int(raw_dtype[0])}") from None
-        start = data_offset + int(offset[0])
-        end = start + math.prod(int(d) for d in dims) * type_size // block
-        if end > file_size:
-            raise ValueError(
-                f"{path}: tensor {name!r} data is bytes [{start}, {end}), past the file's end ({file_size} bytes): "
-                f"the file is truncated or its header is wrong"
-            )
-
-
-def _open_reader(path: Path) -> Any:
-    import gguf
-
-    class CheckedReader(gguf.GGUFReader):
-        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
-            _check_tensor_bounds(path, len(self.data), start_offs, fields)
-            super()._build_tensors(start_offs, fields)
-
+def _open_header(path: Path) -> GGUFHeader:
     try:
-        return CheckedReader(str(path))
+        return GGUFHeader(path)
     except ValueError as e:
         if str(e).startswith(str(path)):
             raise
         raise ValueError(f"{path} is not a readable GGUF file: {e}") from None
-    except Exception as e:  # the gguf package raises bare struct/index errors on bad files
+    except (struct.error, UnicodeDecodeError, OverflowError, MemoryError) as e:
         raise ValueError(f"{path} is not a readable GGUF file: {e}") from None
 
 
 class GGUFFile:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.reader = _open_reader(path)
-        self.arch = _field(self.reader, "general.architecture")
+        self.header = _open_header(path)
+        self.arch = self._field("general.architecture")
         if self.arch not in _ARCHS:
             raise ValueError(
                 f"{path}: GGUF architecture {self.arch!r} is not supported; supported: {', '.join(sorted(_ARCHS))}"
             )
 
+    def _field(self, key: str, default: Any = None) -> Any:
+        value = self.header.fields.get(key)
+        return default if value is None else value
+
     def _meta(self, key: str, default: Any = None) -> Any:
-        return _field(self.reader, f"{self.arch}.{key}", default)
+        return self._field(f"{self.arch}.{key}", default)
 
     def _size(self, key: str, default: int | None = None) -> int:
         """A size from the metadata, checked under its GGUF name (head_count 0 once ended in a
@@ -135,10 +107,10 @@ class GGUFFile:
         return int(value)
 
     def hf_config(self) -> dict[str, Any]:
-        names = {t.name for t in self.reader.tensors}
+        names = {t.name for t in self.header.tensors}
         heads = self._size("attention.head_count")
         hidden = self._size("embedding_length")
-        tokens = self.reader.fields.get("tokenizer.ggml.tokens")
+        tokens = self.header.fields.get("tokenizer.ggml.tokens")
         cfg: dict[str, Any] = {
             "architectures": [_ARCHS[self.arch]],
             "hidden_size": hidden,
@@ -150,7 +122,7 @@ class GGUFFile:
             "max_position_embeddings": self._size("context_length", 2048),
             "rms_norm_eps": float(self._meta("attention.layer_norm_rms_epsilon", 1e-6)),
             "rope_theta": float(self._meta("rope.freq_base", 10000.0)),
-            "vocab_size": self._size("vocab_size", len(tokens.data) if tokens is not None else None),
+            "vocab_size": self._size("vocab_size", len(tokens) if tokens is not None else None),
             "tie_word_embeddings": "output.weight" not in names,
             "attention_bias": "blk.0.attn_q.bias" in names and self.arch == "llama",
         }
@@ -164,7 +136,7 @@ class GGUFFile:
         return cfg
 
     def eos_token_ids(self) -> list[int]:
-        ids = [_field(self.reader, k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
+        ids = [self._field(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
         return sorted({int(i) for i in ids if i is not None})
 
     def _unpermute(self, w: np.ndarray, heads: int) -> np.ndarray:
@@ -185,34 +157,36 @@ class GGUFFile:
         """{HF name: GGML type id} of the 2-D tensors `tensors()` yields as GGMLTensor, read
         from the header alone, so the model can build those layers for their type."""
         out = {}
-        for t in self.reader.tensors:
+        for t in self.header.tensors:
             name = self._hf_name(t.name)
-            if name is not None and int(t.tensor_type) in GGML_TYPES and len(t.shape) == 2:
-                out[name] = int(t.tensor_type)
+            if name is not None and t.ggml_type in GGML_TYPES and len(t.shape) == 2:
+                out[name] = t.ggml_type
         return out
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor | GGMLTensor]]:
+        from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
         cfg = self.hf_config()
         dequantized: dict[str, int] = {}
-        for t in progress(self.reader.tensors, desc=f"loading {self.path.name}"):
+        for t in progress(self.header.tensors, desc=f"loading {self.path.name}"):
             name = self._hf_name(t.name)
             if name is None:
                 continue
-            shape = tuple(int(d) for d in reversed(t.shape))
+            shape, data = t.shape, self.header.data(t)
             qk = self.arch == "llama" and (".attn_q." in t.name or ".attn_k." in t.name)
             heads = cfg["num_attention_heads"] if ".attn_q." in t.name else cfg["num_key_value_heads"]
-            if int(t.tensor_type) in GGML_TYPES and len(shape) == 2:
-                raw = t.data.reshape(shape[0], -1)
+            if t.ggml_type in GGML_TYPES and len(shape) == 2:
+                raw = data.reshape(shape[0], -1)
                 if qk:  # a row permutation: GGML rows are whole blocks, so it moves raw rows as is
                     raw = self._unpermute(raw, heads)
                 # A copy: the file is mapped read-only.
-                yield name, GGMLTensor(torch.from_numpy(np.array(raw)), int(t.tensor_type), shape)
+                yield name, GGMLTensor(torch.from_numpy(np.array(raw)), t.ggml_type, shape)
                 continue
-            if t.tensor_type.name not in ("F32", "F16", "BF16"):
-                dequantized[t.tensor_type.name] = dequantized.get(t.tensor_type.name, 0) + 1
-            arr = dequantize(t.data, t.tensor_type).reshape(shape)
+            qtype = GGMLQuantizationType(t.ggml_type)
+            if qtype.name not in ("F32", "F16", "BF16"):
+                dequantized[qtype.name] = dequantized.get(qtype.name, 0) + 1
+            arr = dequantize(data, qtype).reshape(shape)
             if qk:
                 arr = self._unpermute(arr.reshape(arr.shape[0], -1), heads).reshape(arr.shape)
             yield name, torch.from_numpy(np.array(arr, dtype=np.float32))  # a copy: the file is mapped read-only
@@ -228,16 +202,16 @@ class GGUFFile:
         from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
         from tokenizers import Tokenizer as HFTokenizer
 
-        model = _field(self.reader, "tokenizer.ggml.model")
+        model = self._field("tokenizer.ggml.model")
         if model != "gpt2":
             raise ValueError(
                 f"{self.path}: GGUF tokenizer model {model!r} is not supported yet; supported: gpt2 (byte-level BPE)"
             )
-        tokens = _field(self.reader, "tokenizer.ggml.tokens")
-        types = _field(self.reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
-        merges = [tuple(m.split(" ", 1)) for m in _field(self.reader, "tokenizer.ggml.merges", [])]
+        tokens = self._field("tokenizer.ggml.tokens")
+        types = self._field("tokenizer.ggml.token_type") or [1] * len(tokens)
+        merges = [tuple(m.split(" ", 1)) for m in self._field("tokenizer.ggml.merges", [])]
         tok = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, fuse_unk=False))
-        pre = _field(self.reader, "tokenizer.ggml.pre", "default")
+        pre = self._field("tokenizer.ggml.pre", "default")
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         if pre == "smollm":
             tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
@@ -257,13 +231,13 @@ class GGUFFile:
             [AddedToken(tokens[i], special=False, normalized=False) for i in range(len(tokens)) if types[i] == 4]
         )
         bos_id, eos_id = (
-            _field(self.reader, "tokenizer.ggml.bos_token_id"),
-            _field(self.reader, "tokenizer.ggml.eos_token_id"),
+            self._field("tokenizer.ggml.bos_token_id"),
+            self._field("tokenizer.ggml.eos_token_id"),
         )
         return Tokenizer(
             tok,
-            _field(self.reader, "tokenizer.chat_template"),
+            self._field("tokenizer.chat_template"),
             tokens[bos_id] if bos_id is not None else None,
             tokens[eos_id] if eos_id is not None else None,
-            add_bos_token=bool(_field(self.reader, "tokenizer.ggml.add_bos_token", False)),
+            add_bos_token=bool(self._field("tokenizer.ggml.add_bos_token", False)),
         )

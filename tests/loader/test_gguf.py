@@ -96,3 +96,28 @@ def test_default_model_answers_a_factual_question():
     )
     assert "Paris" in out[0].outputs[0].text
     assert out[0].outputs[0].finish_reason == "stop"
+
+
+def test_header_reader_agrees_with_the_gguf_package(gguf_pair, tmp_path):
+    """tacit's one-pass header parser (loader/gguf_header.py) against gguf.GGUFReader: every
+    field, every tensor's name, type, shape and bytes."""
+    import gguf
+
+    from tacit.loader.gguf_header import GGUFHeader
+
+    _, path = gguf_pair
+    ours, ref = GGUFHeader(path), gguf.GGUFReader(str(path))
+    fields = {k: f for k, f in ref.fields.items() if not k.startswith("GGUF.")}  # the reader's own header entries
+    assert set(ours.fields) == set(fields) and ours.version == ref.fields["GGUF.version"].contents()
+    for key, field in fields.items():
+        want = field.contents()
+        got = ours.fields[key]
+        assert got == pytest.approx(want) if isinstance(want, float) else got == want, key
+    assert [t.name for t in ours.tensors] == [t.name for t in ref.tensors]
+    for t, r in zip(ours.tensors, ref.tensors):
+        assert t.ggml_type == int(r.tensor_type) and t.dims == tuple(int(d) for d in r.shape)
+        assert np.array_equal(np.asarray(ours.data(t)).view(np.uint8), np.asarray(r.data).view(np.uint8))
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[:5000])  # inside the vocabulary
+    with pytest.raises(ValueError, match="GGUF header runs past the file's end"):
+        GGUFHeader(cut)

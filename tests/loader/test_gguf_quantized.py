@@ -126,7 +126,9 @@ def test_tensor_bytes_that_do_not_fit_type_and_shape_are_refused(tmp_path):
     assert struct.unpack_from("<IQ", data, at) == (2, 128)
     struct.pack_into("<Q", data, at + 4, 100)
     (tmp_path / "odd.gguf").write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="row size \\(100\\) is not a multiple of Q8_0 block size \\(32\\)"):
+    with pytest.raises(
+        ValueError, match="tensor .blk.0.ffn_gate.weight. rows of 100 values are not whole 32-value blocks"
+    ):
         GGUFFile(tmp_path / "odd.gguf")
 
 
