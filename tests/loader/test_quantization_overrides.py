@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_hf_quantized import copy_model_dir, ggml_layers, run
+from test_hf_quantized import KERNELS, copy_model_dir, ggml_layers, run
 
 from tacit import LLM
 from tacit.cli import build_parser
 from tacit.config import parse_quantization_overrides
 from tacit.engine.arg_utils import EngineArgs
+from tacit.kernels.cpu_kernels import load_cpu_kernels
 from tacit.kernels.weight_quant import quantize_int4_groupwise, quantize_int8_per_channel
 from tacit.loader.gguf_writer import export_hf_to_gguf
 from tacit.recipe import load_recipe
@@ -226,3 +227,18 @@ def test_recipe_mapping_form(tiny_llama_dir, tmp_path):
     recipe.write_text("model:\n  quantization_overrides: {'*.o_proj': int3}\n")
     with pytest.raises(ValueError, match=r"recipe .*recipe.yaml: quantization_overrides\['\*.o_proj'\]='int3'"):
         load_recipe(recipe)
+
+
+@pytest.mark.skipif(not KERNELS or load_cpu_kernels() is None, reason="no AVX512-BF16 CPU kernels")
+def test_bf16_fused_decoder_runs_mixed_types_with_the_dequantized_tokens(tiny_llama_dir, tmp_path):
+    """The fused decode step takes a GGML type per projection: Q4_1 and Q8_0 layers side by side."""
+    outs, llm = run(tiny_llama_dir, dtype="bfloat16", quantization="int4", quantization_overrides=MIXED)
+    assert set(ggml_layers(llm).values()) == {"Q4_1", "Q8_0"} and ggml_layers(llm)["lm_head"] == "Q8_0"
+    assert llm.engine.runner.fused_decode is not None
+    types = {
+        **dict.fromkeys(("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"), "int4"),
+        **dict.fromkeys(("o_proj", "down_proj", "lm_head"), "int8"),
+    }
+    ref_outs, ref = run(dequantized_as(tiny_llama_dir, tmp_path / "deq", weight_types(types)), dtype="bfloat16")
+    assert ggml_layers(ref) == {}
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref_outs]
