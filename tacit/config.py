@@ -46,6 +46,44 @@ def check_quantization(value: str, group_size: int = INT4_GROUP_SIZES[0]) -> Non
         )
 
 
+# --quantization-overrides: a layer's type, whatever --quantization says (none: the model's dtype).
+QUANTIZATION_OVERRIDE_TYPES = ("none", "int8", "int4")
+
+
+def check_quantization_overrides(overrides: Any) -> None:
+    """{fnmatch pattern over HF module names: none | int8 | int4}; which layers each pattern
+    matches is checked against the model (models/quantize_at_load.py)."""
+    if not isinstance(overrides, dict):
+        raise ValueError(
+            f"quantization_overrides={overrides!r} is invalid: must be a mapping of pattern to type, "
+            f"e.g. {{'*.down_proj': 'int8'}}"
+        )
+    for pattern, qtype in overrides.items():
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"quantization_overrides: pattern {pattern!r} is invalid: must be a non-empty string")
+        if qtype not in QUANTIZATION_OVERRIDE_TYPES:
+            raise ValueError(
+                f"quantization_overrides[{pattern!r}]={qtype!r} is not a type; valid: "
+                f"{', '.join(QUANTIZATION_OVERRIDE_TYPES)}"
+            )
+
+
+def parse_quantization_overrides(spec: str) -> dict[str, str]:
+    """'*.o_proj=int8,lm_head=int8' -> {'*.o_proj': 'int8', 'lm_head': 'int8'}, in order (the
+    CLI's --quantization-overrides)."""
+    overrides: dict[str, str] = {}
+    for pair in filter(None, (p.strip() for p in spec.split(","))):
+        pattern, sep, qtype = pair.rpartition("=")
+        if not sep or not pattern.strip():
+            raise ValueError(
+                f"--quantization-overrides {spec!r} is invalid at {pair!r}; write PATTERN=TYPE pairs separated "
+                f"by commas, e.g. '*.o_proj=int8,*.down_proj=int8,lm_head=int8'"
+            )
+        overrides.setdefault(pattern.strip(), qtype.strip())  # first match wins: a repeat never would
+    check_quantization_overrides(overrides)
+    return overrides
+
+
 def normalize_rope(hf: dict[str, Any]) -> dict[str, Any]:
     """One rope dict whatever the checkpoint's era.
 
@@ -81,6 +119,9 @@ class ModelConfig:
     quantization: str = "auto"
     # Values of a row per int4 scale and min (32, 64 or 128); int4 only.
     quantization_group_size: int = 32
+    # {fnmatch pattern over HF module names: none | int8 | int4}, first match wins: a type per
+    # layer of a Hugging Face checkpoint quantized at load, over `quantization`'s.
+    quantization_overrides: dict[str, str] = field(default_factory=dict)
     rope: dict[str, Any] = field(init=False)
     # True when max_model_len came from the model rather than the user: only then is it capped.
     max_model_len_derived: bool = field(init=False)
@@ -91,6 +132,14 @@ class ModelConfig:
             raise ValueError(
                 f"quantization={self.quantization!r}: int8/int4 quantize a Hugging Face checkpoint at load; "
                 f"a GGUF's weights are already quantized: use auto|gguf|none"
+            )
+        check_quantization_overrides(self.quantization_overrides)
+        # A copy, so the caller's dict (a recipe's, a CLI's) cannot change a built config.
+        object.__setattr__(self, "quantization_overrides", dict(self.quantization_overrides))
+        if self.quantization_overrides and (str(self.path).endswith(".gguf") or self.quantization == "gguf"):
+            raise ValueError(
+                "quantization_overrides apply to a Hugging Face checkpoint quantized at load; a GGUF's tensor "
+                "types are fixed by the file (re-quantize it with llama.cpp's --tensor-type to change them)"
             )
         check_architecture_numbers(self.path, self.hf)
         hf = dict(self.hf)

@@ -20,7 +20,9 @@ from tacit.config import (
     ModelConfig,
     SchedulerConfig,
     check_quantization,
+    check_quantization_overrides,
     parse_dtype,
+    parse_quantization_overrides,
     parse_slo_class,
 )
 
@@ -107,6 +109,19 @@ class EngineArgs:
         "model",
         "values of a row per int4 scale and min: 32 | 64 | 128 (int4 only)",
         type=int,
+    )
+    quantization_overrides: dict[str, str] = knob(
+        _config_default(ModelConfig, "quantization_overrides"),
+        "model",
+        "a type per linear layer of a Hugging Face checkpoint quantized at load, over quantization's: "
+        "{fnmatch pattern over HF module names: none | int8 | int4}, the first matching pattern wins, "
+        "e.g. {'*.o_proj': 'int8', '*.down_proj': 'int8', 'lm_head': 'int8'}",
+        shown="none",
+        from_cli=parse_quantization_overrides,
+        metavar="PATTERN=TYPE,...",
+        cli_help="a type per linear layer of a Hugging Face checkpoint quantized at load, over --quantization's: "
+        "comma-separated PATTERN=TYPE (fnmatch over HF module names; none | int8 | int4; the first match wins), "
+        "e.g. '*.o_proj=int8,*.down_proj=int8,lm_head=int8'",
     )
     seed: int = knob(
         _config_default(EngineConfig, "seed"), "model", "seed of torch's generator at engine start", type=int
@@ -289,6 +304,7 @@ class EngineArgs:
         if self.dtype != "auto":
             parse_dtype(self.dtype)
         check_quantization(self.quantization, self.quantization_group_size)
+        check_quantization_overrides(self.quantization_overrides)
         self._check_plain_fields()
 
     def _check_plain_fields(self) -> None:
@@ -351,6 +367,7 @@ class EngineArgs:
             max_model_len=self.max_model_len or 0,
             quantization=self.quantization,
             quantization_group_size=self.quantization_group_size,
+            quantization_overrides=self.quantization_overrides,
         )
 
     def create_engine_config(self, source: ModelSource, platform: Platform) -> EngineConfig:

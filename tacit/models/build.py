@@ -57,12 +57,18 @@ def build_model(
                 f"quantization={cfg.quantization!r}: int8/int4 quantize an unquantized Hugging Face checkpoint "
                 f"at load; {cfg.path}'s weights are already quantized: use auto|gguf|none"
             )
-        if cfg.quantization in HF_QUANTIZATIONS:
+        if cfg.quantization_overrides and quantized_weights:
+            raise ValueError(
+                f"quantization_overrides apply to an unquantized Hugging Face checkpoint quantized at load; "
+                f"{cfg.path}'s weights are already quantized, their types fixed by the file"
+            )
+        if cfg.quantization in HF_QUANTIZATIONS or cfg.quantization_overrides:
             # Quantized at load: the linear layers become GGML-method layers now, and their
             # tensors are converted one at a time as they stream in (models/quantize_at_load.py).
             plan = quantization_plan(model, cfg)
+            tied_head = getattr(model, "tie_word_embeddings", False) and "lm_head.weight" in plan
             use_ggml_weights(model, plan, device.type, cfg.dtype)
-            tensors = quantized_as_loaded(tensors, plan, cfg.quantization_group_size)
+            tensors = quantized_as_loaded(tensors, plan, cfg.quantization_group_size, tied_head)
         elif quantized_weights and keeps_ggml_weights(cfg, device):
             types = dict(quantized_weights)
             embed = types.get("model.embed_tokens.weight")

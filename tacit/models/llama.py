@@ -193,9 +193,11 @@ class CausalLM(nn.Module):
     def _with_head_from_embedding(
         self, weights: Iterable[tuple[str, torch.Tensor | GGMLTensor]]
     ) -> Iterable[tuple[str, torch.Tensor | GGMLTensor]]:
+        head_given = False  # a head quantized at load comes ahead of the table (quantized_as_loaded)
         for name, tensor in weights:
+            head_given |= name == "lm_head.weight"
             yield name, tensor
-            if name == "model.embed_tokens.weight":
+            if name == "model.embed_tokens.weight" and not head_given:
                 yield "lm_head.weight", tensor
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -15,17 +15,24 @@ Kept in the model's dtype:
   F.linear, DeepSeek's absorbed kv_b_proj);
 - MoE expert weights: FusedMoE holds them as stacked [E, 2I, H] parameters multiplied by the
   MoE kernel, not through LinearBase, so they stay in the model's dtype, with a message.
+
+Mixed precision (--quantization-overrides, as llama.cpp's --tensor-type): {fnmatch pattern over
+HF module names: none | int8 | int4}, the first matching pattern wins, unmatched layers take
+--quantization (none included, to quantize only some layers). lm_head may be overridden (a tied
+head then gets its own blocks, quantized from the embedding table); the layers a model reads
+directly may not, and a pattern that matches no layer is refused rather than ignored.
 """
 
 from __future__ import annotations
 
 import sys
+from fnmatch import fnmatchcase
 from typing import Iterator
 
 import torch
 from torch import nn
 
-from tacit.config import ModelConfig
+from tacit.config import HF_QUANTIZATIONS, ModelConfig
 from tacit.kernels.ggml_quant import QK, GGMLTensor
 from tacit.kernels.weight_quant import (
     INT4_GROUP_SIZES,
@@ -38,55 +45,126 @@ from tacit.layers.linear import LinearBase, checkpoint_weight_names
 from tacit.layers.moe import FusedMoE
 
 _KEPT = ("lm_head",)  # see the module docstring
+_TYPES = {"int8": Q8_0, "int4": Q4_1}
+
+
+def _matches(module: str, pattern: str) -> bool:
+    return fnmatchcase(module, pattern) or fnmatchcase(f"{module}.weight", pattern)
+
+
+def _override_for(module: str, overrides: dict[str, str]) -> tuple[str, str] | None:
+    """(pattern, type) of the first override matching an HF module name."""
+    return next(((p, t) for p, t in overrides.items() if _matches(module, p)), None)
+
+
+def _layer_types(model: nn.Module, cfg: ModelConfig) -> list[tuple[str, LinearBase, str]]:
+    """(module name, layer, none | int8 | int4) of every linear layer: cfg.quantization for the
+    quantized ones (none unless int8/int4), none for the kept ones, unless an override matches
+    one of the layer's HF module names (a merged layer's: its shards', q/k/v_proj)."""
+    base = cfg.quantization if cfg.quantization in HF_QUANTIZATIONS else "none"
+    dense = tuple(getattr(model, "dense_weight_linears", ()))
+    overrides = cfg.quantization_overrides
+    used: set[str] = set()  # patterns that match some layer, first or not
+    hf_names: list[str] = []
+    result = []
+    for name, m in model.named_modules():
+        if not isinstance(m, LinearBase):
+            continue
+        shards = [w.removesuffix(".weight") for w in checkpoint_weight_names(name, m)]
+        hf_names += shards
+        kept = name in _KEPT or name.endswith(_KEPT + dense)
+        qtype = "none" if kept else base
+        used |= {p for p in overrides if any(_matches(s, p) for s in shards)}
+        per_shard = {s: _override_for(s, overrides) for s in shards}
+        hits = [hit for hit in per_shard.values() if hit is not None]
+        if hits:
+            types = {s: hit[1] if hit else qtype for s, hit in per_shard.items()}
+            if len(set(types.values())) > 1:
+                got = ", ".join(f"{s.rsplit('.', 1)[-1]}: {t}" for s, t in types.items())
+                raise ValueError(
+                    f"quantization_overrides: {name} is one merged layer whose shards need one type; got {got}"
+                )
+            pattern, qtype = hits[0]
+            if qtype != "none" and name.endswith(dense):
+                raise ValueError(
+                    f"quantization_overrides: {pattern!r} makes {name} {qtype}, but the model reads this "
+                    f"layer's weight directly (a MoE router, an absorbed MLA projection), so it stays in the "
+                    f"model's dtype; narrow the pattern or put '{name}=none' before it"
+                )
+        result.append((name, m, qtype))
+    unused = [p for p in overrides if p not in used]
+    if unused:
+        shown = ", ".join(hf_names[:6]) + (f" ... ({len(hf_names)} in all)" if len(hf_names) > 6 else "")
+        raise ValueError(
+            f"quantization_overrides: pattern {unused[0]!r} matches no linear layer; patterns are fnmatch "
+            f"patterns over Hugging Face module names such as {shown} (MoE expert weights are not "
+            f"quantized at load)"
+        )
+    return result
+
+
+def _check_groups(layers: list[tuple[str, LinearBase]], qtype: str, group: int) -> None:
+    """A layer whose inputs are not whole groups is a ValueError naming it and the valid sizes."""
+    ragged = [f"{name} ({m.in_features} inputs)" for name, m in layers if m.in_features % group]
+    if not ragged:
+        return
+    shown = ", ".join(ragged[:4]) + (f" and {len(ragged) - 4} more" if len(ragged) > 4 else "")
+    if qtype == "int8":
+        raise ValueError(
+            f"quantization='int8' stores each row as 32-value Q8_0 blocks; {shown}: inputs not a multiple of 32"
+        )
+    fits = [g for g in INT4_GROUP_SIZES if all(m.in_features % g == 0 for _, m in layers)]
+    raise ValueError(
+        f"quantization='int4' with quantization_group_size={group}: {shown}: inputs not a multiple of {group}; "
+        f"valid group sizes: {', '.join(map(str, INT4_GROUP_SIZES))}, one that divides every quantized "
+        f"layer's inputs" + (f" (here: {', '.join(map(str, fits))})" if fits else " (none does here)")
+    )
 
 
 def quantization_plan(model: nn.Module, cfg: ModelConfig) -> dict[str, int]:
-    """{HF weight name: GGML type} of the checkpoint tensors cfg.quantization quantizes, for a
-    model built on the meta device. A layer whose inputs are not whole groups is a ValueError
-    naming it and the valid group sizes, before anything is allocated."""
-    int8 = cfg.quantization == "int8"
-    ggml_type, group = (Q8_0, QK) if int8 else (Q4_1, cfg.quantization_group_size)
-    kept = _KEPT + tuple(getattr(model, "dense_weight_linears", ()))
-    layers = [
-        (name, m)
-        for name, m in model.named_modules()
-        if isinstance(m, LinearBase) and name not in _KEPT and not name.endswith(kept)
-    ]
-    ragged = [f"{name} ({m.in_features} inputs)" for name, m in layers if m.in_features % group]
-    if ragged:
-        shown = ", ".join(ragged[:4]) + (f" and {len(ragged) - 4} more" if len(ragged) > 4 else "")
-        if int8:
-            raise ValueError(
-                f"quantization='int8' stores each row as 32-value Q8_0 blocks; {shown}: inputs not a multiple of 32"
-            )
-        fits = [g for g in INT4_GROUP_SIZES if all(m.in_features % g == 0 for _, m in layers)]
-        raise ValueError(
-            f"quantization='int4' with quantization_group_size={group}: {shown}: inputs not a multiple of {group}; "
-            f"valid group sizes: {', '.join(map(str, INT4_GROUP_SIZES))}, one that divides every quantized "
-            f"layer's inputs" + (f" (here: {', '.join(map(str, fits))})" if fits else " (none does here)")
-        )
+    """{HF weight name: GGML type} of the checkpoint tensors quantized at load, for a model built
+    on the meta device: cfg.quantization's layers, then cfg.quantization_overrides ({fnmatch
+    pattern over HF module names: none | int8 | int4}, the first matching pattern wins). A
+    pattern that matches nothing, an override of a layer the model reads directly and a layer
+    whose inputs are not whole groups are ValueErrors naming them, before anything is allocated."""
+    layers = _layer_types(model, cfg)
+    for qtype, group in (("int8", QK), ("int4", cfg.quantization_group_size)):
+        _check_groups([(name, m) for name, m, t in layers if t == qtype], qtype, group)
     experts = [name for name, m in model.named_modules() if isinstance(m, FusedMoE)]
-    if experts:
+    if experts and any(t != "none" for _, _, t in layers):
         print(
             f"tacit: quantization={cfg.quantization}: MoE expert weights ({len(experts)} FusedMoE layers) "
             f"stay in {str(cfg.dtype).removeprefix('torch.')}; only linear layers are quantized at load",
             file=sys.stderr,
         )
-    return {n: ggml_type for name, m in layers for n in checkpoint_weight_names(name, m)}
+    return {n: _TYPES[t] for name, m, t in layers if t != "none" for n in checkpoint_weight_names(name, m)}
 
 
 def quantized_as_loaded(
-    tensors: Iterator[tuple[str, torch.Tensor | GGMLTensor]], plan: dict[str, int], group: int
+    tensors: Iterator[tuple[str, torch.Tensor | GGMLTensor]],
+    plan: dict[str, int],
+    group: int,
+    head_from_embedding: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor | GGMLTensor]]:
-    """The checkpoint's tensors, those named in `plan` quantized one at a time as they stream by."""
+    """The checkpoint's tensors, those named in `plan` quantized one at a time as they stream by.
+    head_from_embedding: a tied lm_head quantized by an override gets its own blocks, quantized
+    from the embedding table and yielded just before it (CausalLM.load_weights then derives no
+    head); a lm_head.weight the file also stores is the same table and is skipped."""
     for name, tensor in tensors:
+        if head_from_embedding and name == "lm_head.weight":
+            continue
+        if head_from_embedding and name == "model.embed_tokens.weight":
+            yield "lm_head.weight", _quantized("lm_head.weight", tensor, plan["lm_head.weight"], group)
         ggml_type = plan.get(name)
         if ggml_type is not None and isinstance(tensor, torch.Tensor):
-            try:
-                if ggml_type == Q8_0:
-                    tensor = quantize_int8_per_channel(tensor)
-                else:
-                    tensor = quantize_int4_groupwise(tensor, group)
-            except ValueError as e:
-                raise ValueError(f"checkpoint tensor {name!r}: {e}") from None
+            tensor = _quantized(name, tensor, ggml_type, group)
         yield name, tensor
+
+
+def _quantized(name: str, tensor: torch.Tensor, ggml_type: int, group: int) -> GGMLTensor:
+    try:
+        if ggml_type == Q8_0:
+            return quantize_int8_per_channel(tensor)
+        return quantize_int4_groupwise(tensor, group)
+    except ValueError as e:
+        raise ValueError(f"checkpoint tensor {name!r}: {e}") from None
