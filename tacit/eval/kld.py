@@ -194,11 +194,17 @@ def _parse_overrides(spec: str) -> dict[str, str]:
 
 def reference_engine_args(args: argparse.Namespace) -> EngineArgs:
     """The model's flags, with --reference as the model and --reference-args on top (each value
-    converted as its command-line flag would be)."""
+    converted as its command-line flag would be). Setting quantization there also drops the
+    model's --quantization-overrides unless they are set there too."""
     ref = argparse.Namespace(**vars(args))
     ref.model = args.reference if args.reference is not None else args.model
     by_name = {f.name: f for f in fields(EngineArgs)}
-    for key, raw in _parse_overrides(args.reference_args).items():
+    overrides = _parse_overrides(args.reference_args)
+    if "quantization" in overrides and "quantization_overrides" not in overrides:
+        # A reference given its own quantization (usually none) is the model without the
+        # model's per-layer overrides; they would leave it partly quantized.
+        ref.quantization_overrides = ""  # the flag's empty form: no overrides, over any recipe's
+    for key, raw in overrides.items():
         if key not in by_name:
             raise ValueError(f"--reference-args: unknown engine argument {key!r}")
         convert = by_name[key].metadata["type"]

@@ -203,3 +203,24 @@ def test_peer_on_an_hf_directory_is_an_error(tiny_llama, capsys):
     assert main(["eval", "kld", "--model", str(tiny_llama[2]), "--peer", "llama.cpp", "--max-tokens", "64"]) == 2
     err = capsys.readouterr().err
     assert "--peer llama.cpp needs --model to be a .gguf file" in err and str(tiny_llama[2]) in err
+
+
+def test_reference_with_its_own_quantization_drops_the_overrides():
+    import argparse
+
+    from tacit.eval.kld import reference_engine_args
+
+    base = dict(vars(argparse.Namespace()))
+    ns = argparse.Namespace(
+        **base,
+        model="m",
+        reference=None,
+        quantization="int4",
+        quantization_overrides="*.o_proj=int8",
+        reference_args="quantization=none",
+    )
+    ref = reference_engine_args(ns)
+    assert ref.quantization == "none" and ref.quantization_overrides == {}
+    ns.reference_args = "dtype=float32"  # the reference keeps the model's quantization, overrides included
+    ref = reference_engine_args(ns)
+    assert ref.quantization == "int4" and ref.quantization_overrides == {"*.o_proj": "int8"}
