@@ -53,6 +53,8 @@ class DecoderLayerWeights:
 def bind_llama_decoder(
     kernels: ModuleType,
     embed: torch.Tensor,
+    embed_type: int,
+    hidden: int,
     final_norm: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -66,9 +68,12 @@ def bind_llama_decoder(
     layers: list[DecoderLayerWeights],
 ) -> Any:
     """The C++ LlamaDecoder over these tensors (shared, not copied); cos/sin [max_positions, D/2]
-    for every position. Raises ValueError/RuntimeError for a shape the kernel does not take."""
+    for every position; embed bf16 [vocab, hidden] (embed_type BF16) or a GGML type's blocks.
+    Raises ValueError/RuntimeError for a shape the kernel does not take."""
     decoder = kernels.LlamaDecoder(
         embed,
+        embed_type,
+        hidden,
         final_norm,
         cos.contiguous(),
         sin.contiguous(),

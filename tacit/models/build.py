@@ -9,6 +9,8 @@ from torch import nn
 
 from tacit.config import HF_QUANTIZATIONS, ModelConfig
 from tacit.kernels.ggml_quant import GGMLTensor
+from tacit.layers.embedding import GGMLEmbedding
+from tacit.layers.ggml_linear_method import GGMLLinearMethod
 from tacit.layers.linear import use_ggml_weights
 from tacit.model_config_checks import check_required_sizes
 from tacit.models.quantize_at_load import quantization_plan, quantized_as_loaded
@@ -26,6 +28,17 @@ def keeps_ggml_weights(cfg: ModelConfig, device: torch.device) -> bool:
     from tacit.kernels.cpu_kernels import load_cpu_kernels
 
     return load_cpu_kernels() is not None
+
+
+def _same_storage_kind(model: nn.Module) -> bool:
+    """Whether a tied head can share the embedding's tensor: both plain, or both the same GGML
+    type's blocks (a head quantized at load from a plain table has blocks of its own)."""
+    head, table = model.lm_head, model.model.embed_tokens
+    if table.weight.dtype != head.weight.dtype or table.weight.shape != head.weight.shape:
+        return False
+    if isinstance(table, GGMLEmbedding):
+        return isinstance(head.linear_method, GGMLLinearMethod) and head.linear_method.ggml_type == table.ggml_type
+    return True
 
 
 def build_model(
@@ -72,11 +85,16 @@ def build_model(
         elif quantized_weights and keeps_ggml_weights(cfg, device):
             types = dict(quantized_weights)
             embed = types.get("model.embed_tokens.weight")
-            if getattr(model, "tie_word_embeddings", False) and embed is not None:
-                # A tied lm_head keeps the embedding's blocks (its own copy; CausalLM.load_weights
-                # fills it): the default model's Q8_0 head streams 30 MB a token instead of bf16's
-                # 57 MB, and the lookup table stays dequantized.
-                types["lm_head.weight"] = embed
+            if embed is not None:
+                # The table stays in its blocks too, rows dequantized as looked up
+                # (layers/embedding.py), and a tied lm_head shares it: the default model's Q8_0
+                # head streams 30 MB a token instead of bf16's 57 MB, held once.
+                table = model.model.embed_tokens
+                model.model.embed_tokens = GGMLEmbedding.for_type(
+                    embed, table.num_embeddings, table.embedding_dim, device.type, cfg.dtype
+                )
+                if getattr(model, "tie_word_embeddings", False):
+                    types["lm_head.weight"] = embed
             use_ggml_weights(model, types, device.type, cfg.dtype)
     finally:
         torch.set_default_dtype(prev)
@@ -90,7 +108,7 @@ def build_model(
     for module in model.modules():
         if getattr(module, "keep_fp32", False):
             module.float()
-    if getattr(model, "tie_word_embeddings", False) and model.lm_head.weight.dtype != torch.uint8:
+    if getattr(model, "tie_word_embeddings", False) and _same_storage_kind(model):
         # to_empty materializes shared parameters separately; tie them again.
         model.lm_head.weight = model.model.embed_tokens.weight
     model.load_weights(tensors)

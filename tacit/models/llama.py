@@ -20,6 +20,7 @@ from tacit.kernels.cpu_fused_decode import DecoderLayerWeights, bind_llama_decod
 from tacit.kernels.ggml_quant import BF16, GGMLTensor
 from tacit.kernels.torch_attention import TorchAttentionBackend
 from tacit.layers.attention import Attention
+from tacit.layers.embedding import GGMLEmbedding
 from tacit.layers.ggml_linear_method import GGMLLinearMethod
 from tacit.layers.linear import Linear, MergedLinear
 from tacit.layers.norm import RMSNorm
@@ -249,6 +250,7 @@ class LlamaForCausalLM(CausalLM):
             if cache is None or cache.dtype not in (torch.bfloat16, torch.int8) or cache.device.type != "cpu":
                 return f"layer {i} has no bf16 or int8 CPU KV cache"
         ggml = {id(m.weight) for m in self.modules() if isinstance(getattr(m, "linear_method", None), GGMLLinearMethod)}
+        ggml |= {id(m.weight) for m in self.modules() if isinstance(m, GGMLEmbedding)}
         if any(p.dtype != torch.bfloat16 for p in self.parameters() if id(p) not in ggml):
             return "weights are not bf16"
         return None
@@ -305,9 +307,12 @@ class LlamaForCausalLM(CausalLM):
             for layer in layers
             for a in [layer.self_attn]
         ]
+        table = lm.embed_tokens
         return bind_llama_decoder(
             kernels,
-            lm.embed_tokens.weight.data,
+            table.weight.data,
+            table.ggml_type if isinstance(table, GGMLEmbedding) else BF16,
+            lm.norm.weight.shape[0],
             lm.norm.weight.data,
             cos,
             sin,

@@ -16,6 +16,8 @@ import torch
 
 from tacit import LLM, SamplingParams
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
+from tacit.kernels.ggml_quant import GGML_TYPES
+from tacit.layers.embedding import GGMLEmbedding
 from tacit.layers.ggml_linear_method import GGMLLinearMethod
 from tacit.loader.gguf_file import GGUFFile
 from tacit.loader.gguf_writer import export_hf_to_gguf
@@ -56,7 +58,8 @@ def test_native_weights_give_the_dequantized_tokens(tiny_llama_dir, tmp_path, gg
     # qkv, o, gate_up, down in each of 2 layers, and the (untied) lm_head
     assert len(layers) == 2 * 4 + 1 and set(layers.values()) == {ggml_type} and "lm_head" in layers
     assert llm.engine.runner.fused_decode is not None
-    assert llm.engine.model.model.embed_tokens.weight.dtype.is_floating_point  # embeddings: dequantized
+    table = llm.engine.model.model.embed_tokens  # the embedding table stays in its blocks too
+    assert isinstance(table, GGMLEmbedding) and GGML_TYPES[table.ggml_type].name == ggml_type
     dequantized, ref = greedy(path, dtype="bfloat16", quantization="none")
     assert ggml_layers(ref) == {}
     assert native == dequantized
@@ -135,11 +138,13 @@ def test_tensor_bytes_that_do_not_fit_type_and_shape_are_refused(tmp_path):
 @pytest.mark.skipif(not KERNELS, reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set")
 def test_tied_head_keeps_the_embedding_blocks(tiny_model_factory, tmp_path):
     """Tied embeddings (llama3 tiny: also attention bias): the head multiplies by the Q8_0
-    token_embd blocks, the lookup table is dequantized, and the tokens are unchanged."""
+    token_embd blocks, the lookup table is the very same tensor (held once), and the tokens
+    are unchanged."""
     path = export(tiny_model_factory("llama3")[2], tmp_path, {"": "Q4_1", "token_embd.weight": "Q8_0"})
     native, llm = greedy(path, dtype="bfloat16")
     model = llm.engine.model
-    assert ggml_layers(llm)["lm_head"] == "Q8_0" and model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert ggml_layers(llm)["lm_head"] == "Q8_0" and isinstance(model.model.embed_tokens, GGMLEmbedding)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
     assert native == greedy(path, dtype="bfloat16", quantization="none")[0]
 
 

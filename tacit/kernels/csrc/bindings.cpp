@@ -18,8 +18,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("kv_quantize_rows", &tacit::kv_quantize_rows, "the int8 KV cache's row quantizer (kernels/kv_quant.py)");
   pybind11::class_<tacit::LlamaDecoder>(m, "LlamaDecoder")
-      .def(pybind11::init<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor, int64_t, int64_t, int64_t,
-                          int64_t, double, double, int64_t>())
+      .def(pybind11::init<torch::Tensor, int64_t, int64_t, torch::Tensor, torch::Tensor, torch::Tensor, int64_t,
+                          int64_t, int64_t, int64_t, double, double, int64_t>())
       .def("add_layer", &tacit::LlamaDecoder::add_layer)
       .def("forward", &tacit::LlamaDecoder::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("embed", &tacit::LlamaDecoder::embed)

@@ -159,15 +159,17 @@ torch::Tensor checked_weight(const torch::Tensor& t, int64_t type, const char* w
 
 }  // namespace
 
-LlamaDecoder::LlamaDecoder(torch::Tensor embed, torch::Tensor final_norm, torch::Tensor cos_table,
-                           torch::Tensor sin_table, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
-                           int64_t intermediate, double eps, double scale, int64_t block_size)
+LlamaDecoder::LlamaDecoder(torch::Tensor embed, int64_t embed_type, int64_t hidden, torch::Tensor final_norm,
+                           torch::Tensor cos_table, torch::Tensor sin_table, int64_t num_heads, int64_t num_kv_heads,
+                           int64_t head_dim, int64_t intermediate, double eps, double scale, int64_t block_size)
     : num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim), intermediate_(intermediate),
       block_size_(block_size), eps_(static_cast<float>(eps)), scale_(static_cast<float>(scale)) {
   TORCH_CHECK(num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads");
   TORCH_CHECK(head_dim % 2 == 0, "head_dim must be even for rotary");
-  hidden_ = embed.size(1);
-  embed_ = checked(embed, "embed_tokens", {embed.size(0), hidden_});
+  hidden_ = hidden;
+  embed_type_ = static_cast<int>(embed_type);
+  // bf16 [vocab, hidden], or a GGML type's blocks (layers/embedding.py), rows dequantized in embed().
+  embed_ = checked_weight(embed, embed_type, "embed_tokens", embed.size(0), hidden_);
   final_norm_ = checked(final_norm, "norm", {hidden_});
   max_positions_ = cos_table.size(0);
   cos_ = checked(cos_table, "cos table", {max_positions_, head_dim / 2});
@@ -239,11 +241,14 @@ torch::Tensor LlamaDecoder::embed(torch::Tensor token_ids) const {
   const int64_t* tok = token_ids.data_ptr<int64_t>();
   auto x = torch::empty({m, h}, torch::dtype(torch::kBFloat16));
   u16* out = reinterpret_cast<u16*>(x.data_ptr<at::BFloat16>());
-  const u16* table = bf16_ptr(embed_);
-  for (int64_t r = 0; r < m; ++r) {
+  for (int64_t r = 0; r < m; ++r)
     TORCH_CHECK(tok[r] >= 0 && tok[r] < embed_.size(0), "token id ", tok[r], " out of range");
-    std::memcpy(out + r * h, table + tok[r] * h, h * sizeof(u16));
+  if (embed_type_ != kBf16) {  // the looked-up rows dequantized as the whole table would be
+    x.copy_(ggml_dequantize(embed_.index_select(0, token_ids), embed_type_, h));
+    return x;
   }
+  const u16* table = bf16_ptr(embed_);
+  for (int64_t r = 0; r < m; ++r) std::memcpy(out + r * h, table + tok[r] * h, h * sizeof(u16));
   return x;
 }
 

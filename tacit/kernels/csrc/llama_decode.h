@@ -19,9 +19,10 @@ struct LlamaLayerWeights {
 
 class LlamaDecoder {
  public:
-  LlamaDecoder(torch::Tensor embed, torch::Tensor final_norm, torch::Tensor cos_table, torch::Tensor sin_table,
-               int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t intermediate, double eps,
-               double scale, int64_t block_size);
+  // embed: bf16 [vocab, hidden] (embed_type kBf16) or a GGML type's uint8 blocks.
+  LlamaDecoder(torch::Tensor embed, int64_t embed_type, int64_t hidden, torch::Tensor final_norm,
+               torch::Tensor cos_table, torch::Tensor sin_table, int64_t num_heads, int64_t num_kv_heads,
+               int64_t head_dim, int64_t intermediate, double eps, double scale, int64_t block_size);
   void add_layer(torch::Tensor input_norm, torch::Tensor qkv, std::optional<torch::Tensor> qkv_bias,
                  std::optional<torch::Tensor> q_norm, std::optional<torch::Tensor> k_norm, torch::Tensor o_proj,
                  std::optional<torch::Tensor> o_bias, torch::Tensor post_norm, torch::Tensor gate_up,
@@ -42,6 +43,7 @@ class LlamaDecoder {
 
   torch::Tensor embed_, final_norm_, cos_, sin_;
   int64_t hidden_, num_heads_, num_kv_heads_, head_dim_, intermediate_, block_size_, max_positions_;
+  int embed_type_;
   float eps_, scale_;
   std::vector<LlamaLayerWeights> layers_;
 };
