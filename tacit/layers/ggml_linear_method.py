@@ -4,9 +4,9 @@ Chosen per layer from the type of the checkpoint tensor it loads (use_ggml_weigh
 layers/linear.py), not per model: a GGUF file may mix types. The weight is the file's bytes,
 uint8 [out, in / 32 * block_bytes], rows stacked for merged layers. Decode (1-8 rows) runs
 kernels/csrc/ggml_gemv.cpp, which dequantizes each 32-value block to bf16 in registers and
-streams the Q4_1 weight at 20 bytes per 32 values instead of bf16's 64. More rows (prefill)
-dequantize the whole matrix to the activations' dtype, then multiply as the unquantized
-method does. Without the CPU kernels (no AVX512-BF16, float32, another platform) the torch
+streams the Q4_1 weight at 20 bytes per 32 values instead of bf16's 64; 9-32 rows take it 8
+rows a pass. More rows (prefill) dequantize the whole matrix to the activations' dtype, then
+multiply as the unquantized method does. Without the CPU kernels (no AVX512-BF16, float32, another platform) the torch
 reference dequantizes; it is what the kernels are tested against.
 """
 
@@ -21,6 +21,9 @@ from tacit.kernels.ggml_quant import GGML_TYPES, dequantize, row_bytes
 from tacit.layers.linear_method import LinearMethod, dense_matmul
 
 _KERNEL_ROWS = 8  # kernels/csrc/ggml_gemv.cpp: 1-8 activation rows per weight pass (kMaxSkinnyRows)
+# Up to 32 rows, 8 rows a pass over the blocks beats dequantizing the matrix for oneDNN
+# (kGgmlChunkedRows in csrc/llama_decode.cpp, measured there).
+_CHUNKED_ROWS = 32
 
 
 class GGMLLinearMethod(LinearMethod):
@@ -68,7 +71,12 @@ class GGMLLinearMethod(LinearMethod):
         return dequantize(layer.weight, self.ggml_type, layer.in_features).to(dtype)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self.kernels is not None and x.dim() == 2 and x.shape[0] <= _KERNEL_ROWS and x.dtype == torch.bfloat16:
-            out = self.kernels.gemm_ggml_skinny(layer.weight, self.ggml_type, x.contiguous())
+        if self.kernels is not None and x.dim() == 2 and x.shape[0] <= _CHUNKED_ROWS and x.dtype == torch.bfloat16:
+            x = x.contiguous()
+            parts = [
+                self.kernels.gemm_ggml_skinny(layer.weight, self.ggml_type, x[i : i + _KERNEL_ROWS])
+                for i in range(0, x.shape[0], _KERNEL_ROWS)
+            ]
+            out = parts[0] if len(parts) == 1 else torch.cat(parts)
             return out + bias if bias is not None else out
         return dense_matmul(self.dequantized(layer, x.dtype), x, bias)
