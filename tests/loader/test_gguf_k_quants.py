@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_gguf_quantized import ggml_layers
 
 from tacit import LLM, SamplingParams
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16, load_cpu_kernels
 from tacit.kernels.ggml_quant import GGML_TYPES
-from tacit.layers.ggml_linear_method import GGMLLinearMethod
 from tacit.loader.gguf_writer import export_hf_to_gguf
 
 KERNELS = cpu_supports_avx512_bf16() and not os.environ.get("TACIT_NO_CPU_KERNELS")
@@ -95,14 +95,6 @@ def tiny_256_dir(tiny_model_factory):
 def greedy(path: Path, **kwargs) -> tuple[list[list[int]], LLM]:
     llm = LLM(str(path), **kwargs)
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)], llm
-
-
-def ggml_layers(llm: LLM) -> dict[str, str]:
-    return {
-        name: m.linear_method.type_name
-        for name, m in llm.engine.model.named_modules()
-        if isinstance(getattr(m, "linear_method", None), GGMLLinearMethod)
-    }
 
 
 K_QUANTS = ["Q4_K", "Q5_K", "Q6_K"]

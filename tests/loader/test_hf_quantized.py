@@ -34,6 +34,15 @@ def tiny_llama_dir(tiny_model_factory):
     return tiny_model_factory("llama")[2]
 
 
+def assert_same_tokens_and_logprobs(outs: list, ref_outs: list, tol: float = 1e-4) -> None:
+    """Greedy tokens equal, and every returned logprob within tol."""
+    for o, r in zip(outs, ref_outs):
+        assert o.outputs[0].token_ids == r.outputs[0].token_ids
+        for got, want in zip(o.outputs[0].logprobs, r.outputs[0].logprobs):
+            assert got.keys() == want.keys()
+            assert all(abs(got[t].logprob - want[t].logprob) < tol for t in got)
+
+
 def ggml_layers(llm: LLM) -> dict[str, str]:
     return {
         name: m.linear_method.type_name
@@ -81,11 +90,7 @@ def test_linear_layers_run_exactly_their_own_quantization(tiny_llama_dir, tmp_pa
     assert model.model.layers[0].input_layernorm.weight.dtype == torch.float32
     ref_outs, ref = run(dequantized_dir(tiny_llama_dir, tmp_path / "deq", quantization, group), dtype="float32")
     assert ggml_layers(ref) == {}
-    for o, r in zip(outs, ref_outs):
-        assert o.outputs[0].token_ids == r.outputs[0].token_ids
-        for got, want in zip(o.outputs[0].logprobs, r.outputs[0].logprobs):
-            assert got.keys() == want.keys()
-            assert all(abs(got[t].logprob - want[t].logprob) < 1e-4 for t in got)
+    assert_same_tokens_and_logprobs(outs, ref_outs)
     # and the quantization changed something: int4 moves the logprobs of the unquantized model
     if quantization == "int4":
         plain = run(tiny_llama_dir, dtype="float32")[0]

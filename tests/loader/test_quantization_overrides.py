@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_hf_quantized import KERNELS, copy_model_dir, ggml_layers, run
+from test_hf_quantized import KERNELS, assert_same_tokens_and_logprobs, copy_model_dir, ggml_layers, run
 
 from tacit import LLM
 from tacit.cli import build_parser
@@ -104,11 +104,7 @@ def test_mixed_layers_run_exactly_their_own_quantization(
     assert ("model.layers.1.self_attn.o_proj" in layers) == ("o_proj" in layer_types)
     ref_outs, ref = run(dequantized_as(tiny_llama_dir, tmp_path / "deq", weight_types(layer_types)), dtype="float32")
     assert ggml_layers(ref) == {}
-    for o, r in zip(outs, ref_outs):
-        assert o.outputs[0].token_ids == r.outputs[0].token_ids
-        for got, want in zip(o.outputs[0].logprobs, r.outputs[0].logprobs):
-            assert got.keys() == want.keys()
-            assert all(abs(got[t].logprob - want[t].logprob) < 1e-4 for t in got)
+    assert_same_tokens_and_logprobs(outs, ref_outs)
 
 
 def test_tied_head_override_gets_its_own_blocks_of_the_table(tiny_model_factory):

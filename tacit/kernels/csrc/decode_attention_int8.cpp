@@ -43,25 +43,13 @@ constexpr int64_t kScaleBytes = 4;
 constexpr int kPrefetchKeysI8 = 128;
 constexpr int64_t kMaxGroup = 16;  // query heads per kv head (Llama-3-70B: 8; Qwen2.5-7B: 7)
 
-// One query head -> int8 (zero-padded to dpad), its scale and the sum of its int8 values.
+// One query head -> int8 (zero-padded to dpad), its scale and the sum of its int8 values: the
+// cache's own row quantizer (quantize_kv_row, below), then the padding and the sum.
 void quantize_query(const u16* q, int64_t d, int64_t dpad, int8_t* out, float* scale, int32_t* sum) {
-  float amax = 0.0f;
-  bool nan = false;
-  for (int64_t i = 0; i < d; ++i) {
-    const float v = bf16_to_float(q[i]);
-    nan |= std::isnan(v);
-    amax = std::max(amax, std::fabs(v));
-  }
-  const float s = nan ? std::numeric_limits<float>::quiet_NaN() : amax / 127.0f;
-  const float div = (s == 0.0f || nan) ? 1.0f : s;
+  quantize_kv_row(q, d, out, scale, false);
+  std::fill(out + d, out + dpad, 0);
   int32_t total = 0;
-  for (int64_t i = 0; i < dpad; ++i) {
-    const float v = i < d ? std::nearbyint(bf16_to_float(q[i]) / div) : 0.0f;
-    const int8_t c = static_cast<int8_t>(std::isnan(v) ? 0.0f : std::min(127.0f, std::max(-127.0f, v)));
-    out[i] = c;
-    total += c;
-  }
-  *scale = s;
+  for (int64_t i = 0; i < d; ++i) total += out[i];
   *sum = total;
 }
 
