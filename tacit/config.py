@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from tacit.kernels.kv_quant import KV_CACHE_DTYPES
+from tacit.kernels.kv_quant import parse_kv_cache_dtype
 from tacit.kernels.weight_quant import INT4_GROUP_SIZES
 from tacit.model_config_checks import check_architecture_numbers
 from tacit.scheduling.policy import POLICIES  # the package import registers every policy
@@ -196,10 +196,7 @@ class CacheConfig:
     cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(
-                f"kv_cache_dtype={self.cache_dtype!r} is not supported; valid: {', '.join(KV_CACHE_DTYPES)}"
-            )
+        parse_kv_cache_dtype(self.cache_dtype, torch.float32)  # refuses an unknown one, naming the valid
         if not isinstance(self.block_size, int) or self.block_size < 1:
             raise ValueError(f"block_size={self.block_size!r} is invalid: must be an integer >= 1")
         if self.num_kv_blocks is not None and (not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1):

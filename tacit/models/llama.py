@@ -212,6 +212,10 @@ class CausalLM(nn.Module):
                 check(name)
 
 
+# csrc/decode_attention_int8.cpp's kMaxGroup: query heads per kv head it keeps in registers.
+_INT8_KV_MAX_GROUP = 16
+
+
 class LlamaForCausalLM(CausalLM):
     qkv_bias_default = False
     qk_norm = False
@@ -249,6 +253,8 @@ class LlamaForCausalLM(CausalLM):
             cache = attn.attn.kv_cache
             if cache is None or cache.dtype not in (torch.bfloat16, torch.int8) or cache.device.type != "cpu":
                 return f"layer {i} has no bf16 or int8 CPU KV cache"
+            if cache.dtype == torch.int8 and attn.num_heads // attn.num_kv_heads > _INT8_KV_MAX_GROUP:
+                return f"more than {_INT8_KV_MAX_GROUP} query heads per kv head over an int8 KV cache"
         ggml = {id(m.weight) for m in self.modules() if isinstance(getattr(m, "linear_method", None), GGMLLinearMethod)}
         ggml |= {id(m.weight) for m in self.modules() if isinstance(m, GGMLEmbedding)}
         if any(p.dtype != torch.bfloat16 for p in self.parameters() if id(p) not in ggml):
