@@ -81,7 +81,7 @@ float softmax_rounded(const float* s, u16* p, int64_t n) {
   __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __mmask16 nan = 0;
   for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = n - j >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - j)) - 1u);
+    const __mmask16 m = low_bits16(n - j);
     const __m512 v = _mm512_mask_loadu_ps(vmax, m, s + j);
     nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     vmax = _mm512_max_ps(vmax, v);
@@ -90,7 +90,7 @@ float softmax_rounded(const float* s, u16* p, int64_t n) {
   const __m512 vmx = _mm512_set1_ps(mx);
   __m512 vsum = _mm512_setzero_ps();
   for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = n - j >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - j)) - 1u);
+    const __mmask16 m = low_bits16(n - j);
     const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s + j), vmx));
     vsum = _mm512_mask_add_ps(vsum, m, vsum, e);
     _mm512_mask_storeu_epi16(p + j, m, _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(e)));
