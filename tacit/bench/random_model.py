@@ -26,6 +26,53 @@ SHAPES = {
         tie_word_embeddings=True,
         max_position_embeddings=4096,
     ),
+    # Qwen3-30B-A3B's proportions (128 experts, top-8, expert width 0.375x hidden, 16:2 GQA with
+    # 128-wide heads) at 1.0B parameters, 1.9 GB in bf16; 118M active per token (236 MB).
+    "qwen3-moe-2b": dict(
+        arch="Qwen3MoeConfig",
+        hidden_size=1024,
+        num_hidden_layers=6,
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=128,
+        intermediate_size=3072,
+        moe_intermediate_size=384,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        vocab_size=32000,
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+    ),
+    # DeepSeek-V3's attention (MLA with V3's kv_lora_rank 512 + rope 64: 576 latent values a token)
+    # and routing (sigmoid scores, 8 groups, top-4 groups, top-8 of 128 experts, one shared
+    # expert, the first layer dense) at 0.84B parameters, 1.7 GB in bf16.
+    "deepseek-v3-1b": dict(
+        arch="DeepseekV3Config",
+        hidden_size=1024,
+        num_hidden_layers=6,
+        first_k_dense_replace=1,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        q_lora_rank=384,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+        intermediate_size=2048,
+        moe_intermediate_size=384,
+        n_routed_experts=128,
+        n_shared_experts=1,
+        num_experts_per_tok=8,
+        n_group=8,
+        topk_group=4,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+        max_position_embeddings=4096,
+    ),
 }
 
 
