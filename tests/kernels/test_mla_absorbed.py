@@ -18,9 +18,11 @@ from tacit.kernels import absorbed_mla_attention as absorbed
 from tacit.kernels.absorbed_mla_attention import (
     AbsorbedMLAAttentionBackend,
     absorbed_weights,
+    decode_kernel,
     mla_costs,
     prefers_absorbed,
 )
+from tacit.kernels.cpu_kernels import load_cpu_kernels
 from tacit.kernels.kv_quant import pack_rows
 from tacit.kernels.torch_mla_attention import MLADims, TorchMLAAttentionBackend
 
@@ -160,3 +162,19 @@ def test_tiny_deepseek_selects_absorbed_and_takes_both_paths(tiny_model_factory,
     assert isinstance(llm.engine.runner.attn_backend, AbsorbedMLAAttentionBackend)
     llm.generate([list(range(3, 303))], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
     assert "absorbed_attend" in taken and "naive_attend" in taken
+
+
+@pytest.mark.skipif(load_cpu_kernels() is None, reason="needs the AVX512-BF16 CPU kernels")
+@pytest.mark.parametrize("step", [DECODE, [(299, 1)], MIXED], ids=["decode", "one_row", "mixed"])
+def test_latent_decode_kernel_matches_torch_absorbed(always_absorbed, monkeypatch, step):
+    """csrc's in-place latent decode against the torch absorbed path, bf16. Widths 48 + 8 leave
+    masked tails in every loop; one row alone splits its heads across threads."""
+    used = []
+    monkeypatch.setattr(absorbed, "decode_kernel", lambda *a: used.append(decode_kernel(*a)) or used[-1])
+    got = run(AbsorbedMLAAttentionBackend(), step, torch.bfloat16, dtype=torch.bfloat16)
+    assert any(k is not None for k in used), "the kernel never ran"
+    monkeypatch.setattr(absorbed, "decode_kernel", lambda *a: None)
+    want = run(AbsorbedMLAAttentionBackend(), step, torch.bfloat16, dtype=torch.bfloat16)
+    # Both read the same bf16 rows and score in fp32; the kernel rounds probabilities to bf16
+    # before weighting the latents (as torch's CPU SDPA does), the torch path keeps fp32.
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
