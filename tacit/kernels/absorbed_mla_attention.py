@@ -96,7 +96,8 @@ def absorbed_weights(kv_b_proj: torch.Tensor, dims: MLADims) -> tuple[torch.Tens
     (128 heads x 1 token, one thread: 3.9 and 11.1 ms against 1.0 and 0.8 ms). The price is a
     second kv_b_proj per layer (V3: 34 MB, 2 GB over its 61 layers)."""
     key = id(kv_b_proj)
-    version = (kv_b_proj._version, kv_b_proj.data_ptr())
+    # A tensor made under torch.inference_mode keeps no version counter (reading it raises).
+    version = (-1 if kv_b_proj.is_inference() else kv_b_proj._version, kv_b_proj.data_ptr())
     s = _SPLITS.get(key)
     if s is None or s.ref() is not kv_b_proj or s.version != version:
         w = kv_b_proj.detach().view(dims.heads, dims.nope + dims.v, dims.rank)

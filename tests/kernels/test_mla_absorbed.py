@@ -148,6 +148,9 @@ def test_split_weights_cached_and_refreshed():
     del other
     gc.collect()
     assert key not in absorbed._SPLITS  # a freed weight's split goes with it
+    with torch.inference_mode():  # such tensors have no version counter
+        frozen = torch.randn(HEADS * (NOPE + VDIM), RANK)
+    assert torch.equal(absorbed_weights(frozen, dims)[0], frozen.view(HEADS, NOPE + VDIM, RANK)[:, :NOPE])
 
 
 def test_tiny_deepseek_selects_absorbed_and_takes_both_paths(tiny_model_factory, monkeypatch):
