@@ -196,8 +196,9 @@ void decode_attention(const u16* q, int64_t q_stride, const int64_t* positions, 
   const int64_t pairs = static_cast<int64_t>(m) * hkv;
   const int64_t avail = std::max(1, at::get_num_threads());
   // Fewer (row, kv head) pairs than threads (MLA's single kv head at batch 1): each pair's heads
-  // are dealt out in `splits` slices, which read the same K/V rows (the second reader mostly
-  // from L3) rather than leave a core idle.
+  // are dealt out in `splits` slices that read the same K/V rows rather than leave a core idle.
+  // MLA at 4k context, 16 heads, one row: 0.55-0.61 ms on two threads against 1.04-1.26 on one
+  // (it is compute-bound: one thread streams the 4.7 MB of latents at ~4 GB/s).
   const int64_t splits = pairs < avail ? std::min<int64_t>(group, (avail + pairs - 1) / pairs) : 1;
   const int64_t slice = (group + splits - 1) / splits, items = pairs * splits;
   const int threads = static_cast<int>(std::min<int64_t>(avail, items));
