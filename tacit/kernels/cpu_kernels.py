@@ -5,7 +5,8 @@
 - csrc/llama_decode.cpp: a whole Llama-family decode step in one call (kernels/cpu_fused_decode.py);
 - csrc/fused_moe.cpp: a sparse MoE layer's routing and experts (kernels/cpu_fused_moe.py);
 - csrc/decode_attention.cpp: that step's attention, read straight from the paged KV cache
-  (csrc/decode_attention_int8.cpp for an int8 cache, scales applied in the kernel).
+  (csrc/decode_attention_int8.cpp for an int8 cache, scales applied in the kernel); the same
+  kernel runs MLA's absorbed decode over the latent cache (one kv head, V = each row's latent).
 
 Batch-1 decode is ~60% GEMV time; on this CPU torch.mv streams bf16 weights at 13-19 GB/s
 and this kernel at 22-27 GB/s (SmolLM2's layer shapes, weights cold in DRAM); with 2-4 rows

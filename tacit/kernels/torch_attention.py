@@ -36,6 +36,9 @@ class AttentionGroup:
     attn_mask: torch.Tensor  # [R, 1, Q, B*block_size] True where a query may attend
     num_reqs: int
     max_query_len: int
+    # [R] each request's query position, for decode-only groups: what a kernel reading the
+    # cache in place needs instead of the padded mask.
+    decode_positions: torch.Tensor | None = None
 
     @property
     def decode_only(self) -> bool:
@@ -105,6 +108,7 @@ def build_group(
         attn_mask=torch.from_numpy(mask).to(dev)[:, None],
         num_reqs=len(reqs),
         max_query_len=max_q,
+        decode_positions=torch.from_numpy(np.ascontiguousarray(c)).to(dev) if max_q == 1 else None,
     )
 
 

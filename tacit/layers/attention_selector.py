@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+import tacit.kernels.absorbed_mla_attention  # noqa: F401  registers "absorbed_mla"
 import tacit.kernels.torch_attention  # noqa: F401  registers "torch_paged"
 import tacit.kernels.torch_mla_attention  # noqa: F401  registers "torch_mla"
 from tacit.config import ModelConfig

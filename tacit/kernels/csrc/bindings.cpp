@@ -7,6 +7,8 @@
 namespace tacit {
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor kv_cache, torch::Tensor positions,
                                      torch::Tensor block_tables, double scale);
+torch::Tensor mla_decode_attention(torch::Tensor q, torch::Tensor latent_cache, torch::Tensor positions,
+                                   torch::Tensor block_tables, double scale, int64_t v_dim);
 std::tuple<torch::Tensor, torch::Tensor> kv_quantize_rows(torch::Tensor x, bool flip_sign);
 }
 
@@ -16,6 +18,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ggml_dequantize", &tacit::ggml_dequantize, "GGML Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weight -> bf16 [N, K]");
   m.def("paged_decode_attention", &tacit::paged_decode_attention,
         "decode attention over a bf16 or int8 paged KV cache [2, blocks, block_size, Hkv, D(+4)]",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("mla_decode_attention", &tacit::mla_decode_attention,
+        "MLA decode over the bf16 latent cache [blocks, block_size, R + rope]: o_latent [m, H, v_dim]",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("kv_quantize_rows", &tacit::kv_quantize_rows, "the int8 KV cache's row quantizer (kernels/kv_quant.py)");
   m.def("moe_route", &tacit::moe_route, "MoE routing: softmax or grouped sigmoid top-k, as torch.topk selects",

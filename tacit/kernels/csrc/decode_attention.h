@@ -10,6 +10,9 @@ struct PagedKV {
   const uint16_t* k;  // [num_blocks, block_size, num_kv_heads, head_dim]
   const uint16_t* v;  // same layout
   int64_t block_size, num_kv_heads, head_dim;
+  // V's width when it is the first v_dim values of each head_dim-wide row (0: head_dim): MLA's
+  // latent cache row is [latent (R), k_pe (rope)], K the whole row and V its latent, v == k.
+  int64_t v_dim = 0;
 };
 
 // kernels/kv_quant.py's paged int8 layout: per (block, kv head), block_size rows of head_dim
@@ -22,7 +25,7 @@ struct PagedKVInt8 {
 };
 
 // q: row r's query heads at q + r * q_stride, [num_heads, head_dim]; positions[r] + 1 keys per
-// row, found through tables[r * table_width + j / block_size]; out: [m, num_heads, head_dim].
+// row, found through tables[r * table_width + j / block_size]; out: [m, num_heads, v_dim].
 void decode_attention(const uint16_t* q, int64_t q_stride, const int64_t* positions, const int64_t* tables,
                       int64_t table_width, const PagedKV& kv, int64_t num_heads, float scale, uint16_t* out, int m);
 void decode_attention_int8(const uint16_t* q, int64_t q_stride, const int64_t* positions, const int64_t* tables,

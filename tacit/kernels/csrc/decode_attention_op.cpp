@@ -51,6 +51,42 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor kv_cache, to
   return out;
 }
 
+// MLA's absorbed decode (kernels/absorbed_mla_attention.py): every head attends the same cached
+// rows, as GQA with one kv head whose key is the whole row and whose value is its first v_dim
+// values (the latent). q [m, H, R + rope] bf16 (q_nope absorbed through W_UK, then q_pe);
+// latent_cache [blocks, block_size, R + rope] bf16; positions, block_tables as above -> the
+// weighted latents o_latent [m, H, v_dim] bf16 (softmax in fp32), read in place with no gather.
+torch::Tensor mla_decode_attention(torch::Tensor q, torch::Tensor latent_cache, torch::Tensor positions,
+                                   torch::Tensor block_tables, double scale, int64_t v_dim) {
+  TORCH_CHECK(q.scalar_type() == torch::kBFloat16 && q.dim() == 3 && q.is_contiguous(), "q: contiguous [m, H, D] bf16");
+  TORCH_CHECK(latent_cache.scalar_type() == torch::kBFloat16 && latent_cache.dim() == 3 && latent_cache.is_contiguous(),
+              "latent_cache: contiguous [blocks, block_size, D] bf16");
+  TORCH_CHECK(positions.scalar_type() == torch::kLong && block_tables.scalar_type() == torch::kLong,
+              "positions and block_tables must be int64");
+  positions = positions.contiguous();
+  block_tables = block_tables.contiguous();
+  const int64_t m = q.size(0), h = q.size(1), d = q.size(2);
+  const int64_t blocks = latent_cache.size(0), bs = latent_cache.size(1), width = block_tables.size(1);
+  TORCH_CHECK(latent_cache.size(2) == d, "a cache row is the query's width (R + rope)");
+  TORCH_CHECK(v_dim > 0 && v_dim <= d, "v_dim must be within the row");
+  TORCH_CHECK(positions.size(0) == m && block_tables.size(0) == m, "one position and block table per row");
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  for (int64_t r = 0; r < m; ++r) {
+    TORCH_CHECK(pos[r] >= 0 && pos[r] / bs < width, "position ", pos[r], " beyond row ", r, "'s block table");
+    for (int64_t b = 0; b <= pos[r] / bs; ++b)
+      TORCH_CHECK(tables[r * width + b] >= 0 && tables[r * width + b] < blocks, "block id outside the cache");
+  }
+  auto out = torch::empty({m, h, v_dim}, q.options());
+  const auto* c = reinterpret_cast<const uint16_t*>(latent_cache.data_ptr<at::BFloat16>());
+  PagedKV kv{c, c, bs, 1, d};
+  kv.v_dim = v_dim;
+  decode_attention(reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>()), h * d, pos, tables, width, kv, h,
+                   static_cast<float>(scale), reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()),
+                   static_cast<int>(m));
+  return out;
+}
+
 // x [n, d] bf16 -> (int8 [n, d], fp32 [n]): the int8 cache's quantizer, as the fused step runs it.
 std::tuple<torch::Tensor, torch::Tensor> kv_quantize_rows(torch::Tensor x, bool flip_sign) {
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2, "x: [n, d] bf16");
