@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "bf16_common.h"
+
 namespace tacit {
 
 inline __m512 load16(const uint16_t* p) {
@@ -39,6 +41,28 @@ inline __m512 exp16(__m512 x) {
   y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
   y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
   return _mm512_scalef_ps(y, fx);
+}
+
+inline float exp1(float x) {
+  alignas(64) float buf[16] = {x};
+  _mm512_store_ps(buf, exp16(_mm512_load_ps(buf)));
+  return buf[0];
+}
+
+// act = round(round(silu(round(gate))) * round(up)) from fp32 GEMV outputs: each op rounded to
+// bf16 where torch's bf16 ops round (SwiGLU of the dense MLP and of every MoE expert).
+inline void silu_mul(const float* gate, const float* up, uint16_t* act, int64_t n) {
+  int64_t i = 0;
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (; i + 16 <= n; i += 16) {
+    const __m512 g = round16(_mm512_loadu_ps(gate + i));
+    const __m512 s = round16(_mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
+    store16(act + i, _mm512_mul_ps(s, round16(_mm512_loadu_ps(up + i))));
+  }
+  for (; i < n; ++i) {
+    const float g = round_bf16(gate[i]);
+    act[i] = float_to_bf16(round_bf16(g / (1.0f + exp1(-g))) * round_bf16(up[i]));
+  }
 }
 
 }  // namespace tacit

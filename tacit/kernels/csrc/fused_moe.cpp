@@ -186,20 +186,6 @@ struct Segment {
   u16* act;  // [count, inter] rows of this set's act buffer
 };
 
-// act = silu(round(gate)) * round(up), each op rounded to bf16 as torch's bf16 ops are.
-void silu_mul(const float* gate, const float* up, u16* act, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 g = round16(_mm512_loadu_ps(gate + i));
-    const __m512 s = round16(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
-    store16(act + i, _mm512_mul_ps(s, round16(_mm512_loadu_ps(up + i))));
-  }
-  for (; i < n; ++i) {
-    const float g = round_bf16(gate[i]);
-    act[i] = float_to_bf16(round_bf16(g / (1.f + std::exp(-g))) * round_bf16(up[i]));
-  }
-}
-
 }  // namespace
 
 std::tuple<torch::Tensor, torch::Tensor> moe_route(torch::Tensor logits, std::optional<torch::Tensor> bias,

@@ -34,12 +34,6 @@ namespace {
 
 using u16 = uint16_t;
 
-inline float exp1(float x) {
-  alignas(64) float buf[16] = {x};
-  _mm512_store_ps(buf, exp16(_mm512_load_ps(buf)));
-  return buf[0];
-}
-
 // HF's RMSNorm in bf16: statistics in fp32, normalize, round, times the weight, round.
 void rms_norm(const u16* x, const u16* weight, u16* out, int64_t n, float eps) {
   __m512 acc = _mm512_setzero_ps();
@@ -80,22 +74,6 @@ void residual_add(u16* x, const float* delta, const u16* bias, int64_t n) {
     float d = round_bf16(delta[i]);
     if (bias) d = round_bf16(d + bf16_to_float(bias[i]));
     x[i] = float_to_bf16(bf16_to_float(x[i]) + d);
-  }
-}
-
-// act = round(round(silu(round(gate))) * round(up)) from the fp32 gate_up GEMV output.
-void silu_mul(const float* gate_up, u16* act, int64_t n) {
-  int64_t i = 0;
-  const __m512 one = _mm512_set1_ps(1.0f);
-  for (; i + 16 <= n; i += 16) {
-    __m512 g = round16(_mm512_loadu_ps(gate_up + i));
-    __m512 u = round16(_mm512_loadu_ps(gate_up + n + i));
-    __m512 s = round16(_mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
-    store16(act + i, _mm512_mul_ps(s, u));
-  }
-  for (; i < n; ++i) {
-    float g = round_bf16(gate_up[i]), u = round_bf16(gate_up[n + i]);
-    act[i] = float_to_bf16(round_bf16(g / (1.0f + exp1(-g))) * u);
   }
 }
 
@@ -373,7 +351,10 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
       moe_mlp(w, normed.data(), f32.data(), m);
     } else {
       project(w.gate_up, w.gate_up_type, torch::Tensor(), normed.data(), f32.data(), m);
-      for (int r = 0; r < m; ++r) silu_mul(f32.data() + r * 2 * inter, act.data() + r * inter, inter);
+      for (int r = 0; r < m; ++r) {
+        const float* gate_up = f32.data() + r * 2 * inter;
+        silu_mul(gate_up, gate_up + inter, act.data() + r * inter, inter);
+      }
       project(w.down, w.down_type, torch::Tensor(), act.data(), f32.data(), m);
     }
     for (int r = 0; r < m; ++r) residual_add(xs + r * h, f32.data() + r * h, nullptr, h);
