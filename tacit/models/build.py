@@ -83,7 +83,10 @@ def build_model(
             use_ggml_weights(model, plan, device.type, cfg.dtype)
             tensors = quantized_as_loaded(tensors, plan, cfg.quantization_group_size, tied_head)
         elif quantized_weights and keeps_ggml_weights(cfg, device):
-            types = dict(quantized_weights)
+            # Layers the model reads the weight of itself (a MoE router, MLA's kv_b_proj) stay
+            # float: their GGML tensors dequantize as they load (layers/linear.weight_data).
+            dense = tuple(getattr(model, "dense_weight_linears", ()))
+            types = {n: t for n, t in quantized_weights.items() if not n.removesuffix(".weight").endswith(dense)}
             embed = types.get("model.embed_tokens.weight")
             if embed is not None:
                 # The table stays in its blocks too, rows dequantized as looked up
