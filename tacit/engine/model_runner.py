@@ -24,6 +24,7 @@ from tacit.kernels.kv_quant import parse_kv_cache_dtype
 from tacit.layers.attention_selector import select_attention_backend
 from tacit.layers.kv_cache import KVCacheLayer
 from tacit.layers.linear import select_linear_method, use_linear_method
+from tacit.layers.moe import select_moe_kernel, use_moe_kernel
 from tacit.layers.sampler import Sampler, SamplingMetadata
 from tacit.outputs import ModelRunnerOutput, RawPromptLogprobs
 from tacit.scheduling.scheduler_output import SchedulerOutput, samples_this_step
@@ -80,8 +81,10 @@ class ModelRunner:
             from tacit.kernels.cpu_kernels import load_cpu_kernels
 
             kernels = load_cpu_kernels()
-        # Chosen once for the model: how its linear layers multiply, which backend attends.
+        # Chosen once for the model: how its linear layers multiply, which kernel runs its
+        # experts, which backend attends.
         use_linear_method(model, select_linear_method(device.type, config.model.dtype))
+        use_moe_kernel(model, select_moe_kernel(device.type, config.model.dtype))
         self.attn_backend = select_attention_backend(device.type, config.model.dtype, config.model)
         layers = kv_cache_layers(model)
         for m in layers:

@@ -3,6 +3,7 @@
 - csrc/gemv_bf16.cpp: the skinny GEMM (1-8 activation rows) behind bf16 `Linear` in decode;
 - csrc/ggml_gemv.cpp: the same over GGUF's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K blocks (layers/ggml_linear_method.py);
 - csrc/llama_decode.cpp: a whole Llama-family decode step in one call (kernels/cpu_fused_decode.py);
+- csrc/fused_moe.cpp: a sparse MoE layer's routing and experts (kernels/cpu_fused_moe.py);
 - csrc/decode_attention.cpp: that step's attention, read straight from the paged KV cache
   (csrc/decode_attention_int8.cpp for an int8 cache, scales applied in the kernel).
 
@@ -30,6 +31,7 @@ _SOURCES = [
     "decode_attention_int8.cpp",
     "decode_attention_op.cpp",
     "llama_decode.cpp",
+    "fused_moe.cpp",
     "bindings.cpp",
 ]
 # AVX512-VNNI (vpdpbusd) for the int8 KV cache's scores: every CPU with AVX512-BF16 has it.

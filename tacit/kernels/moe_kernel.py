@@ -1,26 +1,70 @@
-"""MoEKernel: dispatch tokens to their top-k experts, run the expert GEMMs, combine."""
+"""MoEKernel: route tokens to their top-k experts, run the expert GEMMs, combine.
+
+A kernel is picked once per model (layers/moe.py select_moe_kernel: the lowest priority that
+supports the platform and dtype) and handed to every FusedMoE layer. The torch kernel
+(kernels/torch_moe.py) is the reference every other one is tested against
+(tests/kernels/test_moe_conformance.py).
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from tacit.kernels.moe_routing import MoERouting, route_reference
 from tacit.registry import Registry
 
 
+@dataclass
+class ExpertWeights:
+    """A stack of SwiGLU experts. w13 [E, 2I, H] (gate rows, then up rows) and w2 [E, H, I] in
+    the model's dtype, or, when w13_type / w2_type is a GGML type id (kernels/ggml_quant.py),
+    that type's uint8 blocks [E, rows, row_bytes]. A shared expert is a stack of one."""
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+    w13_type: int | None = None
+    w2_type: int | None = None
+
+    @property
+    def num_experts(self) -> int:
+        return self.w13.shape[0]
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.w13.shape[1] // 2
+
+
 class MoEKernel(ABC):
-    name: str
+    name: ClassVar[str]
+    priority: ClassVar[int]
+
+    @classmethod
+    @abstractmethod
+    def supports(cls, platform: str, dtype: torch.dtype) -> bool:
+        """Whether this kernel runs on `platform` ("cpu", "cuda") with activations in `dtype`."""
+
+    def route(
+        self, router_logits: torch.Tensor, routing: MoERouting, correction_bias: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 router logits [T, E] -> (weights float32 [T, K], expert ids int64 [T, K])."""
+        return route_reference(router_logits, routing, correction_bias)
 
     @abstractmethod
-    def __call__(
-        self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    def experts(
+        self,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        routed: ExpertWeights,
+        shared: ExpertWeights | None = None,
     ) -> torch.Tensor:
-        """x [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I];
-        topk_weights/ids [T, K] -> sum_k w_k * expert_k(x) as [T, H]."""
+        """x [T, H] -> sum_k w_k * expert_k(x) (+ shared(x), the shared expert with weight 1) as [T, H]."""
 
 
-# name -> MoEKernel class; each implementation registers itself with @register_moe_kernel, and the
-# conformance test (tests/kernels/test_moe_conformance.py) runs every entry against the reference.
+# name -> MoEKernel class; each implementation registers itself with @register_moe_kernel.
 MOE_KERNELS = Registry("moe_kernel")
 register_moe_kernel = MOE_KERNELS.register

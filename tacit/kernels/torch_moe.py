@@ -1,7 +1,8 @@
 """Reference MoE: sort token-slots by expert, one dense GEMM pair per expert that got tokens.
 
 Sorting turns T*K scattered rows into E contiguous segments, so the loop runs over experts
-(tens to hundreds), never over tokens or requests.
+(tens to hundreds), never over tokens or requests. GGML-quantized experts are dequantized one
+active expert at a time (to the activations' dtype), never the whole stack.
 """
 
 from __future__ import annotations
@@ -9,29 +10,56 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tacit.kernels.moe_kernel import MoEKernel, register_moe_kernel
+from tacit.kernels.ggml_quant import dequantize
+from tacit.kernels.moe_kernel import ExpertWeights, MoEKernel, register_moe_kernel
+
+
+def expert_matrix(
+    stack: torch.Tensor, ggml_type: int | None, expert: int, cols: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """Expert `expert`'s [rows, cols] matrix of a stack, in `dtype`."""
+    if ggml_type is None:
+        return stack[expert]
+    return dequantize(stack[expert], ggml_type, cols).to(dtype)
+
+
+def swiglu_expert(x: torch.Tensor, experts: ExpertWeights, expert: int) -> torch.Tensor:
+    hidden, inter = x.shape[-1], experts.intermediate_size
+    gate, up = F.linear(x, expert_matrix(experts.w13, experts.w13_type, expert, hidden, x.dtype)).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, expert_matrix(experts.w2, experts.w2_type, expert, inter, x.dtype))
 
 
 @register_moe_kernel("torch")
 class TorchMoEKernel(MoEKernel):
-    def __call__(
-        self, x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    priority = 100  # the reference
+
+    @classmethod
+    def supports(cls, platform: str, dtype: torch.dtype) -> bool:
+        return True
+
+    def experts(
+        self,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        routed: ExpertWeights,
+        shared: ExpertWeights | None = None,
     ) -> torch.Tensor:
         num_tokens, top_k = topk_ids.shape
         flat_ids = topk_ids.reshape(-1)
         order = torch.argsort(flat_ids, stable=True)
         token_index = order // top_k
-        counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
+        counts = torch.bincount(flat_ids, minlength=routed.num_experts).tolist()
         xs = x[token_index]
-        out = torch.empty(xs.shape[0], w2.shape[1], dtype=x.dtype, device=x.device)
+        hidden = x.shape[-1]
+        out = torch.empty(xs.shape[0], hidden, dtype=x.dtype, device=x.device)
         start = 0
         for expert, count in enumerate(counts):
             if count == 0:
                 continue
-            seg = xs[start : start + count]
-            gate, up = F.linear(seg, w13[expert]).chunk(2, dim=-1)
-            out[start : start + count] = F.linear(F.silu(gate) * up, w2[expert])
+            out[start : start + count] = swiglu_expert(xs[start : start + count], routed, expert)
             start += count
         weights = topk_weights.reshape(-1)[order].to(out.dtype)
-        result = torch.zeros(num_tokens, w2.shape[1], dtype=x.dtype, device=x.device)
-        return result.index_add_(0, token_index, out * weights[:, None])
+        result = torch.zeros(num_tokens, hidden, dtype=x.dtype, device=x.device)
+        result = result.index_add_(0, token_index, out * weights[:, None])
+        return result if shared is None else result + swiglu_expert(x, shared, 0)

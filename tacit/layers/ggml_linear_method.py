@@ -80,3 +80,9 @@ class GGMLLinearMethod(LinearMethod):
             out = parts[0] if len(parts) == 1 else torch.cat(parts)
             return out + bias if bias is not None else out
         return dense_matmul(self.dequantized(layer, x.dtype), x, bias)
+
+
+def linear_ggml_type(layer: nn.Module) -> int | None:
+    """The GGML type a linear layer's weight is stored in, or None for a float matrix."""
+    method = layer.linear_method
+    return method.ggml_type if isinstance(method, GGMLLinearMethod) else None

@@ -1,66 +1,51 @@
-"""Sparse MoE layer: a router, expert weights stacked per projection, and a MoEKernel."""
+"""Sparse MoE layer: expert weights stacked per projection, the routing rule, and a MoEKernel.
+
+The kernel is the reference torch one until the model runner hands every layer the kernel
+chosen for the platform and dtype (use_moe_kernel).
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from tacit.kernels.moe_kernel import MoEKernel
+import tacit.kernels.cpu_fused_moe  # noqa: F401  registers "cpu_fused"
+from tacit.kernels.ggml_quant import GGML_TYPES, row_bytes
+from tacit.kernels.moe_kernel import MOE_KERNELS, ExpertWeights, MoEKernel
+from tacit.kernels.moe_routing import MoERouting
 from tacit.kernels.torch_moe import TorchMoEKernel
 
-
-def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Qwen3-MoE / Mixtral routing: softmax over all experts, keep the top-k."""
-    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, ids
-
-
-def grouped_sigmoid_topk(
-    router_logits: torch.Tensor,
-    correction_bias: torch.Tensor,
-    top_k: int,
-    num_groups: int,
-    topk_groups: int,
-    renormalize: bool,
-    scaling: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepSeek-V3 routing (noaux_tc): experts are chosen on sigmoid score + bias, only inside
-    the topk_groups groups whose two best experts score highest, but weighted by the bare score."""
-    scores = router_logits.float().sigmoid()
-    choice = scores + correction_bias
-    num_experts = choice.shape[-1]
-    grouped = choice.view(-1, num_groups, num_experts // num_groups)
-    group_scores = grouped.topk(min(2, grouped.shape[-1]), dim=-1)[0].sum(dim=-1)
-    group_idx = torch.topk(group_scores, k=topk_groups, dim=-1, sorted=False)[1]
-    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1.0).bool()
-    expert_mask = group_mask.unsqueeze(-1).expand_as(grouped).reshape(-1, num_experts)
-    choice = choice.masked_fill(~expert_mask, float("-inf"))
-    ids = torch.topk(choice, k=top_k, dim=-1, sorted=False)[1]
-    weights = scores.gather(1, ids)
-    if renormalize:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    return weights * scaling, ids
+_PROJ_ROWS = {"gate_proj": 0, "up_proj": 1}  # halves of w13
 
 
 class FusedMoE(nn.Module):
     """Expert weights as [E, 2I, H] (gate and up fused) and [E, H, I], loaded from HF's
-    per-expert `experts.{e}.{gate,up,down}_proj.weight` names by weight_loader."""
+    per-expert `experts.{e}.{gate,up,down}_proj.weight` names by load_expert_weight, or kept in
+    a GGUF's GGML blocks (load_ggml_experts)."""
 
     def __init__(
-        self, num_experts: int, hidden_size: int, intermediate_size: int, kernel: MoEKernel | None = None
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        routing: MoERouting,
+        kernel: MoEKernel | None = None,
     ) -> None:
         super().__init__()
-        self.num_experts, self.intermediate_size = num_experts, intermediate_size
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
+        self.routing = routing
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False)
+        # GGML type ids when w13 / w2 hold blocks (load_ggml_experts), None for float weights.
+        self.w13_type: int | None = None
+        self.w2_type: int | None = None
         self.kernel = kernel or TorchMoEKernel()
         self._loaded: set[tuple[int, str]] = set()
 
     def load_expert_weight(self, expert: int, proj: str, weight: torch.Tensor) -> None:
         inter = self.intermediate_size
+        if (self.w2_type if proj == "down_proj" else self.w13_type) is not None:
+            raise ValueError(f"{proj} of expert {expert}: these experts were loaded as GGML blocks; got a float tensor")
         with torch.no_grad():
             if proj == "gate_proj":
                 self.w13[expert, :inter].copy_(weight)
@@ -72,10 +57,65 @@ class FusedMoE(nn.Module):
                 raise KeyError(proj)
         self._loaded.add((expert, proj))
 
+    def load_ggml_experts(self, proj: str, blocks: torch.Tensor, ggml_type: int) -> None:
+        """Every expert's `proj` ("gate_proj", "up_proj", "down_proj") as GGML blocks, uint8
+        [num_experts, rows, row_bytes] (a GGUF's stacked expert tensor), kept as they are."""
+        if ggml_type not in GGML_TYPES:
+            raise ValueError(f"{proj} experts: GGML type {ggml_type} has no kernel; valid: {sorted(GGML_TYPES)}")
+        e, inter, hidden = self.num_experts, self.intermediate_size, self.hidden_size
+        rows, cols = (hidden, inter) if proj == "down_proj" else (inter, hidden)
+        want = (e, rows, row_bytes(ggml_type, cols))
+        if blocks.dtype != torch.uint8 or tuple(blocks.shape) != want:
+            raise ValueError(
+                f"{proj} experts in {GGML_TYPES[ggml_type].name}: expected uint8 {want}, "
+                f"got {blocks.dtype} {tuple(blocks.shape)}"
+            )
+        if proj == "down_proj":
+            self.w2 = nn.Parameter(blocks.contiguous(), requires_grad=False)
+            self.w2_type = ggml_type
+        elif proj in _PROJ_ROWS:
+            if self.w13_type is None:
+                self.w13 = nn.Parameter(torch.empty(e, 2 * inter, want[2], dtype=torch.uint8), requires_grad=False)
+                self.w13_type = ggml_type
+            elif self.w13_type != ggml_type:
+                raise ValueError(
+                    f"gate and up experts are {GGML_TYPES[self.w13_type].name} and {GGML_TYPES[ggml_type].name}; "
+                    "tacit stacks them into one matrix and needs one type for both"
+                )
+            half = _PROJ_ROWS[proj]
+            self.w13.data[:, half * inter : (half + 1) * inter].copy_(blocks)
+        else:
+            raise KeyError(proj)
+        self._loaded.update((i, proj) for i in range(e))
+
     def check_fully_loaded(self, name: str) -> None:
         missing = self.num_experts * 3 - len(self._loaded)
         if missing:
             raise ValueError(f"checkpoint is missing {missing} expert projection(s) of {name}")
 
-    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        return self.kernel(x, self.w13, self.w2, topk_weights, topk_ids)
+    def expert_weights(self) -> ExpertWeights:
+        return ExpertWeights(self.w13.data, self.w2.data, self.w13_type, self.w2_type)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        router_logits: torch.Tensor,
+        correction_bias: torch.Tensor | None = None,
+        shared: ExpertWeights | None = None,
+    ) -> torch.Tensor:
+        """x [T, H], router logits [T, E] -> the routed experts' weighted sum (+ the shared expert)."""
+        weights, ids = self.kernel.route(router_logits.float(), self.routing, correction_bias)
+        return self.kernel.experts(x, weights, ids, self.expert_weights(), shared)
+
+
+def select_moe_kernel(platform: str, dtype: torch.dtype) -> MoEKernel:
+    """The lowest-priority registered kernel that runs on `platform` in `dtype` (the torch
+    reference always does)."""
+    fits = [cls for cls in MOE_KERNELS.values() if cls.supports(platform, dtype)]
+    return min(fits, key=lambda cls: cls.priority)()
+
+
+def use_moe_kernel(model: nn.Module, kernel: MoEKernel) -> None:
+    for m in model.modules():
+        if isinstance(m, FusedMoE):
+            m.kernel = kernel

@@ -16,9 +16,13 @@ from tacit.config import ModelConfig
 from tacit.forward_context import get_attention_metadata
 from tacit.kernels.attention_backend import AttentionBackend
 from tacit.kernels.kv_quant import kv_row_width
+from tacit.kernels.moe_kernel import ExpertWeights
+from tacit.kernels.moe_routing import MoERouting
+from tacit.kernels.torch_moe import TorchMoEKernel
+from tacit.layers.ggml_linear_method import linear_ggml_type
 from tacit.layers.kv_cache import KVCacheLayer
 from tacit.layers.linear import Linear
-from tacit.layers.moe import FusedMoE, grouped_sigmoid_topk
+from tacit.layers.moe import FusedMoE
 from tacit.layers.norm import RMSNorm
 from tacit.layers.rotary import RotaryEmbedding, yarn_mscale
 from tacit.models.llama import CausalLM, LlamaDecoderLayer, LlamaMLP, LlamaModel
@@ -98,28 +102,38 @@ class DeepseekV3MoE(nn.Module):
         super().__init__()
         hf = cfg.hf
         num_experts, hidden, inter = hf["n_routed_experts"], hf["hidden_size"], hf["moe_intermediate_size"]
-        self.top_k = int(hf["num_experts_per_tok"])
-        self.n_group, self.topk_group = int(hf.get("n_group") or 1), int(hf.get("topk_group") or 1)
-        self.norm_topk_prob = bool(hf.get("norm_topk_prob", True))
-        self.scaling = float(hf.get("routed_scaling_factor", 1.0))
+        routing = MoERouting(
+            top_k=int(hf["num_experts_per_tok"]),
+            scoring="sigmoid",
+            renormalize=bool(hf.get("norm_topk_prob", True)),
+            num_groups=int(hf.get("n_group") or 1),
+            topk_groups=int(hf.get("topk_group") or 1),
+            scaling=float(hf.get("routed_scaling_factor", 1.0)),
+        )
         self.gate = DeepseekV3Gate(num_experts, hidden)
-        self.experts = FusedMoE(num_experts, hidden, inter)
+        self.experts = FusedMoE(num_experts, hidden, inter, routing)
         n_shared = int(hf.get("n_shared_experts") or 0)
         self.shared_experts = LlamaMLP(hidden, inter * n_shared) if n_shared else None
 
+    def shared_expert_weights(self) -> ExpertWeights | None:
+        """The shared expert as a stack of one for kernels that fuse it (None: run it apart)."""
+        mlp = self.shared_experts
+        if mlp is None or isinstance(self.experts.kernel, TorchMoEKernel):
+            return None
+        return ExpertWeights(
+            mlp.gate_up_proj.weight.data[None],
+            mlp.down_proj.weight.data[None],
+            linear_ggml_type(mlp.gate_up_proj),
+            linear_ggml_type(mlp.down_proj),
+        )
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = F.linear(x.float(), self.gate.weight.float())
-        weights, ids = grouped_sigmoid_topk(
-            logits,
-            self.gate.e_score_correction_bias.float(),
-            self.top_k,
-            self.n_group,
-            self.topk_group,
-            self.norm_topk_prob,
-            self.scaling,
-        )
-        out = self.experts(x, weights, ids)
-        return out + self.shared_experts(x) if self.shared_experts is not None else out
+        shared = self.shared_expert_weights()
+        out = self.experts(x, logits, self.gate.e_score_correction_bias, shared)
+        if self.shared_experts is not None and shared is None:
+            out = out + self.shared_experts(x)
+        return out
 
 
 class DeepseekV3ForCausalLM(CausalLM):

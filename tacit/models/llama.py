@@ -21,7 +21,7 @@ from tacit.kernels.ggml_quant import BF16, GGMLTensor
 from tacit.kernels.torch_attention import TorchAttentionBackend
 from tacit.layers.attention import Attention
 from tacit.layers.embedding import GGMLEmbedding
-from tacit.layers.ggml_linear_method import GGMLLinearMethod
+from tacit.layers.ggml_linear_method import GGMLLinearMethod, linear_ggml_type
 from tacit.layers.linear import Linear, MergedLinear
 from tacit.layers.norm import RMSNorm
 from tacit.layers.rotary import RotaryEmbedding
@@ -289,8 +289,8 @@ class LlamaForCausalLM(CausalLM):
             return None if t is None else t.data
 
         def kind(linear: nn.Module) -> int:  # the GGML type the fused step reads this weight as
-            method = linear.linear_method
-            return method.ggml_type if isinstance(method, GGMLLinearMethod) else BF16
+            ggml_type = linear_ggml_type(linear)
+            return BF16 if ggml_type is None else ggml_type
 
         weights = [
             DecoderLayerWeights(

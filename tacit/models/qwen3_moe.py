@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from tacit.config import ModelConfig
+from tacit.kernels.moe_routing import MoERouting
 from tacit.layers.linear import Linear
-from tacit.layers.moe import FusedMoE, softmax_topk
+from tacit.layers.moe import FusedMoE
 from tacit.models.llama import LlamaMLP, Qwen3ForCausalLM
 
 _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
@@ -33,14 +34,14 @@ class Qwen3MoeSparseBlock(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         hf = cfg.hf
-        self.top_k = int(hf["num_experts_per_tok"])
-        self.norm_topk_prob = bool(hf.get("norm_topk_prob", False))
+        routing = MoERouting(int(hf["num_experts_per_tok"]), "softmax", bool(hf.get("norm_topk_prob", False)))
         self.gate = Linear(hf["hidden_size"], hf["num_experts"], bias=False)
-        self.experts = FusedMoE(hf["num_experts"], hf["hidden_size"], hf["moe_intermediate_size"])
+        self.experts = FusedMoE(hf["num_experts"], hf["hidden_size"], hf["moe_intermediate_size"], routing)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = softmax_topk(F.linear(x, self.gate.weight), self.top_k, self.norm_topk_prob)
-        return self.experts(x, weights.to(x.dtype), ids)
+        # The router product in the model's dtype, as HF's Qwen3-MoE computes it; softmax and
+        # top-k run in float32 inside the kernel.
+        return self.experts(x, F.linear(x, self.gate.weight))
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):

@@ -1,11 +1,26 @@
-"""Every registered MoEKernel against the plain definition: sum_k w_k * down(silu(gate x) * up x)."""
+"""Every registered MoEKernel against the plain definition sum_k w_k * down(silu(gate x) * up x),
+and the CPU kernel against the torch kernel: the same experts chosen (ties included), outputs
+within bf16 rounding, for softmax and grouped-sigmoid routing, 1 to 512 tokens, shared experts
+and GGML-quantized experts."""
+
+import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-import tacit.kernels.torch_moe  # noqa: F401  (registers the reference kernel)
-from tacit.kernels.moe_kernel import MOE_KERNELS
+from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
+from tacit.kernels.ggml_quant import dequantize
+from tacit.kernels.moe_kernel import MOE_KERNELS, ExpertWeights
+from tacit.kernels.moe_routing import MoERouting, route_reference
+from tacit.kernels.torch_moe import TorchMoEKernel
+from tacit.kernels.weight_quant import quantize_int4_groupwise, quantize_int8_per_channel
+from tacit.layers.moe import FusedMoE, select_moe_kernel
+
+needs_cpu_kernels = pytest.mark.skipif(
+    not cpu_supports_avx512_bf16() or bool(os.environ.get("TACIT_NO_CPU_KERNELS")),
+    reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set",
+)
 
 
 def dense_reference(x, w13, w2, weights, ids):
@@ -18,19 +33,157 @@ def dense_reference(x, w13, w2, weights, ids):
     return out
 
 
-def test_the_reference_kernel_is_registered():
-    assert "torch" in MOE_KERNELS
+def random_experts(g, experts, hidden, inter, dtype=torch.float32):
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=g) * hidden**-0.5).to(dtype)
+    w2 = (torch.randn(experts, hidden, inter, generator=g) * inter**-0.5).to(dtype)
+    return ExpertWeights(w13, w2)
+
+
+def test_kernels_are_registered_and_the_reference_runs_everywhere():
+    assert {"torch", "cpu_fused"} <= set(MOE_KERNELS)
+    assert isinstance(select_moe_kernel("cpu", torch.float32), TorchMoEKernel)
+    assert isinstance(select_moe_kernel("cuda", torch.bfloat16), TorchMoEKernel)
 
 
 @pytest.mark.parametrize("name", sorted(MOE_KERNELS))
-@pytest.mark.parametrize("tokens, experts, top_k", [(1, 8, 2), (7, 8, 2), (33, 16, 4), (5, 4, 4)])
-def test_moe_kernel_matches_the_definition(name, tokens, experts, top_k):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens, experts, top_k", [(1, 8, 2), (7, 8, 2), (33, 16, 4), (5, 4, 4), (40, 4, 2)])
+def test_moe_kernel_matches_the_definition(name, dtype, tokens, experts, top_k):
+    cls = MOE_KERNELS[name]
+    if not cls.supports("cpu", dtype):
+        pytest.skip(f"{name} does not run on cpu in {dtype}")
     g = torch.Generator().manual_seed(tokens * 100 + experts)
-    hidden, inter = 24, 40
-    x = torch.randn(tokens, hidden, generator=g)
-    w13 = torch.randn(experts, 2 * inter, hidden, generator=g) * 0.2
-    w2 = torch.randn(experts, hidden, inter, generator=g) * 0.2
-    logits = torch.randn(tokens, experts, generator=g)
-    weights, ids = torch.softmax(logits, -1).topk(top_k, dim=-1)
-    got = MOE_KERNELS[name]()(x, w13, w2, weights, ids)
-    torch.testing.assert_close(got.double(), dense_reference(x, w13, w2, weights, ids), rtol=1e-4, atol=1e-4)
+    hidden, inter = 64, 96
+    x = torch.randn(tokens, hidden, generator=g).to(dtype)
+    ew = random_experts(g, experts, hidden, inter, dtype)
+    weights, ids = torch.softmax(torch.randn(tokens, experts, generator=g), -1).topk(top_k, dim=-1)
+    got = cls().experts(x, weights, ids, ew)
+    want = dense_reference(x, ew.w13, ew.w2, weights, ids)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2  # bf16: a few roundings of values ~1
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+
+
+ROUTINGS = [
+    MoERouting(top_k=8, scoring="softmax", renormalize=True),
+    MoERouting(top_k=4, scoring="softmax", renormalize=False),
+    MoERouting(top_k=8, scoring="sigmoid", num_groups=8, topk_groups=4, scaling=2.5),
+    MoERouting(top_k=6, scoring="sigmoid", num_groups=1, topk_groups=1, renormalize=False),
+]
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("routing", ROUTINGS, ids=str)
+@pytest.mark.parametrize("experts", [64, 128])
+def test_cpu_routing_picks_the_reference_experts_ties_included(routing, experts):
+    g = torch.Generator().manual_seed(experts)
+    # bf16 logits tie often: 1 in 24 rows of 128 experts has a tie at the top-k boundary, which
+    # torch.topk breaks by its own selection order, not by index.
+    logits = (torch.randn(512, experts, generator=g) * 2).bfloat16().float()
+    bias = torch.randn(experts, generator=g) * 0.1
+    want_w, want_ids = route_reference(logits, routing, bias)
+    got_w, got_ids = MOE_KERNELS["cpu_fused"]().route(logits, routing, bias)
+    assert torch.equal(got_ids.sort(-1)[0], want_ids.sort(-1)[0])
+    if routing.scoring == "softmax":  # the same order too (sorted=True)
+        assert torch.equal(got_ids, want_ids)
+    order = [torch.argsort(i, dim=-1) for i in (got_ids, want_ids)]
+    torch.testing.assert_close(got_w.gather(1, order[0]), want_w.gather(1, order[1]), rtol=1e-5, atol=1e-6)
+
+
+def bf16_close(got, want, scale):
+    # Both sides round every GEMV output, silu, product and weight to bf16 (2^-9 relative);
+    # the torch kernel also rounds after each expert's add. 2^-6 of the output's scale covers
+    # the ~8 roundings of a top-8 sum with margin.
+    assert (got.float() - want.float()).abs().max().item() <= scale * 2**-6
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("tokens", [1, 2, 9, 64, 512])
+@pytest.mark.parametrize("shared", [False, True])
+def test_cpu_kernel_matches_the_torch_kernel_in_bf16(tokens, shared):
+    g = torch.Generator().manual_seed(tokens)
+    hidden, inter, experts = 256, 96, 32
+    x = torch.randn(tokens, hidden, generator=g).bfloat16()
+    ew = random_experts(g, experts, hidden, inter, torch.bfloat16)
+    sh = random_experts(g, 1, hidden, 2 * inter, torch.bfloat16) if shared else None
+    routing = MoERouting(top_k=8, scoring="sigmoid", num_groups=8, topk_groups=4, scaling=2.5)
+    logits, bias = torch.randn(tokens, experts, generator=g), torch.randn(experts, generator=g) * 0.1
+    fused, ref = MOE_KERNELS["cpu_fused"](), TorchMoEKernel()
+    weights, ids = fused.route(logits, routing, bias)
+    want = ref.experts(x, weights, ids, ew, sh)
+    got = fused.experts(x, weights, ids, ew, sh)
+    # 512 tokens x 8 of 32 experts: ~128 slots an expert, past the GEMV tile's 16 (oneDNN path)
+    bf16_close(got, want, want.float().abs().max().item())
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("quantize", [quantize_int8_per_channel, quantize_int4_groupwise], ids=["Q8_0", "Q4_1"])
+@pytest.mark.parametrize("tokens", [1, 5, 300])
+def test_cpu_kernel_runs_ggml_experts_as_the_torch_kernel_does(quantize, tokens):
+    g = torch.Generator().manual_seed(7)
+    hidden, inter, experts = 128, 64, 8
+    dense = random_experts(g, experts, hidden, inter)
+    blocks = [[quantize(w[e]) for e in range(experts)] for w in (dense.w13, dense.w2)]
+    ggml_type = blocks[0][0].ggml_type
+    ew = ExpertWeights(
+        torch.stack([b.data for b in blocks[0]]), torch.stack([b.data for b in blocks[1]]), ggml_type, ggml_type
+    )
+    x = torch.randn(tokens, hidden, generator=g).bfloat16()
+    weights, ids = torch.softmax(torch.randn(tokens, experts, generator=g), -1).topk(2, dim=-1)
+    want = TorchMoEKernel().experts(x, weights, ids, ew)
+    got = MOE_KERNELS["cpu_fused"]().experts(x, weights, ids, ew)
+    bf16_close(got, want, want.float().abs().max().item())
+    # and the torch kernel is the definition over the dequantized weights
+    deq = [torch.stack([dequantize(b.data, ggml_type, cols) for b in bs]) for bs, cols in zip(blocks, (hidden, inter))]
+    ref = dense_reference(x, deq[0].bfloat16(), deq[1].bfloat16(), weights, ids)
+    assert (want.double() - ref).abs().max().item() <= ref.abs().max().item() * 2**-5
+
+
+def test_fused_moe_layer_keeps_ggml_blocks_and_refuses_wrong_ones():
+    hidden, inter, experts = 64, 32, 4
+    layer = FusedMoE(experts, hidden, inter, MoERouting(top_k=2))
+    g = torch.Generator().manual_seed(0)
+    dense = random_experts(g, experts, hidden, inter)
+    q = {
+        "gate_proj": torch.stack([quantize_int8_per_channel(dense.w13[e, :inter]).data for e in range(experts)]),
+        "up_proj": torch.stack([quantize_int8_per_channel(dense.w13[e, inter:]).data for e in range(experts)]),
+        "down_proj": torch.stack([quantize_int8_per_channel(dense.w2[e]).data for e in range(experts)]),
+    }
+    with pytest.raises(ValueError, match=r"expected uint8 \(4, 64, 34\)"):
+        layer.load_ggml_experts("down_proj", q["gate_proj"], 8)
+    for proj, blocks in q.items():
+        layer.load_ggml_experts(proj, blocks, 8)
+    layer.check_fully_loaded("mlp.experts")
+    assert layer.w13.dtype == torch.uint8 and (layer.w13_type, layer.w2_type) == (8, 8)
+    with pytest.raises(ValueError, match="one type for both"):
+        layer.load_ggml_experts(
+            "up_proj", torch.stack([quantize_int4_groupwise(dense.w13[e, inter:]).data for e in range(experts)]), 3
+        )
+    with pytest.raises(ValueError, match="loaded as GGML blocks"):
+        layer.load_expert_weight(0, "down_proj", dense.w2[0])
+    x = torch.randn(3, hidden, generator=g)
+    out = layer(x, torch.randn(3, experts, generator=g))
+    assert out.shape == (3, hidden) and torch.isfinite(out).all()
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
+def test_bf16_moe_models_run_the_cpu_kernel_and_match_the_torch_kernel(tiny_model_factory, arch):
+    from tacit import LLM, SamplingParams
+    from tacit.layers.moe import use_moe_kernel
+
+    _, _, path = tiny_model_factory(arch)
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12], list(range(20, 45))]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, prompt_logprobs=1)
+    runs = {}
+    for kernel in ("cpu_fused", "torch"):
+        llm = LLM(str(path), dtype="bfloat16")
+        model = llm.engine.runner.model
+        layers = [m for m in model.modules() if isinstance(m, FusedMoE)]
+        assert layers and all(m.kernel.name == "cpu_fused" for m in layers)
+        use_moe_kernel(model, MOE_KERNELS[kernel]())
+        runs[kernel] = llm.generate(prompts, params)
+    for fused, ref in zip(runs["cpu_fused"], runs["torch"]):
+        assert fused.outputs[0].token_ids == ref.outputs[0].token_ids
+        got = [next(iter(d.values())).logprob for d in fused.prompt_logprobs[1:]]
+        want = [next(iter(d.values())).logprob for d in ref.prompt_logprobs[1:]]
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0.02, atol=0.05)

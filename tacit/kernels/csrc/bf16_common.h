@@ -33,5 +33,9 @@ constexpr int kMaxSkinnyRows = 8;  // keep in step with _KERNEL_ROWS in layers/l
 // y[m, n] (fp32) = x[m, k] @ w[n, k]^T for 1 <= m <= kMaxSkinnyRows, bf16 inputs, threads split
 // the rows of w.
 void gemv_bf16(const uint16_t* w, const uint16_t* x, float* y, int64_t n, int64_t k, int m);
+// The same for rows [begin, end) of w on the calling thread alone (y[m, n] as above), for callers
+// that split work across threads themselves (csrc/fused_moe.cpp).
+void gemv_bf16_rows(const uint16_t* w, const uint16_t* x, float* y, int64_t n, int64_t begin, int64_t end, int64_t k,
+                    int m);
 
 }  // namespace tacit

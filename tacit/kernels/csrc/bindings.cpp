@@ -7,6 +7,12 @@ namespace tacit {
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor kv_cache, torch::Tensor positions,
                                      torch::Tensor block_tables, double scale);
 std::tuple<torch::Tensor, torch::Tensor> kv_quantize_rows(torch::Tensor x, bool flip_sign);
+std::tuple<torch::Tensor, torch::Tensor> moe_route(torch::Tensor logits, std::optional<torch::Tensor> bias,
+                                                   int64_t top_k, bool sigmoid, bool renormalize, int64_t groups,
+                                                   int64_t topk_groups, double scaling);
+torch::Tensor moe_experts(torch::Tensor x, torch::Tensor topk_weights, torch::Tensor topk_ids, torch::Tensor w13,
+                          int64_t w13_type, torch::Tensor w2, int64_t w2_type, std::optional<torch::Tensor> shared_w13,
+                          int64_t shared_w13_type, std::optional<torch::Tensor> shared_w2, int64_t shared_w2_type);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -17,6 +23,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "decode attention over a bf16 or int8 paged KV cache [2, blocks, block_size, Hkv, D(+4)]",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("kv_quantize_rows", &tacit::kv_quantize_rows, "the int8 KV cache's row quantizer (kernels/kv_quant.py)");
+  m.def("moe_route", &tacit::moe_route, "MoE routing: softmax or grouped sigmoid top-k, as torch.topk selects",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("moe_experts", &tacit::moe_experts, "MoE experts: bf16 or GGML expert weights, shared expert fused",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<tacit::LlamaDecoder>(m, "LlamaDecoder")
       .def(pybind11::init<torch::Tensor, int64_t, int64_t, torch::Tensor, torch::Tensor, torch::Tensor, int64_t,
                           int64_t, int64_t, int64_t, double, double, int64_t>())

@@ -75,6 +75,11 @@ void gemv_bf16(const uint16_t* w, const uint16_t* x, float* y, int64_t n, int64_
   }
 }
 
+void gemv_bf16_rows(const uint16_t* w, const uint16_t* x, float* y, int64_t n, int64_t begin, int64_t end, int64_t k,
+                    int m) {
+  dispatch_rows<1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
+}
+
 // weight [N, K] bf16 contiguous, x [M, K] bf16 contiguous with 1 <= M <= 8 -> [M, N] bf16
 // (accumulated in fp32, rounded once).
 torch::Tensor gemm_bf16_skinny(torch::Tensor weight, torch::Tensor x) {

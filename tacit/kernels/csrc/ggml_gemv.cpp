@@ -260,6 +260,19 @@ void gemv_ggml(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t 
   }
 }
 
+void gemv_ggml_rows(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t n, int64_t begin, int64_t end,
+                    int64_t k, int m) {
+  switch (type) {
+    case kQ4_0: return dispatch_rows<kQ4_0, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
+    case kQ4_1: return dispatch_rows<kQ4_1, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
+    case kQ8_0: return dispatch_rows<kQ8_0, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
+    case kQ4_K: return dispatch_rows<kQ4_K, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
+    case kQ5_K: return dispatch_rows<kQ5_K, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
+    case kQ6_K: return dispatch_rows<kQ6_K, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
+    default: TORCH_CHECK(false, "GGML type ", type, " has no kernel");
+  }
+}
+
 torch::Tensor ggml_dequantize(torch::Tensor weight, int64_t type, int64_t k) {
   check_weight(weight, type, k);
   const int64_t n = weight.size(0);

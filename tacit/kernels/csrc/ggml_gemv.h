@@ -17,6 +17,9 @@ int64_t ggml_row_values(int type, int64_t bytes);
 
 // y[m, n] (fp32) = x[m, k] @ dequant(w)[n, k]^T, w uint8 [n, ggml_row_bytes(type, k)], 1 <= m <= 8.
 void gemv_ggml(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t n, int64_t k, int m);
+// The same for rows [begin, end) of w on the calling thread alone.
+void gemv_ggml_rows(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t n, int64_t begin, int64_t end,
+                    int64_t k, int m);
 
 // bf16 [n, k]: each weight dequantized in fp32, rounded once (what prefill multiplies by).
 torch::Tensor ggml_dequantize(torch::Tensor weight, int64_t type, int64_t k);
