@@ -39,6 +39,9 @@ class FusedMoE(nn.Module):
         # GGML type ids when w13 / w2 hold blocks (load_ggml_experts), None for float weights.
         self.w13_type: int | None = None
         self.w2_type: int | None = None
+        # Set by build_model when a GGUF's GGML blocks stay as they are (keeps_ggml_weights):
+        # a GGMLExpertStack then goes to load_ggml_experts, else it is dequantized per expert.
+        self.keep_ggml_blocks = False
         self.kernel = kernel or TorchMoEKernel()
         self._loaded: set[tuple[int, str]] = set()
 

@@ -177,12 +177,19 @@ class GGUFFile:
         return name
 
     def quantized_weights(self) -> dict[str, int]:
-        """{HF name: GGML type id} of the 2-D tensors `tensors()` yields as GGMLTensor, read
-        from the header alone, so the model can build those layers for their type."""
+        """{HF name: GGML type id} of the 2-D tensors `tensors()` yields as GGMLTensor and the
+        expert stacks it yields as GGMLExpertStack (`...mlp.experts.{proj}.weight`), read from
+        the header alone, so the model can build those layers for their type."""
         out = {}
         for t in self.header.tensors:
+            if t.ggml_type not in GGML_TYPES:
+                continue
+            m = _BLOCK.match(t.name)
+            if m is not None and m.group(2) in STACK_PROJ and self.arch in MOE_ARCHS and len(t.shape) == 3:
+                out[f"model.layers.{m.group(1)}.mlp.experts.{STACK_PROJ[m.group(2)]}.weight"] = t.ggml_type
+                continue
             name = self._hf_name(t.name)
-            if name is not None and t.ggml_type in GGML_TYPES and len(t.shape) == 2:
+            if name is not None and len(t.shape) == 2:
                 out[name] = t.ggml_type
         return out
 
@@ -196,7 +203,8 @@ class GGUFFile:
         for t in progress(self.header.tensors, desc=f"loading {self.path.name}"):
             m = _BLOCK.match(t.name)
             if m is not None and m.group(2) in STACK_PROJ and self.arch in MOE_ARCHS:
-                self._count_dequantized(t.ggml_type, dequantized)
+                if t.ggml_type not in GGML_TYPES:
+                    self._count_dequantized(t.ggml_type, dequantized)
                 prefix = f"model.layers.{m.group(1)}.mlp"
                 yield from expert_tensors(prefix, m.group(2), t.shape, t.ggml_type, self.header.data(t))
                 continue

@@ -2,7 +2,7 @@
 tacit's Qwen3MoeForCausalLM and DeepseekV3ForCausalLM load.
 
 Config: the MoE and MLA keys, each required one named in the error when absent. Tensors: each
-[experts, rows, cols] expert stack becomes its experts' HF tensors (`expert_tensors`), and MLA's
+[experts, rows, cols] expert stack becomes one GGMLExpertStack or its experts' HF tensors (`expert_tensors`), and MLA's
 per-head k_b / v_b pair becomes kv_b_proj again (`KVBJoiner`).
 """
 
@@ -13,8 +13,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from tacit.kernels.ggml_quant import GGML_TYPES
-from tacit.kernels.ggml_quant import dequantize as ggml_dequantize
+from tacit.kernels.ggml_quant import GGML_TYPES, GGMLExpertStack
 from tacit.loader.gguf_moe_names import EXPERT_STACKS, K_B, V_B
 
 MOE_ARCHS = {"qwen3moe": "Qwen3MoeForCausalLM", "deepseek2": "DeepseekV3ForCausalLM"}
@@ -99,25 +98,25 @@ def yarn_extras(meta: Meta) -> dict[str, float]:
 
 def expert_tensors(
     prefix: str, stack: str, shape: tuple[int, ...], ggml_type: int, data: np.ndarray
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """One [experts, rows, cols] GGUF stack -> (`{prefix}.experts.{e}.{proj}.weight`, float
-    [rows, cols]) per expert, one expert dequantized at a time."""
+) -> Iterator[tuple[str, torch.Tensor | GGMLExpertStack]]:
+    """One [experts, rows, cols] GGUF stack -> `{prefix}.experts.{proj}.weight`, a
+    GGMLExpertStack, for a type tacit has kernels for (FusedMoE keeps or dequantizes it);
+    otherwise `{prefix}.experts.{e}.{proj}.weight` float [rows, cols] per expert, one expert
+    dequantized at a time."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     if len(shape) != 3:
         raise ValueError(f"{prefix}: {stack} has shape {shape}; an expert stack is [experts, rows, cols]")
     proj = STACK_PROJ[stack]
-    num, rows, cols = shape
-    for e in range(num):
-        if ggml_type in GGML_TYPES:
-            blocks = torch.from_numpy(
-                np.array(data[e])
-            )  # uint8 [rows, row_bytes]; a copy: the file is mapped read-only
-            weight = ggml_dequantize(blocks, ggml_type, cols)
-        else:
-            weight = torch.from_numpy(np.array(dequantize(data[e], GGMLQuantizationType(ggml_type)), dtype=np.float32))
-        yield f"{prefix}.experts.{e}.{proj}.weight", weight.reshape(rows, cols)
+    if ggml_type in GGML_TYPES:
+        # A copy: the file is mapped read-only.
+        yield f"{prefix}.experts.{proj}.weight", GGMLExpertStack(torch.from_numpy(np.array(data)), ggml_type, shape)
+        return
+    qtype = GGMLQuantizationType(ggml_type)
+    for e in range(shape[0]):
+        weight = torch.from_numpy(np.array(dequantize(data[e], qtype), dtype=np.float32))
+        yield f"{prefix}.experts.{e}.{proj}.weight", weight.reshape(shape[1:])
 
 
 def join_kv_b(k_b: torch.Tensor, v_b: torch.Tensor) -> torch.Tensor:

@@ -48,19 +48,27 @@ def test_float32_gguf_runs_as_the_hf_directory(arch, exported):
 
 @pytest.mark.parametrize("arch", ["qwen3_moe_all", "deepseek_v3_qlora"])
 def test_q8_0_experts_load_as_their_blocks_say(arch, exported, tmp_path):
-    """Q8_0 expert stacks: token for token what the same file dequantized to float32 by the gguf
-    package gives (each expert's blocks land in its own slice), and the first token's top
-    log-probabilities within 0.05 of the float model's (measured 0.013: Q8_0 keeps about 7 bits a
-    value; later greedy tokens of a random tiny model may drift apart, so they are not compared)."""
+    """Q8_0 expert stacks, kept in their blocks (quantization="gguf": FusedMoE.load_ggml_experts)
+    or dequantized at load ("none"): token for token what the same file dequantized to float32
+    by the gguf package gives (each expert's blocks land in its own slice), and the first
+    token's top log-probabilities within 0.05 of the float model's (measured 0.013: Q8_0 keeps
+    about 7 bits a value; later greedy tokens of a random tiny model may drift apart, so they
+    are not compared)."""
+    from tacit.layers.moe import FusedMoE
+
     hf_dir, _ = exported(arch)
     q8 = export_hf_to_gguf(hf_dir, tmp_path / "q8.gguf", ggml_types={"_exps.weight": "Q8_0"})
     deq = reencode_gguf(q8, tmp_path / "deq.gguf", bf16=False)
-    a = LLM(str(q8), dtype="float32").generate(PROMPTS, GREEDY)
-    b = LLM(str(deq), dtype="float32").generate(PROMPTS, GREEDY)
-    for x, y in zip(a, b):
-        assert x.outputs[0].token_ids == y.outputs[0].token_ids
-    first_logprobs_close(a, b, 1e-4)
-    first_logprobs_close(a, LLM(str(hf_dir), dtype="float32").generate(PROMPTS, GREEDY), 0.05)
+    want = LLM(str(deq), dtype="float32").generate(PROMPTS, GREEDY)
+    for quantization, kept in (("gguf", 8), ("none", None)):
+        llm = LLM(str(q8), dtype="float32", quantization=quantization)
+        moe = [m for m in llm.engine.model.modules() if isinstance(m, FusedMoE)]
+        assert moe and all(m.w13_type == kept and m.w2_type == kept for m in moe)
+        got = llm.generate(PROMPTS, GREEDY)
+        for x, y in zip(got, want):
+            assert x.outputs[0].token_ids == y.outputs[0].token_ids
+        first_logprobs_close(got, want, 1e-4)
+    first_logprobs_close(want, LLM(str(hf_dir), dtype="float32").generate(PROMPTS, GREEDY), 0.05)
 
 
 def test_deepseek2_config_from_metadata(exported):
