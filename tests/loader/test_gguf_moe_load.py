@@ -1,7 +1,9 @@
 """qwen3moe / deepseek2 GGUF files (as the writer makes them, llama.cpp's layouts) load into
 tacit's Qwen3-MoE and DeepSeek-V3 models and run as the HF directory they came from."""
 
+import numpy as np
 import pytest
+import torch
 
 from tacit import LLM, SamplingParams
 from tacit.loader.gguf_file import GGUFFile
@@ -71,6 +73,21 @@ def test_q8_0_experts_load_as_their_blocks_say(arch, exported, tmp_path):
     first_logprobs_close(want, LLM(str(hf_dir), dtype="float32").generate(PROMPTS, GREEDY), 0.05)
 
 
+def test_a_quantized_router_is_dequantized(exported, tmp_path):
+    """The router is read through F.linear on its weight (dense_weight_linears): a GGUF storing it
+    in GGML blocks still loads it as a float matrix, whatever happens to the other blocks."""
+    _, path = exported("qwen3_moe_all")
+    attn = tuple(f"blk.0.attn_{x}.weight" for x in "qkv")
+    q8 = copy_gguf(path, tmp_path / "router.gguf", q8_tensors=("blk.0.ffn_gate_inp.weight", *attn))
+    want = LLM(str(reencode_gguf(q8, tmp_path / "deq.gguf", bf16=False)), dtype="float32").generate(PROMPTS, GREEDY)
+    llm = LLM(str(q8), dtype="float32", quantization="gguf")
+    layer = llm.engine.model.model.layers[0]
+    assert layer.mlp.gate.weight.dtype == torch.float32
+    assert any(p.dtype == torch.uint8 for p in layer.self_attn.parameters())  # qkv_proj kept its blocks
+    for x, y in zip(llm.generate(PROMPTS, GREEDY), want):
+        assert x.outputs[0].token_ids == y.outputs[0].token_ids
+
+
 def test_deepseek2_config_from_metadata(exported):
     _, path = exported("deepseek_v3_qlora")
     cfg = GGUFFile(path).hf_config()
@@ -94,8 +111,9 @@ def test_deepseek2_config_from_metadata(exported):
     assert GGUFFile(plain).hf_config()["q_lora_rank"] is None  # written as 0: q_proj, no q_a/q_b
 
 
-def copy_gguf(src, dst, drop=(), override=None, drop_tensors=()):
-    """The same file with metadata keys (or tensors) dropped, or keys given other (integer) values."""
+def copy_gguf(src, dst, drop=(), override=None, drop_tensors=(), q8_tensors=()):
+    """The same file with metadata keys (or tensors) dropped, keys given other (integer) values,
+    or float32 tensors stored as Q8_0."""
     import gguf
 
     reader = gguf.GGUFReader(str(src))
@@ -110,7 +128,10 @@ def copy_gguf(src, dst, drop=(), override=None, drop_tensors=()):
         sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
     for t in reader.tensors:
-        if t.name not in drop_tensors:
+        if t.name in q8_tensors:
+            q = gguf.quants.quantize(np.asarray(t.data), gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(t.name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        elif t.name not in drop_tensors:
             shape = tuple(int(d) for d in reversed(t.shape))
             writer.add_tensor(t.name, t.data, raw_shape=shape, raw_dtype=t.tensor_type)
     writer.write_header_to_file()
