@@ -2,7 +2,8 @@
 
 Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K tensors come out still in their GGML blocks (kernels/ggml_quant.GGMLTensor):
 a linear layer built for that type keeps them as they are, anything else dequantizes them as it
-loads them. Tensors of other quantized types are dequantized here, with a message naming the type.
+loads them; MoE expert stacks of those types come out whole (GGMLExpertStack, gguf_moe_import.py).
+Tensors of other quantized types are dequantized here, with a message naming the type.
 """
 
 from __future__ import annotations

@@ -52,7 +52,12 @@ def _add_tensor(writer: Any, name: str, arr: np.ndarray, bf16: bool, ggml_type: 
         if arr.shape[-1] % block:
             raise ValueError(f"{name}: rows of {arr.shape[-1]} values are not whole {block}-value {ggml_type} blocks")
         # Row-wise, so a 3-D expert stack quantizes as its experts' matrices would one by one.
-        raw = gguf.quants.quantize(arr.astype(np.float32), qtype)
+        try:
+            raw = gguf.quants.quantize(arr.astype(np.float32), qtype)
+        except NotImplementedError:  # the gguf package dequantizes K-quants but cannot make them
+            raise ValueError(
+                f"{name}: the gguf package cannot quantize to {ggml_type} (Q8_0, Q4_0, Q4_1 it can)"
+            ) from None
         writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
     elif bf16 and matrix:
         raw = gguf.quants.quantize(arr.astype(np.float32), gguf.GGMLQuantizationType.BF16)

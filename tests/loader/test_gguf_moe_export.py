@@ -101,3 +101,11 @@ def test_unquantizable_rows_name_the_tensor(tiny_model_factory, tmp_path):
     # k_b's rows are qk_nope_head_dim = 16 values: not one 32-value Q8_0 block.
     with pytest.raises(ValueError, match=r"blk\.0\.attn_k_b\.weight: rows of 16 values are not whole 32-value Q8_0"):
         export_hf_to_gguf(hf_dir, tmp_path / "m.gguf", ggml_types={"": "Q8_0"})
+
+
+def test_k_quants_the_gguf_package_cannot_make_are_named(tiny_model_factory, tmp_path):
+    _, _, hf_dir = tiny_model_factory("qwen3_moe_256")
+    with pytest.raises(
+        ValueError, match=r"blk\.0\.ffn_(gate|up|down)_exps\.weight: the gguf package cannot quantize to Q4_K"
+    ):
+        export_hf_to_gguf(hf_dir, tmp_path / "m.gguf", ggml_types={"_exps.weight": "Q4_K"})

@@ -73,12 +73,39 @@ def test_q8_0_experts_load_as_their_blocks_say(arch, exported, tmp_path):
     first_logprobs_close(want, LLM(str(hf_dir), dtype="float32").generate(PROMPTS, GREEDY), 0.05)
 
 
+def test_q4_k_experts_kept_in_their_blocks(exported, tmp_path):
+    """Q4_K expert stacks (random blocks, as test_gguf_k_quants makes them: the gguf package
+    cannot quantize K-quants) kept in their blocks run as the file dequantized to float32 does:
+    the same first-token top log-probabilities. (llama.cpp on such a file is no reference: it
+    rounds activations to 8 bits per 256 values, which moves these random models' log-probabilities
+    by up to 2, on a dense tiny llama as much as here.)"""
+    import gguf
+    from test_gguf_k_quants import k_blocks
+
+    rng = np.random.default_rng(0)
+
+    def to_q4_k(arr: np.ndarray):
+        blocks = np.stack([k_blocks("Q4_K", arr.shape[1], arr.shape[2], rng) for _ in range(arr.shape[0])])
+        return blocks, gguf.GGMLQuantizationType.Q4_K
+
+    _, path = exported("qwen3_moe_256")
+    stacks = [f"blk.{i}.ffn_{p}_exps.weight" for i in range(2) for p in ("gate", "up", "down")]
+    q4 = copy_gguf(path, tmp_path / "q4k.gguf", retype=dict.fromkeys(stacks, to_q4_k))
+    llm = LLM(str(q4), dtype="float32", quantization="gguf")
+    assert llm.engine.model.model.layers[0].mlp.experts.w13_type == 12  # Q4_K, kept
+    deq = LLM(str(reencode_gguf(q4, tmp_path / "deq.gguf", bf16=False)), dtype="float32")
+    a, b = llm.generate(PROMPTS, GREEDY), deq.generate(PROMPTS, GREEDY)
+    for x, y in zip(a, b):
+        assert x.outputs[0].token_ids == y.outputs[0].token_ids
+    first_logprobs_close(a, b, 1e-4)
+
+
 def test_a_quantized_router_is_dequantized(exported, tmp_path):
     """The router is read through F.linear on its weight (dense_weight_linears): a GGUF storing it
     in GGML blocks still loads it as a float matrix, whatever happens to the other blocks."""
     _, path = exported("qwen3_moe_all")
     attn = tuple(f"blk.0.attn_{x}.weight" for x in "qkv")
-    q8 = copy_gguf(path, tmp_path / "router.gguf", q8_tensors=("blk.0.ffn_gate_inp.weight", *attn))
+    q8 = copy_gguf(path, tmp_path / "router.gguf", retype=dict.fromkeys(("blk.0.ffn_gate_inp.weight", *attn), to_q8_0))
     want = LLM(str(reencode_gguf(q8, tmp_path / "deq.gguf", bf16=False)), dtype="float32").generate(PROMPTS, GREEDY)
     llm = LLM(str(q8), dtype="float32", quantization="gguf")
     layer = llm.engine.model.model.layers[0]
@@ -111,9 +138,15 @@ def test_deepseek2_config_from_metadata(exported):
     assert GGUFFile(plain).hf_config()["q_lora_rank"] is None  # written as 0: q_proj, no q_a/q_b
 
 
-def copy_gguf(src, dst, drop=(), override=None, drop_tensors=(), q8_tensors=()):
+def to_q8_0(arr: np.ndarray):
+    import gguf
+
+    return gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
+
+
+def copy_gguf(src, dst, drop=(), override=None, drop_tensors=(), retype=None):
     """The same file with metadata keys (or tensors) dropped, keys given other (integer) values,
-    or float32 tensors stored as Q8_0."""
+    or tensors stored otherwise: retype {name: f(float32 array) -> (raw uint8 blocks, GGML type)}."""
     import gguf
 
     reader = gguf.GGUFReader(str(src))
@@ -128,9 +161,9 @@ def copy_gguf(src, dst, drop=(), override=None, drop_tensors=(), q8_tensors=()):
         sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
     for t in reader.tensors:
-        if t.name in q8_tensors:
-            q = gguf.quants.quantize(np.asarray(t.data), gguf.GGMLQuantizationType.Q8_0)
-            writer.add_tensor(t.name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        if retype and t.name in retype:
+            raw, qtype = retype[t.name](np.asarray(t.data))
+            writer.add_tensor(t.name, raw, raw_shape=raw.shape, raw_dtype=qtype)
         elif t.name not in drop_tensors:
             shape = tuple(int(d) for d in reversed(t.shape))
             writer.add_tensor(t.name, t.data, raw_shape=shape, raw_dtype=t.tensor_type)
