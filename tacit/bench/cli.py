@@ -221,14 +221,16 @@ def cmd_latency(args: argparse.Namespace) -> int:
         args.input_len,
         args.output_len,
         engine.config.model.hf["vocab_size"],
-        wbytes,
+        lambda bs: latency.active_weight_bytes(engine.model, bs),
         bw,
         repeats=args.repeats,
         progress=_log,
     )
+    active = latency.active_weight_bytes(engine.model, 1)
     print(
-        f"model {engine.source.path.name}, {engine.config.model.dtype}, weights {wbytes / 1e6:.0f} MB, "
-        f"peak read bandwidth {bw:.1f} GB/s, input {args.input_len}, output {args.output_len}"
+        f"model {engine.source.path.name}, {engine.config.model.dtype}, weights {wbytes / 1e6:.0f} MB"
+        + (f" ({active / 1e6:.0f} MB active per token)" if active != wbytes else "")
+        + f", peak read bandwidth {bw:.1f} GB/s, input {args.input_len}, output {args.output_len}"
     )
     print(f"tacit loaded in {load['load_s']:.2f} s; resident memory after load {load['rss_after_load_mb']:.0f} MB")
     print(_table(rows))

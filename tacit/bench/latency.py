@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from tacit.bench.peers.base import BenchEngine
 from tacit.bench.workloads import random_prompts
+from tacit.layers.moe import FusedMoE
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes a decode step streams: every parameter once, except an embedding table that is only
-    looked up (a GGUF model kept quantized multiplies its head by its own copy of the blocks and
-    reads 1 row of the 57 MB bf16 table per token; tied to the head, the table is streamed)."""
+    """Bytes of the weights a decode step could stream: every parameter once, except an embedding
+    table that is only looked up (a GGUF model kept quantized multiplies its head by its own copy
+    of the blocks and reads 1 row of the 57 MB bf16 table per token; tied to the head, the table
+    is streamed)."""
     params = {id(p): p for p in model.parameters()}  # shared params counted once
     for m in model.modules():
         if isinstance(m, torch.nn.Embedding) and not any(
@@ -21,13 +25,28 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in params.values())
 
 
+def active_weight_bytes(model: torch.nn.Module, batch_size: int) -> int:
+    """Bytes a decode step of `batch_size` tokens streams: weight_bytes, with each MoE layer's
+    experts counted only as far as the step uses them. One token reads its top_k of E experts;
+    b tokens read E * (1 - (1 - top_k/E)^b) distinct experts in expectation when routing is
+    uniform (random weights route about uniformly; a trained router's skew reads fewer)."""
+    total = weight_bytes(model)
+    for m in model.modules():
+        if isinstance(m, FusedMoE):
+            e, k = m.num_experts, m.routing.top_k
+            stacks = m.w13.nbytes + m.w2.nbytes
+            used = e * (1 - (1 - k / e) ** batch_size)
+            total -= int(stacks * (1 - used / e))
+    return total
+
+
 def run(
     engines: list[BenchEngine],
     batch_sizes: list[int],
     input_len: int,
     output_len: int,
     vocab: int,
-    wbytes: int,
+    step_bytes: Callable[[int], int],
     read_GBps: float,
     repeats: int = 2,
     progress=print,
@@ -49,8 +68,8 @@ def run(
                     best[e.name] = res
         for name, res in best.items():
             step_s = bs / res["decode_tok_s"]
-            # A decode step streams every weight once; at these lengths KV reads are small beside it.
-            gbps = wbytes / step_s / 1e9
+            # A decode step streams every weight it uses once; at these lengths KV reads are small beside it.
+            gbps = step_bytes(bs) / step_s / 1e9
             rows.append(
                 {
                     "engine": name,

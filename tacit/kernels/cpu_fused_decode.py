@@ -39,8 +39,8 @@ class DecoderLayerWeights:
     o_proj: torch.Tensor
     o_bias: torch.Tensor | None
     post_attention_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: torch.Tensor | None  # None for a sparse MoE layer (moe below)
+    down: torch.Tensor | None
     # [2, num_blocks, block_size, Hkv, D] bf16, the torch paged backend's layout, or int8 with
     # D + 4 (kernels/kv_quant.py's rows: values, then their fp32 scale).
     kv_cache: torch.Tensor
@@ -48,6 +48,21 @@ class DecoderLayerWeights:
     o_type: int = BF16
     gate_up_type: int = BF16
     down_type: int = BF16
+    moe: MoELayerWeights | None = None
+
+
+@dataclass
+class MoELayerWeights:
+    """A sparse MoE MLP with softmax top-k routing (Qwen3-MoE): router bf16 [E, hidden], experts as
+    kernels/moe_kernel.ExpertWeights holds them (BF16 or a GGML type id per stack)."""
+
+    router: torch.Tensor
+    w13: torch.Tensor
+    w2: torch.Tensor
+    w13_type: int
+    w2_type: int
+    top_k: int
+    renormalize: bool
 
 
 def bind_llama_decoder(
@@ -103,4 +118,7 @@ def bind_llama_decoder(
             w.gate_up_type,
             w.down_type,
         )
+        if w.moe is not None:
+            m = w.moe
+            decoder.add_moe(m.router, m.w13, m.w13_type, m.w2, m.w2_type, m.top_k, m.renormalize)
     return decoder

@@ -17,7 +17,7 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from tacit.kernels.ggml_quant import GGML_TYPES, dequantize, row_bytes
+from tacit.kernels.ggml_quant import BF16, GGML_TYPES, dequantize, row_bytes
 from tacit.layers.linear_method import LinearMethod, dense_matmul
 
 _KERNEL_ROWS = 8  # kernels/csrc/ggml_gemv.cpp: 1-8 activation rows per weight pass (kMaxSkinnyRows)
@@ -86,3 +86,9 @@ def linear_ggml_type(layer: nn.Module) -> int | None:
     """The GGML type a linear layer's weight is stored in, or None for a float matrix."""
     method = layer.linear_method
     return method.ggml_type if isinstance(method, GGMLLinearMethod) else None
+
+
+def ggml_or_bf16(layer: nn.Module) -> int:
+    """The type tag the C++ kernels read a linear's weight as: its GGML type, or BF16 (30)."""
+    ggml_type = linear_ggml_type(layer)
+    return BF16 if ggml_type is None else ggml_type

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import tacit.kernels.cpu_fused_moe  # noqa: F401  registers "cpu_fused"
-from tacit.kernels.ggml_quant import GGML_TYPES, row_bytes
+from tacit.kernels.ggml_quant import GGML_TYPES, GGMLTensor, row_bytes
 from tacit.kernels.moe_kernel import MOE_KERNELS, ExpertWeights, MoEKernel
 from tacit.kernels.moe_routing import MoERouting
 from tacit.kernels.torch_moe import TorchMoEKernel
@@ -45,10 +45,32 @@ class FusedMoE(nn.Module):
         self.kernel = kernel or TorchMoEKernel()
         self._loaded: set[tuple[int, str]] = set()
 
-    def load_expert_weight(self, expert: int, proj: str, weight: torch.Tensor) -> None:
+    def use_ggml_weights(self, ggml_type: int) -> None:
+        """Hold every expert as `ggml_type` blocks (before loading: each checkpoint tensor then
+        arrives quantized, as a GGMLTensor, through load_expert_weight)."""
+        e, inter, hidden = self.num_experts, self.intermediate_size, self.hidden_size
+        device = self.w13.device
+        self.w13 = nn.Parameter(
+            torch.empty(e, 2 * inter, row_bytes(ggml_type, hidden), dtype=torch.uint8, device=device),
+            requires_grad=False,
+        )
+        self.w2 = nn.Parameter(
+            torch.empty(e, hidden, row_bytes(ggml_type, inter), dtype=torch.uint8, device=device), requires_grad=False
+        )
+        self.w13_type = self.w2_type = ggml_type
+
+    def load_expert_weight(self, expert: int, proj: str, weight: torch.Tensor | GGMLTensor) -> None:
         inter = self.intermediate_size
-        if (self.w2_type if proj == "down_proj" else self.w13_type) is not None:
-            raise ValueError(f"{proj} of expert {expert}: these experts were loaded as GGML blocks; got a float tensor")
+        stack_type = self.w2_type if proj == "down_proj" else self.w13_type
+        if stack_type is not None:
+            if not isinstance(weight, GGMLTensor) or weight.ggml_type != stack_type:
+                got = weight.type_name if isinstance(weight, GGMLTensor) else f"a {weight.dtype} tensor"
+                raise ValueError(
+                    f"{proj} of expert {expert}: the experts are {GGML_TYPES[stack_type].name} blocks; got {got}"
+                )
+            weight = weight.data
+        elif isinstance(weight, GGMLTensor):
+            weight = weight.dequantize(self.w13.dtype)
         with torch.no_grad():
             if proj == "gate_proj":
                 self.w13[expert, :inter].copy_(weight)
@@ -109,6 +131,21 @@ class FusedMoE(nn.Module):
         """x [T, H], router logits [T, E] -> the routed experts' weighted sum (+ the shared expert)."""
         weights, ids = self.kernel.route(router_logits.float(), self.routing, correction_bias)
         return self.kernel.experts(x, weights, ids, self.expert_weights(), shared)
+
+
+def expert_weight_names(module: str, num_experts: int) -> list[str]:
+    """The checkpoint (HF) names of a FusedMoE's expert weights."""
+    return [f"{module}.{e}.{p}.weight" for e in range(num_experts) for p in ("gate_proj", "up_proj", "down_proj")]
+
+
+def use_ggml_experts(model: nn.Module, types: dict[str, int]) -> None:
+    """Hold each FusedMoE's experts as GGML blocks when `types` ({HF weight name: GGML type})
+    gives all its expert weights one type."""
+    for name, m in model.named_modules():
+        if isinstance(m, FusedMoE):
+            found = {types.get(n) for n in expert_weight_names(name, m.num_experts)}
+            if len(found) == 1 and None not in found:
+                m.use_ggml_weights(found.pop())
 
 
 def select_moe_kernel(platform: str, dtype: torch.dtype) -> MoEKernel:

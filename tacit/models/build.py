@@ -12,7 +12,7 @@ from tacit.kernels.ggml_quant import GGMLTensor
 from tacit.layers.embedding import GGMLEmbedding
 from tacit.layers.ggml_linear_method import GGMLLinearMethod
 from tacit.layers.linear import use_ggml_weights
-from tacit.layers.moe import FusedMoE
+from tacit.layers.moe import FusedMoE, use_ggml_experts
 from tacit.model_config_checks import check_required_sizes
 from tacit.models.quantize_at_load import quantization_plan, quantized_as_loaded
 from tacit.models.registry import get_model_class
@@ -82,6 +82,7 @@ def build_model(
             plan = quantization_plan(model, cfg)
             tied_head = getattr(model, "tie_word_embeddings", False) and "lm_head.weight" in plan
             use_ggml_weights(model, plan, device.type, cfg.dtype)
+            use_ggml_experts(model, plan)
             tensors = quantized_as_loaded(tensors, plan, cfg.quantization_group_size, tied_head)
         elif quantized_weights and keeps_ggml_weights(cfg, device):
             # Layers the model reads the weight of itself (a MoE router, MLA's kv_b_proj) stay

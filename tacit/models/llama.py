@@ -21,7 +21,7 @@ from tacit.kernels.ggml_quant import BF16, GGMLTensor
 from tacit.kernels.torch_attention import TorchAttentionBackend
 from tacit.layers.attention import Attention
 from tacit.layers.embedding import GGMLEmbedding
-from tacit.layers.ggml_linear_method import GGMLLinearMethod, linear_ggml_type
+from tacit.layers.ggml_linear_method import ggml_or_bf16
 from tacit.layers.linear import Linear, MergedLinear
 from tacit.layers.norm import RMSNorm
 from tacit.layers.rotary import RotaryEmbedding
@@ -242,11 +242,12 @@ class LlamaForCausalLM(CausalLM):
         if self.model.rotary.interleaved:
             return "interleaved rotary"
         for i, layer in enumerate(self.model.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            if not isinstance(attn, LlamaAttention) or type(mlp) is not LlamaMLP:
-                return f"layer {i} is not a dense Llama layer"
-            if mlp.gate_up_proj.bias is not None or mlp.down_proj.bias is not None:
-                return f"layer {i} has MLP biases"
+            attn = layer.self_attn
+            if not isinstance(attn, LlamaAttention):
+                return f"layer {i} is not a Llama attention layer"
+            reason = self.fused_mlp_unsupported_reason(layer.mlp)
+            if reason is not None:
+                return f"layer {i}: {reason}"
             # The fused step reads the cache in place and attends itself, as the torch paged backend does.
             if attn.attn.backend is None or attn.attn.backend.name != TorchAttentionBackend.name:
                 return f"layer {i} uses another attention backend"
@@ -255,11 +256,27 @@ class LlamaForCausalLM(CausalLM):
                 return f"layer {i} has no bf16 or int8 CPU KV cache"
             if cache.dtype == torch.int8 and attn.num_heads // attn.num_kv_heads > _INT8_KV_MAX_GROUP:
                 return f"more than {_INT8_KV_MAX_GROUP} query heads per kv head over an int8 KV cache"
-        ggml = {id(m.weight) for m in self.modules() if isinstance(getattr(m, "linear_method", None), GGMLLinearMethod)}
-        ggml |= {id(m.weight) for m in self.modules() if isinstance(m, GGMLEmbedding)}
-        if any(p.dtype != torch.bfloat16 for p in self.parameters() if id(p) not in ggml):
+        # GGML blocks (uint8: linear layers, embedding tables, MoE expert stacks) run as they are.
+        if any(p.dtype not in (torch.bfloat16, torch.uint8) for p in self.parameters()):
             return "weights are not bf16"
         return None
+
+    def fused_mlp_unsupported_reason(self, mlp: nn.Module) -> str | None:
+        """Why the fused step cannot run this layer's MLP (the models with other MLPs override)."""
+        if type(mlp) is not LlamaMLP:
+            return "not a dense Llama MLP"
+        if mlp.gate_up_proj.bias is not None or mlp.down_proj.bias is not None:
+            return "MLP biases"
+        return None
+
+    def fused_mlp_weights(self, mlp: nn.Module) -> dict[str, Any]:
+        """The DecoderLayerWeights fields of this layer's MLP."""
+        return dict(
+            gate_up=mlp.gate_up_proj.weight.data,
+            down=mlp.down_proj.weight.data,
+            gate_up_type=ggml_or_bf16(mlp.gate_up_proj),
+            down_type=ggml_or_bf16(mlp.down_proj),
+        )
 
     def build_fused_decoder(self, kernels: ModuleType | None, block_size: int, max_positions: int) -> Any | None:
         """The C++ decode step bound to this model's weights and KV caches, or None if it cannot run it."""
@@ -288,10 +305,6 @@ class LlamaForCausalLM(CausalLM):
         def data(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.data
 
-        def kind(linear: nn.Module) -> int:  # the GGML type the fused step reads this weight as
-            ggml_type = linear_ggml_type(linear)
-            return BF16 if ggml_type is None else ggml_type
-
         weights = [
             DecoderLayerWeights(
                 input_norm=layer.input_layernorm.weight.data,
@@ -302,13 +315,10 @@ class LlamaForCausalLM(CausalLM):
                 o_proj=a.o_proj.weight.data,
                 o_bias=data(a.o_proj.bias),
                 post_attention_norm=layer.post_attention_layernorm.weight.data,
-                gate_up=layer.mlp.gate_up_proj.weight.data,
-                down=layer.mlp.down_proj.weight.data,
                 kv_cache=a.attn.kv_cache,
-                qkv_type=kind(a.qkv_proj),
-                o_type=kind(a.o_proj),
-                gate_up_type=kind(layer.mlp.gate_up_proj),
-                down_type=kind(layer.mlp.down_proj),
+                qkv_type=ggml_or_bf16(a.qkv_proj),
+                o_type=ggml_or_bf16(a.o_proj),
+                **self.fused_mlp_weights(layer.mlp),
             )
             for layer in layers
             for a in [layer.self_attn]
@@ -325,7 +335,7 @@ class LlamaForCausalLM(CausalLM):
             first.num_heads,
             first.num_kv_heads,
             first.head_dim,
-            layers[0].mlp.intermediate,
+            next((layer.mlp.intermediate for layer in layers if isinstance(layer.mlp, LlamaMLP)), 0),
             eps.pop(),
             first.attn.scale,
             block_size,

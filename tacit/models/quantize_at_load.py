@@ -2,8 +2,9 @@
 as they stream in.
 
 Quantized: the weights of the linear layers (q/k/v/o, gate/up/down, DeepSeek's q/kv_a
-projections, shared experts). They become GGML-method layers (use_ggml_weights) before the
-weights exist, and each checkpoint tensor is quantized as the loader yields it, so peak memory
+projections, shared experts) and MoE expert stacks (FusedMoE; one type per layer's experts,
+overridable by the experts' module name, e.g. 'model.layers.*.mlp.experts=int8'). They become
+GGML-method layers (use_ggml_weights, FusedMoE.use_ggml_weights) before the weights exist, and each checkpoint tensor is quantized as the loader yields it, so peak memory
 is the quantized model plus one tensor in float32, never the whole model in bf16. A merged
 layer (qkv, gate_up) is quantized shard by shard: each row is its own run of blocks.
 
@@ -13,8 +14,6 @@ Kept in the model's dtype:
   output.weight at Q6_K / Q8_0 in its 4-bit types), and a tied head is the embedding table;
 - the linear layers a model reads directly (CausalLM.dense_weight_linears: a MoE router's
   F.linear, DeepSeek's absorbed kv_b_proj);
-- MoE expert weights: FusedMoE holds them as stacked [E, 2I, H] parameters multiplied by the
-  MoE kernel, not through LinearBase, so they stay in the model's dtype, with a message.
 
 Mixed precision (--quantization-overrides, as llama.cpp's --tensor-type): {fnmatch pattern over
 HF module names: none | int8 | int4}, the first matching pattern wins, unmatched layers take
@@ -25,8 +24,8 @@ directly may not, and a pattern that matches no layer is refused rather than ign
 
 from __future__ import annotations
 
-import sys
 from fnmatch import fnmatchcase
+from types import SimpleNamespace
 from typing import Iterator
 
 import torch
@@ -42,7 +41,7 @@ from tacit.kernels.weight_quant import (
     quantize_int8_per_channel,
 )
 from tacit.layers.linear import LinearBase, checkpoint_weight_names
-from tacit.layers.moe import FusedMoE
+from tacit.layers.moe import FusedMoE, expert_weight_names
 
 _KEPT = ("lm_head",)  # see the module docstring
 _TYPES = {"int8": Q8_0, "int4": Q4_1}
@@ -68,9 +67,11 @@ def _layer_types(model: nn.Module, cfg: ModelConfig) -> list[tuple[str, LinearBa
     hf_names: list[str] = []
     result = []
     for name, m in model.named_modules():
-        if not isinstance(m, LinearBase):
+        if not isinstance(m, (LinearBase, FusedMoE)):
             continue
-        shards = [w.removesuffix(".weight") for w in checkpoint_weight_names(name, m)]
+        shards = (
+            [name] if isinstance(m, FusedMoE) else [w.removesuffix(".weight") for w in checkpoint_weight_names(name, m)]
+        )
         hf_names += shards
         kept = name in _KEPT or name.endswith(_KEPT + dense)
         qtype = "none" if kept else base
@@ -97,8 +98,7 @@ def _layer_types(model: nn.Module, cfg: ModelConfig) -> list[tuple[str, LinearBa
         shown = ", ".join(hf_names[:6]) + (f" ... ({len(hf_names)} in all)" if len(hf_names) > 6 else "")
         raise ValueError(
             f"quantization_overrides: pattern {unused[0]!r} matches no linear layer; patterns are fnmatch "
-            f"patterns over Hugging Face module names such as {shown} (MoE expert weights are not "
-            f"quantized at load)"
+            f"patterns over Hugging Face module names such as {shown}"
         )
     return result
 
@@ -129,15 +129,24 @@ def quantization_plan(model: nn.Module, cfg: ModelConfig) -> dict[str, int]:
     whose inputs are not whole groups are ValueErrors naming them, before anything is allocated."""
     layers = _layer_types(model, cfg)
     for qtype, group in (("int8", QK), ("int4", cfg.quantization_group_size)):
-        _check_groups([(name, m) for name, m, t in layers if t == qtype], qtype, group)
-    experts = [name for name, m in model.named_modules() if isinstance(m, FusedMoE)]
-    if experts and any(t != "none" for _, _, t in layers):
-        print(
-            f"tacit: quantization={cfg.quantization}: MoE expert weights ({len(experts)} FusedMoE layers) "
-            f"stay in {str(cfg.dtype).removeprefix('torch.')}; only linear layers are quantized at load",
-            file=sys.stderr,
-        )
-    return {n: _TYPES[t] for name, m, t in layers if t != "none" for n in checkpoint_weight_names(name, m)}
+        _check_groups([row for name, m, t in layers if t == qtype for row in _matrices(name, m)], qtype, group)
+    return {n: _TYPES[t] for name, m, t in layers if t != "none" for n in _weight_names(name, m)}
+
+
+def _matrices(name: str, m: nn.Module) -> list[tuple[str, nn.Module | SimpleNamespace]]:
+    """(name, something with in_features) per distinct matrix input width: an expert stack has two."""
+    if not isinstance(m, FusedMoE):
+        return [(name, m)]
+    return [
+        (f"{name} (gate/up)", SimpleNamespace(in_features=m.hidden_size)),
+        (f"{name} (down)", SimpleNamespace(in_features=m.intermediate_size)),
+    ]
+
+
+def _weight_names(name: str, m: nn.Module) -> list[str]:
+    if isinstance(m, FusedMoE):
+        return expert_weight_names(name, m.num_experts)
+    return checkpoint_weight_names(name, m)
 
 
 def quantized_as_loaded(

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tacit.config import ModelConfig
-from tacit.kernels.ggml_quant import GGMLExpertStack
+from tacit.kernels.cpu_fused_decode import MoELayerWeights
+from tacit.kernels.ggml_quant import BF16, GGMLExpertStack
 from tacit.kernels.moe_routing import MoERouting
 from tacit.layers.linear import Linear
 from tacit.layers.moe import FusedMoE
@@ -72,3 +74,21 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
 
     def weight_hook(self, name: str, tensor: torch.Tensor) -> str | None:
         return load_expert_tensor(self, name, tensor) or super().weight_hook(name, tensor)
+
+    def fused_mlp_unsupported_reason(self, mlp: nn.Module) -> str | None:
+        return None if isinstance(mlp, Qwen3MoeSparseBlock) else super().fused_mlp_unsupported_reason(mlp)
+
+    def fused_mlp_weights(self, mlp: nn.Module) -> dict[str, Any]:
+        if not isinstance(mlp, Qwen3MoeSparseBlock):
+            return super().fused_mlp_weights(mlp)
+        experts, routing = mlp.experts, mlp.experts.routing
+        moe = MoELayerWeights(
+            router=mlp.gate.weight.data,
+            w13=experts.w13.data,
+            w2=experts.w2.data,
+            w13_type=BF16 if experts.w13_type is None else experts.w13_type,
+            w2_type=BF16 if experts.w2_type is None else experts.w2_type,
+            top_k=routing.top_k,
+            renormalize=routing.renormalize,
+        )
+        return dict(gate_up=None, down=None, moe=moe)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tacit.bench.latency import ratios, weight_bytes
+from tacit.bench.latency import active_weight_bytes, ratios, weight_bytes
 from tacit.bench.serve import parse_slo
 from tacit.bench.workloads import sample_lengths
 
@@ -29,6 +29,22 @@ def test_weight_bytes_counts_a_lookup_table_only_when_a_head_streams_it():
     assert weight_bytes(model) == 800 * 4  # the head's matrix; the table is only looked up
     model["head"].weight = model["embed"].weight
     assert weight_bytes(model) == 800 * 4  # tied: one matrix, streamed by the head
+
+
+def test_a_moe_decode_step_streams_only_the_experts_it_uses():
+    import torch
+
+    from tacit.kernels.moe_routing import MoERouting
+    from tacit.layers.moe import FusedMoE
+
+    experts = FusedMoE(num_experts=16, hidden_size=8, intermediate_size=4, routing=MoERouting(top_k=2))
+    model = torch.nn.ModuleDict({"head": torch.nn.Linear(8, 100, bias=False), "moe": experts})
+    stacks = 16 * 3 * 8 * 4 * 4  # w13 and w2, float32
+    assert weight_bytes(model) == 800 * 4 + stacks
+    assert active_weight_bytes(model, 1) == 800 * 4 + stacks * 2 // 16  # top-2 of 16
+    # 8 tokens touch 16 * (1 - (14/16)^8) = 10.3 experts in expectation, never more than all 16
+    assert active_weight_bytes(model, 8) == 800 * 4 + stacks - int(stacks * (14 / 16) ** 8)
+    assert active_weight_bytes(model, 1000) <= weight_bytes(model)
 
 
 def test_slo_parsing():

@@ -83,6 +83,9 @@ def scheduled_rows(engine):
         ("qwen3", 14),
         ("qwen2_odd", 3),
         ("qwen2_odd", 40),
+        ("qwen3_moe", 1),
+        ("qwen3_moe", 9),
+        ("qwen3_moe_nonorm", 4),
     ],
 )
 def test_fused_decode_matches_torch_path(tiny_model_factory, arch, rows):
@@ -129,7 +132,7 @@ def test_one_token_prefill_chunk_rides_the_fused_step_without_sampling(tiny_mode
 
 
 def test_models_the_fused_decoder_does_not_run_keep_the_torch_path(tiny_model_factory):
-    _, _, path = tiny_model_factory("qwen3_moe")
+    _, _, path = tiny_model_factory("deepseek_v3")
     assert LLM(str(path), dtype="bfloat16").engine.runner.fused_decode is None
     _, _, path = tiny_model_factory("llama")
     assert LLM(str(path), dtype="float32").engine.runner.fused_decode is None

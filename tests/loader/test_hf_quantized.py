@@ -120,14 +120,38 @@ def test_tied_head_stays_the_embedding(tiny_model_factory):
     assert len(ggml_layers(llm)) == 8 and all(len(o.outputs[0].token_ids) == 12 for o in outs)
 
 
-def test_moe_router_and_experts_stay_unquantized(tiny_model_factory, capsys):
-    outs, llm = run(tiny_model_factory("qwen3_moe")[2], dtype="float32", quantization="int8")
+@pytest.mark.parametrize("quantization,type_id", [("int8", 8), ("int4", 3)])
+def test_moe_experts_quantize_and_the_router_stays(tiny_model_factory, tmp_path, quantization, type_id):
+    path = tiny_model_factory("qwen3_moe")[2]
+    outs, llm = run(path, dtype="float32", quantization=quantization)
     layers = ggml_layers(llm)
     assert "model.layers.0.mlp.gate" not in layers and "model.layers.1.mlp.gate_up_proj" in layers
-    assert layers["model.layers.0.self_attn.qkv_proj"] == "Q8_0"
+    experts = llm.engine.model.model.layers[0].mlp.experts
+    assert experts.w13.dtype == experts.w2.dtype == torch.uint8 and experts.w13_type == experts.w2_type == type_id
+    ref_outs, _ = run(dequantized_dir(path, tmp_path / "deq", quantization), dtype="float32")
+    assert_same_tokens_and_logprobs(outs, ref_outs)
+
+
+@pytest.mark.skipif(not KERNELS or load_cpu_kernels() is None, reason="no AVX512-BF16 CPU kernels")
+def test_bf16_moe_runs_quantized_experts_in_the_fused_step(tiny_model_factory, tmp_path):
+    path = tiny_model_factory("qwen3_moe")[2]
+    outs, llm = run(path, dtype="bfloat16", quantization="int8")
+    assert llm.engine.runner.fused_decode is not None
+    assert llm.engine.model.model.layers[0].mlp.experts.w13_type == 8
+    ref_outs, _ = run(dequantized_dir(path, tmp_path / "deq", "int8"), dtype="bfloat16")
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref_outs]
+
+
+def test_expert_overrides_and_ragged_expert_groups(tiny_model_factory):
+    path = tiny_model_factory("qwen3_moe")[2]
+    llm = LLM(
+        str(path), dtype="float32", quantization="int4", quantization_overrides={"model.layers.*.mlp.experts": "none"}
+    )
     assert llm.engine.model.model.layers[0].mlp.experts.w13.dtype == torch.float32
-    assert "MoE expert weights (1 FusedMoE layers) stay in float32" in capsys.readouterr().err
-    assert all(len(o.outputs[0].token_ids) == 12 for o in outs)
+    assert set(ggml_layers(llm).values()) == {"Q4_1"}
+    # the tiny experts are 32 wide: whole 32-groups, not 64-groups
+    with pytest.raises(ValueError, match=r"mlp.experts \(down\) \(32 inputs\)"):
+        LLM(str(path), dtype="float32", quantization="int4", quantization_group_size=64)
 
 
 def test_mla_keeps_kv_b_proj_dense(tiny_model_factory):

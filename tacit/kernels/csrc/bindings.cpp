@@ -1,5 +1,6 @@
 #include <torch/extension.h>
 
+#include "fused_moe.h"
 #include "ggml_gemv.h"
 #include "llama_decode.h"
 
@@ -7,12 +8,6 @@ namespace tacit {
 torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor kv_cache, torch::Tensor positions,
                                      torch::Tensor block_tables, double scale);
 std::tuple<torch::Tensor, torch::Tensor> kv_quantize_rows(torch::Tensor x, bool flip_sign);
-std::tuple<torch::Tensor, torch::Tensor> moe_route(torch::Tensor logits, std::optional<torch::Tensor> bias,
-                                                   int64_t top_k, bool sigmoid, bool renormalize, int64_t groups,
-                                                   int64_t topk_groups, double scaling);
-torch::Tensor moe_experts(torch::Tensor x, torch::Tensor topk_weights, torch::Tensor topk_ids, torch::Tensor w13,
-                          int64_t w13_type, torch::Tensor w2, int64_t w2_type, std::optional<torch::Tensor> shared_w13,
-                          int64_t shared_w13_type, std::optional<torch::Tensor> shared_w2, int64_t shared_w2_type);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -31,6 +26,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(pybind11::init<torch::Tensor, int64_t, int64_t, torch::Tensor, torch::Tensor, torch::Tensor, int64_t,
                           int64_t, int64_t, int64_t, double, double, int64_t>())
       .def("add_layer", &tacit::LlamaDecoder::add_layer)
+      .def("add_moe", &tacit::LlamaDecoder::add_moe)
       .def("forward", &tacit::LlamaDecoder::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("embed", &tacit::LlamaDecoder::embed)
       .def("run_layers", &tacit::LlamaDecoder::run_layers, pybind11::call_guard<pybind11::gil_scoped_release>())

@@ -41,6 +41,7 @@
 
 #include "bf16_common.h"
 #include "bf16_vec.h"
+#include "fused_moe.h"
 #include "ggml_gemv.h"
 
 namespace tacit {

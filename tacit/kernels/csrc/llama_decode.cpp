@@ -26,6 +26,7 @@
 #include "bf16_common.h"
 #include "bf16_vec.h"
 #include "decode_attention.h"
+#include "fused_moe.h"
 #include "ggml_gemv.h"
 
 namespace tacit {
@@ -150,6 +151,22 @@ const u16* bf16_ptr(const torch::Tensor& t) {
   return t.defined() ? reinterpret_cast<const u16*>(t.data_ptr<at::BFloat16>()) : nullptr;
 }
 
+// A sparse MoE MLP on the normed rows -> its output in out_f32 [m, hidden] (bf16 values), as
+// Qwen3-MoE's torch path computes it: the router product rounded to bf16 (F.linear in the
+// model's dtype), then fused_moe.cpp's routing and experts.
+void moe_mlp(const LlamaLayerWeights& w, const u16* normed, float* out_f32, int m) {
+  const int64_t experts = w.router.size(0), h = w.router.size(1);
+  project(w.router, kBf16, torch::Tensor(), normed, out_f32, m);
+  auto logits = torch::empty({m, experts}, torch::dtype(torch::kFloat32));
+  float* l = logits.data_ptr<float>();
+  for (int64_t i = 0; i < m * experts; ++i) l[i] = round_bf16(out_f32[i]);
+  auto [weights, ids] = moe_route(logits, std::nullopt, w.top_k, false, w.renormalize, 1, 1, 1.0);
+  auto x = torch::from_blob(const_cast<u16*>(normed), {m, h}, torch::dtype(torch::kBFloat16));
+  auto y = moe_experts(x, weights, ids, w.experts_w13, w.experts_w13_type, w.experts_w2, w.experts_w2_type,
+                       std::nullopt, kBf16, std::nullopt, kBf16);
+  torch::from_blob(out_f32, {m, h}, torch::dtype(torch::kFloat32)).copy_(y);
+}
+
 torch::Tensor checked(const torch::Tensor& t, const char* what, std::vector<int64_t> shape) {
   TORCH_CHECK(t.scalar_type() == torch::kBFloat16 && t.is_contiguous() && t.device().is_cpu(), what,
               ": must be a contiguous bf16 CPU tensor");
@@ -191,8 +208,9 @@ LlamaDecoder::LlamaDecoder(torch::Tensor embed, int64_t embed_type, int64_t hidd
 void LlamaDecoder::add_layer(torch::Tensor input_norm, torch::Tensor qkv, std::optional<torch::Tensor> qkv_bias,
                              std::optional<torch::Tensor> q_norm, std::optional<torch::Tensor> k_norm,
                              torch::Tensor o_proj, std::optional<torch::Tensor> o_bias, torch::Tensor post_norm,
-                             torch::Tensor gate_up, torch::Tensor down, torch::Tensor kv_cache, int64_t qkv_type,
-                             int64_t o_type, int64_t gate_up_type, int64_t down_type) {
+                             std::optional<torch::Tensor> gate_up, std::optional<torch::Tensor> down,
+                             torch::Tensor kv_cache, int64_t qkv_type, int64_t o_type, int64_t gate_up_type,
+                             int64_t down_type) {
   const int64_t q = num_heads_ * head_dim_, kv = num_kv_heads_ * head_dim_, h = hidden_;
   LlamaLayerWeights w;
   w.input_norm = checked(input_norm, "input_layernorm", {h});
@@ -206,8 +224,11 @@ void LlamaDecoder::add_layer(torch::Tensor input_norm, torch::Tensor qkv, std::o
   w.o_proj = checked_weight(o_proj, o_type, "o_proj", h, q);
   if (o_bias) w.o_bias = checked(*o_bias, "o_proj.bias", {h});
   w.post_norm = checked(post_norm, "post_attention_layernorm", {h});
-  w.gate_up = checked_weight(gate_up, gate_up_type, "gate_up_proj", 2 * intermediate_, h);
-  w.down = checked_weight(down, down_type, "down_proj", h, intermediate_);
+  TORCH_CHECK(gate_up.has_value() == down.has_value(), "gate_up and down come together (neither: an MoE layer)");
+  if (gate_up) {
+    w.gate_up = checked_weight(*gate_up, gate_up_type, "gate_up_proj", 2 * intermediate_, h);
+    w.down = checked_weight(*down, down_type, "down_proj", h, intermediate_);
+  }
   w.qkv_type = static_cast<int>(qkv_type);
   w.o_type = static_cast<int>(o_type);
   w.gate_up_type = static_cast<int>(gate_up_type);
@@ -225,6 +246,24 @@ void LlamaDecoder::add_layer(torch::Tensor input_norm, torch::Tensor qkv, std::o
   TORCH_CHECK(layers_.empty() || layers_[0].kv_cache.scalar_type() == w.kv_cache.scalar_type(),
               "every layer's KV cache must have the same dtype");
   layers_.push_back(std::move(w));
+}
+
+void LlamaDecoder::add_moe(torch::Tensor router, torch::Tensor w13, int64_t w13_type, torch::Tensor w2,
+                           int64_t w2_type, int64_t top_k, bool renormalize) {
+  TORCH_CHECK(!layers_.empty() && !layers_.back().gate_up.defined() && !layers_.back().moe(),
+              "add_moe follows an add_layer given no gate_up and down");
+  LlamaLayerWeights& w = layers_.back();
+  const int64_t experts = router.size(0);
+  w.router = checked(router, "mlp.gate", {experts, hidden_});
+  TORCH_CHECK(w13.dim() == 3 && w2.dim() == 3 && w13.size(0) == experts && w2.size(0) == experts,
+              "experts: w13 and w2 must be [", experts, ", rows, cols]");
+  TORCH_CHECK(top_k >= 1 && top_k <= experts, "top_k must be in 1..", experts);
+  w.experts_w13 = w13;  // shapes and types are checked per call by moe_experts
+  w.experts_w2 = w2;
+  w.experts_w13_type = static_cast<int>(w13_type);
+  w.experts_w2_type = static_cast<int>(w2_type);
+  w.top_k = top_k;
+  w.renormalize = renormalize;
 }
 
 void LlamaDecoder::check_rows(const torch::Tensor& positions, const torch::Tensor& block_tables, int64_t m) const {
@@ -272,6 +311,11 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
               num_layers(), ")");
   const int m = static_cast<int>(x.size(0));
   check_rows(positions, block_tables, m);
+  int64_t experts = 0;
+  for (int64_t l = begin; l < end; ++l) {
+    TORCH_CHECK(layers_[l].moe() || layers_[l].gate_up.defined(), "layer ", l, " has no MLP (add_moe missing)");
+    if (layers_[l].moe()) experts = std::max(experts, layers_[l].router.size(0));
+  }
   const int64_t h = hidden_, d = head_dim_, hq = num_heads_, hkv = num_kv_heads_, inter = intermediate_;
   const int64_t qkv_n = (hq + 2 * hkv) * d, width = block_tables.size(1);
   const int64_t* pos = positions.data_ptr<int64_t>();
@@ -279,7 +323,7 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
   u16* xs = reinterpret_cast<u16*>(x.data_ptr<at::BFloat16>());
 
   std::vector<u16> normed(m * h), qkv(m * qkv_n), attn(m * hq * d), act(m * inter);
-  std::vector<float> f32(m * std::max({qkv_n, 2 * inter, h}));
+  std::vector<float> f32(m * std::max({qkv_n, 2 * inter, h, experts}));
   const u16* cos = bf16_ptr(cos_);
   const u16* sin = bf16_ptr(sin_);
 
@@ -325,9 +369,13 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
     const u16* o_bias = bf16_ptr(project(w.o_proj, w.o_type, w.o_bias, attn.data(), f32.data(), m));
     for (int r = 0; r < m; ++r) residual_add(xs + r * h, f32.data() + r * h, o_bias, h);
     for (int r = 0; r < m; ++r) rms_norm(xs + r * h, bf16_ptr(w.post_norm), normed.data() + r * h, h, eps_);
-    project(w.gate_up, w.gate_up_type, torch::Tensor(), normed.data(), f32.data(), m);
-    for (int r = 0; r < m; ++r) silu_mul(f32.data() + r * 2 * inter, act.data() + r * inter, inter);
-    project(w.down, w.down_type, torch::Tensor(), act.data(), f32.data(), m);
+    if (w.moe()) {
+      moe_mlp(w, normed.data(), f32.data(), m);
+    } else {
+      project(w.gate_up, w.gate_up_type, torch::Tensor(), normed.data(), f32.data(), m);
+      for (int r = 0; r < m; ++r) silu_mul(f32.data() + r * 2 * inter, act.data() + r * inter, inter);
+      project(w.down, w.down_type, torch::Tensor(), act.data(), f32.data(), m);
+    }
     for (int r = 0; r < m; ++r) residual_add(xs + r * h, f32.data() + r * h, nullptr, h);
   }
 }

@@ -1,8 +1,10 @@
-// A whole Llama-family decode step (SmolLM2, Llama 2/3, Qwen2/2.5, Qwen3 dense) in one call,
+// A whole Llama-family decode step (SmolLM2, Llama 2/3, Qwen2/2.5, Qwen3, Qwen3-MoE) in one call,
 // for single-token requests over tacit's paged KV cache (bf16, or int8 rows with a scale each).
 #pragma once
 
 #include <torch/extension.h>
+
+#include "ggml_gemv.h"
 
 #include <optional>
 #include <vector>
@@ -15,6 +17,13 @@ struct LlamaLayerWeights {
   torch::Tensor input_norm, qkv, qkv_bias, q_norm, k_norm, o_proj, o_bias, post_norm, gate_up, down, kv_cache;
   // Each projection's GGML type (ggml_gemv.h): kBf16 for a bf16 [out, in] matrix, else its blocks.
   int qkv_type, o_type, gate_up_type, down_type;
+  // A sparse MoE MLP (Qwen3-MoE) in place of gate_up/down: router bf16 [E, hidden], experts as
+  // fused_moe.h takes them, softmax top-k routing.
+  torch::Tensor router, experts_w13, experts_w2;
+  int experts_w13_type = kBf16, experts_w2_type = kBf16;
+  int64_t top_k = 0;
+  bool renormalize = false;
+  bool moe() const { return top_k > 0; }
 };
 
 class LlamaDecoder {
@@ -25,9 +34,12 @@ class LlamaDecoder {
                int64_t head_dim, int64_t intermediate, double eps, double scale, int64_t block_size);
   void add_layer(torch::Tensor input_norm, torch::Tensor qkv, std::optional<torch::Tensor> qkv_bias,
                  std::optional<torch::Tensor> q_norm, std::optional<torch::Tensor> k_norm, torch::Tensor o_proj,
-                 std::optional<torch::Tensor> o_bias, torch::Tensor post_norm, torch::Tensor gate_up,
-                 torch::Tensor down, torch::Tensor kv_cache, int64_t qkv_type, int64_t o_type, int64_t gate_up_type,
-                 int64_t down_type);
+                 std::optional<torch::Tensor> o_bias, torch::Tensor post_norm, std::optional<torch::Tensor> gate_up,
+                 std::optional<torch::Tensor> down, torch::Tensor kv_cache, int64_t qkv_type, int64_t o_type,
+                 int64_t gate_up_type, int64_t down_type);
+  // The last added layer's MLP is a sparse MoE (it was added without gate_up and down).
+  void add_moe(torch::Tensor router, torch::Tensor w13, int64_t w13_type, torch::Tensor w2, int64_t w2_type,
+               int64_t top_k, bool renormalize);
   // token_ids [m], positions [m] (the token's index in its sequence; the context is
   // positions + 1 tokens), block_tables [m, B] -> final-normed hidden states [m, hidden] bf16.
   torch::Tensor forward(torch::Tensor token_ids, torch::Tensor positions, torch::Tensor block_tables);

@@ -1,0 +1,23 @@
+// The MoE kernels of fused_moe.cpp, for the whole-step decoder (llama_decode.cpp) to call.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <optional>
+#include <tuple>
+
+namespace tacit {
+
+// float32 router logits [T, E] -> (weights float32 [T, K], ids int64 [T, K]); softmax, or sigmoid
+// with the correction bias and group-limited selection; experts selected as torch.topk selects.
+std::tuple<torch::Tensor, torch::Tensor> moe_route(torch::Tensor logits, std::optional<torch::Tensor> bias,
+                                                   int64_t top_k, bool sigmoid, bool renormalize, int64_t groups,
+                                                   int64_t topk_groups, double scaling);
+
+// x bf16 [T, H] -> sum_k w_k * expert_k(x) (+ the shared expert) bf16 [T, H]; expert stacks bf16
+// [E, rows, cols] or GGML blocks [E, rows, row_bytes] (type ids of ggml_gemv.h).
+torch::Tensor moe_experts(torch::Tensor x, torch::Tensor topk_weights, torch::Tensor topk_ids, torch::Tensor w13,
+                          int64_t w13_type, torch::Tensor w2, int64_t w2_type, std::optional<torch::Tensor> shared_w13,
+                          int64_t shared_w13_type, std::optional<torch::Tensor> shared_w2, int64_t shared_w2_type);
+
+}  // namespace tacit
