@@ -12,7 +12,7 @@ from tacit.kernels.ggml_quant import GGMLTensor
 from tacit.layers.embedding import GGMLEmbedding
 from tacit.layers.ggml_linear_method import GGMLLinearMethod
 from tacit.layers.linear import use_ggml_weights
-from tacit.layers.moe import FusedMoE, use_ggml_experts
+from tacit.layers.moe import use_ggml_expert_stacks, use_ggml_experts
 from tacit.model_config_checks import check_required_sizes
 from tacit.models.quantize_at_load import quantization_plan, quantized_as_loaded
 from tacit.models.registry import get_model_class
@@ -101,9 +101,7 @@ def build_model(
                 if getattr(model, "tie_word_embeddings", False):
                     types["lm_head.weight"] = embed
             use_ggml_weights(model, types, device.type, cfg.dtype)
-            for module in model.modules():
-                if isinstance(module, FusedMoE):
-                    module.keep_ggml_blocks = True
+            use_ggml_expert_stacks(model, types)
     finally:
         torch.set_default_dtype(prev)
     need = sum(p.numel() * p.element_size() for p in model.parameters())
