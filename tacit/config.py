@@ -122,6 +122,9 @@ class ModelConfig:
     # {fnmatch pattern over HF module names: none | int8 | int4}, first match wins: a type per
     # layer of a Hugging Face checkpoint quantized at load, over `quantization`'s.
     quantization_overrides: dict[str, str] = field(default_factory=dict)
+    # Bytes of memory for MoE expert weights, which then stay in the checkpoint and are read
+    # into this cache as steps need them (memory/expert_cache.py); None: every expert resident.
+    expert_cache_memory: int | None = None
     rope: dict[str, Any] = field(init=False)
     # True when max_model_len came from the model rather than the user: only then is it capped.
     max_model_len_derived: bool = field(init=False)
@@ -134,6 +137,16 @@ class ModelConfig:
                 f"a GGUF's weights are already quantized: use auto|gguf|none"
             )
         check_quantization_overrides(self.quantization_overrides)
+        if self.expert_cache_memory is not None:
+            if isinstance(self.expert_cache_memory, bool) or not isinstance(self.expert_cache_memory, int):
+                raise ValueError(f"expert_cache_memory={self.expert_cache_memory!r} is invalid: must be a byte count")
+            if self.expert_cache_memory <= 0:
+                raise ValueError(f"expert_cache_memory={self.expert_cache_memory!r} is invalid: must be > 0 bytes")
+            if str(self.path).endswith(".gguf") or self.quantization in HF_QUANTIZATIONS:
+                raise ValueError(
+                    "expert_cache_memory streams experts from an unquantized safetensors checkpoint; "
+                    f"{self.path} with quantization={self.quantization!r} is not one"
+                )
         # A copy, so the caller's dict (a recipe's, a CLI's) cannot change a built config.
         object.__setattr__(self, "quantization_overrides", dict(self.quantization_overrides))
         if self.quantization_overrides and (str(self.path).endswith(".gguf") or self.quantization == "gguf"):

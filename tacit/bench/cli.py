@@ -236,7 +236,11 @@ def cmd_latency(args: argparse.Namespace) -> int:
     print(_table(rows))
     r = latency.ratios(rows, "decode_tok_s", "batch_size")
     _print_ratios(r)
-    _write(args, {"read_GBps": bw, "weight_bytes": wbytes, **load, "rows": rows, "ratios": r})
+    experts = {}
+    if engine.runner.expert_cache is not None:  # --expert-cache-memory: the whole run's counters
+        experts = engine.runner.expert_cache.stats.as_dict()
+        print("streamed experts: " + ", ".join(f"{k.removeprefix('expert_')} {v:.3g}" for k, v in experts.items()))
+    _write(args, {"read_GBps": bw, "weight_bytes": wbytes, **load, "rows": rows, "ratios": r, **experts})
     if args.plot:
         from tacit.bench.plot import plot_lines
 

@@ -136,6 +136,14 @@ class EngineArgs:
         cli_help="parse special-token text inside chat messages as special tokens (by default it stays "
         "text, so a message cannot forge a turn such as <|im_start|>system)",
     )
+    expert_cache_memory: int | None = knob(
+        None,
+        "model",
+        "bytes of memory for MoE expert weights: experts stay in the safetensors checkpoint and pass through a "
+        "cache of this size, the next layer's prefetched on a background thread (a model larger than memory)",
+        type=int,
+        shown="every expert resident",
+    )
     # ---- platform ----
     device: str = knob("auto", "platform", "auto | cpu | cuda")
     # ---- cache ----
@@ -368,6 +376,7 @@ class EngineArgs:
             quantization=self.quantization,
             quantization_group_size=self.quantization_group_size,
             quantization_overrides=self.quantization_overrides,
+            expert_cache_memory=self.expert_cache_memory,
         )
 
     def create_engine_config(self, source: ModelSource, platform: Platform) -> EngineConfig:

@@ -150,8 +150,13 @@ class LLMEngine:
         return {r.parent_id for r in self.scheduler.running}
 
     def get_stats(self) -> EngineSnapshot:
+        cache = self.runner.expert_cache
         return EngineSnapshot.of(
-            self.scheduler.make_stats(), self.num_prompt_tokens, self.num_generation_tokens, self.num_steps
+            self.scheduler.make_stats(),
+            self.num_prompt_tokens,
+            self.num_generation_tokens,
+            self.num_steps,
+            cache.stats.as_dict() if cache is not None else None,
         )
 
     def score_full_logprobs(self, chunks: list[list[int]]) -> list[torch.Tensor]:

@@ -52,11 +52,23 @@ class EngineSnapshot:
     num_steps: int = 0
     length_predictor_mae: float = 0.0
     length_predictor_scored: int = 0
+    # Streamed MoE experts (--expert-cache-memory; memory/expert_cache.py ExpertCacheStats).
+    expert_cache_hit_rate: float = 0.0
+    expert_prefetch_hit_rate: float = 0.0
+    expert_bytes_read_per_token: float = 0.0
 
     @classmethod
-    def of(cls, s: SchedulerStats, prompt_tokens: int, generation_tokens: int, num_steps: int) -> "EngineSnapshot":
+    def of(
+        cls,
+        s: SchedulerStats,
+        prompt_tokens: int,
+        generation_tokens: int,
+        num_steps: int,
+        expert_cache: dict[str, float] | None = None,
+    ) -> "EngineSnapshot":
         """The scheduler's counters plus the engine's own (LLMEngine.get_stats)."""
         return cls(
+            **(expert_cache or {}),
             num_running=s.num_running,
             num_waiting=s.num_waiting,
             kv_blocks_used=s.kv_blocks_used,
@@ -123,6 +135,24 @@ class ServingMetrics:
             s.num_cut_ins,
         )
         metric("tacit_engine_steps_total", "counter", "Engine steps (forward passes) run.", s.num_steps)
+        metric(
+            "tacit_expert_cache_hit_rate",
+            "gauge",
+            "Streamed MoE experts a layer needed that were already in memory (0 without --expert-cache-memory).",
+            s.expert_cache_hit_rate,
+        )
+        metric(
+            "tacit_expert_prefetch_hit_rate",
+            "gauge",
+            "Experts a layer needed that the previous layer's prediction named for prefetch.",
+            s.expert_prefetch_hit_rate,
+        )
+        metric(
+            "tacit_expert_bytes_read_per_token",
+            "gauge",
+            "Expert bytes read from the checkpoint per token run.",
+            s.expert_bytes_read_per_token,
+        )
         metric(
             "tacit_output_length_predictor_mae",
             "gauge",

@@ -10,6 +10,7 @@ cut-in prefill), projects only the rows that sample, and calls the sampler.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -26,6 +27,7 @@ from tacit.layers.kv_cache import KVCacheLayer
 from tacit.layers.linear import select_linear_method, use_linear_method
 from tacit.layers.moe import select_moe_kernel, use_moe_kernel
 from tacit.layers.sampler import Sampler, SamplingMetadata
+from tacit.models.expert_streaming import stream_experts
 from tacit.outputs import ModelRunnerOutput, RawPromptLogprobs
 from tacit.scheduling.scheduler_output import SchedulerOutput, samples_this_step
 
@@ -85,6 +87,16 @@ class ModelRunner:
         # experts, which backend attends.
         use_linear_method(model, select_linear_method(device.type, config.model.dtype))
         use_moe_kernel(model, select_moe_kernel(device.type, config.model.dtype))
+        # MoE experts read from the checkpoint through a cache, when they do not all fit.
+        self.expert_cache = None
+        if config.model.expert_cache_memory is not None:
+            self.expert_cache = stream_experts(
+                model,
+                Path(config.model.path),
+                config.model.expert_cache_memory,
+                config.scheduler.max_num_batched_tokens,
+                config.model.dtype,
+            )
         self.attn_backend = select_attention_backend(device.type, config.model.dtype, config.model)
         layers = kv_cache_layers(model)
         for m in layers:

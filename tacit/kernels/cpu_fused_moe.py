@@ -71,4 +71,5 @@ class CPUFusedMoEKernel(MoEKernel):
             tag(shared.w13_type if shared else None),
             None if shared is None else shared.w2,
             tag(shared.w2_type if shared else None),
+            routed.slots,
         )

@@ -28,10 +28,16 @@ class ExpertWeights:
     w2: torch.Tensor
     w13_type: int | None = None
     w2_type: int | None = None
+    # Expert id -> row of the stacks, when the stacks are a cache's slots (memory/expert_cache.py)
+    # holding only some experts; None: row e is expert e.
+    slots: torch.Tensor | None = None
 
     @property
     def num_experts(self) -> int:
-        return self.w13.shape[0]
+        return self.w13.shape[0] if self.slots is None else self.slots.shape[0]
+
+    def row(self, expert: int) -> int:
+        return expert if self.slots is None else int(self.slots[expert])
 
     @property
     def intermediate_size(self) -> int:

@@ -14,19 +14,17 @@ from tacit.kernels.ggml_quant import dequantize
 from tacit.kernels.moe_kernel import ExpertWeights, MoEKernel, register_moe_kernel
 
 
-def expert_matrix(
-    stack: torch.Tensor, ggml_type: int | None, expert: int, cols: int, dtype: torch.dtype
-) -> torch.Tensor:
-    """Expert `expert`'s [rows, cols] matrix of a stack, in `dtype`."""
+def expert_matrix(stack: torch.Tensor, ggml_type: int | None, row: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    """The [rows, cols] matrix at `row` of a stack, in `dtype`."""
     if ggml_type is None:
-        return stack[expert]
-    return dequantize(stack[expert], ggml_type, cols).to(dtype)
+        return stack[row]
+    return dequantize(stack[row], ggml_type, cols).to(dtype)
 
 
 def swiglu_expert(x: torch.Tensor, experts: ExpertWeights, expert: int) -> torch.Tensor:
-    hidden, inter = x.shape[-1], experts.intermediate_size
-    gate, up = F.linear(x, expert_matrix(experts.w13, experts.w13_type, expert, hidden, x.dtype)).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, expert_matrix(experts.w2, experts.w2_type, expert, inter, x.dtype))
+    hidden, inter, row = x.shape[-1], experts.intermediate_size, experts.row(expert)
+    gate, up = F.linear(x, expert_matrix(experts.w13, experts.w13_type, row, hidden, x.dtype)).chunk(2, dim=-1)
+    return F.linear(F.silu(gate) * up, expert_matrix(experts.w2, experts.w2_type, row, inter, x.dtype))
 
 
 @register_moe_kernel("torch")

@@ -6,6 +6,10 @@ chosen for the platform and dtype (use_moe_kernel).
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -14,6 +18,7 @@ from tacit.kernels.ggml_quant import GGML_TYPES, GGMLTensor, row_bytes
 from tacit.kernels.moe_kernel import MOE_KERNELS, ExpertWeights, MoEKernel
 from tacit.kernels.moe_routing import MoERouting
 from tacit.kernels.torch_moe import TorchMoEKernel
+from tacit.memory.expert_cache import ExpertCache
 
 _PROJ_ROWS = {"gate_proj": 0, "up_proj": 1}  # halves of w13
 
@@ -41,6 +46,18 @@ class FusedMoE(nn.Module):
         self.w2_type: int | None = None
         self.kernel = kernel or TorchMoEKernel()
         self._loaded: set[tuple[int, str]] = set()
+        # Set when the experts stay in the checkpoint: (cache, this layer's index among the
+        # streamed ones, a callback that prefetches the next layer's predicted experts).
+        self.stream: ExpertStream | None = None
+        self.streamed = False
+
+    def stream_from_checkpoint(self) -> None:
+        """Hold no expert weights: they are read from the checkpoint as steps need them."""
+        e, inter, hidden = self.num_experts, self.intermediate_size, self.hidden_size
+        self.w13 = nn.Parameter(torch.empty(0, 2 * inter, hidden, device=self.w13.device), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(0, hidden, inter, device=self.w2.device), requires_grad=False)
+        self.streamed = True
+        self._loaded.update((i, p) for i in range(e) for p in ("gate_proj", "up_proj", "down_proj"))
 
     def use_ggml_weights(self, ggml_type: int) -> None:
         """Hold every expert as `ggml_type` blocks (before loading: each checkpoint tensor then
@@ -136,7 +153,30 @@ class FusedMoE(nn.Module):
     ) -> torch.Tensor:
         """x [T, H], router logits [T, E] -> the routed experts' weighted sum (+ the shared expert)."""
         weights, ids = self.kernel.route(router_logits.float(), self.routing, correction_bias)
-        return self.kernel.experts(x, weights, ids, self.expert_weights(), shared)
+        if not self.streamed:
+            return self.kernel.experts(x, weights, ids, self.expert_weights(), shared)
+        if self.stream is None:
+            raise RuntimeError("streamed experts have no cache bound (models/expert_streaming.py)")
+        cache = self.stream.cache
+        slots = cache.acquire(self.stream.layer, torch.unique(ids).tolist(), x.shape[0])
+        if self.stream.prefetch_next is not None:
+            self.stream.prefetch_next(x)
+        return self.kernel.experts(x, weights, ids, ExpertWeights(cache.w13, cache.w2, slots=slots), shared)
+
+
+@dataclass
+class ExpertStream:
+    cache: ExpertCache
+    layer: int
+    prefetch_next: Callable[[torch.Tensor], None] | None = None
+
+
+_EXPERT_WEIGHT = re.compile(r"\.experts\.\d+\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def is_expert_weight(name: str) -> bool:
+    """Whether a checkpoint name is a routed expert's weight (HF's per-expert layout)."""
+    return _EXPERT_WEIGHT.search(name) is not None
 
 
 def expert_weight_names(module: str, num_experts: int) -> list[str]:

@@ -23,7 +23,9 @@ class ModelSource:
     hf_config: dict
     tokenizer: Tokenizer
     eos_token_ids: list[int]
-    weights: Callable[[], Iterator[tuple[str, torch.Tensor | GGMLTensor]]]
+    # Called with no argument; a plain safetensors checkpoint also takes skip=(name -> bool), the
+    # tensors never to read (experts streamed from disk, models/expert_streaming.py).
+    weights: Callable[..., Iterator[tuple[str, torch.Tensor | GGMLTensor]]]
     # {HF weight name: GGML type id} of the weights `weights` yields still quantized (a GGUF's
     # blocks, or a GPTQ / AWQ checkpoint's layers converted to Q4_1).
     quantized_weights: dict[str, int] = field(default_factory=dict)
@@ -59,7 +61,7 @@ def open_model(model: str | Path | None) -> ModelSource:
     tok = Tokenizer.from_hf_dir(path)
     eos = hf_eos_token_ids(path, config) or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
     if method is None:
-        return ModelSource(path, config, tok, eos, lambda: iter_safetensors(path))
+        return ModelSource(path, config, tok, eos, lambda skip=None: iter_safetensors(path, skip))
     # GPTQ / AWQ: each layer's packed 4-bit tensors arrive as one GGMLTensor of Q4_1 blocks,
     # kept or dequantized as a GGUF's are (--quantization auto | gguf | none).
     return ModelSource(

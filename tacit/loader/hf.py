@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -45,17 +45,20 @@ def safetensors_files(path: Path) -> list[Path]:
     return files
 
 
-def iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_safetensors(path: Path, skip: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Check every shard's header against its file now (one small read each, so a lying or
     truncated file fails before the model is allocated), then stream tensors one at a time so
-    peak memory is the model plus one tensor."""
+    peak memory is the model plus one tensor. Tensors `skip` names are never read (streamed
+    MoE experts)."""
     files = safetensors_files(path)
     for f in files:
         check_safetensors_file(f)
-    return _stream_safetensors(path, files)
+    return _stream_safetensors(path, files, skip)
 
 
-def _stream_safetensors(path: Path, files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+def _stream_safetensors(
+    path: Path, files: list[Path], skip: Callable[[str], bool] | None
+) -> Iterator[tuple[str, torch.Tensor]]:
     names = []
     for f in files:
         # Checked above; a file changed since still fails with its name, not a traceback.
@@ -63,7 +66,7 @@ def _stream_safetensors(path: Path, files: list[Path]) -> Iterator[tuple[str, to
             handle = safe_open(str(f), framework="pt")
         except SafetensorError as e:
             raise ValueError(f"{f} is not a readable safetensors file: {e}") from None
-        names += [(f, handle, k) for k in handle.keys()]
+        names += [(f, handle, k) for k in handle.keys() if skip is None or not skip(k)]
     for f, handle, name in progress(names, desc=f"loading {path.name}"):
         try:
             tensor = handle.get_tensor(name)

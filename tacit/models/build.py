@@ -12,7 +12,7 @@ from tacit.kernels.ggml_quant import GGMLTensor
 from tacit.layers.embedding import GGMLEmbedding
 from tacit.layers.ggml_linear_method import GGMLLinearMethod
 from tacit.layers.linear import use_ggml_weights
-from tacit.layers.moe import use_ggml_expert_stacks, use_ggml_experts
+from tacit.layers.moe import FusedMoE, is_expert_weight, use_ggml_expert_stacks, use_ggml_experts
 from tacit.model_config_checks import check_required_sizes
 from tacit.models.quantize_at_load import quantization_plan, quantized_as_loaded
 from tacit.models.registry import get_model_class
@@ -59,7 +59,7 @@ def build_model(
     linear weights as they load instead."""
     cls = get_model_class(cfg.architecture)
     check_required_sizes(cfg.path, cfg.hf)
-    tensors = weights()
+    tensors = weights(skip=is_expert_weight) if cfg.expert_cache_memory is not None else weights()
     # Meta device: no memory and no random init for weights we are about to overwrite.
     prev = torch.get_default_dtype()
     torch.set_default_dtype(cfg.dtype)
@@ -76,6 +76,15 @@ def build_model(
                 f"quantization_overrides apply to an unquantized Hugging Face checkpoint quantized at load; "
                 f"{cfg.path}'s weights are already quantized, their types fixed by the file"
             )
+        if cfg.expert_cache_memory is not None:
+            # The experts stay in the checkpoint (models/expert_streaming.py binds their cache).
+            if quantized_weights or not any(isinstance(m, FusedMoE) for m in model.modules()):
+                raise ValueError(
+                    f"expert_cache_memory: {cfg.path} is not an unquantized MoE checkpoint; only MoE experts stream"
+                )
+            for m in model.modules():
+                if isinstance(m, FusedMoE):
+                    m.stream_from_checkpoint()
         if cfg.quantization in HF_QUANTIZATIONS or cfg.quantization_overrides:
             # Quantized at load: the linear layers become GGML-method layers now, and their
             # tensors are converted one at a time as they stream in (models/quantize_at_load.py).

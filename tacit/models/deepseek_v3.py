@@ -127,10 +127,16 @@ class DeepseekV3MoE(nn.Module):
             linear_ggml_type(mlp.down_proj),
         )
 
+    @property
+    def correction_bias(self) -> torch.Tensor:
+        return self.gate.e_score_correction_bias
+
+    def router_logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.float(), self.gate.weight.float())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(x.float(), self.gate.weight.float())
         shared = self.shared_expert_weights()
-        out = self.experts(x, logits, self.gate.e_score_correction_bias, shared)
+        out = self.experts(x, self.router_logits(x), self.correction_bias, shared)
         if self.shared_experts is not None and shared is None:
             out = out + self.shared_experts(x)
         return out

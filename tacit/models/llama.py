@@ -203,6 +203,8 @@ class CausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         derived = ["lm_head.weight"] if self._head_shares_embedding else []
+        # Experts streamed from the checkpoint are read by their cache, not loaded here.
+        derived += [f"{n}.{w}" for n, m in self.named_modules() if getattr(m, "streamed", False) for w in ("w13", "w2")]
         if self.tie_word_embeddings and not self._head_shares_embedding:
             weights = self._with_head_from_embedding(weights)
         load_named_weights(self, weights, hook=self.weight_hook, ignore=self.ignore_weight, derived=derived)

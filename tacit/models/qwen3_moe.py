@@ -53,10 +53,15 @@ class Qwen3MoeSparseBlock(nn.Module):
         self.gate = Linear(hf["hidden_size"], hf["num_experts"], bias=False)
         self.experts = FusedMoE(hf["num_experts"], hf["hidden_size"], hf["moe_intermediate_size"], routing)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    correction_bias = None
+
+    def router_logits(self, x: torch.Tensor) -> torch.Tensor:
         # The router product in the model's dtype, as HF's Qwen3-MoE computes it; softmax and
         # top-k run in float32 inside the kernel.
-        return self.experts(x, F.linear(x, self.gate.weight))
+        return F.linear(x, self.gate.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.experts(x, self.router_logits(x))
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
@@ -77,7 +82,9 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
         return load_expert_tensor(self, name, tensor) or super().weight_hook(name, tensor)
 
     def fused_mlp_unsupported_reason(self, mlp: nn.Module) -> str | None:
-        return None if isinstance(mlp, Qwen3MoeSparseBlock) else super().fused_mlp_unsupported_reason(mlp)
+        if not isinstance(mlp, Qwen3MoeSparseBlock):
+            return super().fused_mlp_unsupported_reason(mlp)
+        return "experts streamed from the checkpoint" if mlp.experts.streamed else None
 
     def fused_mlp_weights(self, mlp: nn.Module) -> dict[str, Any]:
         if not isinstance(mlp, Qwen3MoeSparseBlock):

@@ -158,7 +158,7 @@ def test_fused_moe_layer_keeps_ggml_blocks_and_refuses_wrong_ones():
         layer.load_ggml_experts(
             "up_proj", torch.stack([quantize_int4_groupwise(dense.w13[e, inter:]).data for e in range(experts)]), 3
         )
-    with pytest.raises(ValueError, match="loaded as GGML blocks"):
+    with pytest.raises(ValueError, match="the experts are Q8_0 blocks; got a torch.float32 tensor"):
         layer.load_expert_weight(0, "down_proj", dense.w2[0])
     x = torch.randn(3, hidden, generator=g)
     out = layer(x, torch.randn(3, experts, generator=g))

@@ -215,3 +215,11 @@ def test_lone_k_b_is_an_error(exported, tmp_path):
     bad = copy_gguf(path, tmp_path / "lone.gguf", drop_tensors=("blk.2.attn_v_b.weight",))
     with pytest.raises(ValueError, match=r"blk\.2\.attn_k_b\.weight has no blk\.2\.attn_v_b\.weight"):
         list(GGUFFile(bad).tensors())
+
+
+def test_expert_streaming_from_a_gguf_is_refused(exported):
+    _, path = exported("qwen3_moe_all")
+    with pytest.raises(
+        ValueError, match="expert_cache_memory streams experts from an unquantized safetensors checkpoint"
+    ):
+        LLM(str(path), dtype="float32", expert_cache_memory=1 << 20)

@@ -126,8 +126,10 @@ struct Experts {
   int t13, t2;
   int64_t row13, row2;  // bytes per row
   int64_t hidden, inter;
-  const uint8_t* gate_up(int64_t e) const { return w13 + e * 2 * inter * row13; }
-  const uint8_t* down(int64_t e) const { return w2 + e * hidden * row2; }
+  const int64_t* slot = nullptr;  // expert id -> row of the stacks (a streamed expert cache), or none
+  int64_t row_of(int64_t e) const { return slot ? slot[e] : e; }
+  const uint8_t* gate_up(int64_t e) const { return w13 + row_of(e) * 2 * inter * row13; }
+  const uint8_t* down(int64_t e) const { return w2 + row_of(e) * hidden * row2; }
 };
 
 int64_t row_bytes(int type, int64_t k) { return type == kBf16 ? 2 * k : ggml_row_bytes(type, k); }
@@ -235,15 +237,23 @@ std::tuple<torch::Tensor, torch::Tensor> moe_route(torch::Tensor logits, std::op
 
 torch::Tensor moe_experts(torch::Tensor x, torch::Tensor topk_weights, torch::Tensor topk_ids, torch::Tensor w13,
                           int64_t w13_type, torch::Tensor w2, int64_t w2_type, std::optional<torch::Tensor> shared_w13,
-                          int64_t shared_w13_type, std::optional<torch::Tensor> shared_w2, int64_t shared_w2_type) {
+                          int64_t shared_w13_type, std::optional<torch::Tensor> shared_w2, int64_t shared_w2_type,
+                          std::optional<torch::Tensor> expert_slots) {
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.is_contiguous(), "x: contiguous bf16 [T, H]");
   TORCH_CHECK(topk_ids.scalar_type() == torch::kInt64 && topk_ids.dim() == 2 && topk_ids.size(0) == x.size(0),
               "topk_ids: int64 [T, K]");
   TORCH_CHECK(topk_weights.sizes() == topk_ids.sizes(), "topk_weights must match topk_ids");
   const int64_t t = x.size(0), h = x.size(1), k = topk_ids.size(1);
   TORCH_CHECK(w13.dim() == 3, "w13: [E, 2 * I, cols]");
-  const int64_t num_experts = w13.size(0), inter = w13.size(1) / 2;
-  const Experts routed = experts_of(w13, w13_type, w2, w2_type, h, inter, "routed experts");
+  const int64_t inter = w13.size(1) / 2;
+  Experts routed = experts_of(w13, w13_type, w2, w2_type, h, inter, "routed experts");
+  int64_t num_experts = w13.size(0);
+  torch::Tensor slots_c;
+  if (expert_slots.has_value()) {  // ids index the slot table, the table indexes the stacks
+    slots_c = expert_slots->to(torch::kInt64).contiguous();
+    num_experts = slots_c.numel();
+    routed.slot = slots_c.data_ptr<int64_t>();
+  }
   std::optional<Experts> shared;
   if (shared_w13.has_value()) {
     TORCH_CHECK(shared_w2.has_value() && shared_w13->size(0) == 1, "shared expert: w13 and w2 as [1, rows, cols]");
@@ -281,8 +291,10 @@ torch::Tensor moe_experts(torch::Tensor x, torch::Tensor topk_weights, torch::Te
   u16* act_s = reinterpret_cast<u16*>(act_shared.data_ptr<at::BFloat16>());
   std::vector<Segment> segments;
   for (int64_t e = 0; e < num_experts; ++e)
-    if (start[e + 1] > start[e])
+    if (start[e + 1] > start[e]) {
+      TORCH_CHECK(routed.row_of(e) >= 0 && routed.row_of(e) < w13.size(0), "expert ", e, " has no slot in the stacks");
       segments.push_back({&routed, e, start[e], start[e + 1] - start[e], act_r + start[e] * inter});
+    }
   if (shared) segments.push_back({&*shared, 0, slots, t, act_s});
 
   // Large segments: oneDNN GEMMs on the gathered rows, their outputs kept for phase 2.

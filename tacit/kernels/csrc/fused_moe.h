@@ -18,6 +18,7 @@ std::tuple<torch::Tensor, torch::Tensor> moe_route(torch::Tensor logits, std::op
 // [E, rows, cols] or GGML blocks [E, rows, row_bytes] (type ids of ggml_gemv.h).
 torch::Tensor moe_experts(torch::Tensor x, torch::Tensor topk_weights, torch::Tensor topk_ids, torch::Tensor w13,
                           int64_t w13_type, torch::Tensor w2, int64_t w2_type, std::optional<torch::Tensor> shared_w13,
-                          int64_t shared_w13_type, std::optional<torch::Tensor> shared_w2, int64_t shared_w2_type);
+                          int64_t shared_w13_type, std::optional<torch::Tensor> shared_w2, int64_t shared_w2_type,
+                          std::optional<torch::Tensor> expert_slots);
 
 }  // namespace tacit

@@ -163,7 +163,7 @@ void moe_mlp(const LlamaLayerWeights& w, const u16* normed, float* out_f32, int 
   auto [weights, ids] = moe_route(logits, std::nullopt, w.top_k, false, w.renormalize, 1, 1, 1.0);
   auto x = torch::from_blob(const_cast<u16*>(normed), {m, h}, torch::dtype(torch::kBFloat16));
   auto y = moe_experts(x, weights, ids, w.experts_w13, w.experts_w13_type, w.experts_w2, w.experts_w2_type,
-                       std::nullopt, kBf16, std::nullopt, kBf16);
+                       std::nullopt, kBf16, std::nullopt, kBf16, std::nullopt);
   torch::from_blob(out_f32, {m, h}, torch::dtype(torch::kFloat32)).copy_(y);
 }
 
