@@ -2,8 +2,8 @@
 tacit's Qwen3MoeForCausalLM and DeepseekV3ForCausalLM load.
 
 Config: the MoE and MLA keys, each required one named in the error when absent. Tensors: each
-[experts, rows, cols] expert stack becomes one GGMLExpertStack or its experts' HF tensors (`expert_tensors`), and MLA's
-per-head k_b / v_b pair becomes kv_b_proj again (`KVBJoiner`).
+[experts, rows, cols] expert stack becomes one GGMLExpertStack or its experts' HF tensors
+(`expert_tensors`), and MLA's per-head k_b / v_b pair becomes kv_b_proj again (`KVBJoiner`).
 """
 
 from __future__ import annotations
