@@ -115,6 +115,29 @@ def make_config(arch: str, vocab: int):
             decoder_sparse_step=1,
             mlp_only_layers=[1],
         )
+    if arch == "qwen3_moe_all":  # experts in every layer, top-k renormalized: all llama.cpp's qwen3moe runs
+        return tf.Qwen3MoeConfig(
+            **kw,
+            head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+    if arch == "qwen3_moe_256":  # qwen3_moe_all with 256-value expert rows: whole K-quant blocks
+        kw.update(hidden_size=256, intermediate_size=512)
+        return tf.Qwen3MoeConfig(
+            **kw,
+            head_dim=64,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=256,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
     if arch == "qwen3_moe_nonorm":
         kw.update(num_hidden_layers=3)
         return tf.Qwen3MoeConfig(

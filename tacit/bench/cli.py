@@ -166,9 +166,13 @@ def _setup(args: argparse.Namespace, peers: list[str]) -> tuple[Any, list[Any], 
         elif peer == "llama.cpp":
             from tacit.bench.peers.llamacpp_peer import LlamaCppBench
             from tacit.layers.ggml_linear_method import GGMLLinearMethod
+            from tacit.layers.moe import FusedMoE
 
+            # GGML blocks in a linear layer or an expert stack: llama.cpp reads the GGUF as it is.
             native = any(
-                isinstance(getattr(m, "linear_method", None), GGMLLinearMethod) for m in engine.model.modules()
+                isinstance(getattr(m, "linear_method", None), GGMLLinearMethod)
+                or (isinstance(m, FusedMoE) and m.w13_type is not None)
+                for m in engine.model.modules()
             )
             engines.append(LlamaCppBench(path if native else _gguf_for_llamacpp(path, dtype), engine.max_model_len))
     torch.manual_seed(0)

@@ -86,6 +86,28 @@ class GGMLTensor:
         return dequantize(self.data, self.ggml_type, self.shape[1]).to(dtype)
 
 
+@dataclass
+class GGMLExpertStack:
+    """A GGUF's stacked expert tensor still in its GGML blocks: data uint8
+    [experts, rows, row_bytes(type, cols)], one expert's matrix per leading index."""
+
+    data: torch.Tensor
+    ggml_type: int
+    shape: tuple[int, int, int]
+
+    def __post_init__(self) -> None:
+        experts, rows, cols = self.shape
+        want = (experts, rows, row_bytes(self.ggml_type, cols))
+        if self.data.dtype != torch.uint8 or tuple(self.data.shape) != want:
+            raise ValueError(
+                f"{GGML_TYPES[self.ggml_type].name} experts {self.shape} are {want} bytes; "
+                f"got {self.data.dtype} {tuple(self.data.shape)}"
+            )
+
+    def dequantize_expert(self, expert: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return dequantize(self.data[expert], self.ggml_type, self.shape[2]).to(dtype)
+
+
 def dequantize(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
     """uint8 [rows, row_bytes] in `ggml_type`'s blocks -> float32 [rows, cols]."""
     t = GGML_TYPES[ggml_type]

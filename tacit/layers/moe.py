@@ -62,16 +62,25 @@ class FusedMoE(nn.Module):
     def use_ggml_weights(self, ggml_type: int) -> None:
         """Hold every expert as `ggml_type` blocks (before loading: each checkpoint tensor then
         arrives quantized, as a GGMLTensor, through load_expert_weight)."""
+        self.use_ggml_stacks(ggml_type, ggml_type)
+
+    def use_ggml_stacks(self, w13_type: int | None, w2_type: int | None) -> None:
+        """Hold w13 (gate and up) and w2 (down) as blocks of each one's GGML type, None: float
+        (before loading). A GGUF's stacks may differ: Q4_K_M files keep ffn_down_exps in Q6_K."""
         e, inter, hidden = self.num_experts, self.intermediate_size, self.hidden_size
         device = self.w13.device
-        self.w13 = nn.Parameter(
-            torch.empty(e, 2 * inter, row_bytes(ggml_type, hidden), dtype=torch.uint8, device=device),
-            requires_grad=False,
-        )
-        self.w2 = nn.Parameter(
-            torch.empty(e, hidden, row_bytes(ggml_type, inter), dtype=torch.uint8, device=device), requires_grad=False
-        )
-        self.w13_type = self.w2_type = ggml_type
+        if w13_type is not None:
+            self.w13 = nn.Parameter(
+                torch.empty(e, 2 * inter, row_bytes(w13_type, hidden), dtype=torch.uint8, device=device),
+                requires_grad=False,
+            )
+            self.w13_type = w13_type
+        if w2_type is not None:
+            self.w2 = nn.Parameter(
+                torch.empty(e, hidden, row_bytes(w2_type, inter), dtype=torch.uint8, device=device),
+                requires_grad=False,
+            )
+            self.w2_type = w2_type
 
     def load_expert_weight(self, expert: int, proj: str, weight: torch.Tensor | GGMLTensor) -> None:
         inter = self.intermediate_size
@@ -183,6 +192,16 @@ def use_ggml_experts(model: nn.Module, types: dict[str, int]) -> None:
             found = {types.get(n) for n in expert_weight_names(name, m.num_experts)}
             if len(found) == 1 and None not in found:
                 m.use_ggml_weights(found.pop())
+
+
+def use_ggml_expert_stacks(model: nn.Module, types: dict[str, int]) -> None:
+    """Hold each FusedMoE's stacks as the GGML blocks a GGUF gives them (before loading).
+    types: {`{module}.{proj}.weight`, a whole stack: GGML type}; gate and up share w13, so they
+    stay float unless of one type."""
+    for name, m in model.named_modules():
+        if isinstance(m, FusedMoE):
+            gate, up, down = (types.get(f"{name}.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj"))
+            m.use_ggml_stacks(gate if gate == up else None, down)
 
 
 def select_moe_kernel(platform: str, dtype: torch.dtype) -> MoEKernel:

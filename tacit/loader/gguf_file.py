@@ -2,7 +2,8 @@
 
 Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K tensors come out still in their GGML blocks (kernels/ggml_quant.GGMLTensor):
 a linear layer built for that type keeps them as they are, anything else dequantizes them as it
-loads them. Tensors of other quantized types are dequantized here, with a message naming the type.
+loads them; MoE expert stacks of those types come out whole (GGMLExpertStack, gguf_moe_import.py).
+Tensors of other quantized types are dequantized here, with a message naming the type.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import torch
 
 from tacit.kernels.ggml_quant import GGML_TYPES, GGMLTensor
 from tacit.loader.gguf_header import GGUFHeader
+from tacit.loader.gguf_moe_import import MOE_ARCHS, STACK_PROJ, KVBJoiner, expert_tensors, moe_hf_config, yarn_extras
+from tacit.loader.gguf_moe_names import K_B, MOE_LAYER, ROUTER_BIAS_GGUF, ROUTER_BIAS_HF, V_B
 from tacit.loader.progress import progress
 from tacit.model_config_checks import SIZE_LIMITS, check_size
 from tacit.tokenizer import Tokenizer
 
-_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", **MOE_ARCHS}
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -36,6 +39,7 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    **{gguf: hf for hf, gguf in MOE_LAYER.items()},
 }
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -53,6 +57,18 @@ _SIZE_KEYS = {
     "attention.key_length": "head_dim",
     "context_length": "max_position_embeddings",
     "vocab_size": "vocab_size",
+    "expert_count": "num_experts",
+    "expert_used_count": "num_experts_per_tok",
+    "expert_feed_forward_length": "moe_intermediate_size",
+    "expert_shared_count": "n_shared_experts",
+    "expert_group_count": "num_experts",
+    "expert_group_used_count": "num_experts",
+    "attention.q_lora_rank": "q_lora_rank",
+    "attention.kv_lora_rank": "kv_lora_rank",
+    "attention.key_length_mla": "head_dim",
+    "attention.value_length_mla": "v_head_dim",
+    "attention.value_length": "v_head_dim",
+    "rope.dimension_count": "qk_rope_head_dim",
 }
 _BLOCK = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 
@@ -133,6 +149,10 @@ class GGUFFile:
                 "factor": float(self._meta("rope.scaling.factor", 1.0)),
                 "original_max_position_embeddings": int(self._meta("rope.scaling.original_context_length", 0)),
             }
+            if scaling == "yarn" and self.arch == "deepseek2":
+                cfg["rope_scaling"].update(yarn_extras(self._meta))
+        if self.arch in MOE_ARCHS:
+            cfg.update(moe_hf_config(self.arch, str(self.path), self._meta, self._size, heads))
         return cfg
 
     def eos_token_ids(self) -> list[int]:
@@ -148,18 +168,29 @@ class GGUFFile:
         name = _GLOBAL_NAMES.get(gguf_name)
         if name is None:
             m = _BLOCK.match(gguf_name)
-            if m is None or m.group(2) not in _LAYER_NAMES:
+            if m is None:
+                return None
+            if f"{m.group(2)}.{m.group(3)}" == ROUTER_BIAS_GGUF:
+                return f"model.layers.{m.group(1)}.{ROUTER_BIAS_HF}"
+            if m.group(2) not in _LAYER_NAMES:
                 return None
             name = f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
         return name
 
     def quantized_weights(self) -> dict[str, int]:
-        """{HF name: GGML type id} of the 2-D tensors `tensors()` yields as GGMLTensor, read
-        from the header alone, so the model can build those layers for their type."""
+        """{HF name: GGML type id} of the 2-D tensors `tensors()` yields as GGMLTensor and the
+        expert stacks it yields as GGMLExpertStack (`...mlp.experts.{proj}.weight`), read from
+        the header alone, so the model can build those layers for their type."""
         out = {}
         for t in self.header.tensors:
+            if t.ggml_type not in GGML_TYPES:
+                continue
+            m = _BLOCK.match(t.name)
+            if m is not None and m.group(2) in STACK_PROJ and self.arch in MOE_ARCHS and len(t.shape) == 3:
+                out[f"model.layers.{m.group(1)}.mlp.experts.{STACK_PROJ[m.group(2)]}.weight"] = t.ggml_type
+                continue
             name = self._hf_name(t.name)
-            if name is not None and t.ggml_type in GGML_TYPES and len(t.shape) == 2:
+            if name is not None and len(t.shape) == 2:
                 out[name] = t.ggml_type
         return out
 
@@ -169,7 +200,23 @@ class GGUFFile:
 
         cfg = self.hf_config()
         dequantized: dict[str, int] = {}
+        kv_b = KVBJoiner()
         for t in progress(self.header.tensors, desc=f"loading {self.path.name}"):
+            m = _BLOCK.match(t.name)
+            if m is not None and m.group(2) in STACK_PROJ and self.arch in MOE_ARCHS:
+                if t.ggml_type not in GGML_TYPES:
+                    self._count_dequantized(t.ggml_type, dequantized)
+                prefix = f"model.layers.{m.group(1)}.mlp"
+                yield from expert_tensors(prefix, m.group(2), t.shape, t.ggml_type, self.header.data(t))
+                continue
+            if m is not None and m.group(2) in (K_B, V_B) and self.arch == "deepseek2":
+                # kv_b_proj is read whole by MLA attention (dense_weight_linears): float.
+                self._count_dequantized(t.ggml_type, dequantized)
+                arr = dequantize(self.header.data(t), GGMLQuantizationType(t.ggml_type)).reshape(t.shape)
+                joined = kv_b.add(m.group(1), m.group(2), torch.from_numpy(np.array(arr, dtype=np.float32)))
+                if joined is not None:
+                    yield joined
+                continue
             name = self._hf_name(t.name)
             if name is None:
                 continue
@@ -184,12 +231,12 @@ class GGUFFile:
                 yield name, GGMLTensor(torch.from_numpy(np.array(raw)), t.ggml_type, shape)
                 continue
             qtype = GGMLQuantizationType(t.ggml_type)
-            if qtype.name not in ("F32", "F16", "BF16"):
-                dequantized[qtype.name] = dequantized.get(qtype.name, 0) + 1
+            self._count_dequantized(t.ggml_type, dequantized)
             arr = dequantize(data, qtype).reshape(shape)
             if qk:
                 arr = self._unpermute(arr.reshape(arr.shape[0], -1), heads).reshape(arr.shape)
             yield name, torch.from_numpy(np.array(arr, dtype=np.float32))  # a copy: the file is mapped read-only
+        kv_b.check_done(str(self.path))
         if dequantized:
             kinds = ", ".join(f"{k} ({n} tensors)" for k, n in sorted(dequantized.items()))
             native = ", ".join(t.name for t in GGML_TYPES.values())
@@ -197,6 +244,14 @@ class GGUFFile:
                 f"tacit: {self.path.name}: {kinds} dequantized at load; native GGML kernels take {native}",
                 file=sys.stderr,
             )
+
+    @staticmethod
+    def _count_dequantized(ggml_type: int, counts: dict[str, int]) -> None:
+        from gguf import GGMLQuantizationType
+
+        name = GGMLQuantizationType(ggml_type).name
+        if name not in ("F32", "F16", "BF16"):
+            counts[name] = counts.get(name, 0) + 1
 
     def tokenizer(self) -> Tokenizer:
         from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers

@@ -1,4 +1,4 @@
-"""Write GGUF files: re-encode a GGUF at another precision, or convert an HF llama-family directory.
+"""Write GGUF files: re-encode a GGUF at another precision, or convert an HF llama-family or MoE directory.
 
 Used to hand llama.cpp the very weights tacit runs (bf16, not the source's Q4_1) so that
 benchmark ratios compare engines, not quantizations.
@@ -13,7 +13,9 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-_HF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+from tacit.loader.gguf_moe_export import MOE_ARCHS, check_exportable, moe_gguf_tensors, write_moe_metadata
+
+_HF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", **MOE_ARCHS}
 _LAYER = {
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
@@ -42,14 +44,25 @@ def _permute(x: np.ndarray, heads: int) -> np.ndarray:
 def _add_tensor(writer: Any, name: str, arr: np.ndarray, bf16: bool, ggml_type: str | None = None) -> None:
     import gguf
 
-    if ggml_type is not None and arr.ndim == 2:
+    # Norms, biases and the MoE router stay float32, as llama.cpp's converter keeps them.
+    matrix = arr.ndim >= 2 and not name.endswith("ffn_gate_inp.weight")
+    if ggml_type is not None and matrix:
         qtype = gguf.GGMLQuantizationType[ggml_type]
-        raw = gguf.quants.quantize(arr.astype(np.float32), qtype)
+        block = gguf.GGML_QUANT_SIZES[qtype][0]
+        if arr.shape[-1] % block:
+            raise ValueError(f"{name}: rows of {arr.shape[-1]} values are not whole {block}-value {ggml_type} blocks")
+        # Row-wise, so a 3-D expert stack quantizes as its experts' matrices would one by one.
+        try:
+            raw = gguf.quants.quantize(arr.astype(np.float32), qtype)
+        except NotImplementedError:  # the gguf package dequantizes K-quants but cannot make them
+            raise ValueError(
+                f"{name}: the gguf package cannot quantize to {ggml_type} (Q8_0, Q4_0, Q4_1 it can)"
+            ) from None
         writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
-    elif bf16 and arr.ndim == 2:
+    elif bf16 and matrix:
         raw = gguf.quants.quantize(arr.astype(np.float32), gguf.GGMLQuantizationType.BF16)
         writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
-    else:  # norms and biases stay float32, as llama.cpp's converter keeps them
+    else:
         writer.add_tensor(name, arr.astype(np.float32))
 
 
@@ -75,10 +88,11 @@ def reencode_gguf(src: Path, dst: Path, bf16: bool = True) -> Path:
 
 
 def export_hf_to_gguf(hf_dir: Path, dst: Path, bf16: bool = False, ggml_types: dict[str, str] | None = None) -> Path:
-    """An HF llama/qwen2/qwen3 directory with a byte-level BPE tokenizer.json -> GGUF.
+    """An HF llama/qwen2/qwen3/qwen3_moe/deepseek_v3 directory with a byte-level BPE tokenizer.json -> GGUF.
 
-    ggml_types: {GGUF tensor-name suffix ("attn_q.weight", "token_embd.weight"; "" for every 2-D
-    tensor): GGML type name ("Q4_1")}: those matrices are quantized, the longest suffix wins."""
+    ggml_types: {GGUF tensor-name suffix ("attn_q.weight", "ffn_up_exps.weight"; "" for every
+    matrix): GGML type name ("Q4_1")}: those matrices (and expert stacks, row by row) are
+    quantized, the longest suffix wins."""
     import gguf
 
     from tacit.loader.hf import iter_safetensors, read_json
@@ -88,6 +102,8 @@ def export_hf_to_gguf(hf_dir: Path, dst: Path, bf16: bool = False, ggml_types: d
     arch = _HF_ARCH.get((cfg.get("architectures") or [""])[0])
     if arch is None:
         raise ValueError(f"{hf_dir}: only {', '.join(_HF_ARCH)} export to GGUF")
+    if arch in MOE_ARCHS.values():
+        check_exportable(arch, cfg, str(hf_dir))
     heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     rope = cfg.get("rope_parameters") or {}
     w = gguf.GGUFWriter(str(dst), arch)
@@ -96,10 +112,13 @@ def export_hf_to_gguf(hf_dir: Path, dst: Path, bf16: bool = False, ggml_types: d
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
+    if arch in MOE_ARCHS.values():
+        write_moe_metadata(w, arch, cfg)
+    else:
+        w.add_head_count_kv(kv_heads)
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_rope_freq_base(float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))))
     w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
     w.add_vocab_size(cfg["vocab_size"])
@@ -125,7 +144,10 @@ def export_hf_to_gguf(hf_dir: Path, dst: Path, bf16: bool = False, ggml_types: d
     if tok.chat_template:
         w.add_chat_template(tok.chat_template)
 
-    for name, tensor in _hf_tensors(iter_safetensors(hf_dir), cfg):
+    items = iter_safetensors(hf_dir)
+    if arch in MOE_ARCHS.values():
+        items = moe_gguf_tensors(items, cfg, arch, _LAYER)
+    for name, tensor in _hf_tensors(items, cfg):
         x = tensor.float().numpy()
         if name.startswith("blk."):
             if arch == "llama" and ".attn_q." in name:
@@ -144,6 +166,9 @@ def _type_for(name: str, ggml_types: dict[str, str]) -> str | None:
 
 def _hf_tensors(items: Iterable[tuple[str, torch.Tensor]], cfg: dict) -> Iterable[tuple[str, torch.Tensor]]:
     for name, tensor in items:
+        if name.startswith("blk."):  # already mapped (gguf_moe_export)
+            yield name, tensor
+            continue
         if name in _GLOBAL:
             if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
                 continue

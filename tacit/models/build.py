@@ -12,7 +12,7 @@ from tacit.kernels.ggml_quant import GGMLTensor
 from tacit.layers.embedding import GGMLEmbedding
 from tacit.layers.ggml_linear_method import GGMLLinearMethod
 from tacit.layers.linear import use_ggml_weights
-from tacit.layers.moe import FusedMoE, is_expert_weight, use_ggml_experts
+from tacit.layers.moe import FusedMoE, is_expert_weight, use_ggml_expert_stacks, use_ggml_experts
 from tacit.model_config_checks import check_required_sizes
 from tacit.models.quantize_at_load import quantization_plan, quantized_as_loaded
 from tacit.models.registry import get_model_class
@@ -94,7 +94,10 @@ def build_model(
             use_ggml_experts(model, plan)
             tensors = quantized_as_loaded(tensors, plan, cfg.quantization_group_size, tied_head)
         elif quantized_weights and keeps_ggml_weights(cfg, device):
-            types = dict(quantized_weights)
+            # Layers the model reads the weight of itself (a MoE router, MLA's kv_b_proj) stay
+            # float: their GGML tensors dequantize as they load (layers/linear.weight_data).
+            dense = tuple(getattr(model, "dense_weight_linears", ()))
+            types = {n: t for n, t in quantized_weights.items() if not n.removesuffix(".weight").endswith(dense)}
             embed = types.get("model.embed_tokens.weight")
             if embed is not None:
                 # The table stays in its blocks too, rows dequantized as looked up
@@ -107,6 +110,7 @@ def build_model(
                 if getattr(model, "tie_word_embeddings", False):
                     types["lm_head.weight"] = embed
             use_ggml_weights(model, types, device.type, cfg.dtype)
+            use_ggml_expert_stacks(model, types)
     finally:
         torch.set_default_dtype(prev)
     need = sum(p.numel() * p.element_size() for p in model.parameters())

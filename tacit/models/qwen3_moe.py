@@ -11,17 +11,18 @@ from torch import nn
 
 from tacit.config import ModelConfig
 from tacit.kernels.cpu_fused_decode import MoELayerWeights
-from tacit.kernels.ggml_quant import BF16
+from tacit.kernels.ggml_quant import BF16, GGMLExpertStack
 from tacit.kernels.moe_routing import MoERouting
 from tacit.layers.linear import Linear
 from tacit.layers.moe import FusedMoE
 from tacit.models.llama import LlamaMLP, Qwen3ForCausalLM
 
-_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(?:(\d+)\.)?(gate_proj|up_proj|down_proj)\.weight$")
 
 
-def load_expert_tensor(model: nn.Module, name: str, tensor: torch.Tensor) -> str | None:
-    """Route HF's per-expert tensors into the stacked FusedMoE parameters."""
+def load_expert_tensor(model: nn.Module, name: str, tensor: torch.Tensor | GGMLExpertStack) -> str | None:
+    """Route HF's per-expert tensors, or a GGUF's whole stack of one projection
+    (`...experts.{proj}.weight`, GGMLExpertStack), into the stacked FusedMoE parameters."""
     m = _EXPERT.match(name)
     if m is None:
         return None
@@ -29,8 +30,19 @@ def load_expert_tensor(model: nn.Module, name: str, tensor: torch.Tensor) -> str
         experts: FusedMoE = model.get_submodule(m.group(1))
     except AttributeError:
         return None  # e.g. DeepSeek's MTP layer past num_hidden_layers: not part of this model
-    experts.load_expert_weight(int(m.group(2)), m.group(3), tensor)
-    return m.group(1) + (".w2" if m.group(3) == "down_proj" else ".w13")
+    proj = m.group(3)
+    if isinstance(tensor, GGMLExpertStack):
+        # Blocks where build_model made the stack hold them (use_ggml_expert_stacks), else float.
+        if (experts.w2_type if proj == "down_proj" else experts.w13_type) is not None:
+            experts.load_ggml_experts(proj, tensor.data, tensor.ggml_type)
+        else:
+            for e in range(tensor.shape[0]):
+                experts.load_expert_weight(e, proj, tensor.dequantize_expert(e))
+    elif m.group(2) is None:
+        raise ValueError(f"{name}: a stack of all experts comes as GGML blocks; got {type(tensor).__name__}")
+    else:
+        experts.load_expert_weight(int(m.group(2)), proj, tensor)
+    return m.group(1) + (".w2" if proj == "down_proj" else ".w13")
 
 
 class Qwen3MoeSparseBlock(nn.Module):
