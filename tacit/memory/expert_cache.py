@@ -141,7 +141,8 @@ class ExpertCache:
         self._read_into(gate, self.w13[slot, :i])
         self._read_into(up, self.w13[slot, i:])
         self._read_into(down, self.w2[slot])
-        self.stats.bytes_read += gate.nbytes + up.nbytes + down.nbytes
+        with self._lock:  # prefetches count from the reader thread
+            self.stats.bytes_read += gate.nbytes + up.nbytes + down.nbytes
 
     # ---- slots ----
     def _victim(self, protected: set[int]) -> int | None:
@@ -188,6 +189,8 @@ class ExpertCache:
     def acquire(self, layer: int, experts: list[int], num_tokens: int) -> torch.Tensor:
         """int64 [max expert + 1]: the slot of each of `experts` (-1 for the others), every one
         read and protected from eviction until the next acquire."""
+        if not experts:
+            return torch.empty(0, dtype=torch.int64)
         waits, todo, slots = [], [], {}
         with self._lock:
             protected = {self._where[(layer, e)] for e in experts if (layer, e) in self._where}
