@@ -93,7 +93,7 @@ class FusedMoE(nn.Module):
                 )
             weight = weight.data
         elif isinstance(weight, GGMLTensor):
-            weight = weight.dequantize(self.w13.dtype)
+            weight = weight.dequantize((self.w2 if proj == "down_proj" else self.w13).dtype)
         with torch.no_grad():
             if proj == "gate_proj":
                 self.w13[expert, :inter].copy_(weight)
