@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -63,6 +63,9 @@ class MoELayerWeights:
     w2_type: int
     top_k: int
     renormalize: bool
+    # Streamed experts: (expert ids [m, top_k], normed rows [m, hidden]) -> the expert -> slot
+    # table of the cache that w13/w2 are (the call makes those experts resident).
+    expert_slots: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
 
 def bind_llama_decoder(
@@ -120,5 +123,5 @@ def bind_llama_decoder(
         )
         if w.moe is not None:
             m = w.moe
-            decoder.add_moe(m.router, m.w13, m.w13_type, m.w2, m.w2_type, m.top_k, m.renormalize)
+            decoder.add_moe(m.router, m.w13, m.w13_type, m.w2, m.w2_type, m.top_k, m.renormalize, m.expert_slots)
     return decoder

@@ -155,13 +155,23 @@ class FusedMoE(nn.Module):
         weights, ids = self.kernel.route(router_logits.float(), self.routing, correction_bias)
         if not self.streamed:
             return self.kernel.experts(x, weights, ids, self.expert_weights(), shared)
+        routed = self.streamed_weights()
+        routed.slots = self.acquire_streamed(ids, x)
+        return self.kernel.experts(x, weights, ids, routed, shared)
+
+    def streamed_weights(self) -> ExpertWeights:
+        """The expert cache's slot stacks (streamed experts; the slot table comes per step)."""
         if self.stream is None:
             raise RuntimeError("streamed experts have no cache bound (models/expert_streaming.py)")
-        cache = self.stream.cache
-        slots = cache.acquire(self.stream.layer, torch.unique(ids).tolist(), x.shape[0])
+        return ExpertWeights(self.stream.cache.w13, self.stream.cache.w2)
+
+    def acquire_streamed(self, ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Make this step's experts resident (ids [T, top_k]; x [T, H], the layer's input) and
+        start the next layer's predicted ones; -> the expert -> slot table."""
+        slots = self.stream.cache.acquire(self.stream.layer, torch.unique(ids).tolist(), x.shape[0])
         if self.stream.prefetch_next is not None:
             self.stream.prefetch_next(x)
-        return self.kernel.experts(x, weights, ids, ExpertWeights(cache.w13, cache.w2, slots=slots), shared)
+        return slots
 
 
 @dataclass

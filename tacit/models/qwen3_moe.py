@@ -84,19 +84,21 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     def fused_mlp_unsupported_reason(self, mlp: nn.Module) -> str | None:
         if not isinstance(mlp, Qwen3MoeSparseBlock):
             return super().fused_mlp_unsupported_reason(mlp)
-        return "experts streamed from the checkpoint" if mlp.experts.streamed else None
+        return None
 
     def fused_mlp_weights(self, mlp: nn.Module) -> dict[str, Any]:
         if not isinstance(mlp, Qwen3MoeSparseBlock):
             return super().fused_mlp_weights(mlp)
         experts, routing = mlp.experts, mlp.experts.routing
+        stacks = experts.expert_weights() if not experts.streamed else experts.streamed_weights()
         moe = MoELayerWeights(
             router=mlp.gate.weight.data,
-            w13=experts.w13.data,
-            w2=experts.w2.data,
-            w13_type=BF16 if experts.w13_type is None else experts.w13_type,
-            w2_type=BF16 if experts.w2_type is None else experts.w2_type,
+            w13=stacks.w13,
+            w2=stacks.w2,
+            w13_type=BF16 if stacks.w13_type is None else stacks.w13_type,
+            w2_type=BF16 if stacks.w2_type is None else stacks.w2_type,
             top_k=routing.top_k,
             renormalize=routing.renormalize,
+            expert_slots=experts.acquire_streamed if experts.streamed else None,
         )
         return dict(gate_up=None, down=None, moe=moe)

@@ -1,3 +1,4 @@
+#include <pybind11/functional.h>
 #include <torch/extension.h>
 
 #include "fused_moe.h"

@@ -140,8 +140,10 @@ void moe_mlp(const LlamaLayerWeights& w, const u16* normed, float* out_f32, int 
   for (int64_t i = 0; i < m * experts; ++i) l[i] = round_bf16(out_f32[i]);
   auto [weights, ids] = moe_route(logits, std::nullopt, w.top_k, false, w.renormalize, 1, 1, 1.0);
   auto x = torch::from_blob(const_cast<u16*>(normed), {m, h}, torch::dtype(torch::kBFloat16));
+  std::optional<torch::Tensor> slots;
+  if (w.expert_slots) slots = w.expert_slots(ids, x);
   auto y = moe_experts(x, weights, ids, w.experts_w13, w.experts_w13_type, w.experts_w2, w.experts_w2_type,
-                       std::nullopt, kBf16, std::nullopt, kBf16, std::nullopt);
+                       std::nullopt, kBf16, std::nullopt, kBf16, slots);
   torch::from_blob(out_f32, {m, h}, torch::dtype(torch::kFloat32)).copy_(y);
 }
 
@@ -227,14 +229,17 @@ void LlamaDecoder::add_layer(torch::Tensor input_norm, torch::Tensor qkv, std::o
 }
 
 void LlamaDecoder::add_moe(torch::Tensor router, torch::Tensor w13, int64_t w13_type, torch::Tensor w2,
-                           int64_t w2_type, int64_t top_k, bool renormalize) {
+                           int64_t w2_type, int64_t top_k, bool renormalize,
+                           std::optional<std::function<torch::Tensor(torch::Tensor, torch::Tensor)>> expert_slots) {
   TORCH_CHECK(!layers_.empty() && !layers_.back().gate_up.defined() && !layers_.back().moe(),
               "add_moe follows an add_layer given no gate_up and down");
   LlamaLayerWeights& w = layers_.back();
   const int64_t experts = router.size(0);
   w.router = checked(router, "mlp.gate", {experts, hidden_});
-  TORCH_CHECK(w13.dim() == 3 && w2.dim() == 3 && w13.size(0) == experts && w2.size(0) == experts,
-              "experts: w13 and w2 must be [", experts, ", rows, cols]");
+  // Streamed experts: the stacks are the cache's slots, as many as it holds, not one per expert.
+  const int64_t rows = expert_slots ? w13.size(0) : experts;
+  TORCH_CHECK(w13.dim() == 3 && w2.dim() == 3 && w13.size(0) == rows && w2.size(0) == rows,
+              "experts: w13 and w2 must be [", rows, ", rows, cols]");
   TORCH_CHECK(top_k >= 1 && top_k <= experts, "top_k must be in 1..", experts);
   w.experts_w13 = w13;  // shapes and types are checked per call by moe_experts
   w.experts_w2 = w2;
@@ -242,6 +247,7 @@ void LlamaDecoder::add_moe(torch::Tensor router, torch::Tensor w13, int64_t w13_
   w.experts_w2_type = static_cast<int>(w2_type);
   w.top_k = top_k;
   w.renormalize = renormalize;
+  if (expert_slots) w.expert_slots = *expert_slots;
 }
 
 void LlamaDecoder::check_rows(const torch::Tensor& positions, const torch::Tensor& block_tables, int64_t m) const {

@@ -6,6 +6,7 @@
 
 #include "ggml_gemv.h"
 
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -23,6 +24,10 @@ struct LlamaLayerWeights {
   int experts_w13_type = kBf16, experts_w2_type = kBf16;
   int64_t top_k = 0;
   bool renormalize = false;
+  // Streamed experts (--expert-cache-memory): called with the step's expert ids and the normed
+  // rows, it makes those experts resident in the cache the stacks above are, and returns the
+  // expert -> slot table (it runs Python: it takes the GIL).
+  std::function<torch::Tensor(torch::Tensor, torch::Tensor)> expert_slots;
   bool moe() const { return top_k > 0; }
 };
 
@@ -39,7 +44,8 @@ class LlamaDecoder {
                  int64_t gate_up_type, int64_t down_type);
   // The last added layer's MLP is a sparse MoE (it was added without gate_up and down).
   void add_moe(torch::Tensor router, torch::Tensor w13, int64_t w13_type, torch::Tensor w2, int64_t w2_type,
-               int64_t top_k, bool renormalize);
+               int64_t top_k, bool renormalize,
+               std::optional<std::function<torch::Tensor(torch::Tensor, torch::Tensor)>> expert_slots);
   // token_ids [m], positions [m] (the token's index in its sequence; the context is
   // positions + 1 tokens), block_tables [m, B] -> final-normed hidden states [m, hidden] bf16.
   torch::Tensor forward(torch::Tensor token_ids, torch::Tensor positions, torch::Tensor block_tables);
