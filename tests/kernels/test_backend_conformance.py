@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from paged_steps import paged_step as shared_paged_step
 
 from tacit.kernels.attention_backend import registered_attention_backends
 from tacit.layers import attention_selector  # noqa: F401  imports (registers) every attention backend
@@ -32,22 +33,7 @@ STEPS = {
 
 def paged_step(step: list[tuple[int, int]], seed: int):
     """Shuffled block tables, each token's slot, and each request's positions."""
-    g = np.random.default_rng(seed)
-    computed = np.array([c for c, _ in step], dtype=np.int64)
-    num_new = np.array([n for _, n in step], dtype=np.int64)
-    need = -(-(computed + num_new) // BLOCK_SIZE)
-    free = g.permutation(NUM_BLOCKS)
-    tables = np.zeros((len(step), int(need.max())), dtype=np.int64)
-    start = 0
-    for i, b in enumerate(need):
-        tables[i, :b] = free[start : start + b]
-        start += b
-
-    def slots(i: int, positions: np.ndarray) -> np.ndarray:
-        return tables[i, positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE
-
-    slot_mapping = np.concatenate([slots(i, np.arange(c, c + n)) for i, (c, n) in enumerate(step)])
-    return num_new, computed, tables, slots, slot_mapping
+    return shared_paged_step(step, BLOCK_SIZE, NUM_BLOCKS, seed)[:5]
 
 
 def reference_attention(

@@ -12,6 +12,7 @@ import gc
 import numpy as np
 import pytest
 import torch
+from paged_steps import paged_step
 
 from tacit import LLM, SamplingParams
 from tacit.kernels import absorbed_mla_attention as absorbed
@@ -39,22 +40,7 @@ def make_step(step: list[tuple[int, int]], cache_dtype: torch.dtype, seed: int):
     """A cache holding every request's context (shuffled blocks), this step's rows written by
     the backend, and random queries and kv_b_proj."""
     g = torch.Generator().manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    computed = np.array([c for c, _ in step])
-    num_new = np.array([n for _, n in step])
-    need = -(-(computed + num_new) // BLOCK_SIZE)
-    num_blocks = int(need.sum()) + 3
-    free = rng.permutation(num_blocks)
-    tables = np.zeros((len(step), int(need.max())), dtype=np.int64)
-    start = 0
-    for i, b in enumerate(need):
-        tables[i, :b] = free[start : start + b]
-        start += b
-
-    def slots(i: int, positions: np.ndarray) -> np.ndarray:
-        return tables[i, positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE
-
-    slot_mapping = np.concatenate([slots(i, np.arange(c, c + n)) for i, (c, n) in enumerate(step)])
+    num_new, computed, tables, slots, slot_mapping, num_blocks = paged_step(step, BLOCK_SIZE, None, seed)
     width = RANK + ROPE + (8 if cache_dtype == torch.int8 else 0)
     cache = torch.zeros(num_blocks, BLOCK_SIZE, width, dtype=cache_dtype)
     latents = [torch.randn(c + n, RANK, generator=g) for c, n in step]

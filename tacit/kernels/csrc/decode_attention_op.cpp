@@ -6,6 +6,23 @@
 #include "decode_attention.h"
 
 namespace tacit {
+namespace {
+
+// Every row's position within its block table, and every block it reads inside the cache.
+void check_rows(const torch::Tensor& positions, const torch::Tensor& block_tables, int64_t m, int64_t bs,
+                int64_t blocks) {
+  TORCH_CHECK(positions.size(0) == m && block_tables.size(0) == m, "one position and block table per row");
+  const int64_t width = block_tables.size(1);
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  for (int64_t r = 0; r < m; ++r) {
+    TORCH_CHECK(pos[r] >= 0 && pos[r] / bs < width, "position ", pos[r], " beyond row ", r, "'s block table");
+    for (int64_t b = 0; b <= pos[r] / bs; ++b)
+      TORCH_CHECK(tables[r * width + b] >= 0 && tables[r * width + b] < blocks, "block id outside the cache");
+  }
+}
+
+}  // namespace
 
 // q [m, H, D] bf16; kv_cache [2, blocks, block_size, Hkv, D] bf16 or kernels/kv_quant.py's
 // int8 [2, blocks, Hkv, block_size * (D + 4)];
@@ -25,14 +42,9 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor kv_cache, to
   const int64_t bs = int8_kv ? kv_cache.size(3) / (d + 4) : kv_cache.size(2);
   const int64_t blocks = kv_cache.size(1), width = block_tables.size(1);
   TORCH_CHECK(h % hkv == 0, "query heads must be a multiple of kv heads");
-  TORCH_CHECK(positions.size(0) == m && block_tables.size(0) == m, "one position and block table per row");
+  check_rows(positions, block_tables, m, bs, blocks);
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
-  for (int64_t r = 0; r < m; ++r) {
-    TORCH_CHECK(pos[r] >= 0 && pos[r] / bs < width, "position ", pos[r], " beyond row ", r, "'s block table");
-    for (int64_t b = 0; b <= pos[r] / bs; ++b)
-      TORCH_CHECK(tables[r * width + b] >= 0 && tables[r * width + b] < blocks, "block id outside the cache");
-  }
   auto out = torch::empty({m, h, d}, q.options());
   const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
@@ -69,14 +81,9 @@ torch::Tensor mla_decode_attention(torch::Tensor q, torch::Tensor latent_cache, 
   const int64_t blocks = latent_cache.size(0), bs = latent_cache.size(1), width = block_tables.size(1);
   TORCH_CHECK(latent_cache.size(2) == d, "a cache row is the query's width (R + rope)");
   TORCH_CHECK(v_dim > 0 && v_dim <= d, "v_dim must be within the row");
-  TORCH_CHECK(positions.size(0) == m && block_tables.size(0) == m, "one position and block table per row");
+  check_rows(positions, block_tables, m, bs, blocks);
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
-  for (int64_t r = 0; r < m; ++r) {
-    TORCH_CHECK(pos[r] >= 0 && pos[r] / bs < width, "position ", pos[r], " beyond row ", r, "'s block table");
-    for (int64_t b = 0; b <= pos[r] / bs; ++b)
-      TORCH_CHECK(tables[r * width + b] >= 0 && tables[r * width + b] < blocks, "block id outside the cache");
-  }
   auto out = torch::empty({m, h, v_dim}, q.options());
   const auto* c = reinterpret_cast<const uint16_t*>(latent_cache.data_ptr<at::BFloat16>());
   PagedKV kv{c, c, bs, 1, d};
