@@ -59,6 +59,11 @@ def build_model(
     linear weights as they load instead."""
     cls = get_model_class(cfg.architecture)
     check_required_sizes(cfg.path, cfg.hf)
+    if cfg.expert_cache_memory is not None and quantized_weights:
+        raise ValueError(
+            f"expert_cache_memory: {cfg.path}'s weights are quantized (GPTQ / AWQ / GGUF); "
+            "only an unquantized safetensors MoE checkpoint's experts stream"
+        )
     tensors = weights(skip=is_expert_weight) if cfg.expert_cache_memory is not None else weights()
     # Meta device: no memory and no random init for weights we are about to overwrite.
     prev = torch.get_default_dtype()
@@ -78,7 +83,7 @@ def build_model(
             )
         if cfg.expert_cache_memory is not None:
             # The experts stay in the checkpoint (models/expert_streaming.py binds their cache).
-            if quantized_weights or not any(isinstance(m, FusedMoE) for m in model.modules()):
+            if not any(isinstance(m, FusedMoE) for m in model.modules()):
                 raise ValueError(
                     f"expert_cache_memory: {cfg.path} is not an unquantized MoE checkpoint; only MoE experts stream"
                 )

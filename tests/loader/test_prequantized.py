@@ -170,6 +170,8 @@ def test_unsupported_settings_are_named(tiny_llama, tmp_path):
     path, _ = write_checkpoint(tiny_llama[2], tmp_path / "g", "gptq")
     with pytest.raises(ValueError, match="int8/int4 quantize an unquantized Hugging Face checkpoint at load; .* use"):
         LLM(str(path), dtype="float32", quantization="int8")
+    with pytest.raises(ValueError, match="weights are quantized \\(GPTQ / AWQ / GGUF\\); only an unquantized"):
+        LLM(str(path), dtype="float32", expert_cache_memory=1 << 20)
     cfg = json.loads((path / "config.json").read_text())
     for change, message in [
         ({"desc_act": True}, "desc_act=true \\(act-order\\) is not supported"),
