@@ -1,0 +1,95 @@
+"""Communicator: the collectives a parallel step needs, on one group of ranks.
+
+Every call is synchronous by default; with async_op=True it returns a CommHandle at once and
+the collective runs while the caller computes (the overlap of the communication dimension),
+its result ready after handle.wait(). TorchCommunicator (torch.distributed: gloo on CPU, NCCL
+on GPU) is the reference; faster implementations register beside it and are tested against it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable
+
+import torch
+
+from tacit.registry import Registry
+
+
+class CommHandle:
+    """An issued collective; wait() blocks until it is done and returns its result."""
+
+    def __init__(self, wait: Callable[[], torch.Tensor | None]) -> None:
+        self._wait = wait
+        self._done = False
+        self._result: torch.Tensor | None = None
+
+    def wait(self) -> torch.Tensor | None:
+        if not self._done:
+            self._result = self._wait()
+            self._done = True
+        return self._result
+
+    @staticmethod
+    def completed(result: torch.Tensor | None) -> "CommHandle":
+        handle = CommHandle(lambda: result)
+        handle.wait()
+        return handle
+
+
+class Communicator(ABC):
+    """Collectives over `world_size` ranks; this process is `rank`. Tensors are contiguous and
+    on this communicator's device; every rank calls the same collectives in the same order."""
+
+    name: str
+    rank: int
+    world_size: int
+
+    @abstractmethod
+    def all_reduce(self, tensor: torch.Tensor, async_op: bool = False) -> torch.Tensor | CommHandle:
+        """Sum `tensor` over the ranks, in place; returns it (or a handle whose wait() does)."""
+
+    @abstractmethod
+    def all_gather(self, tensor: torch.Tensor, dim: int = 0, async_op: bool = False) -> torch.Tensor | CommHandle:
+        """Every rank's `tensor` concatenated along `dim` in rank order (same shape on every rank)."""
+
+    @abstractmethod
+    def reduce_scatter(self, tensor: torch.Tensor, dim: int = 0, async_op: bool = False) -> torch.Tensor | CommHandle:
+        """The sum over ranks of `tensor`, split along `dim` in world_size equal parts: this rank's part."""
+
+    @abstractmethod
+    def all_to_all(
+        self,
+        tensor: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        async_op: bool = False,
+    ) -> torch.Tensor | CommHandle:
+        """Rows [sum(input_split_sizes[:r]), +input_split_sizes[r]) of `tensor` go to rank r; the
+        result holds output_split_sizes[r] rows from each rank r, in rank order (uneven splits)."""
+
+    @abstractmethod
+    def send(self, tensor: torch.Tensor, dst: int, async_op: bool = False) -> CommHandle | None:
+        """Send `tensor` to rank dst (which calls recv with a tensor of the same shape and dtype)."""
+
+    @abstractmethod
+    def recv(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> torch.Tensor | CommHandle:
+        """Receive into `tensor` from rank src; returns it."""
+
+    def barrier(self) -> None:
+        self.all_reduce(torch.zeros(1))
+
+    def close(self) -> None:
+        """Release what the communicator holds (shared memory, buffers)."""
+
+
+COMMUNICATORS = Registry("communicator")
+register_communicator = COMMUNICATORS.register
+
+
+def split_sizes_check(sizes: list[int], world_size: int, rows: int, what: str) -> None:
+    """A clear error for all_to_all split lists that do not describe `rows` rows over the ranks."""
+    if len(sizes) != world_size or any(s < 0 for s in sizes) or sum(sizes) != rows:
+        raise ValueError(
+            f"all_to_all {what}={sizes}: needs {world_size} non-negative sizes summing to the tensor's {rows} rows"
+        )
