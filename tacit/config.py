@@ -196,6 +196,19 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class ParallelConfig:
+    """How many processes run the model: tensor_parallel_size ranks, each holding 1/N of every
+    layer's heads and features (tacit/distributed/, engine/executor.py)."""
+
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        n = self.tensor_parallel_size
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"tensor_parallel_size={n!r} is invalid: must be an integer >= 1")
+
+
+@dataclass(frozen=True)
 class CacheConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
@@ -333,6 +346,7 @@ class EngineConfig:
     scheduler: SchedulerConfig
     device: str = "cpu"
     seed: int = 0
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
         if self.scheduler.preemption_mode == "swap" and not self.cache.swap_space:

@@ -18,6 +18,7 @@ from tacit.config import (
     CacheConfig,
     EngineConfig,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
     check_quantization,
     check_quantization_overrides,
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from tacit.platforms import Platform
 
 # The recipe's sections in the order a recipe (and its error messages) lists them.
-RECIPE_SECTIONS = ("model", "platform", "cache", "scheduler")
+RECIPE_SECTIONS = ("model", "platform", "parallel", "cache", "scheduler")
 
 
 def _config_default(config: type, name: str) -> Any:
@@ -146,6 +147,13 @@ class EngineArgs:
     )
     # ---- platform ----
     device: str = knob("auto", "platform", "auto | cpu | cuda")
+    # ---- parallel ----
+    tensor_parallel_size: int = knob(
+        _config_default(ParallelConfig, "tensor_parallel_size"),
+        "parallel",
+        "processes that each hold 1/N of every layer (heads, features, vocabulary), pinned to disjoint cores",
+        type=int,
+    )
     # ---- cache ----
     block_size: int = knob(_config_default(CacheConfig, "block_size"), "cache", "tokens per KV block", type=int)
     num_kv_blocks: int | None = knob(
@@ -309,6 +317,7 @@ class EngineArgs:
         """Every check that needs no model, the same ones the engine makes: what a recipe is held to on load."""
         self.create_scheduler_config()
         self.create_cache_config()
+        self.create_parallel_config()
         if self.dtype != "auto":
             parse_dtype(self.dtype)
         check_quantization(self.quantization, self.quantization_group_size)
@@ -330,6 +339,9 @@ class EngineArgs:
                 f"allow_special_tokens_in_chat_content={self.allow_special_tokens_in_chat_content!r} is invalid: "
                 f"must be true or false"
             )
+
+    def create_parallel_config(self) -> ParallelConfig:
+        return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size)
 
     def create_cache_config(self) -> CacheConfig:
         return CacheConfig(
@@ -392,6 +404,7 @@ class EngineArgs:
             scheduler=self.create_scheduler_config(model.max_model_len),
             device=platform.name,
             seed=self.seed,
+            parallel=self.create_parallel_config(),
         )
 
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 
 from tacit.engine.arg_utils import EngineArgs
+from tacit.engine.executor import make_executor
 from tacit.engine.input_processor import InputProcessor
 from tacit.engine.metrics import EngineSnapshot
 from tacit.engine.model_runner import ModelRunner, kv_cache_layers
@@ -23,7 +24,6 @@ from tacit.engine.output_processor import OutputProcessor
 from tacit.loader import ModelSource, open_model
 from tacit.memory.kv_cache_manager import KVCacheManager
 from tacit.memory.swap import KVSwapper
-from tacit.models.build import build_model
 from tacit.outputs import RequestOutput
 from tacit.platforms import get_platform
 from tacit.sampling_params import SamplingParams
@@ -57,10 +57,9 @@ class LLMEngine:
         self.tokenizer: Tokenizer = source.tokenizer
         self.tokenizer.allow_special_tokens_in_chat_content = engine_args.allow_special_tokens_in_chat_content
         self.device = platform.device()
-        self.model = build_model(
-            model_cfg, source.weights, self.device, platform.free_memory_bytes(), source.quantized_weights
-        )
-        self.runner = ModelRunner(self.config, self.model, self.device, platform.free_memory_bytes())
+        self.executor = make_executor(engine_args, source, platform, self.config.parallel.tensor_parallel_size)
+        self.runner: ModelRunner = self.executor.runner
+        self.model = self.runner.model
         if self.runner.config.model.max_model_len != model_cfg.max_model_len:
             logger.info(
                 "max_model_len capped at %d tokens, what the KV cache holds (%d blocks of %d); the model's "
@@ -141,6 +140,10 @@ class LLMEngine:
         for seq_id in self.output_processor.abort_request(request_id):
             self.scheduler.finish_request(seq_id, "abort")
         self._hand_over_finished_when_idle()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (they also exit when this process does)."""
+        self.executor.shutdown()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -224,7 +227,7 @@ class LLMEngine:
 
     def _run(self, scheduler_output: SchedulerOutput, between_layers: Callable[[], None] | None) -> list[RequestOutput]:
         # Even an empty step goes to the runner: it carries the finished ids whose state it drops.
-        runner_output = self.runner.execute(scheduler_output, between_layers)
+        runner_output = self.executor.execute(scheduler_output, between_layers)
         if scheduler_output.is_empty():
             return []
         self.num_steps += 1

@@ -18,13 +18,14 @@ import torch
 from torch import nn
 
 from tacit.config import EngineConfig, fit_kv_capacity
+from tacit.distributed.communicator import Communicator
 from tacit.engine.prompt_logprobs import prompt_tokens_to_score, score_prompt_tokens
 from tacit.engine.request_state import CachedRequestState, update_request_states
 from tacit.forward_context import set_forward_context
 from tacit.kernels.kv_quant import parse_kv_cache_dtype
 from tacit.layers.attention_selector import select_attention_backend
 from tacit.layers.kv_cache import KVCacheLayer
-from tacit.layers.linear import select_linear_method, use_linear_method
+from tacit.layers.linear import select_linear_method, use_communicator, use_linear_method
 from tacit.layers.moe import select_moe_kernel, use_moe_kernel
 from tacit.layers.sampler import Sampler, SamplingMetadata
 from tacit.models.expert_streaming import stream_experts
@@ -72,7 +73,17 @@ def _fusable(r: CachedRequestState, n: int) -> bool:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, model: nn.Module, device: torch.device, free_memory: int) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: nn.Module,
+        device: torch.device,
+        free_memory: int,
+        comm: Communicator | None = None,
+        agree_num_blocks: Callable[[int], int] | None = None,
+    ) -> None:
+        """comm: the tensor-parallel group's communicator (one rank of several); agree_num_blocks
+        turns this rank's KV block count into the one every rank uses (the smallest)."""
         self.config = config
         self.model = model
         self.device = device
@@ -87,6 +98,8 @@ class ModelRunner:
         # experts, which backend attends.
         use_linear_method(model, select_linear_method(device.type, config.model.dtype))
         use_moe_kernel(model, select_moe_kernel(device.type, config.model.dtype))
+        if comm is not None:
+            use_communicator(model, comm)
         # MoE experts read from the checkpoint through a cache, when they do not all fit.
         self.expert_cache = None
         if config.model.expert_cache_memory is not None:
@@ -104,6 +117,9 @@ class ModelRunner:
         dtype = self.kv_cache_dtype = parse_kv_cache_dtype(config.cache.cache_dtype, config.model.dtype)
         self.bytes_per_block = self.block_size * sum(m.kv_numel_per_token(dtype) for m in layers) * dtype.itemsize
         self.num_blocks = self._num_blocks(free_memory)
+        if agree_num_blocks is not None:
+            # Every rank's scheduler-side block ids index its own pool: all pools are one size.
+            self.num_blocks = agree_num_blocks(self.num_blocks)
         self.config = config = fit_kv_capacity(config, self.num_blocks * self.block_size)
         for m in layers:
             m.allocate_kv_cache(self.num_blocks, self.block_size, dtype, device)
@@ -310,12 +326,24 @@ class ModelRunner:
         metadata.grammar_rows = [row_of[rid] for rid in ids]
         metadata.grammar_bitmask = torch.from_numpy(scheduler_output.grammar_bitmask)
 
+    def append_sampled(self, req_ids: list[str], token_ids: list[int]) -> None:
+        """Tokens another rank sampled for these requests (a tensor-parallel worker samples nothing
+        itself: it takes the driver's tokens before the next step)."""
+        for req_id, token in zip(req_ids, token_ids):
+            state = self.requests.get(req_id)
+            if state is not None:
+                state.token_ids.append(token)
+
     @torch.inference_mode()
     def execute(
-        self, scheduler_output: SchedulerOutput, between_layers: Callable[[], None] | None = None
+        self,
+        scheduler_output: SchedulerOutput,
+        between_layers: Callable[[], None] | None = None,
+        sample: bool = True,
     ) -> ModelRunnerOutput:
-        """Apply the step's request changes, run it and sample. Time spent inside between_layers
-        (a cut-in runs another execute() there) is left out of execute_s."""
+        """Apply the step's request changes, run it and sample (sample=False: run the forward and
+        the logits, whose collectives every rank joins, and stop there). Time spent inside
+        between_layers (a cut-in runs another execute() there) is left out of execute_s."""
         update_request_states(self.requests, scheduler_output)
         if scheduler_output.is_empty():
             return ModelRunnerOutput()
@@ -333,7 +361,7 @@ class ModelRunner:
         rows = self.rows(scheduler_output)
         samples, logits, prompt_logprobs = self.compute_logits(rows, hook)
         out = ModelRunnerOutput()
-        if logits is not None:
+        if logits is not None and sample:
             states = [rows[i][0] for i in samples]
             params = [r.sampling_params for r in states]
             # Only penalties read the generated ids; slicing them out of every row's token list

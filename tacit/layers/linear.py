@@ -17,6 +17,8 @@ import torch
 from torch import nn
 
 import tacit.layers.cpu_linear_method  # noqa: F401  registers "cpu_bf16_gemv"
+from tacit.distributed.communicator import Communicator
+from tacit.distributed.parallel_state import SINGLE, TensorParallel
 from tacit.kernels.ggml_quant import GGML_TYPES, GGMLTensor
 from tacit.layers.ggml_linear_method import GGMLLinearMethod
 from tacit.layers.linear_method import LinearMethod, UnquantizedLinearMethod, registered_linear_methods
@@ -94,6 +96,114 @@ class MergedLinear(LinearBase):
         missing = [f"{s}.{k}" for s in self.shard_names for k in kinds if (s, k) not in self._loaded]
         if missing:
             raise ValueError(f"checkpoint is missing {', '.join(missing)} for {name}")
+
+
+# A checkpoint tensor's slice one tensor-parallel rank holds: (dim, start, length).
+Shard = tuple[int, int, int]
+
+
+class ColumnParallelLinear(Linear):
+    """Output features split over the tensor-parallel ranks: rank r holds rows
+    [r * out / N, (r + 1) * out / N) of the weight (and bias). gather_output concatenates the
+    ranks' outputs (a vocab-parallel lm_head); otherwise each rank keeps its slice, which feeds a
+    RowParallelLinear with no communication in between."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        tp: TensorParallel = SINGLE,
+        gather_output: bool = False,
+        what: str = "output features",
+    ) -> None:
+        self.tp, self.gather_output = tp, gather_output
+        self.full_out_features = out_features
+        super().__init__(in_features, tp.split(out_features, what), bias)
+        self.comm: Communicator | None = None
+
+    def checkpoint_shards(self, name: str) -> dict[str, Shard]:
+        start, n = self.tp.part(self.full_out_features, "output features")
+        kinds = ["weight"] + (["bias"] if self.bias is not None else [])
+        return {f"{name}.{k}": (0, start, n) for k in kinds}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if self.gather_output and self.tp.size > 1:
+            out = self.comm.all_gather(out, dim=-1)
+        return out
+
+
+class RowParallelLinear(Linear):
+    """Input features split over the ranks: rank r holds columns [r * in / N, (r + 1) * in / N)
+    and multiplies its slice of the input; the partial outputs are summed by one all-reduce, and
+    the bias (whole on every rank) added once after it."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, tp: TensorParallel = SINGLE, what: str = ""
+    ) -> None:
+        self.tp = tp
+        self.full_in_features = in_features
+        super().__init__(tp.split(in_features, what or "input features"), out_features, bias)
+        self.comm: Communicator | None = None
+
+    def checkpoint_shards(self, name: str) -> dict[str, Shard]:
+        start, n = self.tp.part(self.full_in_features, "input features")
+        return {f"{name}.weight": (1, start, n)}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return super().forward(x)
+        out = self.linear_method.apply(self, x, None)
+        self.comm.all_reduce(out)
+        return out + self.bias if self.bias is not None else out
+
+
+class MergedColumnParallelLinear(MergedLinear):
+    """MergedLinear (q/k/v, gate/up) with each projection's outputs split over the ranks: rank r
+    holds its slice of every shard, side by side (vLLM's MergedColumnParallelLinear and
+    QKVParallelLinear)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_sizes: list[int],
+        shard_names: list[str],
+        bias: bool = False,
+        tp: TensorParallel = SINGLE,
+        what: list[str] | None = None,
+    ) -> None:
+        self.tp = tp
+        self.full_out_sizes = list(out_sizes)
+        what = what or [f"{s} output features" for s in shard_names]
+        local = [tp.split(n, w) for n, w in zip(out_sizes, what)]
+        super().__init__(in_features, local, shard_names, bias)
+
+    def checkpoint_shards(self, name: str) -> dict[str, Shard]:
+        parent = name.rsplit(".", 1)[0]
+        kinds = ["weight"] + (["bias"] if self.bias is not None else [])
+        out = {}
+        for shard, full in zip(self.shard_names, self.full_out_sizes):
+            start, n = self.tp.part(full, shard)
+            out.update({f"{parent}.{shard}.{k}": (0, start, n) for k in kinds})
+        return out
+
+
+def checkpoint_shards(model: nn.Module) -> dict[str, Shard]:
+    """{HF tensor name: the slice this rank loads} over every tensor-parallel module of a model."""
+    out: dict[str, Shard] = {}
+    for name, module in model.named_modules():
+        shards = getattr(module, "checkpoint_shards", None)
+        if shards is not None and getattr(module, "tp", SINGLE).size > 1:
+            out.update(shards(name))
+    return out
+
+
+def use_communicator(model: nn.Module, comm: Communicator) -> None:
+    """Hand the tensor-parallel group's communicator to every module that joins shards."""
+    for module in model.modules():
+        if hasattr(module, "comm") and getattr(module, "tp", SINGLE).size > 1:
+            module.comm = comm
 
 
 def select_linear_method(platform: str, dtype: torch.dtype) -> LinearMethod:

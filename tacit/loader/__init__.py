@@ -13,6 +13,7 @@ from tacit.loader.default_model import resolve_default_model
 from tacit.loader.gguf_file import GGUFFile
 from tacit.loader.hf import hf_eos_token_ids, iter_safetensors, read_json, safetensors_files
 from tacit.loader.prequantized import converted_weights, quant_method, quantized_weight_names
+from tacit.loader.shards import narrowed
 from tacit.model_config_checks import check_architecture_numbers
 from tacit.tokenizer import Tokenizer
 
@@ -24,7 +25,9 @@ class ModelSource:
     tokenizer: Tokenizer
     eos_token_ids: list[int]
     # Called with no argument; a plain safetensors checkpoint also takes skip=(name -> bool), the
-    # tensors never to read (experts streamed from disk, models/expert_streaming.py).
+    # tensors never to read (experts streamed from disk, models/expert_streaming.py), and
+    # shards={name: (dim, start, length)}, the tensor-parallel slices to read instead of whole
+    # tensors (others are narrowed after reading, loader/shards.py).
     weights: Callable[..., Iterator[tuple[str, torch.Tensor | GGMLTensor]]]
     # {HF weight name: GGML type id} of the weights `weights` yields still quantized (a GGUF's
     # blocks, or a GPTQ / AWQ checkpoint's layers converted to Q4_1).
@@ -47,7 +50,14 @@ def open_model(model: str | Path | None) -> ModelSource:
         gguf = GGUFFile(path)
         tok = gguf.tokenizer()
         eos = gguf.eos_token_ids() or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
-        return ModelSource(path, gguf.hf_config(), tok, eos, gguf.tensors, gguf.quantized_weights())
+        return ModelSource(
+            path,
+            gguf.hf_config(),
+            tok,
+            eos,
+            lambda shards=None: narrowed(gguf.tensors(), shards or {}),
+            gguf.quantized_weights(),
+        )
     config_file = path / "config.json"
     if not config_file.exists():
         raise FileNotFoundError(
@@ -61,7 +71,7 @@ def open_model(model: str | Path | None) -> ModelSource:
     tok = Tokenizer.from_hf_dir(path)
     eos = hf_eos_token_ids(path, config) or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
     if method is None:
-        return ModelSource(path, config, tok, eos, lambda skip=None: iter_safetensors(path, skip))
+        return ModelSource(path, config, tok, eos, lambda skip=None, shards=None: iter_safetensors(path, skip, shards))
     # GPTQ / AWQ: each layer's packed 4-bit tensors arrive as one GGMLTensor of Q4_1 blocks,
     # kept or dequantized as a GGUF's are (--quantization auto | gguf | none).
     return ModelSource(
@@ -69,6 +79,6 @@ def open_model(model: str | Path | None) -> ModelSource:
         config,
         tok,
         eos,
-        lambda: converted_weights(iter_safetensors(path), method, config),
+        lambda shards=None: narrowed(converted_weights(iter_safetensors(path), method, config), shards or {}),
         quantized_weight_names(safetensors_files(path)),
     )

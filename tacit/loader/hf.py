@@ -11,6 +11,7 @@ from safetensors import SafetensorError, safe_open
 
 from tacit.loader.progress import progress
 from tacit.loader.safetensors_check import check_safetensors_file
+from tacit.loader.shards import Shard, narrow_tensor
 
 
 def read_json(path: Path) -> dict:
@@ -45,19 +46,34 @@ def safetensors_files(path: Path) -> list[Path]:
     return files
 
 
-def iter_safetensors(path: Path, skip: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_safetensors(
+    path: Path, skip: Callable[[str], bool] | None = None, shards: dict[str, Shard] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Check every shard's header against its file now (one small read each, so a lying or
     truncated file fails before the model is allocated), then stream tensors one at a time so
     peak memory is the model plus one tensor. Tensors `skip` names are never read (streamed
-    MoE experts)."""
+    MoE experts); a tensor `shards` names is read only in its tensor-parallel slice."""
     files = safetensors_files(path)
     for f in files:
         check_safetensors_file(f)
-    return _stream_safetensors(path, files, skip)
+    return _stream_safetensors(path, files, skip, shards or {})
+
+
+def _read(handle, name: str, shard: Shard | None) -> torch.Tensor:
+    if shard is None:
+        return handle.get_tensor(name)
+    dim, start, length = shard
+    view = handle.get_slice(name)
+    shape = view.get_shape()
+    if dim >= len(shape) or start + length > shape[dim]:
+        # narrow_tensor words the shape error; reading the whole tensor first costs nothing here.
+        return narrow_tensor(name, handle.get_tensor(name), shard)
+    index = tuple(slice(start, start + length) if d == dim else slice(None) for d in range(len(shape)))
+    return view[index]
 
 
 def _stream_safetensors(
-    path: Path, files: list[Path], skip: Callable[[str], bool] | None
+    path: Path, files: list[Path], skip: Callable[[str], bool] | None, shards: dict[str, Shard]
 ) -> Iterator[tuple[str, torch.Tensor]]:
     names = []
     for f in files:
@@ -69,7 +85,7 @@ def _stream_safetensors(
         names += [(f, handle, k) for k in handle.keys() if skip is None or not skip(k)]
     for f, handle, name in progress(names, desc=f"loading {path.name}"):
         try:
-            tensor = handle.get_tensor(name)
+            tensor = _read(handle, name, shards.get(name))
         except SafetensorError as e:
             raise ValueError(f"{f}: tensor {name!r} cannot be read: {e}") from None
         yield name, tensor

@@ -8,10 +8,11 @@ import torch
 from torch import nn
 
 from tacit.config import HF_QUANTIZATIONS, ModelConfig
+from tacit.distributed.parallel_state import SINGLE, TensorParallel
 from tacit.kernels.ggml_quant import GGMLTensor
 from tacit.layers.embedding import GGMLEmbedding
 from tacit.layers.ggml_linear_method import GGMLLinearMethod
-from tacit.layers.linear import use_ggml_weights
+from tacit.layers.linear import checkpoint_shards, use_ggml_weights
 from tacit.layers.moe import FusedMoE, is_expert_weight, use_ggml_expert_stacks, use_ggml_experts
 from tacit.model_config_checks import check_required_sizes
 from tacit.models.quantize_at_load import quantization_plan, quantized_as_loaded
@@ -48,6 +49,7 @@ def build_model(
     device: torch.device,
     free_memory: int | None = None,
     quantized_weights: dict[str, int] | None = None,
+    tp: TensorParallel = SINGLE,
 ) -> nn.Module:
     """weights: opens the checkpoint's tensors (ModelSource.weights); called once the architecture
     is known to be supported and before any allocation, since opening checks the files (a
@@ -56,21 +58,33 @@ def build_model(
     allocation (hidden_size 1e9 once tried to allocate 196 TB). quantized_weights: {HF name: GGML
     type} of the weights `weights` yields as GGML blocks; their linear layers keep them so when
     keeps_ggml_weights says. cfg.quantization int8/int4 quantizes a Hugging Face checkpoint's
-    linear weights as they load instead."""
+    linear weights as they load instead. tp: the tensor-parallel shard this process builds and
+    loads (each rank reads only its slice of each tensor)."""
     cls = get_model_class(cfg.architecture)
+    if tp.size > 1 and not getattr(cls, "supports_tensor_parallel", False):
+        raise ValueError(
+            f"tensor_parallel_size={tp.size}: {cfg.architecture} does not run tensor-parallel yet; "
+            "the Llama family (Llama, SmolLM2, Qwen2/2.5, Qwen3 dense) does"
+        )
     check_required_sizes(cfg.path, cfg.hf)
     if cfg.expert_cache_memory is not None and quantized_weights:
         raise ValueError(
             f"expert_cache_memory: {cfg.path}'s weights are quantized (GPTQ / AWQ / GGUF); "
             "only an unquantized safetensors MoE checkpoint's experts stream"
         )
-    tensors = weights(skip=is_expert_weight) if cfg.expert_cache_memory is not None else weights()
+    opened = dict(skip=is_expert_weight) if cfg.expert_cache_memory is not None else {}
+    if tp.size == 1:
+        tensors = weights(**opened)
     # Meta device: no memory and no random init for weights we are about to overwrite.
     prev = torch.get_default_dtype()
     torch.set_default_dtype(cfg.dtype)
     try:
         with torch.device("meta"):
-            model = cls(cfg)
+            model = cls(cfg, tp) if tp.size > 1 else cls(cfg)
+        if tp.size > 1:
+            # Opened once the layers say which slice of each tensor this rank reads (still
+            # before any allocation: the model is on the meta device).
+            tensors = weights(**opened, shards=checkpoint_shards(model))
         if cfg.quantization in HF_QUANTIZATIONS and quantized_weights:
             raise ValueError(
                 f"quantization={cfg.quantization!r}: int8/int4 quantize an unquantized Hugging Face checkpoint "
@@ -104,7 +118,7 @@ def build_model(
             dense = tuple(getattr(model, "dense_weight_linears", ()))
             types = {n: t for n, t in quantized_weights.items() if not n.removesuffix(".weight").endswith(dense)}
             embed = types.get("model.embed_tokens.weight")
-            if embed is not None:
+            if embed is not None and not model.model.embed_tokens.sharded:
                 # The table stays in its blocks too, rows dequantized as looked up
                 # (layers/embedding.py), and a tied lm_head shares it: the default model's Q8_0
                 # head streams 30 MB a token instead of bf16's 57 MB, held once.

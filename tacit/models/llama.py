@@ -16,24 +16,38 @@ import torch.nn.functional as F
 from torch import nn
 
 from tacit.config import ModelConfig
+from tacit.distributed.parallel_state import SINGLE, TensorParallel
 from tacit.kernels.cpu_fused_decode import DecoderLayerWeights, bind_llama_decoder
 from tacit.kernels.ggml_quant import BF16, GGMLTensor
 from tacit.kernels.torch_attention import TorchAttentionBackend
 from tacit.layers.attention import Attention
 from tacit.layers.embedding import GGMLEmbedding
 from tacit.layers.ggml_linear_method import ggml_or_bf16
-from tacit.layers.linear import Linear, MergedLinear
+from tacit.layers.linear import (
+    ColumnParallelLinear,
+    Linear,
+    MergedColumnParallelLinear,
+    MergedLinear,
+    RowParallelLinear,
+)
 from tacit.layers.norm import RMSNorm
 from tacit.layers.rotary import RotaryEmbedding
+from tacit.layers.vocab_parallel import VocabParallelEmbedding, vocab_is_sharded
 from tacit.models.weights import load_named_weights
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
+    """SwiGLU; with tensor parallelism each rank holds 1/N of the intermediate features (gate/up
+    split by output, down by input) and one all-reduce ends the layer."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate], ["gate_proj", "up_proj"], bias=bias)
-        self.down_proj = Linear(intermediate, hidden, bias=bias)
-        self.intermediate = intermediate
+        what = ["intermediate_size"] * 2
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden, [intermediate, intermediate], ["gate_proj", "up_proj"], bias=bias, tp=tp, what=what
+        )
+        self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias, tp=tp, what="intermediate_size")
+        self.intermediate = intermediate // tp.size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
@@ -41,15 +55,23 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
+    """With tensor parallelism each rank holds 1/N of the query and kv heads (and their KV cache)."""
+
+    def __init__(
+        self, cfg: ModelConfig, qkv_bias: bool, o_bias: bool, qk_norm: bool, tp: TensorParallel = SINGLE
+    ) -> None:
         super().__init__()
         hidden = cfg.hf["hidden_size"]
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.hf["num_attention_heads"], cfg.num_kv_heads, cfg.head_dim
+        self.num_heads = tp.split(cfg.hf["num_attention_heads"], "num_attention_heads")
+        self.num_kv_heads = tp.split(cfg.num_kv_heads, "num_key_value_heads")
+        self.head_dim = cfg.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = MergedLinear(
-            hidden, [self.q_size, self.kv_size, self.kv_size], ["q_proj", "k_proj", "v_proj"], bias=qkv_bias
+        q_full, kv_full = self.q_size * tp.size, self.kv_size * tp.size
+        what = ["num_attention_heads", "num_key_value_heads", "num_key_value_heads"]
+        self.qkv_proj = MergedColumnParallelLinear(
+            hidden, [q_full, kv_full, kv_full], ["q_proj", "k_proj", "v_proj"], bias=qkv_bias, tp=tp, what=what
         )
-        self.o_proj = Linear(self.num_heads * self.head_dim, hidden, bias=o_bias)
+        self.o_proj = RowParallelLinear(q_full, hidden, bias=o_bias, tp=tp, what="num_attention_heads")
         self.qk_norm = qk_norm
         if qk_norm:
             eps = cfg.get("rms_norm_eps", 1e-6)
@@ -87,11 +109,16 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, make_layer: Callable[[int], nn.Module], rotary_dim: int, interleaved_rope: bool = False
+        self,
+        cfg: ModelConfig,
+        make_layer: Callable[[int], nn.Module],
+        rotary_dim: int,
+        interleaved_rope: bool = False,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
         hf = cfg.hf
-        self.embed_tokens = nn.Embedding(hf["vocab_size"], hf["hidden_size"])
+        self.embed_tokens = VocabParallelEmbedding(hf["vocab_size"], hf["hidden_size"], tp)
         self.layers = nn.ModuleList(make_layer(i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(hf["hidden_size"], cfg.get("rms_norm_eps", 1e-6))
         # Built on the CPU explicitly: the model itself is constructed on the meta device.
@@ -139,10 +166,14 @@ class CausalLM(nn.Module):
     # int8/int4 leaves them in the model's dtype (models/quantize_at_load.py).
     dense_weight_linears: tuple[str, ...] = ()
 
-    def _init_head(self, cfg: ModelConfig) -> None:
+    def _init_head(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
         hf = cfg.hf
         self.tie_word_embeddings = bool(hf.get("tie_word_embeddings", False))
-        self.lm_head = Linear(hf["hidden_size"], hf["vocab_size"], bias=False)
+        if vocab_is_sharded(hf["vocab_size"], tp):
+            # Each rank scores its slice of the vocabulary; the slices are gathered into full logits.
+            self.lm_head = ColumnParallelLinear(hf["hidden_size"], hf["vocab_size"], False, tp, gather_output=True)
+        else:
+            self.lm_head = Linear(hf["hidden_size"], hf["vocab_size"], bias=False)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -221,26 +252,31 @@ _INT8_KV_MAX_GROUP = 16
 class LlamaForCausalLM(CausalLM):
     qkv_bias_default = False
     qk_norm = False
+    supports_tensor_parallel = True
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
+        self.tp = tp
         hf = cfg.hf
         bias = bool(hf.get("attention_bias", False))
         qkv_bias = bias or self.qkv_bias_default
         o_bias = bias and not self.qkv_bias_default
 
         def make_layer(i: int) -> nn.Module:
-            attn = LlamaAttention(cfg, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=self.qk_norm)
+            attn = LlamaAttention(cfg, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=self.qk_norm, tp=tp)
             return LlamaDecoderLayer(cfg, attn, self.make_mlp(cfg, i))
 
-        self.model = LlamaModel(cfg, make_layer, rotary_dim=cfg.head_dim)
-        self._init_head(cfg)
+        self.model = LlamaModel(cfg, make_layer, rotary_dim=cfg.head_dim, tp=tp)
+        self._init_head(cfg, tp)
 
     def make_mlp(self, cfg: ModelConfig, layer_idx: int) -> nn.Module:
-        return LlamaMLP(cfg.hf["hidden_size"], cfg.hf["intermediate_size"], bias=bool(cfg.hf.get("mlp_bias", False)))
+        bias = bool(cfg.hf.get("mlp_bias", False))
+        return LlamaMLP(cfg.hf["hidden_size"], cfg.hf["intermediate_size"], bias=bias, tp=self.tp)
 
     def fused_decoder_unsupported_reason(self) -> str | None:
         """Why kernels/cpu_fused_decode.py cannot run this model's decode step, or None if it can."""
+        if self.tp.size > 1:
+            return "tensor parallel"
         if self.model.rotary.interleaved:
             return "interleaved rotary"
         for i, layer in enumerate(self.model.layers):

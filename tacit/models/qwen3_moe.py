@@ -65,6 +65,7 @@ class Qwen3MoeSparseBlock(nn.Module):
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
+    supports_tensor_parallel = False  # experts are not split over ranks yet
     dense_weight_linears = ("mlp.gate",)  # the router: F.linear over its weight in Qwen3MoeSparseBlock
 
     def make_mlp(self, cfg: ModelConfig, layer_idx: int) -> nn.Module:

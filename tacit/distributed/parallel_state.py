@@ -1,0 +1,37 @@
+"""Which shard of a tensor-parallel model this process holds.
+
+Layers are built with a TensorParallel (rank, size) and split their weights by it; the
+Communicator that joins the shards is bound after loading (layers/linear.use_communicator), as
+linear methods and attention backends are, so no layer reads a process-wide group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    rank: int = 0
+    size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or not 0 <= self.rank < self.size:
+            raise ValueError(f"tensor-parallel rank {self.rank} of size {self.size} is invalid")
+
+    def split(self, total: int, what: str) -> int:
+        """This rank's share of `total` (heads, rows, experts), refusing a size that does not divide it."""
+        if total % self.size:
+            raise ValueError(
+                f"tensor_parallel_size={self.size} does not divide {what}={total}: each rank needs an equal share; "
+                f"use a tensor_parallel_size that divides {total}"
+            )
+        return total // self.size
+
+    def part(self, total: int, what: str) -> tuple[int, int]:
+        """(start, length) of this rank's equal share of `total`."""
+        n = self.split(total, what)
+        return self.rank * n, n
+
+
+SINGLE = TensorParallel()

@@ -1,0 +1,97 @@
+"""One tensor-parallel rank: its cores, its shard of the model and its ModelRunner.
+
+The driver (rank 0, inside LLMEngine) and every worker process build their rank the same way
+(load_rank); a worker then runs worker_main's loop: each step's plain SchedulerOutput arrives
+from the driver with the tokens the driver sampled last step, and the worker runs the same
+forward (joining its collectives) without sampling.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import torch
+import torch.distributed as dist
+
+from tacit.distributed.parallel_state import TensorParallel
+from tacit.distributed.torch_communicator import TorchCommunicator
+from tacit.engine.arg_utils import EngineArgs
+from tacit.engine.model_runner import ModelRunner
+from tacit.loader import ModelSource, open_model
+from tacit.models.build import build_model
+from tacit.platforms import Platform, get_platform
+from tacit.scheduling.scheduler_output import SchedulerOutput
+
+
+@dataclass
+class StepMessage:
+    """What the driver sends every worker per step: sampled_* are the tokens the driver sampled
+    in the previous step (the workers append them before this step's changes), None to stop."""
+
+    scheduler_output: SchedulerOutput | None
+    sampled_req_ids: list[str]
+    sampled_token_ids: list[int]
+
+
+def rank_cores(rank: int, world_size: int) -> list[int]:
+    """This rank's share of the cores the process may run on: disjoint, equal, in order."""
+    cores = sorted(os.sched_getaffinity(0))
+    per = max(1, len(cores) // world_size)
+    mine = cores[rank * per : (rank + 1) * per]
+    return mine or [cores[rank % len(cores)]]
+
+
+def pin_to_cores(cores: list[int]) -> None:
+    """Run this process's threads (torch's and the C++ kernels' OpenMP) on `cores` only: ranks
+    sharing a core would each wait for the other's time slice at every all-reduce."""
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(len(cores))
+
+
+def agree_num_blocks(num_blocks: int) -> int:
+    t = torch.tensor([num_blocks], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
+def load_rank(engine_args: EngineArgs, source: ModelSource, platform: Platform, tp: TensorParallel) -> ModelRunner:
+    """This rank's model shard, bound to a runner whose KV pool is the same size on every rank."""
+    config = engine_args.create_engine_config(source, platform)
+    device = platform.device()
+    model = build_model(
+        config.model, source.weights, device, platform.free_memory_bytes(), source.quantized_weights, tp
+    )
+    comm = TorchCommunicator() if tp.size > 1 else None
+    agree = agree_num_blocks if tp.size > 1 else None
+    return ModelRunner(config, model, device, platform.free_memory_bytes(), comm, agree)
+
+
+def worker_main(rank: int, world_size: int, init_file: str, engine_args: EngineArgs, pipe: Connection) -> None:
+    """A worker process's whole life: pin, join the group, load, then run steps until told to stop.
+    Steps arrive over `pipe` (not a collective: an idle server leaves workers waiting for hours,
+    past any collective's timeout); the driver's exit closes it, and the worker exits too."""
+    from tacit.distributed.spawn import init_rank
+
+    pin_to_cores(rank_cores(rank, world_size))
+    init_rank(rank, world_size, init_file)
+    try:
+        platform = get_platform(engine_args.device)
+        runner = load_rank(engine_args, open_model(engine_args.model), platform, TensorParallel(rank, world_size))
+        while True:
+            try:
+                msg: StepMessage = pipe.recv()
+            except EOFError:  # the driver is gone
+                break
+            if msg.scheduler_output is None:
+                break
+            runner.append_sampled(msg.sampled_req_ids, msg.sampled_token_ids)
+            runner.execute(msg.scheduler_output, sample=False)
+    except Exception as e:  # the driver sees the process end; say why here
+        print(f"tacit: tensor-parallel worker rank {rank} failed: {type(e).__name__}: {e}", file=sys.stderr)
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,42 @@
+"""The token-embedding table split over tensor-parallel ranks by vocabulary rows.
+
+Rank r holds rows [r * V / N, (r + 1) * V / N); a lookup takes the ids in its range, zeroes the
+rest, and one all-reduce sums the ranks' rows into every token's embedding. A vocabulary that
+does not divide by N stays whole on every rank (replicated, no communication), as does its head.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tacit.distributed.communicator import Communicator
+from tacit.distributed.parallel_state import SINGLE, TensorParallel
+
+
+def vocab_is_sharded(vocab_size: int, tp: TensorParallel) -> bool:
+    return tp.size > 1 and vocab_size % tp.size == 0
+
+
+class VocabParallelEmbedding(nn.Embedding):
+    def __init__(self, num_embeddings: int, embedding_dim: int, tp: TensorParallel = SINGLE) -> None:
+        self.sharded = vocab_is_sharded(num_embeddings, tp)
+        rows = num_embeddings // tp.size if self.sharded else num_embeddings
+        super().__init__(rows, embedding_dim)
+        # Only a sharded table joins ranks: checkpoint_shards and use_communicator read .tp.
+        self.tp = tp if self.sharded else SINGLE
+        self.vocab_start = tp.rank * rows if self.sharded else 0
+        self.comm: Communicator | None = None
+
+    def checkpoint_shards(self, name: str) -> dict[str, tuple[int, int, int]]:
+        return {f"{name}.weight": (0, self.vocab_start, self.num_embeddings)}
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if not self.sharded:
+            return super().forward(ids)
+        local = ids - self.vocab_start
+        outside = (local < 0) | (local >= self.num_embeddings)
+        out = super().forward(local.masked_fill(outside, 0))
+        out.masked_fill_(outside.unsqueeze(-1), 0)
+        self.comm.all_reduce(out)
+        return out
