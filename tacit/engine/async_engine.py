@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
+from tacit.engine.executor import WorkerDiedError
 from tacit.engine.llm_engine import LLMEngine
 from tacit.engine.metrics import ServingMetrics
 from tacit.engine.request_stream import (
@@ -88,6 +89,10 @@ class AsyncLLMEngine:
         self._thread = threading.Thread(target=self._run, name="tacit-engine", daemon=True)
         self._ready = threading.Event()
         self._build_error: BaseException | None = None
+        # Set when the engine can never step again (a tensor-parallel worker died); on_fatal,
+        # if given, is then called from the engine thread (the server exits non-zero on it).
+        self.fatal_error: BaseException | None = None
+        self.on_fatal: Callable[[], None] | None = None
 
     @classmethod
     def from_engine_args(cls, max_waiting: int = 256, **engine_kwargs: Any) -> "AsyncLLMEngine":
@@ -126,10 +131,13 @@ class AsyncLLMEngine:
         return self._thread.is_alive()
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Abort whatever is still in flight, then stop and join the engine thread."""
+        """Abort whatever is still in flight, then stop and join the engine thread (and the
+        engine's worker processes)."""
         if self._thread.is_alive():
             self._commands.put(_Stop())
             self._thread.join(timeout)
+        if self.engine is not None and not self._thread.is_alive():
+            self.engine.shutdown()
 
     # ---- handler side (event loop thread) ---------------------------------------------------
 
@@ -210,6 +218,10 @@ class AsyncLLMEngine:
                         if not self._apply_commands(block=True, timeout=0.01):
                             break
                 self._publish()
+        except WorkerDiedError as e:
+            logger.error("%s", e)
+            self.fatal_error = e
+            stop_reason = EngineDeadError(f"the engine stopped: {e}")
         except BaseException as e:  # a bug outside step(): fail every caller instead of hanging them
             logger.exception("engine loop crashed")
             stop_reason = EngineDeadError(f"the engine loop crashed: {e!r}")
@@ -218,6 +230,8 @@ class AsyncLLMEngine:
                 self._fail(rid, stop_reason)
             self._drain_rejecting(stop_reason)
             self._publish()
+            if self.fatal_error is not None and self.on_fatal is not None:
+                self.on_fatal()
 
     def _apply_commands(self, block: bool, timeout: float | None = None, adds_only: bool = False) -> bool:
         """Apply queued adds/aborts; with block, wait for the first one. False means stop.
@@ -301,6 +315,8 @@ class AsyncLLMEngine:
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
+        except WorkerDiedError:
+            raise  # no later step can run either: the loop ends, failing every request with it
         except Exception as e:
             logger.exception("engine step failed")
             # The requests scheduled in the failed step are now running; drop those (if schedule()

@@ -103,10 +103,11 @@ class MultiProcExecutor(Executor):
             raise WorkerDiedError(f"tensor-parallel worker {', '.join(dead)} is gone; the engine cannot continue")
 
     def _collective(self, fn):
-        """fn() on this rank; a failure because a worker died is reported as that."""
+        """fn() on this rank; a collective that failed because a worker died is reported as that
+        (a ValueError, a bad input every rank refuses alike, stays what it is)."""
         try:
             return fn()
-        except Exception as e:
+        except RuntimeError as e:
             for p in self.procs:  # a dying worker's sockets close a moment before its exit code is in
                 p.join(timeout=2.0)
             if self._dead_workers():

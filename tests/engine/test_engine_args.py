@@ -41,7 +41,7 @@ def test_every_field_is_a_flag_of_every_engine_command(command):
 
 
 def test_every_field_has_a_recipe_key():
-    assert list(SECTIONS) == ["model", "platform", "cache", "scheduler"]
+    assert list(SECTIONS) == ["model", "platform", "parallel", "cache", "scheduler"]
     keys = [name for section in SECTIONS.values() for name in section.values()]
     assert sorted(keys) == sorted(NAMES)
     assert SECTIONS["model"]["path"] == "model" and SECTIONS["scheduler"]["policy"] == "scheduling_policy"

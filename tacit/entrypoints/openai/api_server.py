@@ -204,7 +204,7 @@ def served_model_name(args: argparse.Namespace, model: str | None) -> str:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    """Load the model, serve until SIGTERM/SIGINT, then drain and exit 0."""
+    """Load the model, serve until SIGTERM/SIGINT, then drain and exit 0 (1 if the engine died)."""
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -238,6 +238,9 @@ def run_server(args: argparse.Namespace) -> int:
         lifespan="on",
     )
     server = _draining_server_class()(config, engine, config.timeout_graceful_shutdown)
+    # A dead tensor-parallel worker ends the engine for good: requests get 503, then the server
+    # exits non-zero so a supervisor restarts it.
+    engine.on_fatal = lambda: setattr(server, "should_exit", True)
     # uvicorn re-raises the signal it caught once it has shut down gracefully; with the default
     # SIGTERM handler that kills the process (status 143) after a clean drain. A no-op handler
     # is what it restores and re-raises into, so a SIGTERM ends in `return 0`.
@@ -248,4 +251,7 @@ def run_server(args: argparse.Namespace) -> int:
         pass
     finally:
         engine.shutdown()
+    if engine.fatal_error is not None:
+        print(f"tacit: exiting: {engine.fatal_error}", file=sys.stderr)
+        return 1
     return 0 if server.started else 1

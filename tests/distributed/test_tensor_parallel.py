@@ -1,0 +1,103 @@
+"""Tensor parallelism: two processes (gloo on loopback) give the tokens one process gives.
+
+Float32, so the only difference between TP=1 and TP=2 is the order of the sums that the
+all-reduce splits: logprobs agree within 1e-4 and greedy tokens exactly. Each LLM(...,
+tensor_parallel_size=2) starts one worker process; every test shuts its engines down.
+"""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from tacit import LLM, SamplingParams
+from tacit.engine.executor import WorkerDiedError
+from tacit.loader.gguf_writer import export_hf_to_gguf
+
+ARCHS = ["llama", "llama3", "qwen2", "qwen3", "llama_odd_vocab"]
+LENGTHS = [1, 7, 45, 130]
+MAX_NEW = 10
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=3)
+
+
+def prompts_for(vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(3, vocab - 1, (n,), generator=g).tolist() for n in LENGTHS]
+
+
+def assert_same(ref, got):
+    for a, b in zip(ref, got):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for lp_a, lp_b in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            for token, lp in lp_a.items():
+                assert abs(lp.logprob - lp_b[token].logprob) < 1e-4
+
+
+def run_pair(path, prompts, params, **kwargs):
+    ref = LLM(str(path), dtype="float32", **kwargs).generate(prompts, params)
+    llm = LLM(str(path), dtype="float32", tensor_parallel_size=2, **kwargs)
+    try:
+        return ref, llm.generate(prompts, params), llm
+    finally:
+        llm.engine.shutdown()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tp2_matches_tp1(tiny_model_factory, arch):
+    model, _, path = tiny_model_factory(arch)
+    # A small step budget: chunked prefill and mixed prefill/decode steps on both ranks.
+    ref, got, llm = run_pair(path, prompts_for(model.config.vocab_size), GREEDY, max_num_batched_tokens=64)
+    assert_same(ref, got)
+    embed = llm.engine.model.model.embed_tokens
+    assert embed.sharded == (arch != "llama_odd_vocab")
+    heads = llm.engine.model.model.layers[0].self_attn
+    assert (heads.num_heads, heads.num_kv_heads) == (2, 1)  # half of the tiny models' 4 and 2
+
+
+def test_tp2_seeded_sampling_and_prompt_logprobs(tiny_llama):
+    model, _, path = tiny_llama
+    params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=MAX_NEW, ignore_eos=True, seed=3, prompt_logprobs=2)
+    ref, got, _ = run_pair(path, prompts_for(model.config.vocab_size), params)
+    for a, b in zip(ref, got):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for pa, pb in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:]):
+            for token, lp in pa.items():
+                assert abs(lp.logprob - pb[token].logprob) < 1e-4
+
+
+def test_tp2_native_gguf_blocks(tiny_llama, tmp_path):
+    """Q8_0 matrices kept in their blocks (the torch reference multiplies them in float32): each
+    rank's rows and whole-block columns are sliced from the file's blocks."""
+    _, _, path = tiny_llama
+    gguf = export_hf_to_gguf(path, tmp_path / "tiny.gguf", ggml_types={"": "Q8_0"})
+    ref, got, llm = run_pair(gguf, prompts_for(384), GREEDY, quantization="gguf")
+    assert_same(ref, got)
+    assert llm.engine.model.model.layers[0].mlp.down_proj.weight.dtype == torch.uint8
+
+
+def test_sizes_that_do_not_divide_are_refused(tiny_llama, tiny_model_factory):
+    _, _, path = tiny_llama
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=3 does not divide num_attention_heads=4"):
+        LLM(str(path), dtype="float32", tensor_parallel_size=3)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=0 is invalid"):
+        LLM(str(path), dtype="float32", tensor_parallel_size=0)
+    _, _, moe = tiny_model_factory("qwen3_moe")
+    with pytest.raises(ValueError, match=r"Qwen3MoeForCausalLM does not run tensor-parallel yet"):
+        LLM(str(moe), dtype="float32", tensor_parallel_size=2)
+
+
+def test_a_killed_worker_is_reported_within_seconds(tiny_llama):
+    model, _, path = tiny_llama
+    llm = LLM(str(path), dtype="float32", tensor_parallel_size=2)
+    try:
+        llm.generate(prompts_for(model.config.vocab_size)[:1], GREEDY)
+        worker = llm.engine.executor.procs[0]
+        os.kill(worker.pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(WorkerDiedError, match=rf"rank 1 \(pid {worker.pid}, exit code -9\)"):
+            llm.generate(prompts_for(model.config.vocab_size), GREEDY)
+        assert time.monotonic() - start < 10
+    finally:
+        llm.engine.shutdown()
