@@ -65,7 +65,7 @@ def test_relative_model_path_is_next_to_the_recipe(tiny_llama, tmp_path):
     [
         ("- just\n- a list\n", "must be a mapping of sections"),
         ("model: {dtype: [unclosed\n", "not valid YAML"),
-        ("engine: {dtype: bfloat16}\n", "unknown section 'engine'; valid: model, platform, cache, scheduler"),
+        ("engine: {dtype: bfloat16}\n", "unknown section 'engine'; valid: model, platform, parallel, cache, scheduler"),
         ("scheduler: {polcy: sla}\n", "unknown key scheduler.polcy; valid in 'scheduler': policy, max_num_seqs"),
         ("scheduler: {policy: lifo}\n", "scheduling_policy='lifo' is not known; valid: fcfs, priority, sjf, sla"),
         ("scheduler: {max_num_seqs: 0}\n", "max_num_seqs=0 is invalid: must be an integer >= 1"),
