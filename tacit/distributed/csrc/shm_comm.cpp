@@ -357,28 +357,35 @@ void all_reduce(Ctx* c, void* data, int64_t numel, int dtype) {
   for (int64_t off = 0; off < total;) {
     const int64_t n = std::min(c->chunk_bytes, total - off);
     const uint64_t s = c->seq + 1;
-    memcpy(c->slot(c->rank, s), d + off, n);
-    publish(c, s, kAllReduce, total, nullptr);
-    wait_all(c, s, kAllReduce, total);
+    char* chunk = d + off;
+    char* mine = c->slot(c->rank, s);
     if (n < c->two_shot_min_bytes || c->world == 1) {
       // One shot: every rank sums every slot (its own input from its tensor) into its tensor.
-      for (int p = 0; p < c->world; ++p) srcs[p] = p == c->rank ? d + off : c->slot(p, s);
-      sum(dtype, d + off, srcs, c->world, n / esize);
+      memcpy(mine, chunk, n);
+      publish(c, s, kAllReduce, total, nullptr);
+      wait_all(c, s, kAllReduce, total);
+      for (int p = 0; p < c->world; ++p) srcs[p] = p == c->rank ? chunk : c->slot(p, s);
+      sum(dtype, chunk, srcs, c->world, n / esize);
     } else {
-      // Two shots: each rank sums 1/world of the chunk and posts it; then copies the others'.
+      // Two shots: rank p sums part p of the chunk and posts it; then each copies the others'.
+      // Only the parts the peers sum are copied in: this rank's own part it reads in place.
       const int64_t cnt = n / esize;
       const int64_t per = ((cnt + c->world - 1) / c->world + 31) / 32 * 32;  // 64-byte aligned parts
-      auto lo = [&](int p) { return std::min(cnt, p * per); };
-      auto hi = [&](int p) { return std::min(cnt, (p + 1) * per); };
-      for (int p = 0; p < c->world; ++p) srcs[p] = (p == c->rank ? d + off : c->slot(p, s)) + lo(c->rank) * esize;
-      char* mine = c->slot(c->rank, s) + lo(c->rank) * esize;
-      sum(dtype, mine, srcs, c->world, hi(c->rank) - lo(c->rank));
-      memcpy(d + off + lo(c->rank) * esize, mine, (hi(c->rank) - lo(c->rank)) * esize);
+      auto lo = [&](int p) { return std::min(cnt, p * per) * esize; };
+      auto len = [&](int p) { return std::min(cnt, (p + 1) * per) * esize - lo(p); };
+      for (int p = 0; p < c->world; ++p)
+        if (p != c->rank) memcpy(mine + lo(p), chunk + lo(p), len(p));
+      publish(c, s, kAllReduce, total, nullptr);
+      wait_all(c, s, kAllReduce, total);
+      const int64_t my_lo = lo(c->rank), my_len = len(c->rank);
+      for (int p = 0; p < c->world; ++p) srcs[p] = (p == c->rank ? chunk : c->slot(p, s)) + my_lo;
+      sum(dtype, chunk + my_lo, srcs, c->world, my_len / esize);
+      memcpy(mine + my_lo, chunk + my_lo, my_len);
       c->ctl[c->rank].reduced.store(s, std::memory_order_release);
       for (int p = 0; p < c->world; ++p) {
         if (p == c->rank) continue;
         wait_for(c, c->ctl[p].reduced, s, p);
-        memcpy(d + off + lo(p) * esize, c->slot(p, s) + lo(p) * esize, (hi(p) - lo(p)) * esize);
+        memcpy(chunk + lo(p), c->slot(p, s) + lo(p), len(p));
       }
     }
     off += n;
