@@ -215,10 +215,11 @@ inline uint16_t f32_to_f16(float f) {
 
 // dst[i] = srcs[0][i] + srcs[1][i] + ... in rank order, in fp32, rounded once: every rank gets
 // the same bits, equal to the fp32 sum in rank order. dst may be one of the srcs (blocks are read
-// whole before written).
+// whole before written). dst2, when not null, gets a copy of each block while it is in L1 (the
+// two-shot all-reduce's result goes to the tensor and to the slot the peers copy it from).
 template <typename T, typename Load, typename Store>
-inline __attribute__((always_inline)) void sum_impl(T* dst, const T* const* srcs, int nsrc, int64_t n, Load load,
-                                                    Store store) {
+inline __attribute__((always_inline)) void sum_impl(T* dst, T* dst2, const T* const* srcs, int nsrc, int64_t n,
+                                                    Load load, Store store) {
   constexpr int64_t B = 512;
   float acc[B];
   for (int64_t i0 = 0; i0 < n; i0 += B) {
@@ -231,19 +232,20 @@ inline __attribute__((always_inline)) void sum_impl(T* dst, const T* const* srcs
     }
     T* d = dst + i0;
     for (int64_t j = 0; j < m; ++j) d[j] = store(acc[j]);
+    if (dst2) memcpy(dst2 + i0, d, m * sizeof(T));
   }
 }
 
-TACIT_CLONES void sum_f32(float* dst, const float* const* srcs, int nsrc, int64_t n) {
-  sum_impl(dst, srcs, nsrc, n, [](float x) { return x; }, [](float x) { return x; });
+TACIT_CLONES void sum_f32(float* dst, float* dst2, const float* const* srcs, int nsrc, int64_t n) {
+  sum_impl(dst, dst2, srcs, nsrc, n, [](float x) { return x; }, [](float x) { return x; });
 }
 
-TACIT_CLONES void sum_bf16(uint16_t* dst, const uint16_t* const* srcs, int nsrc, int64_t n) {
-  sum_impl(dst, srcs, nsrc, n, bf16_to_f32, f32_to_bf16);
+TACIT_CLONES void sum_bf16(uint16_t* dst, uint16_t* dst2, const uint16_t* const* srcs, int nsrc, int64_t n) {
+  sum_impl(dst, dst2, srcs, nsrc, n, bf16_to_f32, f32_to_bf16);
 }
 
-TACIT_CLONES void sum_f16(uint16_t* dst, const uint16_t* const* srcs, int nsrc, int64_t n) {
-  sum_impl(dst, srcs, nsrc, n, f16_to_f32, f32_to_f16);
+TACIT_CLONES void sum_f16(uint16_t* dst, uint16_t* dst2, const uint16_t* const* srcs, int nsrc, int64_t n) {
+  sum_impl(dst, dst2, srcs, nsrc, n, f16_to_f32, f32_to_f16);
 }
 
 int64_t dtype_size(Ctx* c, int dtype) {
@@ -255,13 +257,13 @@ int64_t dtype_size(Ctx* c, int dtype) {
   fail(c, "shm communicator: dtype code " + std::to_string(dtype) + " is not float32 (0), bfloat16 (1), float16 (2)");
 }
 
-void sum(int dtype, void* dst, const char* const* srcs, int nsrc, int64_t n) {
+void sum(int dtype, void* dst, const char* const* srcs, int nsrc, int64_t n, void* dst2 = nullptr) {
   if (dtype == kFloat32)
-    sum_f32((float*)dst, (const float* const*)srcs, nsrc, n);
+    sum_f32((float*)dst, (float*)dst2, (const float* const*)srcs, nsrc, n);
   else if (dtype == kBFloat16)
-    sum_bf16((uint16_t*)dst, (const uint16_t* const*)srcs, nsrc, n);
+    sum_bf16((uint16_t*)dst, (uint16_t*)dst2, (const uint16_t* const*)srcs, nsrc, n);
   else
-    sum_f16((uint16_t*)dst, (const uint16_t* const*)srcs, nsrc, n);
+    sum_f16((uint16_t*)dst, (uint16_t*)dst2, (const uint16_t* const*)srcs, nsrc, n);
 }
 
 void check_peer_rank(Ctx* c, int peer, const char* what) {
@@ -379,8 +381,7 @@ void all_reduce(Ctx* c, void* data, int64_t numel, int dtype) {
       wait_all(c, s, kAllReduce, total);
       const int64_t my_lo = lo(c->rank), my_len = len(c->rank);
       for (int p = 0; p < c->world; ++p) srcs[p] = (p == c->rank ? chunk : c->slot(p, s)) + my_lo;
-      sum(dtype, chunk + my_lo, srcs, c->world, my_len / esize);
-      memcpy(mine + my_lo, chunk + my_lo, my_len);
+      sum(dtype, chunk + my_lo, srcs, c->world, my_len / esize, mine + my_lo);
       c->ctl[c->rank].reduced.store(s, std::memory_order_release);
       for (int p = 0; p < c->world; ++p) {
         if (p == c->rank) continue;
