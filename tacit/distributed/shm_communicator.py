@@ -77,13 +77,20 @@ class ShmCommunicator(Communicator):
                 error = str(e)
         # Every rank learns whether all mapped the segment on the same host before any uses it.
         states: list = [None] * self.world_size
-        dist.all_gather_object(states, (socket.gethostname(), error), group=group)
+        # The algorithm and chunking of each all-reduce follow from these: they must agree.
+        settings = (buffer_bytes, two_shot_min_bytes, chunk_bytes)
+        dist.all_gather_object(states, (socket.gethostname(), error, settings), group=group)
         if self.rank == 0 and made is not None:
             made.unlink()  # all have mapped it (or failed): the name is no longer needed
-        hosts = {h for h, _ in states}
-        errors = [f"rank {r}: {e}" for r, (_, e) in enumerate(states) if e]
+        hosts = {h for h, _, _ in states}
+        errors = [f"rank {r}: {e}" for r, (_, e, _) in enumerate(states) if e]
         if len(hosts) > 1:
             errors.append(f"the ranks are on {len(hosts)} hosts ({', '.join(sorted(hosts))}); shm needs one")
+        if len({s for _, _, s in states}) > 1:
+            errors.append(
+                "the ranks disagree on (buffer_bytes, two_shot_min_bytes, chunk_bytes): "
+                + ", ".join(f"rank {r} {s}" for r, (_, _, s) in enumerate(states))
+            )
         if errors:
             if made is not None:
                 made.close()

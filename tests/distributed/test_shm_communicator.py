@@ -207,3 +207,20 @@ def test_a_dead_peer_is_an_error_naming_it_within_seconds(world, tmp_path):
     for rank, msg, elapsed in reports:
         assert f"rank {dead}" in msg and "exited" in msg, (rank, msg)
         assert elapsed < 10, (rank, elapsed)
+
+
+def _disagree(rank: int, world: int) -> str:
+    from tacit.distributed.shm_communicator import ShmCommunicator
+
+    try:
+        ShmCommunicator(buffer_bytes=BUF, two_shot_min_bytes=1024 * (rank + 1))
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+def test_ranks_that_disagree_on_the_algorithm_are_refused_at_construction():
+    from tacit.distributed.spawn import run_on_ranks
+
+    for msg in run_on_ranks(_disagree, 2):
+        assert "disagree" in msg and "rank 0 (16384, 1024" in msg and "rank 1 (16384, 2048" in msg, msg

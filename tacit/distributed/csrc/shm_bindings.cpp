@@ -85,8 +85,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("ctx_ptr", [](ShmContext& s) { return reinterpret_cast<uintptr_t>(s.ctx()); })
       .def("last_error", [](ShmContext& s) { return s.ctx()->error; })
       .def_property_readonly("slot_bytes", [](ShmContext& s) { return s.ctx()->slot_bytes; })
-      .def_property(
-          "two_shot_min_bytes", [](ShmContext& s) { return s.ctx()->two_shot_min_bytes; },
-          [](ShmContext& s, int64_t v) { s.ctx()->two_shot_min_bytes = v; });
+      // Read-only: every rank must pick the same all-reduce algorithm for the same chunk.
+      .def_property_readonly("two_shot_min_bytes", [](ShmContext& s) { return s.ctx()->two_shot_min_bytes; });
   m.def("all_reduce_fn_ptr", []() { return reinterpret_cast<uintptr_t>(&tacit_shm_all_reduce); });
 }
