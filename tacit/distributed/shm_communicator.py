@@ -1,6 +1,7 @@
 """A Communicator for ranks on one host, over one POSIX shared-memory segment (csrc/shm_comm.cpp):
 no sockets, no kernel on the data path, so a decode step's small all-reduce costs microseconds
-where gloo over loopback costs tens of them (`tacit bench comm` measures both).
+where gloo over loopback costs hundreds (16 KB bf16, 2 ranks: ~7 us against ~1 ms on a 2-core
+VM; `tacit bench comm` measures both).
 
 The segment's name is agreed through the torch.distributed group at construction and unlinked
 as soon as every rank has mapped it, so /dev/shm keeps nothing even if the ranks are killed.
@@ -31,11 +32,12 @@ DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 DEFAULT_BUFFER_BYTES = 4 << 20
 # all_reduce chunks of at least this many bytes are summed reduce-scatter style (each rank sums
 # 1/N, then copies the others' parts back); smaller ones one-shot (each rank sums everything).
-# 2 ranks, bf16, us per call, one-shot vs two-shot (medians, a loaded 2-core EPYC VM, noisy):
-# 16 KB 38 vs 70, 256 KB 98 vs 120, 1 MB 283 vs 273, 4 MB 1284 vs 1152, 32 MB 11477 vs 10053.
+# 2 ranks, bf16, us per call, one-shot vs two-shot, medians on a 2-core EPYC VM shared with other
+# work (noisy): 16 KB 38 vs 70, 256 KB 98 vs 120 (first version, loaded); with 1 MB chunks and
+# the final two-shot: 1 MB 154 vs 110, 4 MB 569 vs 412, 32 MB 6560 vs 4582 (quieter).
 DEFAULT_TWO_SHOT_MIN_BYTES = 1 << 20
-# all_reduce's chunk. Two-shot at 32 MB: 64 KB chunks 36.4 ms, 256 KB 14.9, 1 MB 10.1, 4 MB
-# 11.3 (the per-chunk handshake costs more than the cache keeps, below 1 MB, on that machine).
+# all_reduce's chunk. Two-shot at 32 MB (loaded): 64 KB chunks 36.4 ms, 256 KB 14.9, 1 MB 10.1,
+# 4 MB 11.3: below 1 MB the per-chunk handshakes cost more than the cache saves, on that machine.
 DEFAULT_CHUNK_BYTES = 1 << 20
 
 
