@@ -1,4 +1,4 @@
-"""`tacit bench hw | latency`: print a table, optionally write JSON."""
+"""`tacit bench hw | latency | attention | comm | throughput | serve`: print a table, optionally write JSON."""
 
 from __future__ import annotations
 
@@ -40,6 +40,16 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     at.add_argument("--repeats", type=int, default=5)
     at.add_argument("--json", default=None)
     at.set_defaults(func=cmd_attention)
+    cm = bsub.add_parser("comm", help="the shared-memory communicator against gloo on local ranks")
+    cm.add_argument("--world-size", type=int, default=2)
+    cm.add_argument("--sizes", default="4KB,16KB,64KB,256KB,1MB,4MB,16MB,32MB", help="bytes per rank's tensor")
+    cm.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"])
+    cm.add_argument(
+        "--collectives", default="all_reduce", help="comma list of all_reduce, all_gather, all_to_all, reduce_scatter"
+    )
+    cm.add_argument("--repeats", type=int, default=5, help="timed repeats per cell (the median is reported)")
+    cm.add_argument("--json", default=None)
+    cm.set_defaults(func=cmd_comm)
     tp = bsub.add_parser("throughput", help="offline throughput over N requests")
     EngineArgs.add_cli_args(tp)
     tp.add_argument("--num-prompts", type=int, default=256)
@@ -114,6 +124,28 @@ def cmd_attention(args: argparse.Namespace) -> int:
     print(_table(rows))
     if args.json:
         json.dump(rows, open(args.json, "w"), indent=2)
+    return 0
+
+
+def cmd_comm(args: argparse.Namespace) -> int:
+    from tacit.bench import comm
+
+    collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]
+    bad = [c for c in collectives if c not in comm.COLLECTIVES]
+    if bad or not collectives:
+        raise ValueError(f"--collectives {args.collectives!r}: valid: {', '.join(comm.COLLECTIVES)}")
+    sizes = [comm.parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    _log(f"{args.world_size} ranks, {args.dtype}, {len(sizes)} sizes, {args.repeats} repeats ...")
+    rows = comm.run(args.world_size, sizes, args.dtype, collectives, args.repeats)
+    print(f"{args.world_size} ranks, {args.dtype}; time per call (slowest rank, median of {args.repeats})")
+    print(_table([{k: v for k, v in r.items() if k != "bytes"} for r in rows]))
+    lines = comm.verdicts(rows)
+    for line in lines:
+        print(line)
+    _write(
+        args,
+        {"world_size": args.world_size, "dtype": args.dtype, "repeats": args.repeats, "rows": rows, "verdicts": lines},
+    )
     return 0
 
 
