@@ -76,6 +76,13 @@ class Communicator(ABC):
     def recv(self, tensor: torch.Tensor, src: int, async_op: bool = False) -> torch.Tensor | CommHandle:
         """Receive into `tensor` from rank src; returns it."""
 
+    def c_all_reduce_f32(self) -> tuple[int, int] | None:
+        """(function address, context address) of a C all-reduce that compiled code (the fused
+        decode step) calls with no Python in between, or None. The function: int fn(void* ctx,
+        void* data, int64_t numel, int dtype_code, char* err, int64_t err_len), 0 on success;
+        the fused step passes float32 buffers (dtype_code 0)."""
+        return None
+
     def barrier(self) -> None:
         self.all_reduce(torch.zeros(1))
 

@@ -204,13 +204,16 @@ class ShmCommunicator(Communicator):
 
     # -- for C++ callers (a fused decode step): the all-reduce with no Python in between
 
+    def c_all_reduce_f32(self) -> tuple[int, int]:
+        return self.all_reduce_fn_ptr(), self.ctx_ptr()
+
     def ctx_ptr(self) -> int:
         """The address of this communicator's C++ context: tacit_shm_all_reduce's first argument."""
         return self._ctx.ctx_ptr()
 
     def all_reduce_fn_ptr(self) -> int:
-        """The address of `int tacit_shm_all_reduce(void* ctx, void* data, int64_t numel, int dtype_code)`
-        (0 on success; -1 with the reason in last_error()). dtype codes: DTYPE_CODES. It must not run
+        """The address of `int tacit_shm_all_reduce(void* ctx, void* data, int64_t numel, int dtype_code,
+        char* err, int64_t err_len)` (0 on success; -1 with the reason in last_error() and in err). dtype codes: DTYPE_CODES. It must not run
         while an async collective of this communicator is in flight: they share one sequence."""
         return self._kernels.all_reduce_fn_ptr()
 

@@ -125,3 +125,22 @@ def bind_llama_decoder(
             m = w.moe
             decoder.add_moe(m.router, m.w13, m.w13_type, m.w2, m.w2_type, m.top_k, m.renormalize, m.expert_slots)
     return decoder
+
+
+class ShardedDecoder:
+    """A tensor-parallel rank's fused decoder: its layers hold the rank's heads and features and
+    all-reduce in C++ (LlamaDecoder.set_all_reduce); the token embedding is the rank's slice of
+    the vocabulary, looked up by the model's vocab-parallel table (which all-reduces itself)."""
+
+    def __init__(self, decoder: Any, embed: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.decoder, self._embed = decoder, embed
+        self.num_layers = decoder.num_layers
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self._embed(token_ids).to(torch.bfloat16).contiguous()
+
+    def run_layers(self, x: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor, begin: int, end: int) -> None:
+        self.decoder.run_layers(x, positions, tables, begin, end)
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder.final_norm(x)

@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from tacit.config import ModelConfig
+from tacit.distributed.communicator import Communicator
 from tacit.distributed.parallel_state import SINGLE, TensorParallel
-from tacit.kernels.cpu_fused_decode import DecoderLayerWeights, bind_llama_decoder
+from tacit.kernels.cpu_fused_decode import DecoderLayerWeights, ShardedDecoder, bind_llama_decoder
 from tacit.kernels.ggml_quant import BF16, GGMLTensor
 from tacit.kernels.torch_attention import TorchAttentionBackend
 from tacit.layers.attention import Attention
@@ -257,6 +258,7 @@ class LlamaForCausalLM(CausalLM):
     def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.tp = tp
+        self.comm: Communicator | None = None  # the fused decode step's all-reduce (tensor parallel)
         hf = cfg.hf
         bias = bool(hf.get("attention_bias", False))
         qkv_bias = bias or self.qkv_bias_default
@@ -275,8 +277,8 @@ class LlamaForCausalLM(CausalLM):
 
     def fused_decoder_unsupported_reason(self) -> str | None:
         """Why kernels/cpu_fused_decode.py cannot run this model's decode step, or None if it can."""
-        if self.tp.size > 1:
-            return "tensor parallel"
+        if self.tp.size > 1 and (self.comm is None or self.comm.c_all_reduce_f32() is None):
+            return f"tensor parallel over a communicator with no C all-reduce ({getattr(self.comm, 'name', None)})"
         if self.model.rotary.interleaved:
             return "interleaved rotary"
         for i, layer in enumerate(self.model.layers):
@@ -362,7 +364,7 @@ class LlamaForCausalLM(CausalLM):
             for a in [layer.self_attn]
         ]
         table = lm.embed_tokens
-        return bind_llama_decoder(
+        decoder = bind_llama_decoder(
             kernels,
             table.weight.data,
             table.ggml_type if isinstance(table, GGMLEmbedding) else BF16,
@@ -379,6 +381,10 @@ class LlamaForCausalLM(CausalLM):
             block_size,
             weights,
         )
+        if self.tp.size == 1:
+            return decoder
+        decoder.set_all_reduce(*self.comm.c_all_reduce_f32())
+        return ShardedDecoder(decoder, table)
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):

@@ -95,11 +95,11 @@ def _collectives(rank: int, world: int) -> dict:
         bad += int(t[0].item() != world * i + world * (world - 1) / 2)
     out["consecutive_bad"] = bad
     # The C entry point, as a fused C++ decode step would call it.
-    fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int)(
-        two_shot.all_reduce_fn_ptr()
-    )
+    fn = ctypes.CFUNCTYPE(
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_char_p, ctypes.c_int64
+    )(two_shot.all_reduce_fn_ptr())
     c = _input(rank, 999, torch.bfloat16, seed=6)
-    out["c_abi_rc"] = fn(two_shot.ctx_ptr(), c.data_ptr(), c.numel(), 1)
+    out["c_abi_rc"] = fn(two_shot.ctx_ptr(), c.data_ptr(), c.numel(), 1, None, 0)
     out["c_abi"] = c
     errors = []
     for bad_call in (

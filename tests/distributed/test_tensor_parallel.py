@@ -13,7 +13,10 @@ import pytest
 import torch
 
 from tacit import LLM, SamplingParams
+from tacit.distributed.shm_communicator import ShmCommunicator
 from tacit.engine.executor import WorkerDiedError
+from tacit.kernels.cpu_fused_decode import ShardedDecoder
+from tacit.kernels.cpu_kernels import load_cpu_kernels
 from tacit.loader.gguf_writer import export_hf_to_gguf
 
 ARCHS = ["llama", "llama3", "qwen2", "qwen3", "llama_odd_vocab"]
@@ -88,9 +91,34 @@ def test_sizes_that_do_not_divide_are_refused(tiny_llama, tiny_model_factory):
         LLM(str(moe), dtype="float32", tensor_parallel_size=2)
 
 
-def test_a_killed_worker_is_reported_within_seconds(tiny_llama):
+@pytest.mark.skipif(load_cpu_kernels() is None, reason="no AVX512-BF16 CPU kernels: no fused decode step")
+def test_tp2_fused_decode_step_all_reduces_in_cpp(tiny_llama):
+    """bf16: each rank's decode steps run in the C++ decoder, which calls the shared-memory
+    all-reduce itself after o_proj and down_proj (float32 partial sums, so only the order of
+    the sums differs from one rank's: logprobs within bf16's noise, greedy tokens the same)."""
     model, _, path = tiny_llama
-    llm = LLM(str(path), dtype="float32", tensor_parallel_size=2)
+    prompts = prompts_for(model.config.vocab_size)
+    ref = LLM(str(path), dtype="bfloat16").generate(prompts, GREEDY)
+    llm = LLM(str(path), dtype="bfloat16", tensor_parallel_size=2)
+    try:
+        assert isinstance(llm.engine.runner.fused_decode, ShardedDecoder)
+        assert isinstance(llm.engine.model.comm, ShmCommunicator)
+        got = llm.generate(prompts, GREEDY)
+    finally:
+        llm.engine.shutdown()
+    for a, b in zip(ref, got):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for lp_a, lp_b in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            for token, lp in lp_a.items():
+                if token in lp_b:
+                    assert abs(lp.logprob - lp_b[token].logprob) < 0.06
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_killed_worker_is_reported_within_seconds(tiny_llama, dtype):
+    """float32 waits in the torch path's all-reduce, bf16 in the fused C++ step's."""
+    model, _, path = tiny_llama
+    llm = LLM(str(path), dtype=dtype, tensor_parallel_size=2)
     try:
         llm.generate(prompts_for(model.config.vocab_size)[:1], GREEDY)
         worker = llm.engine.executor.procs[0]

@@ -2,6 +2,7 @@
 #include "shm_comm.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -513,13 +514,15 @@ void recv(Ctx* c, void* data, int64_t nbytes, int src) {
 
 }  // namespace tacit_shm
 
-extern "C" int tacit_shm_all_reduce(void* ctx, void* data, int64_t numel, int dtype_code) {
+extern "C" int tacit_shm_all_reduce(void* ctx, void* data, int64_t numel, int dtype_code, char* err,
+                                    int64_t err_len) {
   auto* c = (tacit_shm::Ctx*)ctx;
   try {
     tacit_shm::all_reduce(c, data, numel, dtype_code);
     return 0;
   } catch (const std::exception& e) {
     c->error = e.what();
+    if (err != nullptr && err_len > 0) snprintf(err, err_len, "%s", e.what());
     return -1;
   }
 }

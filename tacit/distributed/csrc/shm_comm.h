@@ -93,6 +93,8 @@ void recv(Ctx* c, void* data, int64_t nbytes, int src);
 }  // namespace tacit_shm
 
 // For C++ callers with no Python in between (a fused decode step): 0 on success, -1 on failure
-// with the reason in the context (ShmContext.last_error). Not to be called while another
-// collective of the same context runs (the async thread): they share one sequence.
-extern "C" int tacit_shm_all_reduce(void* ctx, void* data, int64_t numel, int dtype_code);
+// with the reason in the context (ShmContext.last_error) and, when err is given, in err
+// (err_len bytes). Not to be called while another collective of the same context runs (the
+// async thread): they share one sequence.
+extern "C" int tacit_shm_all_reduce(void* ctx, void* data, int64_t numel, int dtype_code, char* err,
+                                    int64_t err_len);

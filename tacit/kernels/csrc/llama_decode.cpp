@@ -350,7 +350,13 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
       const PagedKV paged{cache, cache + cache_half, block_size_, hkv, d};
       decode_attention(qkv.data(), qkv_n, pos, tables, width, paged, hq, scale_, attn.data(), m);
     }
-    const u16* o_bias = bf16_ptr(project(w.o_proj, w.o_type, w.o_bias, attn.data(), f32.data(), m));
+    // Under tensor parallelism the bias is added once, after the ranks' partial sums are.
+    const torch::Tensor& o_bias_in = all_reduce_ ? torch::Tensor() : w.o_bias;
+    const u16* o_bias = bf16_ptr(project(w.o_proj, w.o_type, o_bias_in, attn.data(), f32.data(), m));
+    if (all_reduce_) {
+      reduce(f32.data(), m * h);
+      o_bias = bf16_ptr(w.o_bias);
+    }
     for (int r = 0; r < m; ++r) residual_add(xs + r * h, f32.data() + r * h, o_bias, h);
     for (int r = 0; r < m; ++r) rms_norm(xs + r * h, bf16_ptr(w.post_norm), normed.data() + r * h, h, eps_);
     if (w.moe()) {
@@ -363,8 +369,21 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
       }
       project(w.down, w.down_type, torch::Tensor(), act.data(), f32.data(), m);
     }
+    if (all_reduce_) reduce(f32.data(), m * h);
     for (int r = 0; r < m; ++r) residual_add(xs + r * h, f32.data() + r * h, nullptr, h);
   }
+}
+
+void LlamaDecoder::set_all_reduce(int64_t fn, int64_t ctx) {
+  TORCH_CHECK(fn != 0, "set_all_reduce: no function");
+  all_reduce_ = reinterpret_cast<AllReduceFn>(fn);
+  all_reduce_ctx_ = reinterpret_cast<void*>(ctx);
+}
+
+void LlamaDecoder::reduce(float* data, int64_t numel) const {
+  char err[256] = {0};
+  constexpr int kFloat32 = 0;  // tacit_shm_all_reduce's dtype code for float32
+  if (all_reduce_(all_reduce_ctx_, data, numel, kFloat32, err, sizeof(err)) != 0) TORCH_CHECK(false, err);
 }
 
 torch::Tensor LlamaDecoder::final_norm(torch::Tensor x) const {

@@ -31,6 +31,11 @@ struct LlamaLayerWeights {
   bool moe() const { return top_k > 0; }
 };
 
+// Sums a buffer over the tensor-parallel ranks in place (dtype_code 0: float32); returns 0, or
+// non-zero after writing a message into err (err_len bytes): a C function of another extension
+// (the shared-memory communicator's tacit_shm_all_reduce), called with no Python in between.
+using AllReduceFn = int (*)(void* ctx, void* data, int64_t numel, int dtype_code, char* err, int64_t err_len);
+
 class LlamaDecoder {
  public:
   // embed: bf16 [vocab, hidden] (embed_type kBf16) or a GGML type's uint8 blocks.
@@ -55,6 +60,10 @@ class LlamaDecoder {
   void run_layers(torch::Tensor x, torch::Tensor positions, torch::Tensor block_tables, int64_t begin, int64_t end);
   torch::Tensor final_norm(torch::Tensor x) const;
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  // Tensor parallelism: this rank holds its share of the heads and intermediate features; the
+  // o_proj and down_proj partial sums (float32) go through all_reduce before the residual add.
+  // fn and ctx are the addresses of an AllReduceFn and its context.
+  void set_all_reduce(int64_t fn, int64_t ctx);
 
  private:
   void check_rows(const torch::Tensor& positions, const torch::Tensor& block_tables, int64_t m) const;
@@ -64,6 +73,9 @@ class LlamaDecoder {
   int embed_type_;
   float eps_, scale_;
   std::vector<LlamaLayerWeights> layers_;
+  AllReduceFn all_reduce_ = nullptr;
+  void* all_reduce_ctx_ = nullptr;
+  void reduce(float* data, int64_t numel) const;
 };
 
 }  // namespace tacit
