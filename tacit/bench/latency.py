@@ -79,6 +79,8 @@ def run(
                     "step_ms": 1000 * step_s,
                     "GBps": gbps,
                     "roofline": gbps / read_GBps,
+                    # Tensor parallel: the share of rank 0's decode time spent in its all-reduces.
+                    **({"comm_share": res["comm_share"]} if "comm_share" in res else {}),
                 }
             )
     return rows

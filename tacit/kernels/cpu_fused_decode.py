@@ -144,3 +144,8 @@ class ShardedDecoder:
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         return self.decoder.final_norm(x)
+
+    @property
+    def all_reduce_seconds(self) -> float:
+        """Seconds this rank spent in the C++ all-reduces (waiting for the other ranks included)."""
+        return self.decoder.all_reduce_seconds

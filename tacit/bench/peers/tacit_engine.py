@@ -28,9 +28,18 @@ class TacitBench(BenchEngine):
                         t_first = time.perf_counter()
         return t_first - t0, time.perf_counter() - t0
 
+    def _all_reduce_seconds(self) -> float | None:
+        """Rank 0's seconds inside the fused decode step's all-reduce so far (tensor parallel), or None."""
+        return getattr(self.engine.runner.fused_decode, "all_reduce_seconds", None)
+
     def latency(self, prompts: list[list[int]], output_len: int) -> dict[str, float]:
+        comm_before = self._all_reduce_seconds()
         ttft, total = self._run([(p, output_len) for p in prompts])
-        return {"ttft_s": ttft, "decode_tok_s": len(prompts) * (output_len - 1) / (total - ttft)}
+        out = {"ttft_s": ttft, "decode_tok_s": len(prompts) * (output_len - 1) / (total - ttft)}
+        if comm_before is not None:
+            # Prefill runs the torch path: the C++ all-reduce time is all decode-phase time.
+            out["comm_share"] = (self._all_reduce_seconds() - comm_before) / (total - ttft)
+        return out
 
     def throughput(self, requests: list[tuple[list[int], int]]) -> dict[str, float]:
         _, total = self._run(requests)

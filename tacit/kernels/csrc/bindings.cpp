@@ -38,5 +38,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("run_layers", &tacit::LlamaDecoder::run_layers, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("final_norm", &tacit::LlamaDecoder::final_norm)
       .def("set_all_reduce", &tacit::LlamaDecoder::set_all_reduce)
+      .def_property_readonly("all_reduce_seconds", &tacit::LlamaDecoder::all_reduce_seconds)
       .def_property_readonly("num_layers", &tacit::LlamaDecoder::num_layers);
 }

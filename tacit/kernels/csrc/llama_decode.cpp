@@ -17,6 +17,8 @@
 // compare against the torch path with a tolerance rather than bit for bit.
 #include "llama_decode.h"
 
+#include <chrono>
+
 #include <ATen/Parallel.h>
 #include <omp.h>
 
@@ -380,10 +382,13 @@ void LlamaDecoder::set_all_reduce(int64_t fn, int64_t ctx) {
   all_reduce_ctx_ = reinterpret_cast<void*>(ctx);
 }
 
-void LlamaDecoder::reduce(float* data, int64_t numel) const {
+void LlamaDecoder::reduce(float* data, int64_t numel) {
   char err[256] = {0};
   constexpr int kFloat32 = 0;  // tacit_shm_all_reduce's dtype code for float32
-  if (all_reduce_(all_reduce_ctx_, data, numel, kFloat32, err, sizeof(err)) != 0) TORCH_CHECK(false, err);
+  const auto start = std::chrono::steady_clock::now();
+  const int rc = all_reduce_(all_reduce_ctx_, data, numel, kFloat32, err, sizeof(err));
+  all_reduce_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  TORCH_CHECK(rc == 0, err);
 }
 
 torch::Tensor LlamaDecoder::final_norm(torch::Tensor x) const {
