@@ -201,11 +201,15 @@ class ParallelConfig:
     layer's heads and features (tacit/distributed/, engine/executor.py)."""
 
     tensor_parallel_size: int = 1
+    # MoE layers: each rank holds 1/N of the experts, whole, instead of 1/N of every expert.
+    expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         n = self.tensor_parallel_size
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"tensor_parallel_size={n!r} is invalid: must be an integer >= 1")
+        if not isinstance(self.expert_parallel, bool):
+            raise ValueError(f"expert_parallel={self.expert_parallel!r} is invalid: must be true or false")
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,12 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class TensorParallel:
+    """rank of size; expert_parallel: MoE layers hold 1/size of the experts, whole, instead of
+    1/size of every expert's intermediate features (attention and dense MLPs split as always)."""
+
     rank: int = 0
     size: int = 1
+    expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         if self.size < 1 or not 0 <= self.rank < self.size:

@@ -154,6 +154,16 @@ class EngineArgs:
         "processes that each hold 1/N of every layer (heads, features, vocabulary), pinned to disjoint cores",
         type=int,
     )
+    expert_parallel: bool = knob(
+        _config_default(ParallelConfig, "expert_parallel"),
+        "parallel",
+        "MoE layers: each tensor-parallel rank holds 1/N of the experts, whole (false: 1/N of every expert's "
+        "intermediate features)",
+        action="store_const",
+        const=True,
+        cli_help="MoE layers: each tensor-parallel rank holds 1/N of the experts, whole (by default 1/N of "
+        "every expert's intermediate features)",
+    )
     # ---- cache ----
     block_size: int = knob(_config_default(CacheConfig, "block_size"), "cache", "tokens per KV block", type=int)
     num_kv_blocks: int | None = knob(
@@ -341,7 +351,7 @@ class EngineArgs:
             )
 
     def create_parallel_config(self) -> ParallelConfig:
-        return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size)
+        return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size, expert_parallel=self.expert_parallel)
 
     def create_cache_config(self) -> CacheConfig:
         return CacheConfig(

@@ -1,13 +1,17 @@
 """Executors: how a step's SchedulerOutput reaches every rank that holds part of the model.
 
 UniProcExecutor runs the one ModelRunner in this process. MultiProcExecutor (tensor_parallel_size
-N > 1) is rank 0 itself and starts ranks 1..N-1 as worker processes (engine/worker.py), each on
-its own cores; every step it sends them the plain SchedulerOutput (and the tokens it sampled in
-the step before) over a pipe, then runs its own shard. The scheduler lives only here.
+N > 1) is rank 0 itself; the other ranks are worker processes (engine/worker.py) that it either
+spawns on this host, each on its own cores, or finds already started by torchrun (one host or
+many: `torchrun --nproc-per-node N [--nnodes --node-rank --master-addr] -m tacit.cli serve ...`,
+where every rank but 0 turns into a worker inside make_executor). Every step it sends them the
+plain SchedulerOutput (and the tokens it sampled in the step before) over a StepChannel, then
+runs its own shard. The scheduler lives only here.
 
 A worker that dies is noticed at once: its sockets close, so the collective the driver waits in
-raises (gloo: "Connection closed by peer", ~1 s), and every step first checks the workers are
-alive. Either way the engine raises WorkerDiedError naming the rank, pid and exit code.
+raises (gloo: "Connection closed by peer", ~1 s; the shared-memory communicator checks its peers'
+pids every ~1 ms), and every step first checks spawned workers are alive. Either way the engine
+raises WorkerDiedError naming the rank.
 """
 
 from __future__ import annotations
@@ -23,11 +27,16 @@ import torch.distributed as dist
 from tacit.distributed.parallel_state import TensorParallel
 from tacit.engine.arg_utils import EngineArgs
 from tacit.engine.model_runner import ModelRunner
-from tacit.engine.worker import StepMessage, load_rank, pin_to_cores, rank_cores, worker_main
+from tacit.engine.step_channel import STOP, BroadcastChannel, PipeChannel, StepMessage
+from tacit.engine.worker import load_rank, pin_to_cores, rank_cores, spawned_worker, torchrun_rank, worker_main
 from tacit.loader import ModelSource
 from tacit.outputs import ModelRunnerOutput
 from tacit.platforms import Platform
 from tacit.scheduling.scheduler_output import SchedulerOutput
+
+# What a collective raises when a peer process is gone (gloo's socket errors, the shm
+# communicator's pid check): under torchrun there is no process handle to ask.
+_PEER_GONE = ("closed by peer", "reset by peer", "exited", "Broken pipe")
 
 
 class WorkerDiedError(RuntimeError):
@@ -41,9 +50,6 @@ class Executor(ABC):
     def execute(
         self, scheduler_output: SchedulerOutput, between_layers: Callable[[], None] | None
     ) -> ModelRunnerOutput: ...
-
-    def check_health(self) -> None:
-        """Raise WorkerDiedError if a rank is gone."""
 
     def shutdown(self) -> None:
         """Stop the workers (a no-op in one process)."""
@@ -59,33 +65,46 @@ class UniProcExecutor(Executor):
 
 class MultiProcExecutor(Executor):
     def __init__(self, engine_args: EngineArgs, source: ModelSource, platform: Platform, world_size: int) -> None:
+        self.procs: list[multiprocessing.Process] = []
+        self.channel: PipeChannel | BroadcastChannel | None = None
+        self._sampled: tuple[list[str], list[int]] = ([], [])
+        self._closed = False
+        launched = torchrun_rank()
+        try:
+            if launched is None:
+                self._spawn_workers(engine_args, world_size)
+            else:
+                _, _, local_rank, local_world = launched
+                pin_to_cores(rank_cores(local_rank, local_world))
+                dist.init_process_group("gloo", init_method="env://")
+                self.channel = BroadcastChannel()
+            tp = TensorParallel(0, world_size, engine_args.expert_parallel)
+            self.runner = self._collective(lambda: load_rank(engine_args, source, platform, tp))
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _spawn_workers(self, engine_args: EngineArgs, world_size: int) -> None:
         from tacit.distributed.spawn import init_rank
 
         ctx = multiprocessing.get_context("spawn")  # fork would copy this process's threads and locks
         fd, init_file = tempfile.mkstemp(prefix="tacit-tp-")
         os.close(fd)
         os.unlink(init_file)  # the file store creates it; a stale one would hold an old rendezvous
-        self.procs, self.pipes = [], []
-        for rank in range(1, world_size):
-            recv_end, send_end = ctx.Pipe(duplex=False)
-            proc = ctx.Process(
-                target=_worker_entry, args=(rank, world_size, init_file, engine_args, recv_end), daemon=True
-            )
-            proc.start()
-            recv_end.close()
-            self.procs.append(proc)
-            self.pipes.append(send_end)
-        self._sampled: tuple[list[str], list[int]] = ([], [])
-        self._closed = False
+        pipes = []
         try:
+            for rank in range(1, world_size):
+                recv_end, send_end = ctx.Pipe(duplex=False)
+                proc = ctx.Process(
+                    target=spawned_worker, args=(rank, world_size, init_file, engine_args, recv_end), daemon=True
+                )
+                proc.start()
+                recv_end.close()
+                self.procs.append(proc)
+                pipes.append(send_end)
+            self.channel = PipeChannel(pipes)
             pin_to_cores(rank_cores(0, world_size))
             init_rank(0, world_size, init_file)
-            self.runner = self._collective(
-                lambda: load_rank(engine_args, source, platform, TensorParallel(0, world_size))
-            )
-        except BaseException:
-            self.shutdown()
-            raise
         finally:
             if os.path.exists(init_file):
                 os.unlink(init_file)
@@ -98,6 +117,7 @@ class MultiProcExecutor(Executor):
         ]
 
     def check_health(self) -> None:
+        """Raise WorkerDiedError if a spawned worker is gone."""
         dead = self._dead_workers()
         if dead:
             raise WorkerDiedError(f"tensor-parallel worker {', '.join(dead)} is gone; the engine cannot continue")
@@ -110,33 +130,34 @@ class MultiProcExecutor(Executor):
         except RuntimeError as e:
             for p in self.procs:  # a dying worker's sockets close a moment before its exit code is in
                 p.join(timeout=2.0)
-            if self._dead_workers():
-                self.check_health()
-            raise e
+            self.check_health()
+            if not self.procs and any(s in str(e) for s in _PEER_GONE):
+                raise WorkerDiedError(f"a tensor-parallel rank is gone: {e}") from e
+            raise
 
     def execute(self, scheduler_output, between_layers):
         # A cut-in (between_layers) would run a nested step on this rank alone: not under TP.
         self.check_health()
         msg = StepMessage(scheduler_output, *self._sampled)
-        try:
-            for pipe in self.pipes:
-                pipe.send(msg)
-        except (BrokenPipeError, EOFError, OSError):
-            self._collective(lambda: None)
-            self.check_health()
-            raise
+        self._collective(lambda: self._send(msg))
         out = self._collective(lambda: self.runner.execute(scheduler_output, None))
         self._sampled = (list(out.req_ids), list(out.sampled_token_ids))
         return out
+
+    def _send(self, msg: StepMessage) -> None:
+        try:
+            self.channel.send(msg)
+        except (BrokenPipeError, EOFError, OSError) as e:  # a spawned worker's pipe end is gone
+            raise RuntimeError(f"Broken pipe to a worker: {e}") from e
 
     def shutdown(self) -> None:
         if self._closed:
             return
         self._closed = True
-        for pipe in self.pipes:
+        if self.channel is not None:
             try:
-                pipe.send(StepMessage(None, [], []))
-            except OSError:
+                self.channel.send(STOP)
+            except (OSError, RuntimeError):
                 pass
         for p in self.procs:
             p.join(timeout=5.0)
@@ -146,11 +167,23 @@ class MultiProcExecutor(Executor):
             dist.destroy_process_group()
 
 
-def _worker_entry(rank: int, world_size: int, init_file: str, engine_args: EngineArgs, pipe) -> None:
-    worker_main(rank, world_size, init_file, engine_args, pipe)
-
-
 def make_executor(engine_args: EngineArgs, source: ModelSource, platform: Platform, world_size: int) -> Executor:
+    """The executor for `world_size` ranks. Under torchrun every process calls this: rank 0 gets
+    the executor, every other rank becomes a worker here and exits (SystemExit(0)) once the
+    driver stops, so `torchrun ... -m tacit.cli serve|generate|bench ...` and a script calling
+    LLM(...) run unchanged on every rank."""
+    launched = torchrun_rank()
+    if launched is not None:
+        rank, world, local_rank, local_world = launched
+        if world != world_size:
+            raise ValueError(
+                f"tensor_parallel_size={world_size} but torchrun started {world} processes (WORLD_SIZE); they must match"
+            )
+        if rank > 0:
+            pin_to_cores(rank_cores(local_rank, local_world))
+            dist.init_process_group("gloo", init_method="env://")
+            worker_main(rank, world, engine_args, BroadcastChannel())
+            raise SystemExit(0)
     if world_size == 1:
         return UniProcExecutor(engine_args, source, platform)
     return MultiProcExecutor(engine_args, source, platform, world_size)

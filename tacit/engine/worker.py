@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import torch
@@ -22,20 +21,10 @@ from tacit.distributed.shm_communicator import ShmCommunicator
 from tacit.distributed.torch_communicator import TorchCommunicator
 from tacit.engine.arg_utils import EngineArgs
 from tacit.engine.model_runner import ModelRunner
+from tacit.engine.step_channel import BroadcastChannel, PipeChannel
 from tacit.loader import ModelSource, open_model
 from tacit.models.build import build_model
 from tacit.platforms import Platform, get_platform
-from tacit.scheduling.scheduler_output import SchedulerOutput
-
-
-@dataclass
-class StepMessage:
-    """What the driver sends every worker per step: sampled_* are the tokens the driver sampled
-    in the previous step (the workers append them before this step's changes), None to stop."""
-
-    scheduler_output: SchedulerOutput | None
-    sampled_req_ids: list[str]
-    sampled_token_ids: list[int]
 
 
 def rank_cores(rank: int, world_size: int) -> list[int]:
@@ -83,22 +72,25 @@ def load_rank(engine_args: EngineArgs, source: ModelSource, platform: Platform, 
     return ModelRunner(config, model, device, platform.free_memory_bytes(), comm, agree)
 
 
-def worker_main(rank: int, world_size: int, init_file: str, engine_args: EngineArgs, pipe: Connection) -> None:
-    """A worker process's whole life: pin, join the group, load, then run steps until told to stop.
-    Steps arrive over `pipe` (not a collective: an idle server leaves workers waiting for hours,
-    past any collective's timeout); the driver's exit closes it, and the worker exits too."""
-    from tacit.distributed.spawn import init_rank
+def torchrun_rank() -> tuple[int, int, int, int] | None:
+    """(rank, world size, local rank, local world size) when torchrun (or any env:// launcher)
+    started this process, else None."""
+    env = os.environ
+    if not all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):
+        return None
+    world = int(env["WORLD_SIZE"])
+    return int(env["RANK"]), world, int(env.get("LOCAL_RANK", env["RANK"])), int(env.get("LOCAL_WORLD_SIZE", world))
 
-    pin_to_cores(rank_cores(rank, world_size))
-    init_rank(rank, world_size, init_file)
+
+def worker_main(rank: int, world_size: int, engine_args: EngineArgs, channel: PipeChannel | BroadcastChannel) -> None:
+    """A worker's life once it joined the group: load its shard, then run steps until told to
+    stop (or the driver is gone)."""
     try:
         platform = get_platform(engine_args.device)
-        runner = load_rank(engine_args, open_model(engine_args.model), platform, TensorParallel(rank, world_size))
+        tp = TensorParallel(rank, world_size, engine_args.expert_parallel)
+        runner = load_rank(engine_args, open_model(engine_args.model), platform, tp)
         while True:
-            try:
-                msg: StepMessage = pipe.recv()
-            except EOFError:  # the driver is gone
-                break
+            msg = channel.recv()
             if msg.scheduler_output is None:
                 break
             runner.append_sampled(msg.sampled_req_ids, msg.sampled_token_ids)
@@ -109,3 +101,12 @@ def worker_main(rank: int, world_size: int, init_file: str, engine_args: EngineA
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def spawned_worker(rank: int, world_size: int, init_file: str, engine_args: EngineArgs, pipe: Connection) -> None:
+    """The entry of a worker process the driver spawned on this host."""
+    from tacit.distributed.spawn import init_rank
+
+    pin_to_cores(rank_cores(rank, world_size))
+    init_rank(rank, world_size, init_file)
+    worker_main(rank, world_size, engine_args, PipeChannel([pipe]))

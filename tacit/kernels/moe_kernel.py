@@ -29,7 +29,8 @@ class ExpertWeights:
     w13_type: int | None = None
     w2_type: int | None = None
     # Expert id -> row of the stacks, when the stacks are a cache's slots (memory/expert_cache.py)
-    # holding only some experts; None: row e is expert e.
+    # or one expert-parallel rank's share, holding only some experts; -1: the expert is another
+    # rank's, and its tokens get nothing from it here. None: row e is expert e.
     slots: torch.Tensor | None = None
 
     @property

@@ -55,7 +55,10 @@ class TorchMoEKernel(MoEKernel):
         for expert, count in enumerate(counts):
             if count == 0:
                 continue
-            out[start : start + count] = swiglu_expert(xs[start : start + count], routed, expert)
+            if routed.row(expert) < 0:  # held by another expert-parallel rank: adds nothing here
+                out[start : start + count] = 0
+            else:
+                out[start : start + count] = swiglu_expert(xs[start : start + count], routed, expert)
             start += count
         weights = topk_weights.reshape(-1)[order].to(out.dtype)
         result = torch.zeros(num_tokens, hidden, dtype=x.dtype, device=x.device)

@@ -98,8 +98,9 @@ class MergedLinear(LinearBase):
             raise ValueError(f"checkpoint is missing {', '.join(missing)} for {name}")
 
 
-# A checkpoint tensor's slice one tensor-parallel rank holds: (dim, start, length).
-Shard = tuple[int, int, int]
+# A checkpoint tensor's slice one tensor-parallel rank holds: (dim, start, length), or None for
+# a tensor it does not hold at all (loader/shards.py).
+Shard = tuple[int, int, int] | None
 
 
 class ColumnParallelLinear(Linear):

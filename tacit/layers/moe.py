@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import tacit.kernels.cpu_fused_moe  # noqa: F401  registers "cpu_fused"
+from tacit.distributed.parallel_state import SINGLE, TensorParallel
 from tacit.kernels.ggml_quant import GGML_TYPES, GGMLTensor, row_bytes
 from tacit.kernels.moe_kernel import MOE_KERNELS, ExpertWeights, MoEKernel
 from tacit.kernels.moe_routing import MoERouting
@@ -26,7 +27,16 @@ _PROJ_ROWS = {"gate_proj": 0, "up_proj": 1}  # halves of w13
 class FusedMoE(nn.Module):
     """Expert weights as [E, 2I, H] (gate and up fused) and [E, H, I], loaded from HF's
     per-expert `experts.{e}.{gate,up,down}_proj.weight` names by load_expert_weight, or kept in
-    a GGUF's GGML blocks (load_ggml_experts)."""
+    a GGUF's GGML blocks (load_ggml_experts).
+
+    Over N tensor-parallel ranks the experts split one of two ways, and either way every rank
+    routes every token (the router is whole everywhere) and one all-reduce sums the ranks'
+    partial outputs, as after a row-parallel linear:
+    - by feature (default): each rank holds every expert's 1/N of the intermediate features;
+    - by expert (tp.expert_parallel): each rank holds E/N whole experts, [start, start + E/N);
+      tokens routed elsewhere contribute nothing here (ExpertWeights.slots marks them -1). The
+      tokens need no dispatch: after tensor-parallel attention every rank already holds all of
+      them, so an all-to-all would move rows every rank has."""
 
     def __init__(
         self,
@@ -35,21 +45,61 @@ class FusedMoE(nn.Module):
         intermediate_size: int,
         routing: MoERouting,
         kernel: MoEKernel | None = None,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
+        self.tp, self.comm = tp, None
+        self.expert_parallel = tp.expert_parallel and tp.size > 1
+        self.full_intermediate_size = intermediate_size
+        if self.expert_parallel:
+            self.expert_start, local_experts = tp.part(num_experts, "num_experts")
+        else:
+            self.expert_start, local_experts = 0, num_experts
+            intermediate_size = tp.split(intermediate_size, "moe_intermediate_size")
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
+        self.num_local_experts = local_experts
         self.routing = routing
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size), requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False)
+        self.w13 = nn.Parameter(torch.empty(local_experts, 2 * intermediate_size, hidden_size), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(local_experts, hidden_size, intermediate_size), requires_grad=False)
         # GGML type ids when w13 / w2 hold blocks (load_ggml_experts), None for float weights.
         self.w13_type: int | None = None
         self.w2_type: int | None = None
         self.kernel = kernel or TorchMoEKernel()
-        self._loaded: set[tuple[int, str]] = set()
+        # Another rank's experts count as loaded: this rank never reads them.
+        self._loaded: set[tuple[int, str]] = {
+            (e, p) for e in range(num_experts) if not self.is_local(e) for p in ("gate_proj", "up_proj", "down_proj")
+        }
+        self._expert_slots: torch.Tensor | None = None
         # Set when the experts stay in the checkpoint: (cache, this layer's index among the
         # streamed ones, a callback that prefetches the next layer's predicted experts).
         self.stream: ExpertStream | None = None
         self.streamed = False
+
+    def is_local(self, expert: int) -> bool:
+        return self.expert_start <= expert < self.expert_start + self.num_local_experts
+
+    def checkpoint_shards(self, name: str) -> dict[str, tuple[int, int, int] | None]:
+        """By feature: each expert's slice of gate/up rows and down columns; by expert: the other
+        ranks' experts, never read (None)."""
+        if self.expert_parallel:
+            return {n: None for n in expert_weight_names(name, self.num_experts) if not self.is_local(_expert_of(n))}
+        start, n = self.tp.part(self.full_intermediate_size, "moe_intermediate_size")
+        return {
+            f"{name}.{e}.{p}.weight": (1 if p == "down_proj" else 0, start, n)
+            for e in range(self.num_experts)
+            for p in ("gate_proj", "up_proj", "down_proj")
+        }
+
+    def expert_slots(self) -> torch.Tensor | None:
+        """Expert parallelism: global expert id -> row of this rank's stacks, -1 for another
+        rank's (the kernels skip those); None otherwise."""
+        if not self.expert_parallel:
+            return None
+        if self._expert_slots is None:
+            slots = torch.full((self.num_experts,), -1, dtype=torch.int64)
+            slots[self.expert_start : self.expert_start + self.num_local_experts] = torch.arange(self.num_local_experts)
+            self._expert_slots = slots
+        return self._expert_slots
 
     def stream_from_checkpoint(self) -> None:
         """Hold no expert weights: they are read from the checkpoint as steps need them."""
@@ -67,7 +117,7 @@ class FusedMoE(nn.Module):
     def use_ggml_stacks(self, w13_type: int | None, w2_type: int | None) -> None:
         """Hold w13 (gate and up) and w2 (down) as blocks of each one's GGML type, None: float
         (before loading). A GGUF's stacks may differ: Q4_K_M files keep ffn_down_exps in Q6_K."""
-        e, inter, hidden = self.num_experts, self.intermediate_size, self.hidden_size
+        e, inter, hidden = self.num_local_experts, self.intermediate_size, self.hidden_size
         device = self.w13.device
         if w13_type is not None:
             self.w13 = nn.Parameter(
@@ -83,6 +133,11 @@ class FusedMoE(nn.Module):
             self.w2_type = w2_type
 
     def load_expert_weight(self, expert: int, proj: str, weight: torch.Tensor | GGMLTensor) -> None:
+        """expert: its global id (HF's name); under expert parallelism only this rank's come."""
+        if not self.is_local(expert):
+            raise ValueError(f"expert {expert} belongs to another rank; this one holds {self.expert_start}..")
+        self._loaded.add((expert, proj))
+        expert -= self.expert_start
         inter = self.intermediate_size
         stack_type = self.w2_type if proj == "down_proj" else self.w13_type
         if stack_type is not None:
@@ -103,13 +158,14 @@ class FusedMoE(nn.Module):
                 self.w2[expert].copy_(weight)
             else:
                 raise KeyError(proj)
-        self._loaded.add((expert, proj))
 
     def load_ggml_experts(self, proj: str, blocks: torch.Tensor, ggml_type: int) -> None:
         """Every expert's `proj` ("gate_proj", "up_proj", "down_proj") as GGML blocks, uint8
         [num_experts, rows, row_bytes] (a GGUF's stacked expert tensor), kept as they are."""
         if ggml_type not in GGML_TYPES:
             raise ValueError(f"{proj} experts: GGML type {ggml_type} has no kernel; valid: {sorted(GGML_TYPES)}")
+        if self.tp.size > 1:
+            raise ValueError("a GGUF's stacked experts are not split over tensor-parallel ranks yet")
         e, inter, hidden = self.num_experts, self.intermediate_size, self.hidden_size
         rows, cols = (hidden, inter) if proj == "down_proj" else (inter, hidden)
         want = (e, rows, row_bytes(ggml_type, cols))
@@ -142,7 +198,7 @@ class FusedMoE(nn.Module):
             raise ValueError(f"checkpoint is missing {missing} expert projection(s) of {name}")
 
     def expert_weights(self) -> ExpertWeights:
-        return ExpertWeights(self.w13.data, self.w2.data, self.w13_type, self.w2_type)
+        return ExpertWeights(self.w13.data, self.w2.data, self.w13_type, self.w2_type, self.expert_slots())
 
     def forward(
         self,
@@ -154,7 +210,10 @@ class FusedMoE(nn.Module):
         """x [T, H], router logits [T, E] -> the routed experts' weighted sum (+ the shared expert)."""
         weights, ids = self.kernel.route(router_logits.float(), self.routing, correction_bias)
         if not self.streamed:
-            return self.kernel.experts(x, weights, ids, self.expert_weights(), shared)
+            out = self.kernel.experts(x, weights, ids, self.expert_weights(), shared)
+            if self.tp.size > 1:
+                self.comm.all_reduce(out)
+            return out
         routed = self.streamed_weights()
         routed.slots = self.acquire_streamed(ids, x)
         return self.kernel.experts(x, weights, ids, routed, shared)
@@ -182,6 +241,10 @@ class ExpertStream:
 
 
 _EXPERT_WEIGHT = re.compile(r"\.experts\.\d+\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def _expert_of(name: str) -> int:
+    return int(name.rsplit(".", 3)[1])
 
 
 def is_expert_weight(name: str) -> bool:

@@ -82,7 +82,12 @@ def _stream_safetensors(
             handle = safe_open(str(f), framework="pt")
         except SafetensorError as e:
             raise ValueError(f"{f} is not a readable safetensors file: {e}") from None
-        names += [(f, handle, k) for k in handle.keys() if skip is None or not skip(k)]
+        # A tensor whose shard is None belongs to another tensor-parallel rank: never read.
+        names += [
+            (f, handle, k)
+            for k in handle.keys()
+            if (skip is None or not skip(k)) and not (k in shards and shards[k] is None)
+        ]
     for f, handle, name in progress(names, desc=f"loading {path.name}"):
         try:
             tensor = _read(handle, name, shards.get(name))

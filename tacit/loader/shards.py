@@ -13,8 +13,9 @@ import torch
 
 from tacit.kernels.ggml_quant import GGML_TYPES, GGMLTensor
 
-# (dim, start, length) of the tensor one rank loads.
-Shard = tuple[int, int, int]
+# (dim, start, length) of the tensor one rank loads; None: a tensor this rank never reads (an
+# expert another rank holds, under expert parallelism).
+Shard = tuple[int, int, int] | None
 
 
 def narrow_tensor(name: str, tensor: torch.Tensor | GGMLTensor, shard: Shard) -> torch.Tensor | GGMLTensor:
@@ -42,5 +43,7 @@ def narrowed(
     weights: Iterable[tuple[str, torch.Tensor | GGMLTensor]], shards: dict[str, Shard]
 ) -> Iterator[tuple[str, torch.Tensor | GGMLTensor]]:
     for name, tensor in weights:
-        shard = shards.get(name)
-        yield name, tensor if shard is None else narrow_tensor(name, tensor, shard)
+        shard = shards.get(name, ())
+        if shard is None:
+            continue
+        yield name, tensor if shard == () else narrow_tensor(name, tensor, shard)

@@ -64,9 +64,13 @@ def build_model(
     if tp.size > 1 and not getattr(cls, "supports_tensor_parallel", False):
         raise ValueError(
             f"tensor_parallel_size={tp.size}: {cfg.architecture} does not run tensor-parallel yet; "
-            "the Llama family (Llama, SmolLM2, Qwen2/2.5, Qwen3 dense) does"
+            "the Llama family (Llama, SmolLM2, Qwen2/2.5, Qwen3 dense) and Qwen3-MoE do"
         )
     check_required_sizes(cfg.path, cfg.hf)
+    if tp.size > 1 and cfg.expert_cache_memory is not None:
+        raise ValueError(
+            f"expert_cache_memory with tensor_parallel_size={tp.size}: streamed experts run in one process only"
+        )
     if cfg.expert_cache_memory is not None and quantized_weights:
         raise ValueError(
             f"expert_cache_memory: {cfg.path}'s weights are quantized (GPTQ / AWQ / GGUF); "

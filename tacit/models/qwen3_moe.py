@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tacit.config import ModelConfig
+from tacit.distributed.parallel_state import SINGLE, TensorParallel
 from tacit.kernels.cpu_fused_decode import MoELayerWeights
 from tacit.kernels.ggml_quant import BF16, GGMLExpertStack
 from tacit.kernels.moe_routing import MoERouting
@@ -46,12 +47,13 @@ def load_expert_tensor(model: nn.Module, name: str, tensor: torch.Tensor | GGMLE
 
 
 class Qwen3MoeSparseBlock(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         hf = cfg.hf
         routing = MoERouting(int(hf["num_experts_per_tok"]), "softmax", bool(hf.get("norm_topk_prob", False)))
+        # The router is whole on every rank: each routes every token the same way.
         self.gate = Linear(hf["hidden_size"], hf["num_experts"], bias=False)
-        self.experts = FusedMoE(hf["num_experts"], hf["hidden_size"], hf["moe_intermediate_size"], routing)
+        self.experts = FusedMoE(hf["num_experts"], hf["hidden_size"], hf["moe_intermediate_size"], routing, tp=tp)
 
     correction_bias = None
 
@@ -65,7 +67,6 @@ class Qwen3MoeSparseBlock(nn.Module):
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
-    supports_tensor_parallel = False  # experts are not split over ranks yet
     dense_weight_linears = ("mlp.gate",)  # the router: F.linear over its weight in Qwen3MoeSparseBlock
 
     def make_mlp(self, cfg: ModelConfig, layer_idx: int) -> nn.Module:
@@ -76,8 +77,8 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
             and (layer_idx + 1) % int(hf.get("decoder_sparse_step", 1)) == 0
         )
         if sparse:
-            return Qwen3MoeSparseBlock(cfg)
-        return LlamaMLP(hf["hidden_size"], hf["intermediate_size"])
+            return Qwen3MoeSparseBlock(cfg, self.tp)
+        return LlamaMLP(hf["hidden_size"], hf["intermediate_size"], tp=self.tp)
 
     def weight_hook(self, name: str, tensor: torch.Tensor) -> str | None:
         return load_expert_tensor(self, name, tensor) or super().weight_hook(name, tensor)
@@ -100,6 +101,11 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
             w2_type=BF16 if stacks.w2_type is None else stacks.w2_type,
             top_k=routing.top_k,
             renormalize=routing.renormalize,
-            expert_slots=experts.acquire_streamed if experts.streamed else None,
+            expert_slots=experts.acquire_streamed if experts.streamed else _static_slots(experts.expert_slots()),
         )
         return dict(gate_up=None, down=None, moe=moe)
+
+
+def _static_slots(slots: torch.Tensor | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """The fused step's slot callback for an expert-parallel rank: the same table every step."""
+    return None if slots is None else (lambda ids, x: slots)

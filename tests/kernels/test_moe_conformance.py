@@ -63,6 +63,32 @@ def test_moe_kernel_matches_the_definition(name, dtype, tokens, experts, top_k):
     torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("name", sorted(MOE_KERNELS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 9, 40])
+def test_moe_kernel_skips_experts_of_another_rank(name, dtype, tokens):
+    """Expert parallelism: slots map this rank's experts to rows of its half-size stacks and the
+    others to -1; the kernel adds only its own experts' terms (the ranks' sum is the whole)."""
+    cls = MOE_KERNELS[name]
+    if not cls.supports("cpu", dtype):
+        pytest.skip(f"{name} does not run on cpu in {dtype}")
+    g = torch.Generator().manual_seed(tokens)
+    experts, hidden, inter, top_k = 8, 64, 96, 3
+    x = torch.randn(tokens, hidden, generator=g).to(dtype)
+    full = random_experts(g, experts, hidden, inter, dtype)
+    weights, ids = torch.softmax(torch.randn(tokens, experts, generator=g), -1).topk(top_k, dim=-1)
+    for start in (0, experts // 2):
+        slots = torch.full((experts,), -1, dtype=torch.int64)
+        slots[start : start + experts // 2] = torch.arange(experts // 2)
+        mine = slice(start, start + experts // 2)
+        part = ExpertWeights(full.w13[mine].contiguous(), full.w2[mine].contiguous(), slots=slots)
+        got = cls().experts(x, weights, ids, part)
+        local = (ids >= start) & (ids < start + experts // 2)
+        want = dense_reference(x, full.w13, full.w2, weights * local, ids)
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+
+
 ROUTINGS = [
     MoERouting(top_k=8, scoring="softmax", renormalize=True),
     MoERouting(top_k=4, scoring="softmax", renormalize=False),

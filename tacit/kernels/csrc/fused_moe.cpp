@@ -279,8 +279,9 @@ torch::Tensor moe_experts(torch::Tensor x, torch::Tensor topk_weights, torch::Te
   u16* act_r = reinterpret_cast<u16*>(act.data_ptr<at::BFloat16>());
   u16* act_s = reinterpret_cast<u16*>(act_shared.data_ptr<at::BFloat16>());
   std::vector<Segment> segments;
+  // A slot of -1: another expert-parallel rank holds the expert; its rows here stay zero.
   for (int64_t e = 0; e < num_experts; ++e)
-    if (start[e + 1] > start[e]) {
+    if (start[e + 1] > start[e] && routed.row_of(e) != -1) {
       TORCH_CHECK(routed.row_of(e) >= 0 && routed.row_of(e) < w13.size(0), "expert ", e, " has no slot in the stacks");
       segments.push_back({&routed, e, start[e], start[e + 1] - start[e], act_r + start[e] * inter});
     }
