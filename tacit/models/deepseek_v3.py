@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tacit.config import ModelConfig
+from tacit.distributed.parallel_state import SINGLE, TensorParallel
 from tacit.forward_context import get_attention_metadata
 from tacit.kernels.attention_backend import AttentionBackend
 from tacit.kernels.kv_quant import kv_row_width
@@ -21,7 +22,7 @@ from tacit.kernels.moe_routing import MoERouting
 from tacit.kernels.torch_moe import TorchMoEKernel
 from tacit.layers.ggml_linear_method import linear_ggml_type
 from tacit.layers.kv_cache import KVCacheLayer
-from tacit.layers.linear import Linear
+from tacit.layers.linear import ColumnParallelLinear, Linear, RowParallelLinear
 from tacit.layers.moe import FusedMoE
 from tacit.layers.norm import RMSNorm
 from tacit.layers.rotary import RotaryEmbedding, yarn_mscale
@@ -33,26 +34,32 @@ class MLAAttention(nn.Module, KVCacheLayer):
     use_mla = True
     kv_block_dim = 0  # [num_blocks, block_size, kv_lora_rank + rope_dim (+ 2 x 4 scale bytes in int8)]
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
+        """With tensor parallelism each rank holds 1/N of the heads (q, kv_b_proj rows, o_proj
+        columns); the latent projections are whole on every rank, so each rank caches the same
+        latent: the cache is not split (one latent serves all heads)."""
         super().__init__()
         hf = cfg.hf
-        hidden, self.num_heads = hf["hidden_size"], hf["num_attention_heads"]
+        hidden, full_heads = hf["hidden_size"], hf["num_attention_heads"]
+        self.num_heads = tp.split(full_heads, "num_attention_heads")
         self.q_lora_rank = hf.get("q_lora_rank")
         self.kv_lora_rank, self.rope_dim = hf["kv_lora_rank"], hf["qk_rope_head_dim"]
         self.nope_dim, self.v_dim = hf["qk_nope_head_dim"], hf["v_head_dim"]
         self.qk_head_dim = self.nope_dim + self.rope_dim
         bias = bool(hf.get("attention_bias", False))
         eps = cfg.get("rms_norm_eps", 1e-6)
+        heads = "num_attention_heads"
         if self.q_lora_rank is None:
-            self.q_proj = Linear(hidden, self.num_heads * self.qk_head_dim, bias=False)
+            self.q_proj = ColumnParallelLinear(hidden, full_heads * self.qk_head_dim, False, tp, what=heads)
         else:
             self.q_a_proj = Linear(hidden, self.q_lora_rank, bias=bias)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank, eps)
-            self.q_b_proj = Linear(self.q_lora_rank, self.num_heads * self.qk_head_dim, bias=False)
+            self.q_b_proj = ColumnParallelLinear(self.q_lora_rank, full_heads * self.qk_head_dim, False, tp, what=heads)
         self.kv_a_proj_with_mqa = Linear(hidden, self.kv_lora_rank + self.rope_dim, bias=bias)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps)
-        self.kv_b_proj = Linear(self.kv_lora_rank, self.num_heads * (self.nope_dim + self.v_dim), bias=False)
-        self.o_proj = Linear(self.num_heads * self.v_dim, hidden, bias=bias)
+        kv_b_rows = full_heads * (self.nope_dim + self.v_dim)
+        self.kv_b_proj = ColumnParallelLinear(self.kv_lora_rank, kv_b_rows, False, tp, what=heads)
+        self.o_proj = RowParallelLinear(full_heads * self.v_dim, hidden, bias=bias, tp=tp, what=heads)
         self.scale = self.qk_head_dim**-0.5
         rope = cfg.rope
         if rope["rope_type"] != "default" and rope.get("mscale_all_dim"):
@@ -98,7 +105,11 @@ class DeepseekV3Gate(nn.Module):
 
 
 class DeepseekV3MoE(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """Under tensor parallelism the routed experts split as FusedMoE says (by feature, or by
+    expert), the shared expert always by feature; FusedMoE's one all-reduce sums both when the
+    kernel fuses the shared expert, the shared MLP's own down_proj all-reduces when it runs apart."""
+
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         hf = cfg.hf
         num_experts, hidden, inter = hf["n_routed_experts"], hf["hidden_size"], hf["moe_intermediate_size"]
@@ -111,9 +122,9 @@ class DeepseekV3MoE(nn.Module):
             scaling=float(hf.get("routed_scaling_factor", 1.0)),
         )
         self.gate = DeepseekV3Gate(num_experts, hidden)
-        self.experts = FusedMoE(num_experts, hidden, inter, routing)
+        self.experts = FusedMoE(num_experts, hidden, inter, routing, tp=tp)
         n_shared = int(hf.get("n_shared_experts") or 0)
-        self.shared_experts = LlamaMLP(hidden, inter * n_shared) if n_shared else None
+        self.shared_experts = LlamaMLP(hidden, inter * n_shared, tp=tp) if n_shared else None
 
     def shared_expert_weights(self) -> ExpertWeights | None:
         """The shared expert as a stack of one for kernels that fuse it (None: run it apart)."""
@@ -144,24 +155,29 @@ class DeepseekV3MoE(nn.Module):
 
 class DeepseekV3ForCausalLM(CausalLM):
     dense_weight_linears = ("self_attn.kv_b_proj",)  # MLA attention absorbs its weight directly
+    supports_tensor_parallel = True
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         hf = cfg.hf
         first_dense = int(hf.get("first_k_dense_replace") or 0)
 
         def make_layer(i: int) -> nn.Module:
             mlp = (
-                DeepseekV3MoE(cfg)
+                DeepseekV3MoE(cfg, tp)
                 if i >= first_dense and hf.get("n_routed_experts")
-                else LlamaMLP(hf["hidden_size"], hf["intermediate_size"])
+                else LlamaMLP(hf["hidden_size"], hf["intermediate_size"], tp=tp)
             )
-            return LlamaDecoderLayer(cfg, MLAAttention(cfg), mlp)
+            return LlamaDecoderLayer(cfg, MLAAttention(cfg, tp), mlp)
 
         self.model = LlamaModel(
-            cfg, make_layer, rotary_dim=hf["qk_rope_head_dim"], interleaved_rope=bool(hf.get("rope_interleave", True))
+            cfg,
+            make_layer,
+            rotary_dim=hf["qk_rope_head_dim"],
+            interleaved_rope=bool(hf.get("rope_interleave", True)),
+            tp=tp,
         )
-        self._init_head(cfg)
+        self._init_head(cfg, tp)
 
     def weight_hook(self, name: str, tensor: torch.Tensor) -> str | None:
         return load_expert_tensor(self, name, tensor) or super().weight_hook(name, tensor)

@@ -60,11 +60,12 @@ def test_tp2_matches_tp1(tiny_model_factory, arch):
     assert (heads.num_heads, heads.num_kv_heads) == (2, 1)  # half of the tiny models' 4 and 2
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_moe_all"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_moe_all", "deepseek_v3", "deepseek_v3_qlora"])
 @pytest.mark.parametrize("expert_parallel", [False, True])
 def test_moe_tp2_and_ep2_match_tp1(tiny_model_factory, arch, expert_parallel):
-    """Experts split by feature (each rank 1/2 of every expert) or by expert (EP: each rank 4 of
-    the 8 whole experts, the others' tokens skipped); a dense layer of qwen3_moe splits as a MLP."""
+    """Experts split by feature (each rank 1/2 of every expert) or by expert (EP: each rank half
+    of the whole experts, the others' tokens skipped); a dense layer splits as a MLP; DeepSeek's
+    MLA heads split (the latent cache whole on each rank) and its shared expert by feature."""
     model, _, path = tiny_model_factory(arch)
     kwargs = dict(max_num_batched_tokens=64, expert_parallel=expert_parallel)
     ref = LLM(str(path), dtype="float32", max_num_batched_tokens=64).generate(
@@ -77,7 +78,8 @@ def test_moe_tp2_and_ep2_match_tp1(tiny_model_factory, arch, expert_parallel):
     finally:
         llm.engine.shutdown()
     assert_same(ref, got)
-    e, inter = model.config.num_experts, model.config.moe_intermediate_size
+    cfg = model.config
+    e, inter = getattr(cfg, "num_experts", None) or cfg.n_routed_experts, cfg.moe_intermediate_size
     if expert_parallel:
         assert tuple(experts.w13.shape[:2]) == (e // 2, 2 * inter)
         assert experts.expert_slots().tolist() == list(range(e // 2)) + [-1] * (e // 2)
@@ -116,8 +118,8 @@ def test_sizes_that_do_not_divide_are_refused(tiny_llama, tiny_model_factory):
     with pytest.raises(ValueError, match=r"tensor_parallel_size=4 does not divide num_key_value_heads=2"):
         LLM(str(moe), dtype="float32", tensor_parallel_size=4)
     _, _, mla = tiny_model_factory("deepseek_v3")
-    with pytest.raises(ValueError, match=r"DeepseekV3ForCausalLM does not run tensor-parallel yet"):
-        LLM(str(mla), dtype="float32", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=8 does not divide num_attention_heads=4"):
+        LLM(str(mla), dtype="float32", tensor_parallel_size=8)
 
 
 def assert_same_up_to_near_ties(ref, got, tol: float = 0.06):
