@@ -69,3 +69,10 @@ def test_split_moe_layer_sums_to_the_whole(expert_parallel):
     # Each rank rounds its partial sum to bf16 before the all-reduce: a few bf16 ulps of values ~1.
     torch.testing.assert_close(outs[0].float(), want, rtol=2e-2, atol=2e-2)
     assert (outs[0].float() - want).abs().max() < 0.05 * want.abs().max()
+
+
+def test_a_size_that_does_not_divide_the_experts_is_refused():
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=4 does not divide num_experts=6"):
+        FusedMoE(6, H, I, ROUTING, tp=TensorParallel(0, 4, expert_parallel=True))
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=4 does not divide moe_intermediate_size=90"):
+        FusedMoE(8, H, 90, ROUTING, tp=TensorParallel(0, 4))
