@@ -36,6 +36,9 @@ RULES: list[tuple[str, tuple[str, ...], str]] = [
      "grammars and their matchers sit under the scheduler that owns them: tokens in, bitmasks out"),
     ("tacit.eval", ("tacit.bench",),
      "evaluations use the engine and the offline LLM, never the benchmark harness"),
+    ("tacit.distributed", ("tacit.models", "tacit.engine", "tacit.layers", "tacit.scheduling", "tacit.entrypoints",
+                           "tacit.bench", "tacit.memory"),
+     "communication is a bottom layer like kernels: tensors between ranks, reusable by any model or engine"),
     ("tacit.engine", ("tacit.entrypoints", "tacit.bench", "tacit.eval"),
      "the engine is the library core; the CLI, server and benchmarks wrap it"),
 ]

@@ -8,12 +8,15 @@ on GPU) is the reference; faster implementations register beside it and are test
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
-from typing import Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 
 from tacit.registry import Registry
+
+T = TypeVar("T")
 
 
 class CommHandle:
@@ -100,3 +103,12 @@ def split_sizes_check(sizes: list[int], world_size: int, rows: int, what: str) -
         raise ValueError(
             f"all_to_all {what}={sizes}: needs {world_size} non-negative sizes summing to the tensor's {rows} rows"
         )
+
+
+def exposed(owner: Any, collective: Callable[[], T]) -> T:
+    """Run a blocking collective and add the seconds it took to owner.comm_seconds: the
+    communication a layer exposes (the caller waits for it), per module, for the profiler."""
+    start = time.perf_counter()
+    out = collective()
+    owner.comm_seconds += time.perf_counter() - start
+    return out

@@ -25,7 +25,7 @@ from tacit.forward_context import set_forward_context
 from tacit.kernels.kv_quant import parse_kv_cache_dtype
 from tacit.layers.attention_selector import select_attention_backend
 from tacit.layers.kv_cache import KVCacheLayer
-from tacit.layers.linear import select_linear_method, use_communicator, use_linear_method
+from tacit.layers.linear import communication_seconds, select_linear_method, use_communicator, use_linear_method
 from tacit.layers.moe import select_moe_kernel, use_moe_kernel
 from tacit.layers.sampler import Sampler, SamplingMetadata
 from tacit.models.expert_streaming import stream_experts
@@ -325,6 +325,15 @@ class ModelRunner:
             raise RuntimeError(f"grammar bitmask for requests that do not sample this step: {missing}")
         metadata.grammar_rows = [row_of[rid] for rid in ids]
         metadata.grammar_bitmask = torch.from_numpy(scheduler_output.grammar_bitmask)
+
+    def communication_seconds(self) -> dict[str, float]:
+        """Tensor parallel: {layer: seconds this rank blocked in its collectives} since load,
+        the torch path's modules and the fused decode step's layers alike; {} in one process."""
+        out = communication_seconds(self.model)
+        fused = getattr(self.fused_decode, "communication_seconds", None)
+        if fused is not None:
+            out.update(fused())
+        return out
 
     def append_sampled(self, req_ids: list[str], token_ids: list[int]) -> None:
         """Tokens another rank sampled for these requests (a tensor-parallel worker samples nothing

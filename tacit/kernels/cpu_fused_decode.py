@@ -149,3 +149,8 @@ class ShardedDecoder:
     def all_reduce_seconds(self) -> float:
         """Seconds this rank spent in the C++ all-reduces (waiting for the other ranks included)."""
         return self.decoder.all_reduce_seconds
+
+    def communication_seconds(self) -> dict[str, float]:
+        """{"fused.layers.{i}.self_attn" / ".mlp": seconds} of the all-reduce after each."""
+        per = self.decoder.all_reduce_seconds_per_layer
+        return {f"fused.layers.{i // 2}.{'mlp' if i % 2 else 'self_attn'}": s for i, s in enumerate(per)}

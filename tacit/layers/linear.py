@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import tacit.layers.cpu_linear_method  # noqa: F401  registers "cpu_bf16_gemv"
-from tacit.distributed.communicator import Communicator
+from tacit.distributed.communicator import Communicator, exposed
 from tacit.distributed.parallel_state import SINGLE, TensorParallel
 from tacit.kernels.ggml_quant import GGML_TYPES, GGMLTensor
 from tacit.layers.ggml_linear_method import GGMLLinearMethod
@@ -122,6 +122,7 @@ class ColumnParallelLinear(Linear):
         self.full_out_features = out_features
         super().__init__(in_features, tp.split(out_features, what), bias)
         self.comm: Communicator | None = None
+        self.comm_seconds = 0.0
 
     def checkpoint_shards(self, name: str) -> dict[str, Shard]:
         start, n = self.tp.part(self.full_out_features, "output features")
@@ -131,7 +132,7 @@ class ColumnParallelLinear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = super().forward(x)
         if self.gather_output and self.tp.size > 1:
-            out = self.comm.all_gather(out, dim=-1)
+            out = exposed(self, lambda: self.comm.all_gather(out, dim=-1))
         return out
 
 
@@ -147,6 +148,7 @@ class RowParallelLinear(Linear):
         self.full_in_features = in_features
         super().__init__(tp.split(in_features, what or "input features"), out_features, bias)
         self.comm: Communicator | None = None
+        self.comm_seconds = 0.0
 
     def checkpoint_shards(self, name: str) -> dict[str, Shard]:
         start, n = self.tp.part(self.full_in_features, "input features")
@@ -156,7 +158,7 @@ class RowParallelLinear(Linear):
         if self.tp.size == 1:
             return super().forward(x)
         out = self.linear_method.apply(self, x, None)
-        self.comm.all_reduce(out)
+        exposed(self, lambda: self.comm.all_reduce(out))
         return out + self.bias if self.bias is not None else out
 
 
@@ -198,6 +200,16 @@ def checkpoint_shards(model: nn.Module) -> dict[str, Shard]:
         if shards is not None and getattr(module, "tp", SINGLE).size > 1:
             out.update(shards(name))
     return out
+
+
+def communication_seconds(model: nn.Module) -> dict[str, float]:
+    """{module name: seconds its collectives blocked} over the model's tensor-parallel modules
+    (the torch path; the fused decode step counts its own: ShardedDecoder)."""
+    return {
+        name: m.comm_seconds
+        for name, m in model.named_modules()
+        if hasattr(m, "comm_seconds") and getattr(m, "tp", SINGLE).size > 1
+    }
 
 
 def use_communicator(model: nn.Module, comm: Communicator) -> None:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import tacit.kernels.cpu_fused_moe  # noqa: F401  registers "cpu_fused"
+from tacit.distributed.communicator import exposed
 from tacit.distributed.parallel_state import SINGLE, TensorParallel
 from tacit.kernels.ggml_quant import GGML_TYPES, GGMLTensor, row_bytes
 from tacit.kernels.moe_kernel import MOE_KERNELS, ExpertWeights, MoEKernel
@@ -49,6 +50,7 @@ class FusedMoE(nn.Module):
     ) -> None:
         super().__init__()
         self.tp, self.comm = tp, None
+        self.comm_seconds = 0.0
         self.expert_parallel = tp.expert_parallel and tp.size > 1
         self.full_intermediate_size = intermediate_size
         if self.expert_parallel:
@@ -212,7 +214,7 @@ class FusedMoE(nn.Module):
         if not self.streamed:
             out = self.kernel.experts(x, weights, ids, self.expert_weights(), shared)
             if self.tp.size > 1:
-                self.comm.all_reduce(out)
+                exposed(self, lambda: self.comm.all_reduce(out))
             return out
         routed = self.streamed_weights()
         routed.slots = self.acquire_streamed(ids, x)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tacit.distributed.communicator import Communicator
+from tacit.distributed.communicator import Communicator, exposed
 from tacit.distributed.parallel_state import SINGLE, TensorParallel
 
 
@@ -27,6 +27,7 @@ class VocabParallelEmbedding(nn.Embedding):
         self.tp = tp if self.sharded else SINGLE
         self.vocab_start = tp.rank * rows if self.sharded else 0
         self.comm: Communicator | None = None
+        self.comm_seconds = 0.0
 
     def checkpoint_shards(self, name: str) -> dict[str, tuple[int, int, int]]:
         return {f"{name}.weight": (0, self.vocab_start, self.num_embeddings)}
@@ -38,5 +39,5 @@ class VocabParallelEmbedding(nn.Embedding):
         outside = (local < 0) | (local >= self.num_embeddings)
         out = super().forward(local.masked_fill(outside, 0))
         out.masked_fill_(outside.unsqueeze(-1), 0)
-        self.comm.all_reduce(out)
+        exposed(self, lambda: self.comm.all_reduce(out))
         return out

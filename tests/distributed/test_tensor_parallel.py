@@ -56,6 +56,11 @@ def test_tp2_matches_tp1(tiny_model_factory, arch):
     assert_same(ref, got)
     embed = llm.engine.model.model.embed_tokens
     assert embed.sharded == (arch != "llama_odd_vocab")
+    # float32 runs the torch path: each parallel module counts the seconds its collectives took.
+    comm = llm.engine.runner.communication_seconds()
+    layers = [f"model.layers.{i}.{m}" for i in range(2) for m in ("self_attn.o_proj", "mlp.down_proj")]
+    sharded = ["model.embed_tokens", "lm_head"] if embed.sharded else []
+    assert sorted(comm) == sorted(layers + sharded) and all(comm[k] > 0 for k in comm)
     heads = llm.engine.model.model.layers[0].self_attn
     assert (heads.num_heads, heads.num_kv_heads) == (2, 1)  # half of the tiny models' 4 and 2
 
@@ -151,9 +156,13 @@ def test_tp2_fused_decode_step_all_reduces_in_cpp(tiny_model_factory, arch, expe
         assert isinstance(llm.engine.runner.fused_decode, ShardedDecoder)
         assert isinstance(llm.engine.model.comm, ShmCommunicator)
         got = llm.generate(prompts, GREEDY)
+        comm = llm.engine.runner.communication_seconds()
     finally:
         llm.engine.shutdown()
     assert_same_up_to_near_ties(ref, got)
+    # The C++ step's all-reduces per layer, after attention and after the MLP / MoE.
+    for i in range(model.config.num_hidden_layers):
+        assert comm[f"fused.layers.{i}.self_attn"] > 0 and comm[f"fused.layers.{i}.mlp"] > 0
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

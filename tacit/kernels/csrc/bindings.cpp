@@ -1,4 +1,5 @@
 #include <pybind11/functional.h>
+#include <pybind11/stl.h>
 #include <torch/extension.h>
 
 #include "fused_moe.h"
@@ -39,5 +40,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("final_norm", &tacit::LlamaDecoder::final_norm)
       .def("set_all_reduce", &tacit::LlamaDecoder::set_all_reduce)
       .def_property_readonly("all_reduce_seconds", &tacit::LlamaDecoder::all_reduce_seconds)
+      .def_property_readonly("all_reduce_seconds_per_layer", &tacit::LlamaDecoder::all_reduce_seconds_per_layer)
       .def_property_readonly("num_layers", &tacit::LlamaDecoder::num_layers);
 }

@@ -356,7 +356,7 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
     const torch::Tensor& o_bias_in = all_reduce_ ? torch::Tensor() : w.o_bias;
     const u16* o_bias = bf16_ptr(project(w.o_proj, w.o_type, o_bias_in, attn.data(), f32.data(), m));
     if (all_reduce_) {
-      reduce(f32.data(), m * h);
+      reduce(f32.data(), m * h, 2 * l);
       o_bias = bf16_ptr(w.o_bias);
     }
     for (int r = 0; r < m; ++r) residual_add(xs + r * h, f32.data() + r * h, o_bias, h);
@@ -371,7 +371,7 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
       }
       project(w.down, w.down_type, torch::Tensor(), act.data(), f32.data(), m);
     }
-    if (all_reduce_) reduce(f32.data(), m * h);
+    if (all_reduce_) reduce(f32.data(), m * h, 2 * l + 1);
     for (int r = 0; r < m; ++r) residual_add(xs + r * h, f32.data() + r * h, nullptr, h);
   }
 }
@@ -380,14 +380,21 @@ void LlamaDecoder::set_all_reduce(int64_t fn, int64_t ctx) {
   TORCH_CHECK(fn != 0, "set_all_reduce: no function");
   all_reduce_ = reinterpret_cast<AllReduceFn>(fn);
   all_reduce_ctx_ = reinterpret_cast<void*>(ctx);
+  layer_reduce_s_.assign(2 * layers_.size(), 0.0);
 }
 
-void LlamaDecoder::reduce(float* data, int64_t numel) {
+double LlamaDecoder::all_reduce_seconds() const {
+  double total = 0.0;
+  for (double s : layer_reduce_s_) total += s;
+  return total;
+}
+
+void LlamaDecoder::reduce(float* data, int64_t numel, int64_t slot) {
   char err[256] = {0};
   constexpr int kFloat32 = 0;  // tacit_shm_all_reduce's dtype code for float32
   const auto start = std::chrono::steady_clock::now();
   const int rc = all_reduce_(all_reduce_ctx_, data, numel, kFloat32, err, sizeof(err));
-  all_reduce_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  layer_reduce_s_[slot] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   TORCH_CHECK(rc == 0, err);
 }
 

@@ -64,9 +64,11 @@ class LlamaDecoder {
   // o_proj and down_proj partial sums (float32) go through all_reduce before the residual add.
   // fn and ctx are the addresses of an AllReduceFn and its context.
   void set_all_reduce(int64_t fn, int64_t ctx);
-  // Seconds this rank spent inside the all-reduce (waiting for the slowest rank included: the
-  // communication a step exposes), summed since the decoder was built.
-  double all_reduce_seconds() const { return all_reduce_s_; }
+  // Seconds this rank spent inside the all-reduces (waiting for the slowest rank included: the
+  // communication a step exposes) since the decoder was built: in all, and per layer as
+  // [after attention, after the MLP] pairs.
+  double all_reduce_seconds() const;
+  std::vector<double> all_reduce_seconds_per_layer() const { return layer_reduce_s_; }
 
  private:
   void check_rows(const torch::Tensor& positions, const torch::Tensor& block_tables, int64_t m) const;
@@ -78,8 +80,8 @@ class LlamaDecoder {
   std::vector<LlamaLayerWeights> layers_;
   AllReduceFn all_reduce_ = nullptr;
   void* all_reduce_ctx_ = nullptr;
-  double all_reduce_s_ = 0.0;
-  void reduce(float* data, int64_t numel);
+  std::vector<double> layer_reduce_s_;  // 2 per layer
+  void reduce(float* data, int64_t numel, int64_t slot);
 };
 
 }  // namespace tacit
