@@ -203,13 +203,22 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     # MoE layers: each rank holds 1/N of the experts, whole, instead of 1/N of every expert.
     expert_parallel: bool = False
+    # Torch-path steps of 2+ requests run as two micro-batches, each one's all-reduces in flight
+    # while the other computes (engine/two_batch_overlap.py). Off by default: on a CPU whose
+    # ranks have one core each, the transfer and the other half's compute share that core.
+    two_batch_overlap: bool = False
 
     def __post_init__(self) -> None:
         n = self.tensor_parallel_size
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"tensor_parallel_size={n!r} is invalid: must be an integer >= 1")
-        if not isinstance(self.expert_parallel, bool):
-            raise ValueError(f"expert_parallel={self.expert_parallel!r} is invalid: must be true or false")
+        for flag in ("expert_parallel", "two_batch_overlap"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag}={getattr(self, flag)!r} is invalid: must be true or false")
+        if self.two_batch_overlap and n == 1:
+            raise ValueError(
+                "two_batch_overlap=true needs tensor_parallel_size >= 2: one process has no communication to overlap"
+            )
 
 
 @dataclass(frozen=True)

@@ -20,17 +20,23 @@ T = TypeVar("T")
 
 
 class CommHandle:
-    """An issued collective; wait() blocks until it is done and returns its result."""
+    """An issued collective; wait() blocks until it is done and returns its result. After it,
+    hidden_s is the time from issue to wait() (communication that could run beside the caller's
+    own work) and exposed_s the time wait() blocked: the overlap a caller achieved, measured."""
 
     def __init__(self, wait: Callable[[], torch.Tensor | None]) -> None:
         self._wait = wait
         self._done = False
         self._result: torch.Tensor | None = None
+        self._issued = time.perf_counter()
+        self.hidden_s = self.exposed_s = 0.0
 
     def wait(self) -> torch.Tensor | None:
         if not self._done:
+            start = time.perf_counter()
             self._result = self._wait()
             self._done = True
+            self.hidden_s, self.exposed_s = start - self._issued, time.perf_counter() - start
         return self._result
 
     @staticmethod

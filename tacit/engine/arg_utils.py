@@ -164,6 +164,14 @@ class EngineArgs:
         cli_help="MoE layers: each tensor-parallel rank holds 1/N of the experts, whole (by default 1/N of "
         "every expert's intermediate features)",
     )
+    two_batch_overlap: bool = knob(
+        _config_default(ParallelConfig, "two_batch_overlap"),
+        "parallel",
+        "tensor parallel: prefill and mixed steps of 2+ requests run as two micro-batches, each one's all-reduces "
+        "in flight while the other computes",
+        action="store_const",
+        const=True,
+    )
     # ---- cache ----
     block_size: int = knob(_config_default(CacheConfig, "block_size"), "cache", "tokens per KV block", type=int)
     num_kv_blocks: int | None = knob(
@@ -351,7 +359,11 @@ class EngineArgs:
             )
 
     def create_parallel_config(self) -> ParallelConfig:
-        return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size, expert_parallel=self.expert_parallel)
+        return ParallelConfig(
+            tensor_parallel_size=self.tensor_parallel_size,
+            expert_parallel=self.expert_parallel,
+            two_batch_overlap=self.two_batch_overlap,
+        )
 
     def create_cache_config(self) -> CacheConfig:
         return CacheConfig(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -21,11 +21,18 @@ from tacit.config import EngineConfig, fit_kv_capacity
 from tacit.distributed.communicator import Communicator
 from tacit.engine.prompt_logprobs import prompt_tokens_to_score, score_prompt_tokens
 from tacit.engine.request_state import CachedRequestState, update_request_states
+from tacit.engine.two_batch_overlap import run_two_batches, split_point
 from tacit.forward_context import set_forward_context
 from tacit.kernels.kv_quant import parse_kv_cache_dtype
 from tacit.layers.attention_selector import select_attention_backend
 from tacit.layers.kv_cache import KVCacheLayer
-from tacit.layers.linear import communication_seconds, select_linear_method, use_communicator, use_linear_method
+from tacit.layers.linear import (
+    communication_seconds,
+    hidden_communication_seconds,
+    select_linear_method,
+    use_communicator,
+    use_linear_method,
+)
 from tacit.layers.moe import select_moe_kernel, use_moe_kernel
 from tacit.layers.sampler import Sampler, SamplingMetadata
 from tacit.models.expert_streaming import stream_experts
@@ -72,6 +79,18 @@ def _fusable(r: CachedRequestState, n: int) -> bool:
     return n == 1 and first == end
 
 
+class TorchInputs(NamedTuple):
+    """A torch-path forward's inputs, built from its rows (ModelRunner._build)."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: Any
+    samples: list[int]  # rows that sample
+    sample_rows: torch.Tensor  # their last token's flat batch row
+    # (row index, prompt tokens [first, end) it scores, flat batch row of the position before first)
+    scored: list[tuple[int, int, int, int]]
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -98,8 +117,11 @@ class ModelRunner:
         # experts, which backend attends.
         use_linear_method(model, select_linear_method(device.type, config.model.dtype))
         use_moe_kernel(model, select_moe_kernel(device.type, config.model.dtype))
+        self.comm = comm
         if comm is not None:
             use_communicator(model, comm)
+        # Torch-path steps of 2+ requests run as two overlapping micro-batches (tensor parallel).
+        self.two_batch_overlap = config.parallel.two_batch_overlap and comm is not None
         # MoE experts read from the checkpoint through a cache, when they do not all fit.
         self.expert_cache = None
         if config.model.expert_cache_memory is not None:
@@ -158,7 +180,7 @@ class ModelRunner:
             tables[i, : len(t)] = t[:max_blocks]
         return tables
 
-    def _build(self, rows: Rows):
+    def _build(self, rows: Rows) -> TorchInputs:
         bs = self.block_size
         num_new = np.array([n for _, n in rows], dtype=np.int64)
         computed = np.array([r.num_computed_tokens for r, _ in rows], dtype=np.int64)
@@ -183,7 +205,7 @@ class ModelRunner:
             if first < end:
                 scored.append((i, first, end, int(starts[i] + first - 1 - c)))
         dev = self.device
-        return (
+        return TorchInputs(
             torch.from_numpy(token_ids).to(dev),
             torch.from_numpy(positions).to(dev),
             meta,
@@ -252,14 +274,41 @@ class ModelRunner:
     def _torch_part(
         self, rows: Rows, between_layers: Callable[[], None] | None
     ) -> tuple[list[int], torch.Tensor, PromptScores]:
-        input_ids, positions, meta, samples, sample_rows, scored = self._build(rows)
+        if self.two_batch_overlap and between_layers is None and len(rows) >= 2:
+            return self._two_batch_part(rows)
+        built = self._build(rows)
         model = self.model
-        with set_forward_context(meta):
-            state = model.begin_forward(input_ids, positions)
+        with set_forward_context(built.meta):
+            state = model.begin_forward(built.input_ids, built.positions)
             self._run_layers(
                 lambda begin, end: model.forward_layers(state, begin, end), model.num_layers, between_layers
             )
             hidden = model.end_forward(state)
+        return self._torch_outputs(rows, built, hidden)
+
+    def _two_batch_part(self, rows: Rows) -> tuple[list[int], torch.Tensor, PromptScores]:
+        """The torch path as two micro-batches of whole requests whose all-reduces overlap the
+        other's compute (engine/two_batch_overlap.py); rows come back in scheduled order."""
+        k = split_point([n for _, n in rows])
+        halves = [rows[:k], rows[k:]]
+        built = [self._build(half) for half in halves]
+        model = self.model
+        states = [model.begin_forward(b.input_ids, b.positions) for b in built]
+        run_two_batches(
+            [(model.forward_stages(state, 0, model.num_layers), b.meta) for state, b in zip(states, built)], self.comm
+        )
+        parts = [
+            self._torch_outputs(half, b, model.end_forward(state)) for half, b, state in zip(halves, built, states)
+        ]
+        (samples_a, hidden_a, scores_a), (samples_b, hidden_b, scores_b) = parts
+        return samples_a + [k + i for i in samples_b], torch.cat([hidden_a, hidden_b]), scores_a | scores_b
+
+    def _torch_outputs(
+        self, rows: Rows, built: TorchInputs, hidden: torch.Tensor
+    ) -> tuple[list[int], torch.Tensor, PromptScores]:
+        """The sampling rows' final hidden states and the prompt logprobs of the rows that score."""
+        samples, sample_rows, scored = built.samples, built.sample_rows, built.scored
+        model = self.model
         prompt_logprobs = {}
         vocab_size = self.config.model.hf["vocab_size"]
         sink = self.full_prompt_logprobs
@@ -334,6 +383,11 @@ class ModelRunner:
         if fused is not None:
             out.update(fused())
         return out
+
+    def hidden_communication_seconds(self) -> dict[str, float]:
+        """{decoder layer: seconds its all-reduces travelled while the other micro-batch computed}
+        under two-micro-batch overlap; {} without it."""
+        return hidden_communication_seconds(self.model)
 
     def append_sampled(self, req_ids: list[str], token_ids: list[int]) -> None:
         """Tokens another rank sampled for these requests (a tensor-parallel worker samples nothing

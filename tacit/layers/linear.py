@@ -154,10 +154,15 @@ class RowParallelLinear(Linear):
         start, n = self.tp.part(self.full_in_features, "input features")
         return {f"{name}.weight": (1, start, n)}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+        """reduce=False: this rank's partial sum, for a caller that all-reduces it itself (two
+        micro-batches overlapping, models/two_batch_overlap.py); rank 0's carries the bias, so
+        the sum over ranks is the whole output."""
         if self.tp.size == 1:
             return super().forward(x)
         out = self.linear_method.apply(self, x, None)
+        if not reduce:
+            return out + self.bias if self.bias is not None and self.tp.rank == 0 else out
         exposed(self, lambda: self.comm.all_reduce(out))
         return out + self.bias if self.bias is not None else out
 
@@ -204,12 +209,19 @@ def checkpoint_shards(model: nn.Module) -> dict[str, Shard]:
 
 def communication_seconds(model: nn.Module) -> dict[str, float]:
     """{module name: seconds its collectives blocked} over the model's tensor-parallel modules
-    (the torch path; the fused decode step counts its own: ShardedDecoder)."""
+    and the decoder layers whose two-micro-batch all-reduces blocked (the torch path; the fused
+    decode step counts its own: ShardedDecoder)."""
     return {
         name: m.comm_seconds
         for name, m in model.named_modules()
-        if hasattr(m, "comm_seconds") and getattr(m, "tp", SINGLE).size > 1
+        if hasattr(m, "comm_seconds") and (getattr(m, "tp", SINGLE).size > 1 or m.comm_seconds)
     }
+
+
+def hidden_communication_seconds(model: nn.Module) -> dict[str, float]:
+    """{decoder layer name: seconds its all-reduces travelled while the other micro-batch
+    computed}: the communication two-micro-batch overlap hid (none without it)."""
+    return {name: m.comm_hidden_seconds for name, m in model.named_modules() if getattr(m, "comm_hidden_seconds", 0)}
 
 
 def use_communicator(model: nn.Module, comm: Communicator) -> None:

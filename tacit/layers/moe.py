@@ -208,12 +208,14 @@ class FusedMoE(nn.Module):
         router_logits: torch.Tensor,
         correction_bias: torch.Tensor | None = None,
         shared: ExpertWeights | None = None,
+        reduce: bool = True,
     ) -> torch.Tensor:
-        """x [T, H], router logits [T, E] -> the routed experts' weighted sum (+ the shared expert)."""
+        """x [T, H], router logits [T, E] -> the routed experts' weighted sum (+ the shared expert).
+        reduce=False: under tensor parallelism, this rank's partial sum (the caller all-reduces)."""
         weights, ids = self.kernel.route(router_logits.float(), self.routing, correction_bias)
         if not self.streamed:
             out = self.kernel.experts(x, weights, ids, self.expert_weights(), shared)
-            if self.tp.size > 1:
+            if self.tp.size > 1 and reduce:
                 exposed(self, lambda: self.comm.all_reduce(out))
             return out
         routed = self.streamed_weights()

@@ -78,7 +78,9 @@ class MLAAttention(nn.Module, KVCacheLayer):
         numel = self.kv_numel_per_token(dtype)
         self.kv_cache = torch.zeros(num_blocks, block_size, numel, dtype=dtype, device=device)
 
-    def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor, reduce: bool = True
+    ) -> torch.Tensor:
         meta = get_attention_metadata()
         t, h = x.shape[0], self.num_heads
         q = self.q_proj(x) if self.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
@@ -91,7 +93,7 @@ class MLAAttention(nn.Module, KVCacheLayer):
         out = self.backend.forward(
             torch.cat([q_nope, q_pe], dim=-1), self.kv_cache, meta, self.scale, kv_b_proj=self.kv_b_proj.weight
         )
-        return self.o_proj(out.reshape(t, h * self.v_dim))
+        return self.o_proj(out.reshape(t, h * self.v_dim), reduce=reduce)
 
 
 class DeepseekV3Gate(nn.Module):
@@ -145,11 +147,11 @@ class DeepseekV3MoE(nn.Module):
     def router_logits(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x.float(), self.gate.weight.float())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         shared = self.shared_expert_weights()
-        out = self.experts(x, self.router_logits(x), self.correction_bias, shared)
+        out = self.experts(x, self.router_logits(x), self.correction_bias, shared, reduce=reduce)
         if self.shared_experts is not None and shared is None:
-            out = out + self.shared_experts(x)
+            out = out + self.shared_experts(x, reduce=reduce)
         return out
 
 

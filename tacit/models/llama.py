@@ -9,7 +9,7 @@ import itertools
 import sys
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Generator, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -50,9 +50,9 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias, tp=tp, what="intermediate_size")
         self.intermediate = intermediate // tp.size
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate) * up, reduce=reduce)
 
 
 class LlamaAttention(nn.Module):
@@ -80,7 +80,9 @@ class LlamaAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, eps)
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, self.head_dim**-0.5)
 
-    def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor, reduce: bool = True
+    ) -> torch.Tensor:
         t, h, hkv = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x)
         # q and k sit side by side in the fused output: viewed as H + Hkv heads they take one
@@ -92,7 +94,7 @@ class LlamaAttention(nn.Module):
         else:
             qk = rotary.rotate(qk, cos, sin)
             q, k = qk[:, :h], qk[:, h:]
-        return self.o_proj(self.attn(q, k, v))
+        return self.o_proj(self.attn(q, k, v), reduce=reduce)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -102,10 +104,22 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn, self.mlp = attn, mlp
         self.input_layernorm = RMSNorm(cfg.hf["hidden_size"], eps)
         self.post_attention_layernorm = RMSNorm(cfg.hf["hidden_size"], eps)
+        # Two-micro-batch steps all-reduce this layer's partial sums themselves (stages()):
+        # seconds they blocked, and seconds they travelled while the other micro-batch computed.
+        self.comm_seconds = self.comm_hidden_seconds = 0.0
 
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rotary, cos, sin)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def stages(
+        self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor
+    ) -> Generator[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """forward() under tensor parallelism as two halves that each end in a partial sum: it
+        yields the attention's, then the MLP's, and the caller sends back their all-reduced sums
+        (so it can run another micro-batch while they travel: models/two_batch_overlap.py)."""
+        x = x + (yield self.self_attn(self.input_layernorm(x), rotary, cos, sin, reduce=False))
+        return x + (yield self.mlp(self.post_attention_layernorm(x), reduce=False))
 
 
 class LlamaModel(nn.Module):
@@ -194,6 +208,22 @@ class CausalLM(nn.Module):
 
     def end_forward(self, state: DecoderState) -> torch.Tensor:
         return self.model.end_forward(state)
+
+    def forward_stages(
+        self, state: DecoderState, begin: int, end: int
+    ) -> Generator[tuple[nn.Module, torch.Tensor], torch.Tensor, None]:
+        """forward_layers() under tensor parallelism, paused at each partial sum: yields (the
+        decoder layer, its partial sum) and takes back the all-reduced sum (LlamaDecoderLayer.stages)."""
+        x = state.hidden
+        for layer in itertools.islice(self.model.layers, begin, end):
+            stages = layer.stages(x, self.model.rotary, state.cos, state.sin)
+            reduced = None
+            try:
+                while True:
+                    reduced = yield layer, stages.send(reduced)
+            except StopIteration as done:
+                x = done.value
+        state.hidden = x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -62,8 +62,8 @@ class Qwen3MoeSparseBlock(nn.Module):
         # top-k run in float32 inside the kernel.
         return F.linear(x, self.gate.weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.experts(x, self.router_logits(x))
+    def forward(self, x: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+        return self.experts(x, self.router_logits(x), reduce=reduce)
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):

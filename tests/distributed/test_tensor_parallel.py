@@ -92,6 +92,36 @@ def test_moe_tp2_and_ep2_match_tp1(tiny_model_factory, arch, expert_parallel):
         assert tuple(experts.w13.shape[:2]) == (e, inter)
 
 
+@pytest.mark.parametrize(
+    "arch, expert_parallel", [("llama3", False), ("qwen2", False), ("qwen3_moe", True), ("deepseek_v3", False)]
+)
+def test_two_batch_overlap_matches_tp1(tiny_model_factory, arch, expert_parallel):
+    """Steps of 2+ requests as two micro-batches whose all-reduces overlap each other's compute:
+    the same tokens as one process (llama3's o_proj bias is added once, by rank 0's partial sum;
+    float32 runs every step, decodes too, on the torch path)."""
+    model, _, path = tiny_model_factory(arch)
+    prompts = prompts_for(model.config.vocab_size)
+    ref = LLM(str(path), dtype="float32", max_num_batched_tokens=64).generate(prompts, GREEDY)
+    llm = LLM(
+        str(path),
+        dtype="float32",
+        max_num_batched_tokens=64,
+        tensor_parallel_size=2,
+        expert_parallel=expert_parallel,
+        two_batch_overlap=True,
+    )
+    try:
+        got = llm.generate(prompts, GREEDY)
+        exposed, hidden = llm.engine.runner.communication_seconds(), llm.engine.runner.hidden_communication_seconds()
+    finally:
+        llm.engine.shutdown()
+    assert_same(ref, got)
+    # Every decoder layer's sums went through the overlapped path, and each was in flight a while.
+    layers = [f"model.layers.{i}" for i in range(model.config.num_hidden_layers)]
+    assert sorted(hidden) == layers and all(hidden[k] > 0 for k in layers)
+    assert all(k in exposed for k in layers)
+
+
 def test_tp2_seeded_sampling_and_prompt_logprobs(tiny_llama):
     model, _, path = tiny_llama
     params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=MAX_NEW, ignore_eos=True, seed=3, prompt_logprobs=2)
