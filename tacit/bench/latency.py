@@ -81,6 +81,9 @@ def run(
                     "roofline": gbps / read_GBps,
                     # Tensor parallel: the share of rank 0's decode time spent in its all-reduces.
                     **({"comm_share": res["comm_share"]} if "comm_share" in res else {}),
+                    # And of its prefill time blocked in the torch path's collectives; the
+                    # fraction of them hidden behind compute (--two-batch-overlap).
+                    **{k: res[k] for k in ("prefill_comm_share", "prefill_comm_hidden") if k in res},
                 }
             )
     return rows

@@ -1,0 +1,29 @@
+"""What `tacit bench latency` reports about communication under tensor parallelism."""
+
+import pytest
+
+from tacit import LLM
+from tacit.bench.peers.tacit_engine import TacitBench
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_bench_reports_prefill_communication_and_the_hidden_fraction(tiny_llama, overlap):
+    _, _, path = tiny_llama
+    llm = LLM(str(path), dtype="float32", tensor_parallel_size=2, two_batch_overlap=overlap)
+    try:
+        res = TacitBench(llm.engine).latency([[5, 6, 7, 8] * 8, [9, 10, 11] * 5, [12] * 20], 4)
+    finally:
+        llm.engine.shutdown()
+    # float32 has no fused C++ step (no decode comm_share); its torch steps all-reduce every layer.
+    assert "comm_share" not in res
+    assert 0 < res["prefill_comm_share"] < 1
+    if overlap:  # each micro-batch's sums travel while the other computes: some time is hidden
+        assert 0 < res["prefill_comm_hidden"] < 1
+    else:
+        assert res["prefill_comm_hidden"] == 0.0
+
+
+def test_one_process_reports_no_communication(tiny_llama):
+    _, _, path = tiny_llama
+    res = TacitBench(LLM(str(path), dtype="float32").engine).latency([[5, 6, 7]], 3)
+    assert not {"comm_share", "prefill_comm_share", "prefill_comm_hidden"} & set(res)
