@@ -29,7 +29,8 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
         "instead of --batch-size/--input-len/--output-len",
     )
     p.add_argument("--out", default="profile-out", help="directory for profile.json and report.html")
-    p.add_argument("--repeats", type=int, default=1, help="profiled passes over the workload (after one warm-up)")
+    # 3 passes: the default workload has one prefill step a pass, and one sample has no spread.
+    p.add_argument("--repeats", type=int, default=3, help="profiled passes over the workload (after one warm-up)")
     p.add_argument(
         "--no-measure-hw",
         action="store_true",

@@ -84,14 +84,16 @@ def _breakdown(p: dict[str, Any]) -> str:
 
 def _layers(p: dict[str, Any]) -> str:
     out = [
-        '<p class="note">Mean ms per step by decoder layer ("head": final norm, lm_head, sampling). '
-        "Python/host here is only what was measured inside the layer (residual adds, glue).</p>"
+        '<p class="note">Median ms per step by decoder layer and class ("head": final norm, lm_head, '
+        "sampling); profile.json also holds the means (layers). Python/host here is only what was "
+        "measured inside the layer (residual adds, glue between its modules).</p>"
     ]
     for kind, k in p["kinds"].items():
-        names = sorted(k["layers"], key=layer_sort_key)
+        per = k["layers_median"]
+        names = sorted(per, key=layer_sort_key)
         out.append(f"<h3>{escape(kind)}</h3>")
-        out.append(stacked_bars([(ly, k["layers"][ly]) for ly in names]))
-        rows = [[ly] + [_ms(k["layers"][ly].get(c, 0.0)) for c in CATEGORIES] for ly in names]
+        out.append(stacked_bars([(ly, per[ly]) for ly in names]))
+        rows = [[ly] + [_ms(per[ly].get(c, 0.0)) for c in CATEGORIES] for ly in names]
         out.append(_table(["layer"] + [LABELS[c] for c in CATEGORIES], rows))
     return "".join(out)
 

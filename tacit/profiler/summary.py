@@ -31,9 +31,13 @@ def _kind_summary(steps: list[StepRecord], shapes: ModelShapes) -> dict[str, Any
     n = len(steps)
     categories = {c: stats([s.categories.get(c, 0.0) for s in steps]) for c in CATEGORIES}
     layer_names = sorted({ly for s in steps for ly in s.layers}, key=layer_sort_key)
+    # Means add up to the mean step; medians are what to read on a shared machine, where a step
+    # preempted for a scheduler quantum (4 ms here) puts its whole delay into one layer's class.
     layers = {
-        ly: {c: sum(s.layers.get(ly, {}).get(c, 0.0) for s in steps) / n for c in CATEGORIES if c != "communication"}
-        | {"communication": sum(s.layers.get(ly, {}).get("communication", 0.0) for s in steps) / n}
+        ly: {c: sum(s.layers.get(ly, {}).get(c, 0.0) for s in steps) / n for c in CATEGORIES} for ly in layer_names
+    }
+    layers_median = {
+        ly: {c: float(np.median([s.layers.get(ly, {}).get(c, 0.0) for s in steps])) for c in CATEGORIES}
         for ly in layer_names
     }
     flops: dict[str, float] = {}
@@ -61,6 +65,7 @@ def _kind_summary(steps: list[StepRecord], shapes: ModelShapes) -> dict[str, Any
         "step_s": stats([s.step_s for s in steps]),
         "categories": categories,
         "layers": layers,
+        "layers_median": layers_median,
         "roofline": roofline,
     }
 

@@ -52,7 +52,7 @@ def test_profile_json_has_kinds_layers_categories(profile_dir):
         for st in k["categories"].values():
             assert {"median", "p10", "p90", "mean", "stdev"} <= set(st)
             assert st["p10"] <= st["median"] <= st["p90"]
-        assert {"layers.0", "layers.1", "head"} <= set(k["layers"])
+        assert {"layers.0", "layers.1", "head"} <= set(k["layers"]) == set(k["layers_median"])
         assert k["layers"]["layers.0"]["gemm"] > 0
         # the means over classes add up to the mean step
         assert sum(st["mean"] for st in k["categories"].values()) == pytest.approx(k["step_s"]["mean"], rel=0.03)
