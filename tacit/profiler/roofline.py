@@ -41,7 +41,6 @@ class LayerShapes:
 class ModelShapes:
     layers: dict[str, LayerShapes]
     hidden: int
-    vocab: int
     head_bytes: int  # lm_head weight bytes (the embedding table when tied)
     head_out: int  # lm_head output features on this rank
 
@@ -79,8 +78,7 @@ def model_shapes(model: nn.Module) -> ModelShapes:
         elif module_category(name, m) == "moe_routing" and hasattr(m, "gate") and not isinstance(m.gate, LinearBase):
             w = m.gate.weight  # DeepSeek-V3's router, read in float32
             shapes.router = (w.shape[0], w.shape[1], w.numel() * w.element_size())
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None) or head_out
-    return ModelShapes(layers, hidden, vocab, head_bytes, head_out)
+    return ModelShapes(layers, hidden, head_bytes, head_out)
 
 
 Work = dict[str, dict[str, tuple[float, float]]]  # layer -> category -> (FLOPs, bytes)

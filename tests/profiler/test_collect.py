@@ -47,13 +47,28 @@ def test_categories_add_up_to_the_step(tiny_llama, dtype):
         assert not fused.phase_timing, "phase timers must be off again after profiling"
 
 
-def test_moe_steps_split_routing_from_experts(tiny_model_factory):
-    _, _, path = tiny_model_factory("qwen3_moe")
-    engine = LLM(str(path), dtype="float32").engine
+# qwen3_moe: layer 0 sparse, layer 1 dense (mlp_only_layers=[1]); deepseek_v3: MLA attention,
+# layer 0 dense, layer 1 sparse with a shared expert. bf16: the fused MoE kernel and decode step.
+@pytest.mark.parametrize(
+    "arch, dtype, sparse, dense",
+    [
+        ("qwen3_moe", "float32", "layers.0", "layers.1"),
+        pytest.param("qwen3_moe", "bfloat16", "layers.0", "layers.1", marks=needs_kernels),
+        ("deepseek_v3", "float32", "layers.1", "layers.0"),
+    ],
+)
+def test_moe_steps_split_routing_from_experts(tiny_model_factory, arch, dtype, sparse, dense):
+    from tacit.profiler.roofline import model_shapes, step_work
+
+    _, _, path = tiny_model_factory(arch)
+    engine = LLM(str(path), dtype=dtype).engine
     steps = run_workload(engine, [WorkloadRequest(10, 3), WorkloadRequest(6, 3)])
     check_sums(steps)
-    # layer 0 is sparse (mlp_only_layers=[1] keeps layer 1 dense)
     for s in steps:
-        assert s.layers["layers.0"].get("moe_routing", 0) > 0
-        assert s.layers["layers.0"].get("experts", 0) > 0
-        assert "experts" not in s.layers["layers.1"]
+        assert s.layers[sparse].get("moe_routing", 0) > 0
+        assert s.layers[sparse].get("experts", 0) > 0
+        assert "experts" not in s.layers[dense]
+        work = step_work(model_shapes(engine.model), s.rows, s.num_samples)
+        for category in ("moe_routing", "experts", "attention", "gemm"):
+            flops, nbytes = work[sparse][category]
+            assert flops > 0 and nbytes > 0, category
