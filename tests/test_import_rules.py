@@ -42,6 +42,13 @@ RULES: list[tuple[str, tuple[str, ...], str]] = [
     ("tacit.engine", ("tacit.entrypoints", "tacit.bench", "tacit.eval"),
      "the engine is the library core; the CLI, server and benchmarks wrap it"),
 ]
+# The profiler hooks into the engine from above: nothing it measures may depend on it.
+RULES += [
+    (layer, ("tacit.profiler",), "the profiler instruments the engine from above; what it times never imports it")
+    for layer in ("tacit.kernels", "tacit.layers", "tacit.models", "tacit.engine", "tacit.distributed",
+                  "tacit.memory", "tacit.scheduling", "tacit.entrypoints", "tacit.bench")
+]
+RULES.append(("tacit.profiler", ("tacit.entrypoints",), "the profiler drives the engine directly, as bench does"))
 # fmt: on
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -150,6 +150,19 @@ class ShardedDecoder:
         """Seconds this rank spent in the C++ all-reduces (waiting for the other ranks included)."""
         return self.decoder.all_reduce_seconds
 
+    def set_phase_timing(self, on: bool) -> None:
+        """Per-layer per-phase timers (LlamaDecoder.set_phase_timing): off unless profiling."""
+        self.decoder.set_phase_timing(on)
+
+    @property
+    def phase_names(self) -> list[str]:
+        return self.decoder.phase_names
+
+    @property
+    def phase_seconds(self) -> list[float]:
+        """Seconds per [layer * len(phase_names) + phase] since set_phase_timing(True)."""
+        return self.decoder.phase_seconds
+
     def communication_seconds(self) -> dict[str, float]:
         """{"fused.layers.{i}.self_attn" / ".mlp": seconds} of the all-reduce after each."""
         per = self.decoder.all_reduce_seconds_per_layer

@@ -41,5 +41,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_all_reduce", &tacit::LlamaDecoder::set_all_reduce)
       .def_property_readonly("all_reduce_seconds", &tacit::LlamaDecoder::all_reduce_seconds)
       .def_property_readonly("all_reduce_seconds_per_layer", &tacit::LlamaDecoder::all_reduce_seconds_per_layer)
+      .def("set_phase_timing", &tacit::LlamaDecoder::set_phase_timing)
+      .def_property_readonly("phase_timing", &tacit::LlamaDecoder::phase_timing)
+      .def_property_readonly("phase_seconds", &tacit::LlamaDecoder::phase_seconds)
+      .def_property_readonly_static("phase_names",
+                                    [](pybind11::object) { return tacit::LlamaDecoder::phase_names(); })
       .def_property_readonly("num_layers", &tacit::LlamaDecoder::num_layers);
 }

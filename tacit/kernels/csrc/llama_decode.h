@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace tacit {
@@ -35,6 +36,9 @@ struct LlamaLayerWeights {
 // non-zero after writing a message into err (err_len bytes): a C function of another extension
 // (the shared-memory communicator's tacit_shm_all_reduce), called with no Python in between.
 using AllReduceFn = int (*)(void* ctx, void* data, int64_t numel, int dtype_code, char* err, int64_t err_len);
+
+// The phases a decode layer's time splits into when LlamaDecoder::set_phase_timing is on.
+enum DecodePhase : int { kPhaseNorm = 0, kPhaseGemm, kPhaseAttention, kPhaseMoeRouting, kPhaseExperts, kNumPhases };
 
 class LlamaDecoder {
  public:
@@ -69,6 +73,14 @@ class LlamaDecoder {
   // [after attention, after the MLP] pairs.
   double all_reduce_seconds() const;
   std::vector<double> all_reduce_seconds_per_layer() const { return layer_reduce_s_; }
+  // Per-layer per-phase timers for `tacit profile` (kPhaseNames order), off by default: when off
+  // the step pays one predictable branch per phase boundary. Turning them on zeroes them; they
+  // then sum seconds since, [layer * kNumPhases + phase]. The all-reduces are never inside a
+  // phase (all_reduce_seconds_per_layer counts them), nor are buffer setup and row checks.
+  void set_phase_timing(bool on);
+  bool phase_timing() const { return phase_timing_; }
+  std::vector<double> phase_seconds() const { return phase_s_; }
+  static std::vector<std::string> phase_names();
 
  private:
   void check_rows(const torch::Tensor& positions, const torch::Tensor& block_tables, int64_t m) const;
@@ -81,6 +93,8 @@ class LlamaDecoder {
   AllReduceFn all_reduce_ = nullptr;
   void* all_reduce_ctx_ = nullptr;
   std::vector<double> layer_reduce_s_;  // 2 per layer
+  bool phase_timing_ = false;
+  std::vector<double> phase_s_;  // kNumPhases per layer while phase_timing_
   void reduce(float* data, int64_t numel, int64_t slot);
 };
 

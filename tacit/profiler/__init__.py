@@ -1,0 +1,8 @@
+"""`tacit profile`: where an engine step's time goes, per step kind, layer and operator class.
+
+categories (what an operator class is and which module or C++ phase counts as which), collect
+(real engine steps timed by module hooks and the fused decoder's own phase timers), roofline
+(FLOPs and bytes per class from the model's shapes; the machine's roofs), summary (steps ->
+medians, jitter, per-layer tables, the communication and predicted sections), svg and
+html_report (one self-contained report.html), cli (the subcommand).
+"""

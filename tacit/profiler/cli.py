@@ -1,0 +1,192 @@
+"""`tacit profile`: run real engine steps and write DIR/profile.json and DIR/report.html."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from tacit.engine.arg_utils import EngineArgs
+from tacit.profiler.collect import WorkloadRequest
+
+_DEFAULT_BATCH, _DEFAULT_INPUT, _DEFAULT_OUTPUT = 1, 128, 32
+
+
+def add_profile_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="time engine steps by kind, layer and operator class; HTML report")
+    EngineArgs.add_cli_args(p)
+    p.add_argument("--batch-size", type=int, default=None, help=f"requests at once (default {_DEFAULT_BATCH})")
+    p.add_argument("--input-len", type=int, default=None, help=f"prompt tokens each (default {_DEFAULT_INPUT})")
+    p.add_argument("--output-len", type=int, default=None, help=f"tokens generated each (default {_DEFAULT_OUTPUT})")
+    p.add_argument(
+        "--workload",
+        default=None,
+        metavar="FILE",
+        help='JSON list of {"input_len": I, "output_len": O, "arrival_step": S (optional, default 0)}; '
+        "instead of --batch-size/--input-len/--output-len",
+    )
+    p.add_argument("--out", default="profile-out", help="directory for profile.json and report.html")
+    # 3 passes: the default workload has one prefill step a pass, and one sample has no spread.
+    p.add_argument("--repeats", type=int, default=3, help="profiled passes over the workload (after one warm-up)")
+    p.add_argument(
+        "--no-measure-hw",
+        action="store_true",
+        help="skip measuring the roofs (~10 s): read them from --hw-json, or leave them out",
+    )
+    p.add_argument("--hw-json", default=None, metavar="FILE", help="roofs from `tacit bench hw --json FILE`")
+    p.add_argument(
+        "--predicted",
+        default=None,
+        metavar="FILE",
+        help="JSON {category: seconds per decode step} or {kind: {category: seconds}} (tacit predict) to compare",
+    )
+    p.set_defaults(func=cmd_profile)
+
+
+def _positive(name: str, value: int) -> int:
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return value
+
+
+def load_workload(path: str) -> list[WorkloadRequest]:
+    """A workload file: a JSON list of requests; each names its input_len and output_len."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"--workload {path}: no such file")
+    try:
+        items = json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--workload {path}: not JSON ({e})") from None
+    if not isinstance(items, list) or not items:
+        raise ValueError(f'--workload {path}: expected a non-empty JSON list of {{"input_len", "output_len"}} objects')
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or set(item) - {"input_len", "output_len", "arrival_step"}:
+            raise ValueError(
+                f"--workload {path}: request {i} ({item!r}) may hold only input_len, output_len, arrival_step"
+            )
+        try:
+            req = WorkloadRequest(int(item["input_len"]), int(item["output_len"]), int(item.get("arrival_step", 0)))
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(
+                f"--workload {path}: request {i} ({item!r}) needs integer input_len and output_len"
+            ) from None
+        if req.input_len < 1 or req.output_len < 1 or req.arrival_step < 0:
+            raise ValueError(
+                f"--workload {path}: request {i}: input_len and output_len must be >= 1, arrival_step >= 0; got {item!r}"
+            )
+        out.append(req)
+    return out
+
+
+def workload_from_args(args: argparse.Namespace) -> list[WorkloadRequest]:
+    fixed = [args.batch_size, args.input_len, args.output_len]
+    if args.workload is not None:
+        if any(v is not None for v in fixed):
+            raise ValueError("give either --workload or --batch-size/--input-len/--output-len, not both")
+        return load_workload(args.workload)
+    b = _positive("--batch-size", _DEFAULT_BATCH if args.batch_size is None else args.batch_size)
+    i = _positive("--input-len", _DEFAULT_INPUT if args.input_len is None else args.input_len)
+    o = _positive("--output-len", _DEFAULT_OUTPUT if args.output_len is None else args.output_len)
+    return [WorkloadRequest(i, o)] * b
+
+
+def load_predicted(path: str | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--predicted {path}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--predicted {path}: not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--predicted {path}: expected a JSON object of category -> seconds")
+    return data
+
+
+def _roofs(args: argparse.Namespace) -> Any:
+    from tacit.profiler.roofline import measure_roofs, roofs_from_file
+
+    if args.hw_json is not None:
+        return roofs_from_file(Path(args.hw_json))
+    if args.no_measure_hw:
+        return None
+    print("tacit profile: measuring this machine's roofs ...", file=sys.stderr, flush=True)
+    return measure_roofs()
+
+
+def _warm_up(engine: Any, requests: list[WorkloadRequest]) -> None:
+    """First steps pay for oneDNN primitive creation and page faults: one prefill of the same
+    prompt lengths and a decode step, not recorded."""
+    from tacit.bench.workloads import random_prompts
+    from tacit.sampling_params import SamplingParams
+
+    vocab = engine.config.model.hf["vocab_size"]
+    for prompt in random_prompts([r.input_len for r in requests], vocab, seed=123):
+        engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from tacit.bench.latency import weight_bytes
+    from tacit.bench.random_model import resolve_bench_model
+    from tacit.engine.llm_engine import LLMEngine
+    from tacit.profiler.collect import run_workload
+    from tacit.profiler.html_report import render
+    from tacit.profiler.roofline import model_shapes
+    from tacit.profiler.summary import summarize
+
+    requests = workload_from_args(args)
+    repeats = _positive("--repeats", args.repeats)
+    predicted = load_predicted(args.predicted)
+    roofs = _roofs(args)
+    engine_args = EngineArgs.from_cli_args(args)
+    # bf16 is this CPU's fast path (and the fused decode step's dtype), as in `tacit bench`
+    engine_args = replace(
+        engine_args,
+        model=resolve_bench_model(engine_args.model),
+        dtype="bfloat16" if engine_args.dtype == "auto" else engine_args.dtype,
+    )
+    engine = LLMEngine(engine_args=engine_args)
+    try:
+        _warm_up(engine, requests)
+        steps = []
+        for r in range(repeats):
+            steps += run_workload(engine, requests, seed=r)
+        model = engine.model
+        meta = {
+            "model": {
+                "name": engine.source.path.name,
+                "dtype": str(engine.config.model.dtype).removeprefix("torch."),
+                "num_layers": model.num_layers,
+                "weight_bytes": weight_bytes(model),
+            },
+            "engine": {
+                "tensor_parallel_size": engine.config.parallel.tensor_parallel_size,
+                "fused_decode": engine.runner.fused_decode is not None,
+                "block_size": engine.config.cache.block_size,
+            },
+            "workload": {"requests": [asdict(r) for r in requests], "repeats": repeats},
+        }
+        profile = summarize(steps, model_shapes(model), roofs, meta, predicted)
+    finally:
+        engine.shutdown()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.json").write_text(json.dumps(profile, indent=1))
+    (out / "report.html").write_text(render(profile))
+    for kind, k in profile["kinds"].items():
+        cats = ", ".join(
+            f"{c} {k['categories'][c]['median'] * 1e3:.2f}"
+            for c in profile["categories"]
+            if k["categories"][c]["mean"] > 0
+        )
+        print(f"{kind}: {k['steps']} steps, median {k['step_s']['median'] * 1e3:.2f} ms ({cats} ms)")
+    print(f"wrote {out / 'profile.json'} and {out / 'report.html'}")
+    return 0
