@@ -16,7 +16,7 @@ from torch import nn
 import tacit.kernels.cpu_fused_moe  # noqa: F401  registers "cpu_fused"
 from tacit.distributed.communicator import exposed
 from tacit.distributed.parallel_state import SINGLE, TensorParallel
-from tacit.kernels.ggml_quant import GGML_TYPES, GGMLTensor, row_bytes
+from tacit.kernels.ggml_quant import GGML_TYPES, GGMLExpertStack, GGMLTensor, row_bytes
 from tacit.kernels.moe_kernel import MOE_KERNELS, ExpertWeights, MoEKernel
 from tacit.kernels.moe_routing import MoERouting
 from tacit.kernels.torch_moe import TorchMoEKernel
@@ -28,7 +28,7 @@ _PROJ_ROWS = {"gate_proj": 0, "up_proj": 1}  # halves of w13
 class FusedMoE(nn.Module):
     """Expert weights as [E, 2I, H] (gate and up fused) and [E, H, I], loaded from HF's
     per-expert `experts.{e}.{gate,up,down}_proj.weight` names by load_expert_weight, or kept in
-    a GGUF's GGML blocks (load_ggml_experts).
+    a GGUF's GGML blocks (load_expert_stack).
 
     Over N tensor-parallel ranks the experts split one of two ways, and either way every rank
     routes every token (the router is whole everywhere) and one all-reduce sums the ranks'
@@ -63,7 +63,7 @@ class FusedMoE(nn.Module):
         self.routing = routing
         self.w13 = nn.Parameter(torch.empty(local_experts, 2 * intermediate_size, hidden_size), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(local_experts, hidden_size, intermediate_size), requires_grad=False)
-        # GGML type ids when w13 / w2 hold blocks (load_ggml_experts), None for float weights.
+        # GGML type ids when w13 / w2 hold blocks (use_ggml_stacks), None for float weights.
         self.w13_type: int | None = None
         self.w2_type: int | None = None
         self.kernel = kernel or TorchMoEKernel()
@@ -116,9 +116,26 @@ class FusedMoE(nn.Module):
         arrives quantized, as a GGMLTensor, through load_expert_weight)."""
         self.use_ggml_stacks(ggml_type, ggml_type)
 
+    def _feature_part(self) -> tuple[int, int]:
+        """This rank's [start, start + n) of every expert's intermediate features (all of them
+        unless the experts split by feature)."""
+        if self.tp.size > 1 and not self.expert_parallel:
+            return self.tp.part(self.full_intermediate_size, "moe_intermediate_size")
+        return 0, self.intermediate_size
+
+    def _cuts_blocks(self, ggml_type: int) -> bool:
+        """Whether this rank's columns of down_proj (its intermediate features) cut through a
+        `ggml_type` block: such a rank holds down in floats (Q4_K's 256-value blocks need
+        moe_intermediate_size / N to be a multiple of 256)."""
+        start, n = self._feature_part()
+        values = GGML_TYPES[ggml_type].block_values
+        return bool(start % values or n % values)
+
     def use_ggml_stacks(self, w13_type: int | None, w2_type: int | None) -> None:
         """Hold w13 (gate and up) and w2 (down) as blocks of each one's GGML type, None: float
         (before loading). A GGUF's stacks may differ: Q4_K_M files keep ffn_down_exps in Q6_K."""
+        if w2_type is not None and self._cuts_blocks(w2_type):
+            w2_type = None
         e, inter, hidden = self.num_local_experts, self.intermediate_size, self.hidden_size
         device = self.w13.device
         if w13_type is not None:
@@ -161,38 +178,52 @@ class FusedMoE(nn.Module):
             else:
                 raise KeyError(proj)
 
-    def load_ggml_experts(self, proj: str, blocks: torch.Tensor, ggml_type: int) -> None:
-        """Every expert's `proj` ("gate_proj", "up_proj", "down_proj") as GGML blocks, uint8
-        [num_experts, rows, row_bytes] (a GGUF's stacked expert tensor), kept as they are."""
-        if ggml_type not in GGML_TYPES:
-            raise ValueError(f"{proj} experts: GGML type {ggml_type} has no kernel; valid: {sorted(GGML_TYPES)}")
-        if self.tp.size > 1:
-            raise ValueError("a GGUF's stacked experts are not split over tensor-parallel ranks yet")
-        e, inter, hidden = self.num_experts, self.intermediate_size, self.hidden_size
-        rows, cols = (hidden, inter) if proj == "down_proj" else (inter, hidden)
-        want = (e, rows, row_bytes(ggml_type, cols))
-        if blocks.dtype != torch.uint8 or tuple(blocks.shape) != want:
+    def load_expert_stack(self, proj: str, stack: GGMLExpertStack) -> None:
+        """A GGUF's stack of every expert's `proj` ("gate_proj", "up_proj", "down_proj"); this
+        rank keeps its part: its experts (by expert), or every expert's rows of gate/up and
+        columns of down (by feature). Kept as blocks where the stack holds blocks
+        (use_ggml_stacks), else dequantized expert by expert."""
+        if proj not in ("gate_proj", "up_proj", "down_proj"):
+            raise KeyError(proj)
+        if stack.ggml_type not in GGML_TYPES:
+            raise ValueError(f"{proj} experts: GGML type {stack.ggml_type} has no kernel; valid: {sorted(GGML_TYPES)}")
+        e, inter, hidden = self.num_experts, self.full_intermediate_size, self.hidden_size
+        want = (e, hidden, inter) if proj == "down_proj" else (e, inter, hidden)
+        if tuple(stack.shape) != want:
+            raise ValueError(f"{proj} experts: the config says {want}, the checkpoint's stack is {tuple(stack.shape)}")
+        start, n = self._feature_part()
+        local = range(self.expert_start, self.expert_start + self.num_local_experts)
+        if (self.w2_type if proj == "down_proj" else self.w13_type) is None:
+            for expert in local:
+                w = stack.dequantize_expert(expert)
+                w = w[:, start : start + n] if proj == "down_proj" else w[start : start + n]
+                self.load_expert_weight(expert, proj, w)
+            return
+        blocks = stack.data[local.start : local.stop]
+        if proj == "down_proj":
+            t = GGML_TYPES[stack.ggml_type]
+            blocks = blocks[
+                :, :, start // t.block_values * t.block_bytes : (start + n) // t.block_values * t.block_bytes
+            ]
+        else:
+            blocks = blocks[:, start : start + n]
+        self._load_ggml_blocks(proj, blocks.contiguous(), stack.ggml_type)
+        self._loaded.update((i, proj) for i in local)
+
+    def _load_ggml_blocks(self, proj: str, blocks: torch.Tensor, ggml_type: int) -> None:
+        """This rank's part of every local expert's `proj` as GGML blocks, uint8
+        [local experts, rows, row_bytes], into the stacks."""
+        if ggml_type != (self.w2_type if proj == "down_proj" else self.w13_type):
+            held = GGML_TYPES[self.w2_type if proj == "down_proj" else self.w13_type].name
             raise ValueError(
-                f"{proj} experts in {GGML_TYPES[ggml_type].name}: expected uint8 {want}, "
-                f"got {blocks.dtype} {tuple(blocks.shape)}"
+                f"{proj} experts are {GGML_TYPES[ggml_type].name}; tacit holds them as {held} blocks "
+                "(gate and up share one matrix and need one type)"
             )
         if proj == "down_proj":
-            self.w2 = nn.Parameter(blocks.contiguous(), requires_grad=False)
-            self.w2_type = ggml_type
-        elif proj in _PROJ_ROWS:
-            if self.w13_type is None:
-                self.w13 = nn.Parameter(torch.empty(e, 2 * inter, want[2], dtype=torch.uint8), requires_grad=False)
-                self.w13_type = ggml_type
-            elif self.w13_type != ggml_type:
-                raise ValueError(
-                    f"gate and up experts are {GGML_TYPES[self.w13_type].name} and {GGML_TYPES[ggml_type].name}; "
-                    "tacit stacks them into one matrix and needs one type for both"
-                )
-            half = _PROJ_ROWS[proj]
-            self.w13.data[:, half * inter : (half + 1) * inter].copy_(blocks)
+            self.w2.data.copy_(blocks)
         else:
-            raise KeyError(proj)
-        self._loaded.update((i, proj) for i in range(e))
+            half, inter = _PROJ_ROWS[proj], self.intermediate_size
+            self.w13.data[:, half * inter : (half + 1) * inter].copy_(blocks)
 
     def check_fully_loaded(self, name: str) -> None:
         missing = self.num_experts * 3 - len(self._loaded)

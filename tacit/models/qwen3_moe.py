@@ -33,12 +33,7 @@ def load_expert_tensor(model: nn.Module, name: str, tensor: torch.Tensor | GGMLE
         return None  # e.g. DeepSeek's MTP layer past num_hidden_layers: not part of this model
     proj = m.group(3)
     if isinstance(tensor, GGMLExpertStack):
-        # Blocks where build_model made the stack hold them (use_ggml_expert_stacks), else float.
-        if (experts.w2_type if proj == "down_proj" else experts.w13_type) is not None:
-            experts.load_ggml_experts(proj, tensor.data, tensor.ggml_type)
-        else:
-            for e in range(tensor.shape[0]):
-                experts.load_expert_weight(e, proj, tensor.dequantize_expert(e))
+        experts.load_expert_stack(proj, tensor)
     elif m.group(2) is None:
         raise ValueError(f"{name}: a stack of all experts comes as GGML blocks; got {type(tensor).__name__}")
     else:

@@ -122,6 +122,32 @@ def test_two_batch_overlap_matches_tp1(tiny_model_factory, arch, expert_parallel
     assert all(k in exposed for k in layers)
 
 
+@pytest.mark.parametrize("arch", ["qwen3_moe_256", "deepseek_v3_qlora"])
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_gguf_expert_stacks_split_over_ranks(tiny_model_factory, tmp_path, arch, expert_parallel):
+    """A GGUF's stacked Q8_0 experts under TP=2: each rank keeps its experts' blocks (by
+    expert), or every expert's rows of gate/up and whole blocks of down's columns (by feature:
+    qwen3_moe_256's 128 features a rank are 4 blocks; deepseek's 16 cut a 32-value block, so
+    its ranks hold down in floats) — the same tokens as one process on the same file."""
+    from tacit.loader.gguf_writer import export_hf_to_gguf
+
+    model, _, hf_dir = tiny_model_factory(arch)
+    q8 = export_hf_to_gguf(hf_dir, tmp_path / "q8.gguf", ggml_types={"_exps.weight": "Q8_0"})
+    prompts = prompts_for(model.config.vocab_size)
+    ref = LLM(str(q8), dtype="float32", quantization="gguf").generate(prompts, GREEDY)
+    llm = LLM(str(q8), dtype="float32", quantization="gguf", tensor_parallel_size=2, expert_parallel=expert_parallel)
+    try:
+        got = llm.generate(prompts, GREEDY)
+        moe = [m for m in llm.engine.model.modules() if isinstance(m, FusedMoE)]
+    finally:
+        llm.engine.shutdown()
+    assert_same(ref, got)
+    down_blocks = expert_parallel or arch == "qwen3_moe_256"
+    assert moe and all(m.w13_type == 8 and m.w2_type == (8 if down_blocks else None) for m in moe)
+    experts = moe[0].num_experts
+    assert all(m.w13.shape[0] == (experts // 2 if expert_parallel else experts) for m in moe)
+
+
 def test_tp2_seeded_sampling_and_prompt_logprobs(tiny_llama):
     model, _, path = tiny_llama
     params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=MAX_NEW, ignore_eos=True, seed=3, prompt_logprobs=2)

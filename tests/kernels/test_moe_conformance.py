@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
-from tacit.kernels.ggml_quant import dequantize
+from tacit.kernels.ggml_quant import GGMLExpertStack, dequantize
 from tacit.kernels.moe_kernel import MOE_KERNELS, ExpertWeights
 from tacit.kernels.moe_routing import MoERouting, route_reference
 from tacit.kernels.torch_moe import TorchMoEKernel
@@ -174,16 +174,20 @@ def test_fused_moe_layer_keeps_ggml_blocks_and_refuses_wrong_ones():
         "up_proj": torch.stack([quantize_int8_per_channel(dense.w13[e, inter:]).data for e in range(experts)]),
         "down_proj": torch.stack([quantize_int8_per_channel(dense.w2[e]).data for e in range(experts)]),
     }
-    with pytest.raises(ValueError, match=r"expected uint8 \(4, 64, 34\)"):
-        layer.load_ggml_experts("down_proj", q["gate_proj"], 8)
+    layer.use_ggml_stacks(8, 8)
+
+    def stack(blocks, ggml_type, rows, cols):
+        return GGMLExpertStack(blocks, ggml_type, (experts, rows, cols))
+
+    with pytest.raises(ValueError, match=r"the config says \(4, 64, 32\), the checkpoint's stack is \(4, 32, 64\)"):
+        layer.load_expert_stack("down_proj", stack(q["gate_proj"], 8, inter, hidden))
     for proj, blocks in q.items():
-        layer.load_ggml_experts(proj, blocks, 8)
+        layer.load_expert_stack(proj, stack(blocks, 8, *((hidden, inter) if proj == "down_proj" else (inter, hidden))))
     layer.check_fully_loaded("mlp.experts")
     assert layer.w13.dtype == torch.uint8 and (layer.w13_type, layer.w2_type) == (8, 8)
-    with pytest.raises(ValueError, match="one type for both"):
-        layer.load_ggml_experts(
-            "up_proj", torch.stack([quantize_int4_groupwise(dense.w13[e, inter:]).data for e in range(experts)]), 3
-        )
+    int4 = torch.stack([quantize_int4_groupwise(dense.w13[e, inter:]).data for e in range(experts)])
+    with pytest.raises(ValueError, match="up_proj experts are Q4_1; tacit holds them as Q8_0 blocks"):
+        layer.load_expert_stack("up_proj", stack(int4, 3, inter, hidden))
     with pytest.raises(ValueError, match="the experts are Q8_0 blocks; got a torch.float32 tensor"):
         layer.load_expert_weight(0, "down_proj", dense.w2[0])
     x = torch.randn(3, hidden, generator=g)

@@ -50,7 +50,7 @@ def test_float32_gguf_runs_as_the_hf_directory(arch, exported):
 
 @pytest.mark.parametrize("arch", ["qwen3_moe_all", "deepseek_v3_qlora"])
 def test_q8_0_experts_load_as_their_blocks_say(arch, exported, tmp_path):
-    """Q8_0 expert stacks, kept in their blocks (quantization="gguf": FusedMoE.load_ggml_experts)
+    """Q8_0 expert stacks, kept in their blocks (quantization="gguf": FusedMoE.load_expert_stack)
     or dequantized at load ("none"): token for token what the same file dequantized to float32
     by the gguf package gives (each expert's blocks land in its own slice), and the first
     token's top log-probabilities within 0.05 of the float model's (measured 0.013: Q8_0 keeps
