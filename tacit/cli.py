@@ -10,6 +10,7 @@ import sys
 from tacit.bench.cli import add_bench_parser
 from tacit.entrypoints.cli import add_parsers
 from tacit.eval.kld import add_eval_parser
+from tacit.perf_model.cli import add_predict_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_parsers(sub)
     add_bench_parser(sub)
     add_eval_parser(sub)
+    add_predict_parser(sub)
     return parser
 
 
