@@ -30,7 +30,7 @@ import torch
 
 from tacit.perf_model.efficiency import DATA
 
-ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+ROWS = (1, 2, 4, 8, 16, 32, 64, 256, 512)
 
 
 def _best(fn, repeats: int) -> float:
@@ -65,9 +65,9 @@ def _gemm_curve(dtype: str, peak: float, bw: float, repeats: int) -> dict:
         method = CpuBf16GemvLinearMethod(kernels) if kernels is not None else UnquantizedLinearMethod()
         wbytes = k * n * 2
     else:
-        from tacit.kernels.ggml_quant import GGMLType
+        from tacit.kernels.weight_quant import Q8_0
 
-        method = GGMLLinearMethod(GGMLType.Q8_0, kernels)
+        method = GGMLLinearMethod(Q8_0, kernels)
         wbytes = layers[0].weight.numel()
     effs = []
     for m in ROWS:
@@ -83,7 +83,13 @@ def _gemm_curve(dtype: str, peak: float, bw: float, repeats: int) -> dict:
 def _attention(peak: float, bw: float, repeats: int) -> tuple[float, float]:
     from tacit.bench.attention import measure_attention
 
-    hf = {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 128}
+    hf = {
+        "hidden_size": 1024,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+    }
     rows = measure_attention(hf, 2048, [1, 8], ["bfloat16"], repeats)
     decode = max(r["kv_gb_per_s"] * 1e9 for r in rows) / bw
     q = torch.randn(1, 16, 512, 128).bfloat16()
@@ -152,7 +158,7 @@ def _overheads(repeats: int) -> tuple[dict, dict]:
     return step, layer
 
 
-def fit(repeats: int = 3) -> dict:
+def fit(repeats: int = 5) -> dict:
     from tacit.platforms.specs import this_cpu_spec
 
     spec = this_cpu_spec()
@@ -183,7 +189,7 @@ def fit(repeats: int = 3) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=str(DATA))
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     args = p.parse_args(argv)
     out = Path(args.out)
     profiles = json.loads(out.read_text()) if out.exists() else {}
