@@ -1,6 +1,9 @@
 """Fit this CPU's efficiency profile from micro-benchmarks of tacit's own kernels.
 
-    python -m tacit.perf_model.fit [--out tacit/perf_model/data/efficiency.json]
+    OMP_NUM_THREADS=1 python -m tacit.perf_model.fit [--out tacit/perf_model/data/efficiency.json]
+
+(one thread on this shared 2-core machine: see the command recorded in the data file; validate
+with the same OMP_NUM_THREADS, since the fitted fixed costs are per thread count)
 
 Each measurement is turned into "the fraction of the roofline reached": roofline time
 max(FLOPs / peak, bytes / bandwidth) over measured time, with peak and bandwidth from
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import tempfile
 import time
@@ -169,7 +173,9 @@ def fit(repeats: int = 5) -> dict:
     step, layer = _overheads(repeats)
     return {
         "source": "fitted on this machine by the command below",
-        "command": "python -m tacit.perf_model.fit",
+        # On a shared 2-core machine, OMP_NUM_THREADS=1: with 2 threads every OpenMP region waited
+        # a scheduler slice for a descheduled thread (an 8-row Q8_0 GEMV took 7.7 ms instead of 0.1)
+        "command": f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python -m tacit.perf_model.fit".strip(),
         "fitted_at": datetime.datetime.now().isoformat(timespec="seconds"),
         "roofs": {"bf16_flops": peak, "read_bandwidth": bw, "threads": torch.get_num_threads()},
         "gemm": gemm,
