@@ -1,6 +1,7 @@
 """`tacit ...`: the command line. It sits above both halves of the package: the entrypoints'
-commands (generate, chat, serve, fetch), the benchmarks' (bench) and the evaluations' (eval), which share only the engine
-flags (EngineArgs.add_cli_args) and never import each other."""
+commands (generate, chat, serve, fetch), the benchmarks' (bench), the evaluations' (eval), the profiler's
+(profile) and the performance model's (predict), which share only the engine flags
+(EngineArgs.add_cli_args) and never import each other."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from tacit.bench.cli import add_bench_parser
 from tacit.entrypoints.cli import add_parsers
 from tacit.eval.kld import add_eval_parser
+from tacit.perf_model.cli import add_predict_parser
 from tacit.profiler.cli import add_profile_parser
 
 
@@ -20,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     add_eval_parser(sub)
     add_profile_parser(sub)
+    add_predict_parser(sub)
     return parser
 
 

@@ -1,0 +1,83 @@
+"""`tacit predict`: TTFT, TPOT, throughput and memory of a model on a piece of hardware, from
+the roofline model; `--validate` runs the real engine on this machine against it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from tacit.perf_model.dtypes import KV_DTYPES, WEIGHT_DTYPES, normalize_dtype
+
+
+def add_predict_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("predict", help="predict TTFT/TPOT/memory of a model on a hardware spec (no weights loaded)")
+    p.add_argument("--model", default=None, help="config.json or its directory, a recipes/configs name, or random:NAME")
+    p.add_argument("--hardware", default="this-cpu", help="a tacit.platforms.specs name (see the error for the list)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--expert-parallel", action="store_true", help="MoE experts split whole across the TP devices")
+    p.add_argument("--quantization", default="bf16", help=f"weights: {' | '.join(WEIGHT_DTYPES)} (none/auto: bf16)")
+    p.add_argument("--quantization-group-size", type=int, default=32, help="int4 values per scale: 32 | 64 | 128")
+    p.add_argument("--kv-cache-dtype", default="bf16", help=f"{' | '.join(KV_DTYPES)} (auto: bf16)")
+    p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--json", default=None, help="write the prediction (or the validation) here")
+    p.add_argument("--validate", action="store_true", help="measure the real engine on this CPU against the model")
+    p.set_defaults(func=cmd_predict)
+
+
+def _check_choice(value: str, valid: tuple[str, ...], flag: str) -> str:
+    if value not in valid:
+        raise ValueError(f"{flag} {value!r} is not known; valid: {', '.join(valid)}")
+    return value
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    if args.validate:
+        from tacit.perf_model.validate import run_validation
+
+        return run_validation(args.json)
+    from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
+    from tacit.perf_model.operators import Parallel
+    from tacit.perf_model.predict import Workload, predict
+    from tacit.platforms.specs import get_hardware_spec
+
+    if args.model is None:
+        raise ValueError("--model is required (a config.json, a recipes/configs name, or random:NAME)")
+    if args.tensor_parallel_size < 1:
+        raise ValueError(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
+    wdt = _check_choice(normalize_dtype(args.quantization), WEIGHT_DTYPES, "--quantization")
+    kvdt = _check_choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype")
+    spec = get_hardware_spec(args.hardware)  # before the model: a bad name fails fast
+    shape = shape_from_hf(load_hf_config(args.model))
+    work = Workload(
+        args.batch_size,
+        args.input_len,
+        args.output_len,
+        wdt,
+        kvdt,
+        args.quantization_group_size,
+        Parallel(args.tensor_parallel_size, args.expert_parallel),
+    )
+    pred = predict(shape, spec, work)
+    out = pred.as_json()
+    print(
+        f"{args.model} on {spec.name} ({spec.description}), TP={work.parallel.tp}{' EP' if work.parallel.ep else ''}, "
+        f"weights {wdt}, KV {kvdt}, batch {work.batch}, input {work.input_len}, output {work.output_len}"
+    )
+    print(f"  TTFT        {out['ttft_ms']:.2f} ms")
+    print(f"  TPOT        {out['tpot_ms']:.3f} ms")
+    print(f"  throughput  {out['throughput_tok_s']:.1f} output tok/s")
+    mem = pred.memory
+    print(
+        f"  memory      {out['memory_per_device_gb']:.2f} GB per device (weights {mem.weights / 1e9:.2f}, "
+        f"KV {mem.kv_cache / 1e9:.2f}, activations {mem.activations / 1e9:.2f}) of "
+        f"{pred.capacity_bytes / 1e9:.1f}: {'fits' if pred.fits else 'does NOT fit'}"
+    )
+    print("  bottlenecks:")
+    for k, v in out["bottlenecks"].items():
+        print(f"    {k}: {v}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0

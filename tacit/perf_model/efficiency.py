@@ -1,0 +1,90 @@
+"""Efficiency profiles: the fraction of a roof each operator class reaches, and fixed costs.
+
+data/efficiency.json holds one profile per kind of hardware. `this-cpu` is fitted by
+`python -m tacit.perf_model.fit` (micro-benchmarks of tacit's own kernels on this machine; the
+command and the date are stored with it); the others are stated assumptions, marked so.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "data" / "efficiency.json"
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Efficiency against activation rows, interpolated in log(rows), flat beyond its ends."""
+
+    rows: tuple[float, ...]
+    eff: tuple[float, ...]
+
+    def __call__(self, rows: float) -> float:
+        x = math.log(max(rows, self.rows[0]))
+        xs = [math.log(r) for r in self.rows]
+        i = bisect.bisect_right(xs, x)
+        if i >= len(xs):
+            return self.eff[-1]
+        if i == 0:
+            return self.eff[0]
+        t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+        return self.eff[i - 1] + t * (self.eff[i] - self.eff[i - 1])
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    gemm: dict[str, Curve]  # weight dtype -> curve; a dtype without one uses bf16's (int4: int8's)
+    attention_decode: float  # fraction of bandwidth a decode attention streams the KV cache at
+    attention_prefill: float  # fraction of peak FLOP/s a prefill attention reaches
+    elementwise: float  # fraction of bandwidth norms, routing, sampling reach
+    op_overhead_s: float  # per kernel launch
+    # per step and per layer, by the path a step runs ("decode_fused", "torch"): Python, scheduling
+    step_overhead_s: dict[str, float]
+    layer_overhead_s: dict[str, float]
+    torch_decode_architectures: tuple[str, ...]  # architectures whose decode runs the torch path
+    reduce_bytes: int  # bytes per value of a tensor-parallel all-reduce
+    source: str
+
+    def gemm_efficiency(self, weight_dtype: str, rows: float) -> float:
+        key = weight_dtype if weight_dtype in self.gemm else ("int8" if weight_dtype == "int4" else "bf16")
+        return self.gemm.get(key, self.gemm["bf16"])(rows)
+
+    def decode_path(self, architecture: str) -> str:
+        return "torch" if architecture in self.torch_decode_architectures else "decode_fused"
+
+
+def _profile(name: str, d: dict) -> Profile:
+    return Profile(
+        name=name,
+        gemm={k: Curve(tuple(v["rows"]), tuple(v["eff"])) for k, v in d["gemm"].items()},
+        attention_decode=d["attention_decode"],
+        attention_prefill=d["attention_prefill"],
+        elementwise=d["elementwise"],
+        op_overhead_s=d["op_overhead_s"],
+        step_overhead_s=d["step_overhead_s"],
+        layer_overhead_s=d["layer_overhead_s"],
+        torch_decode_architectures=tuple(d.get("torch_decode_architectures", ())),
+        reduce_bytes=int(d.get("reduce_bytes", 2)),
+        source=d["source"],
+    )
+
+
+@functools.cache
+def _all(path: str) -> dict[str, dict]:
+    return json.loads(Path(path).read_text())
+
+
+def load_profile(name: str, path: Path = DATA) -> Profile:
+    profiles = _all(str(path))
+    if name not in profiles:
+        raise ValueError(f"efficiency profile {name!r} is not in {path}; valid: {', '.join(profiles)}")
+    d = profiles[name]
+    if "same_as" in d:  # a profile that borrows another's fitted numbers (say why in its source)
+        return _profile(name, {**profiles[d["same_as"]], "source": d["source"]})
+    return _profile(name, d)

@@ -1,0 +1,209 @@
+"""Fit this CPU's efficiency profile from micro-benchmarks of tacit's own kernels.
+
+    OMP_NUM_THREADS=1 python -m tacit.perf_model.fit [--out tacit/perf_model/data/efficiency.json]
+
+(one thread on this shared 2-core machine: see the command recorded in the data file; validate
+with the same OMP_NUM_THREADS, since the fitted fixed costs are per thread count)
+
+Each measurement is turned into "the fraction of the roofline reached": roofline time
+max(FLOPs / peak, bytes / bandwidth) over measured time, with peak and bandwidth from
+`this-cpu` (tacit.bench.hw, measured in the same process). Best of several repeats each:
+the machine is shared, and the best run is the one least disturbed.
+- GEMM at 1..512 activation rows, bf16 and int8 (Q8_0) weights, through the engine's linear
+  methods, over ~200 MB of distinct matrices so each pass streams from DRAM as a decode step does;
+- decode attention (the C++ paged kernel over a 2048-token cache), prefill attention (SDPA);
+- an RMSNorm-like elementwise pass;
+- the engine's fixed cost per step and per layer: decode steps of tiny 1- and 4-layer random
+  models (Qwen3: the fused C++ decode path; DeepSeek-V3: the torch path), where FLOPs and bytes
+  are ~0, fitted as a + b * layers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from tacit.perf_model.efficiency import DATA
+
+ROWS = (1, 2, 4, 8, 16, 32, 64, 256, 512)
+
+
+def _best(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _gemm_curve(dtype: str, peak: float, bw: float, repeats: int) -> dict:
+    from tacit.kernels.cpu_kernels import load_cpu_kernels
+    from tacit.kernels.weight_quant import quantize_int8_per_channel
+    from tacit.layers.cpu_linear_method import CpuBf16GemvLinearMethod
+    from tacit.layers.ggml_linear_method import GGMLLinearMethod
+    from tacit.layers.linear_method import UnquantizedLinearMethod
+
+    kernels = load_cpu_kernels()
+    k, n = 1024, 2816  # 5.8 MB in bf16: a Qwen3-MoE-2b-sized projection
+    copies = 34  # ~196 MB of bf16 weights in all: far beyond the caches
+    layers, method = [], None
+    for _ in range(copies):
+        w = torch.randn(n, k).bfloat16()
+        if dtype == "bf16":
+            layers.append(SimpleNamespace(weight=w, in_features=k))
+        else:
+            g = quantize_int8_per_channel(w.float())
+            layers.append(SimpleNamespace(weight=g.data, in_features=k))
+    if dtype == "bf16":
+        method = CpuBf16GemvLinearMethod(kernels) if kernels is not None else UnquantizedLinearMethod()
+        wbytes = k * n * 2
+    else:
+        from tacit.kernels.weight_quant import Q8_0
+
+        method = GGMLLinearMethod(Q8_0, kernels)
+        wbytes = layers[0].weight.numel()
+    effs = []
+    for m in ROWS:
+        x = torch.randn(m, k).bfloat16()
+        t = _best(lambda x=x: [method.apply(layer, x) for layer in layers], repeats)
+        flops = 2 * m * k * n * copies
+        nbytes = (wbytes + m * (k + n) * 2) * copies
+        effs.append(round(min(1.0, max(flops / peak, nbytes / bw) / t), 4))
+        print(f"  gemm {dtype} rows {m}: {t * 1e3:.2f} ms, efficiency {effs[-1]:.3f}", file=sys.stderr)
+    return {"rows": list(ROWS), "eff": effs}
+
+
+def _attention(peak: float, bw: float, repeats: int) -> tuple[float, float]:
+    from tacit.bench.attention import measure_attention
+
+    hf = {
+        "hidden_size": 1024,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+    }
+    rows = measure_attention(hf, 2048, [1, 8], ["bfloat16"], repeats)
+    decode = max(r["kv_gb_per_s"] * 1e9 for r in rows) / bw
+    q = torch.randn(1, 16, 512, 128).bfloat16()
+    t = _best(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True), repeats)
+    prefill = 4 * 16 * 128 * (512 * 513 / 2) / t / peak
+    return round(min(decode, 1.0), 4), round(min(prefill, 1.0), 4)
+
+
+def _elementwise(bw: float, repeats: int) -> float:
+    x = torch.randn(8192, 4096).bfloat16()  # 64 MB
+    w = torch.ones(4096).bfloat16()
+
+    def rms() -> torch.Tensor:
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).bfloat16() * w
+
+    return round(min(2 * x.numel() * 2 / _best(rms, repeats) / bw, 1.0), 4)
+
+
+def _tiny_model(arch: str, layers: int, root: Path) -> Path:
+    import transformers
+
+    from tacit.bench.random_model import _byte_level_tokenizer
+
+    common = dict(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, vocab_size=512)
+    common.update(max_position_embeddings=512, tie_word_embeddings=True, eos_token_id=511)
+    if arch == "Qwen3Config":
+        cfg = transformers.Qwen3Config(**common, num_key_value_heads=2, head_dim=16, intermediate_size=128)
+    else:
+        cfg = transformers.DeepseekV3Config(
+            **common, num_key_value_heads=4, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=32,
+            qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, intermediate_size=128,
+            moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+            n_group=1, topk_group=1,
+        )  # fmt: skip
+    path = root / f"{arch}-{layers}"
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(path)
+    _byte_level_tokenizer(512).save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
+    return path
+
+
+def _decode_step_seconds(path: Path, batch: int, repeats: int) -> float:
+    from tacit.bench.peers.tacit_engine import TacitBench
+    from tacit.bench.workloads import random_prompts
+    from tacit.engine.arg_utils import EngineArgs
+    from tacit.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(engine_args=EngineArgs(model=str(path), dtype="bfloat16", num_kv_blocks=64, max_model_len=256))
+    bench = TacitBench(engine)
+    bench.latency(random_prompts([8], 512, seed=99), 4)
+    prompts = random_prompts([16] * batch, 512, seed=1)
+    return min(batch / bench.latency(prompts, 24)["decode_tok_s"] for _ in range(repeats))
+
+
+def _overheads(repeats: int) -> tuple[dict, dict]:
+    """Per step and per layer, by path: step(layers) = a + b * layers from 1 and 4 layers."""
+    step, layer = {}, {}
+    with tempfile.TemporaryDirectory() as root:
+        for arch, path_name in (("Qwen3Config", "decode_fused"), ("DeepseekV3Config", "torch")):
+            t1 = _decode_step_seconds(_tiny_model(arch, 1, Path(root)), 1, repeats)
+            t4 = _decode_step_seconds(_tiny_model(arch, 4, Path(root)), 1, repeats)
+            b = max((t4 - t1) / 3, 0.0)
+            step[path_name], layer[path_name] = round(max(t1 - b, 0.0), 7), round(b, 7)
+            print(f"  {arch}: 1 layer {t1 * 1e3:.3f} ms, 4 layers {t4 * 1e3:.3f} ms", file=sys.stderr)
+    return step, layer
+
+
+def fit(repeats: int = 5) -> dict:
+    from tacit.platforms.specs import this_cpu_spec
+
+    spec = this_cpu_spec()
+    peak, bw = spec.peak_flops("bf16"), spec.memory_bandwidth.value
+    print(f"this-cpu: {peak / 1e12:.3f} TFLOP/s bf16, {bw / 1e9:.1f} GB/s read", file=sys.stderr)
+    gemm = {d: _gemm_curve(d, peak, bw, repeats) for d in ("bf16", "int8")}
+    attention_decode, attention_prefill = _attention(peak, bw, repeats)
+    step, layer = _overheads(repeats)
+    return {
+        "source": "fitted on this machine by the command below",
+        # On a shared 2-core machine, OMP_NUM_THREADS=1: with 2 threads every OpenMP region waited
+        # a scheduler slice for a descheduled thread (an 8-row Q8_0 GEMV took 7.7 ms instead of 0.1)
+        "command": f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python -m tacit.perf_model.fit".strip(),
+        "fitted_at": datetime.datetime.now().isoformat(timespec="seconds"),
+        "roofs": {"bf16_flops": peak, "read_bandwidth": bw, "threads": torch.get_num_threads()},
+        "gemm": gemm,
+        "attention_decode": attention_decode,
+        "attention_prefill": attention_prefill,
+        "elementwise": _elementwise(bw, repeats),
+        # the fixed costs are fitted per step and per layer below, not per kernel launch
+        "op_overhead_s": 0.0,
+        "step_overhead_s": step,
+        "layer_overhead_s": layer,
+        # tacit's fused C++ decode step covers Llama/Qwen dense and Qwen3-MoE; DeepSeek-V3 decodes on torch
+        "torch_decode_architectures": ["DeepseekV3ForCausalLM"],
+        "reduce_bytes": 4,  # tacit's CPU ranks all-reduce in float32
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=str(DATA))
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    profiles = json.loads(out.read_text()) if out.exists() else {}
+    profiles["this-cpu"] = fit(args.repeats)
+    out.write_text(json.dumps(profiles, indent=1) + "\n")
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

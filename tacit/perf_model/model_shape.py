@@ -1,0 +1,123 @@
+"""ModelShape: the numbers of a Hugging Face config.json a step's cost depends on, and where
+`--model` finds that config (a path, a recipe config by name, or a random: shape)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+RECIPE_CONFIGS = Path(__file__).resolve().parents[2] / "recipes" / "configs"
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    architecture: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int  # a dense MLP's width (dense layers of a MoE model too)
+    vocab_size: int
+    tie_word_embeddings: bool
+    # MoE (num_experts == 0: dense)
+    num_experts: int = 0
+    top_k: int = 0
+    moe_intermediate_size: int = 0
+    num_shared_experts: int = 0
+    num_dense_layers: int = 0  # layers with a dense MLP in a MoE model (first_k_dense_replace, mlp_only_layers)
+    # MLA (kv_lora_rank == 0: GQA attention)
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    qk_norm: bool = False  # Qwen3: an RMSNorm per head on q and k
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.num_dense_layers if self.is_moe else 0
+
+
+def shape_from_hf(hf: dict) -> ModelShape:
+    """The shape of an HF config dict (Llama/Qwen2/Qwen3 dense, Qwen3-MoE, DeepSeek-V3/Kimi-K2)."""
+    if "text_config" in hf:  # multimodal wrappers keep the decoder here
+        hf = {**hf["text_config"], "architectures": hf.get("architectures", [])}
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+        if key not in hf:
+            raise ValueError(f"model config has no {key!r}; is it a decoder LLM's config.json?")
+    arch = (hf.get("architectures") or ["unknown"])[0]
+    h, layers, heads = int(hf["hidden_size"]), int(hf["num_hidden_layers"]), int(hf["num_attention_heads"])
+    num_experts = int(hf.get("num_experts") or hf.get("n_routed_experts") or hf.get("num_local_experts") or 0)
+    dense_layers = 0
+    if num_experts:
+        if "first_k_dense_replace" in hf:
+            dense_layers = int(hf["first_k_dense_replace"] or 0)
+        else:  # Qwen3-MoE: mlp_only_layers, and every decoder_sparse_step-th layer sparse
+            step = int(hf.get("decoder_sparse_step") or 1)
+            only = set(hf.get("mlp_only_layers") or [])
+            dense_layers = sum(1 for i in range(layers) if i in only or (i + 1) % step != 0)
+    kv_lora = int(hf.get("kv_lora_rank") or 0)
+    return ModelShape(
+        architecture=arch,
+        hidden_size=h,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=heads if kv_lora else int(hf.get("num_key_value_heads") or heads),
+        head_dim=int(hf.get("head_dim") or h // heads),
+        intermediate_size=int(hf.get("intermediate_size") or 0),
+        vocab_size=int(hf["vocab_size"]),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        num_experts=num_experts,
+        top_k=int(hf.get("num_experts_per_tok") or 0) if num_experts else 0,
+        moe_intermediate_size=int(hf.get("moe_intermediate_size") or 0),
+        num_shared_experts=int(hf.get("n_shared_experts") or 0),
+        num_dense_layers=dense_layers,
+        kv_lora_rank=kv_lora,
+        q_lora_rank=int(hf.get("q_lora_rank") or 0),
+        qk_nope_head_dim=int(hf.get("qk_nope_head_dim") or 0),
+        qk_rope_head_dim=int(hf.get("qk_rope_head_dim") or 0),
+        v_head_dim=int(hf.get("v_head_dim") or 0),
+        qk_norm=arch.startswith("Qwen3"),
+    )
+
+
+def recipe_config_names() -> list[str]:
+    return sorted(p.parent.name for p in RECIPE_CONFIGS.glob("*/config.json"))
+
+
+def load_hf_config(model: str) -> dict:
+    """config.json of `model`: a directory or a config.json path, a recipe config's name
+    (recipes/configs/<name>), or random:<shape> (tacit.bench.random_model; no weights built)."""
+    if model.startswith("random:"):
+        from tacit.bench.random_model import SHAPES
+
+        name = model.removeprefix("random:")
+        if name not in SHAPES:
+            raise ValueError(f"random model {name!r} is not known; valid: {', '.join('random:' + s for s in SHAPES)}")
+        shape = dict(SHAPES[name])
+        arch = shape.pop("arch").removesuffix("Config") + "ForCausalLM"
+        return {**shape, "architectures": [arch]}
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    if (RECIPE_CONFIGS / model / "config.json").is_file():
+        return json.loads((RECIPE_CONFIGS / model / "config.json").read_text())
+    from tacit.bench.random_model import SHAPES
+
+    valid = recipe_config_names() + ["random:" + s for s in SHAPES]
+    raise ValueError(
+        f"model {model!r} is neither a config.json, a directory holding one, nor a known name; "
+        f"valid names: {', '.join(valid)}"
+    )

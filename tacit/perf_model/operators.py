@@ -1,0 +1,257 @@
+"""FLOPs and bytes of one engine step, per operator class, on one device.
+
+A step is `batch` sequences, each adding `new_tokens` to `context` tokens already cached
+(decode: new_tokens=1; a whole-prompt prefill: context=0). Counts are per device under tensor
+parallelism of `tp` (heads, features and vocabulary split; MLA's latent cache whole on every
+rank, as tacit keeps it) and, with `ep`, experts split whole across the same ranks.
+Weights are read once per step per device (the roofline's assumption; the fitted GEMM
+efficiency absorbs a kernel that re-reads them in row chunks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tacit.perf_model.dtypes import kv_bytes_per_row, weight_bytes_per_value
+from tacit.perf_model.model_shape import ModelShape
+
+ACT = 2  # bytes of a bf16 activation
+OP_CLASSES = (
+    "attn_proj",
+    "attention",
+    "moe_routing",
+    "experts",
+    "dense_mlp",
+    "norm_elementwise",
+    "lm_head",
+    "sampling",
+    "communication",
+)
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    op_class: str  # one of OP_CLASSES
+    flops: float
+    bytes: float
+    rows: float = 1.0  # GEMM: activation rows per weight pass (the efficiency curve's x)
+    weight_dtype: str = "bf16"  # GEMM: the stored weights' dtype (which efficiency curve)
+    launches: float = 1.0  # kernel calls per step (each pays the per-op overhead)
+    collective: str = ""  # communication: all_reduce | all_to_all | all_gather
+    participants: int = 1  # communication: ranks in the collective
+
+
+@dataclass(frozen=True)
+class StepShape:
+    batch: int
+    new_tokens: int  # per sequence
+    context: int  # tokens already cached per sequence
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.new_tokens
+
+    @property
+    def key_positions(self) -> float:
+        """Sum over the step's query tokens of the keys each attends to (causal):
+        per sequence T*C + T*(T+1)/2."""
+        t, c = self.new_tokens, self.context
+        return self.batch * (t * c + t * (t + 1) / 2)
+
+
+@dataclass(frozen=True)
+class Parallel:
+    tp: int = 1
+    ep: bool = False
+
+
+def _gemm(name: str, cls: str, rows: float, k: float, n: float, wdtype: str, group: int, times: int) -> Op:
+    """`times` GEMMs of [rows, k] @ [k, n]: 2*rows*k*n FLOPs, the weight once, activations in and out."""
+    weight = k * n * weight_bytes_per_value(wdtype, group)
+    acts = rows * (k + n) * ACT
+    return Op(name, cls, times * 2 * rows * k * n, times * (weight + acts), rows, wdtype, float(times))
+
+
+def _local(count: int, tp: int) -> int:
+    """Heads per rank; fewer heads than ranks are replicated (one each), as KV heads are."""
+    return max(1, count // tp)
+
+
+def attention_ops(s: ModelShape, step: StepShape, par: Parallel, wdt: str, kvdt: str, group: int) -> list[Op]:
+    L, m, h = s.num_layers, step.tokens, s.hidden_size
+    hq = _local(s.num_heads, par.tp)
+    if s.is_mla:
+        return _mla_ops(s, step, hq, wdt, kvdt, group)
+    d, hkv = s.head_dim, _local(s.num_kv_heads, par.tp)
+    ops = [
+        _gemm("qkv_proj", "attn_proj", m, h, (hq + 2 * hkv) * d, wdt, group, L),
+        _gemm("o_proj", "attn_proj", m, hq * d, h, wdt, group, L),
+    ]
+    # scores (q.k) and the weighted sum of values: 2 FLOPs per multiply-add each, per head and key
+    flops = 4 * hq * d * step.key_positions
+    kv_row = 2 * hkv * kv_bytes_per_row(kvdt, d)  # K and V of one token
+    cached = step.batch * (step.context + step.new_tokens) * kv_row  # read once per sequence
+    written = m * kv_row
+    qo = m * 2 * hq * d * ACT
+    ops.append(Op("attention", "attention", L * flops, L * (cached + written + qo), m, launches=L))
+    return ops
+
+
+def _mla_ops(s: ModelShape, step: StepShape, hq: int, wdt: str, kvdt: str, group: int) -> list[Op]:
+    """MLA: the latent cache holds kv_lora_rank + qk_rope_head_dim values per token. Decode runs
+    the absorbed path (q absorbed into the latent space by kv_b_proj's K half, attention over the
+    latent in place, the V half applied after); a prefill up-projects the latent to per-head K and
+    V and attends as usual. kv_b_proj stays bf16 (tacit reads it directly: dense_weight_linears)."""
+    L, m, h = s.num_layers, step.tokens, s.hidden_size
+    nope, rope, v, lat = s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim, s.kv_lora_rank
+    qk = nope + rope
+    ops = []
+    if s.q_lora_rank:
+        ops.append(_gemm("q_a_proj", "attn_proj", m, h, s.q_lora_rank, wdt, group, L))
+        ops.append(_gemm("q_b_proj", "attn_proj", m, s.q_lora_rank, hq * qk, wdt, group, L))
+    else:
+        ops.append(_gemm("q_proj", "attn_proj", m, h, hq * qk, wdt, group, L))
+    ops.append(_gemm("kv_a_proj", "attn_proj", m, h, lat + rope, wdt, group, L))
+    ops.append(_gemm("o_proj", "attn_proj", m, hq * v, h, wdt, group, L))
+    latent_row = kv_bytes_per_row(kvdt, lat + rope)
+    cached = step.batch * (step.context + step.new_tokens) * latent_row
+    written = m * latent_row
+    kvb_weight = lat * hq * (nope + v) * 2
+    if step.new_tokens == 1:  # absorbed decode
+        absorb = 2 * m * hq * lat * (nope + v)  # q_nope -> latent, and latent -> v per head
+        ops.append(Op("kv_b_absorbed", "attn_proj", L * absorb, L * (kvb_weight + m * hq * lat * 2 * ACT), m))
+        flops = 2 * hq * (lat + rope) * step.key_positions + 2 * hq * lat * step.key_positions
+        ops.append(Op("attention_latent", "attention", L * flops, L * (cached + written + m * hq * 2 * lat * ACT), m))
+    else:  # naive prefill: up-project every cached and new token's latent
+        keys = step.batch * (step.context + step.new_tokens)
+        ops.append(_gemm("kv_b_proj", "attn_proj", keys, lat, hq * (nope + v), "bf16", group, L))
+        flops = 2 * hq * qk * step.key_positions + 2 * hq * v * step.key_positions
+        kv = keys * hq * (qk + v) * ACT
+        ops.append(Op("attention", "attention", L * flops, L * (cached + written + kv + m * hq * (qk + v) * ACT), m))
+    return ops
+
+
+def expected_distinct_experts(experts: int, top_k: int, tokens: float) -> float:
+    """Experts a step of `tokens` reads when each picks top_k of `experts` uniformly:
+    E * (1 - (1 - k/E)^B). One token reads k; many tokens read all E."""
+    return experts * (1 - (1 - top_k / experts) ** tokens)
+
+
+def mlp_ops(s: ModelShape, step: StepShape, par: Parallel, wdt: str, group: int) -> list[Op]:
+    m, h, ops = step.tokens, s.hidden_size, []
+    dense_layers = s.num_dense_layers if s.is_moe else s.num_layers
+    if dense_layers:
+        inter = s.intermediate_size // par.tp
+        ops.append(_gemm("gate_up_proj", "dense_mlp", m, h, 2 * inter, wdt, group, dense_layers))
+        ops.append(_gemm("down_proj", "dense_mlp", m, inter, h, wdt, group, dense_layers))
+    if not s.is_moe or not s.num_moe_layers:
+        return ops
+    L, e, k = s.num_moe_layers, s.num_experts, s.top_k
+    # routing: the router GEMM (kept bf16), top-k, and gathering each token's rows to its experts
+    ops.append(Op("router", "moe_routing", L * 2 * m * h * e, L * (h * e * 2 + m * (h * ACT + e * 4)), m, launches=L))
+    ops.append(Op("dispatch_combine", "moe_routing", L * m * k * h * 2, L * 2 * m * k * h * ACT, m, launches=L))
+    if par.ep:  # each rank holds E/N whole experts and computes the pairs routed to them
+        local_experts, inter, pairs = e / par.tp, s.moe_intermediate_size, m * k / par.tp
+    else:  # each rank holds every expert's 1/N of the features
+        local_experts, inter, pairs = e, s.moe_intermediate_size / par.tp, m * k
+    distinct = expected_distinct_experts(e, k, m) * local_experts / e
+    per_expert = 3 * h * inter * weight_bytes_per_value(wdt, group)
+    flops = 2 * pairs * 3 * h * inter
+    acts = pairs * (2 * h + 3 * inter) * ACT
+    rows = pairs / max(distinct, 1e-9)  # tokens per expert weight pass
+    ops.append(Op("experts", "experts", L * flops, L * (distinct * per_expert + acts), rows, wdt, L * distinct))
+    if s.num_shared_experts:
+        shared = s.num_shared_experts * s.moe_intermediate_size // par.tp
+        ops.append(_gemm("shared_gate_up", "experts", m, h, 2 * shared, wdt, group, L))
+        ops.append(_gemm("shared_down", "experts", m, shared, h, wdt, group, L))
+    return ops
+
+
+def elementwise_ops(s: ModelShape, step: StepShape, par: Parallel) -> list[Op]:
+    """Per layer: 2 RMSNorms and 2 residual adds over the hidden state (read + write, ~3 passes
+    each), SiLU*up over the MLP width, RoPE over q and k (and Qwen3's per-head q/k norms); plus
+    the embedding lookup and the final norm. A few FLOPs per element; bytes are what count."""
+    m, h, L = step.tokens, s.hidden_size, s.num_layers
+    width = s.moe_intermediate_size * s.top_k if s.is_moe else s.intermediate_size / par.tp
+    heads = (s.num_heads + s.num_kv_heads) / par.tp * (s.qk_rope_head_dim or s.head_dim)
+    per_layer = m * (4 * 3 * h + 3 * width + 2 * heads * (2 if s.qk_norm else 1)) * ACT
+    flops = L * m * (4 * 5 * h + 4 * width + 6 * heads)
+    return [Op("norms_residual_act", "norm_elementwise", flops, L * per_layer + 3 * m * h * ACT, m, launches=6 * L)]
+
+
+def head_ops(s: ModelShape, step: StepShape, par: Parallel, sampled_rows: int) -> list[Op]:
+    """lm_head over the rows that sample (kept bf16, tacit's default) and the sampler over
+    float32 logits (softmax/argmax: ~3 passes over a row of the vocabulary)."""
+    v = s.vocab_size / par.tp
+    head = _gemm("lm_head", "lm_head", sampled_rows, s.hidden_size, v, "bf16", 32, 1)
+    sample = Op("sampler", "sampling", 5 * sampled_rows * s.vocab_size, 3 * sampled_rows * s.vocab_size * 4, 1)
+    return [head, sample]
+
+
+def communication_ops(s: ModelShape, step: StepShape, par: Parallel, sampled_rows: int, reduce_bytes: int) -> list[Op]:
+    """Tensor parallel: an all-reduce of the hidden state after attention and after the MLP in
+    every layer (`reduce_bytes` per value: tacit's CPU ranks sum in float32) and an all-gather of
+    the logits. Expert parallel: the MoE layer's all-reduce becomes an all-to-all dispatch of each
+    token's hidden state to its k experts' ranks and the combine back."""
+    n = par.tp
+    if n == 1:
+        return []
+    m, h, L = step.tokens, s.hidden_size, s.num_layers
+    message = m * h * reduce_bytes
+    moe_layers = s.num_moe_layers if par.ep else 0
+    ops = [
+        Op(
+            "all_reduce",
+            "communication",
+            0,
+            (2 * L - moe_layers) * message,
+            launches=2 * L - moe_layers,
+            collective="all_reduce",
+            participants=n,
+        ),
+        Op(
+            "logits_all_gather",
+            "communication",
+            0,
+            sampled_rows * s.vocab_size * 4,
+            collective="all_gather",
+            participants=n,
+        ),
+    ]
+    if moe_layers:
+        a2a = 2 * m * s.top_k * h * ACT  # dispatch + combine, each token to k experts
+        ops.append(
+            Op(
+                "moe_all_to_all",
+                "communication",
+                0,
+                moe_layers * a2a,
+                launches=2 * moe_layers,
+                collective="all_to_all",
+                participants=n,
+            )
+        )
+    return ops
+
+
+def step_ops(
+    s: ModelShape,
+    step: StepShape,
+    par: Parallel = Parallel(),
+    weight_dtype: str = "bf16",
+    kv_dtype: str = "bf16",
+    group_size: int = 32,
+    reduce_bytes: int = 2,
+) -> list[Op]:
+    """Every operator of one step on one device."""
+    if par.tp < 1:
+        raise ValueError(f"tensor parallel size must be >= 1, got {par.tp}")
+    sampled = step.batch  # one sampled row per sequence, prefill or decode
+    return [
+        *attention_ops(s, step, par, weight_dtype, kv_dtype, group_size),
+        *mlp_ops(s, step, par, weight_dtype, group_size),
+        *elementwise_ops(s, step, par),
+        *head_ops(s, step, par, sampled),
+        *communication_ops(s, step, par, sampled, reduce_bytes),
+    ]

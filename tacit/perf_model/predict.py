@@ -1,0 +1,89 @@
+"""A whole request batch: TTFT (the prefill step), TPOT (the mean decode step), throughput,
+memory per device and the binding roof per operator class."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tacit.perf_model.efficiency import Profile, load_profile
+from tacit.perf_model.memory import Memory, device_memory
+from tacit.perf_model.model_shape import ModelShape
+from tacit.perf_model.operators import Parallel, StepShape, step_ops
+from tacit.perf_model.roofline import OpTime, bottlenecks, op_time, step_seconds
+from tacit.platforms.specs import HardwareSpec
+
+
+@dataclass(frozen=True)
+class Workload:
+    batch: int
+    input_len: int
+    output_len: int
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    group_size: int = 32
+    parallel: Parallel = Parallel()
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "input_len", "output_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    ttft_s: float
+    tpot_s: float
+    throughput_tok_s: float
+    memory: Memory
+    capacity_bytes: float
+    bottlenecks: dict[str, str]
+    prefill_ops: list[OpTime]
+    decode_ops: list[OpTime]
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.capacity_bytes
+
+    def as_json(self) -> dict:
+        return {
+            "ttft_ms": 1e3 * self.ttft_s,
+            "tpot_ms": 1e3 * self.tpot_s,
+            "throughput_tok_s": self.throughput_tok_s,
+            "memory_per_device_gb": self.memory.total / 1e9,
+            "fits": self.fits,
+            "bottlenecks": self.bottlenecks,
+        }
+
+
+def step_time(
+    s: ModelShape, spec: HardwareSpec, profile: Profile, w: Workload, step: StepShape
+) -> tuple[float, list[OpTime]]:
+    """Seconds of one engine step and its operators' times."""
+    decode = step.new_tokens == 1
+    ops = step_ops(s, step, w.parallel, w.weight_dtype, w.kv_dtype, w.group_size, profile.reduce_bytes)
+    times = [op_time(op, spec, profile, decode) for op in ops]
+    path = profile.decode_path(s.architecture) if decode else "torch"
+    return step_seconds(times, profile, path, s.num_layers), times
+
+
+def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | None = None) -> Prediction:
+    profile = profile or load_profile(spec.efficiency_profile)
+    if s.is_moe and w.parallel.ep and s.num_experts % w.parallel.tp:
+        raise ValueError(f"expert parallel over {w.parallel.tp} devices needs the {s.num_experts} experts to divide")
+    ttft, prefill = step_time(s, spec, profile, w, StepShape(w.batch, w.input_len, 0))
+    # Decode steps read a context growing from input_len to input_len + output_len - 2; attention
+    # is linear in it, so the step at the mean context has the mean time.
+    mean_context = w.input_len + max(w.output_len - 2, 0) / 2
+    tpot, decode = step_time(s, spec, profile, w, StepShape(w.batch, 1, round(mean_context)))
+    total = ttft + (w.output_len - 1) * tpot
+    mem = device_memory(s, w.parallel, w.weight_dtype, w.kv_dtype, w.batch, w.input_len, w.output_len, w.group_size)
+    return Prediction(
+        ttft_s=ttft,
+        tpot_s=tpot,
+        throughput_tok_s=w.batch * w.output_len / total,
+        memory=mem,
+        capacity_bytes=spec.memory_capacity.value,
+        bottlenecks={**bottlenecks(prefill, spec, "prefill"), **bottlenecks(decode, spec, "decode")},
+        prefill_ops=prefill,
+        decode_ops=decode,
+    )

@@ -1,0 +1,78 @@
+"""Time of each operator on a HardwareSpec: max(FLOPs / (peak * eff), bytes / (bw * eff)) + its
+launches' overhead; and which roof binds it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tacit.perf_model.dtypes import COMPUTE_DTYPE
+from tacit.perf_model.efficiency import Profile
+from tacit.perf_model.operators import Op
+from tacit.perf_model.parallel import collective_seconds
+from tacit.platforms.specs import HardwareSpec
+
+GEMM_CLASSES = ("attn_proj", "dense_mlp", "experts", "lm_head")
+
+
+@dataclass(frozen=True)
+class OpTime:
+    op: Op
+    seconds: float
+    compute_s: float  # at the fitted efficiency
+    memory_s: float
+    peak_flops: float
+
+    @property
+    def bound(self) -> str:
+        if self.op.op_class == "communication":
+            return "link-bound"
+        return "compute-bound" if self.compute_s >= self.memory_s else "memory-bound"
+
+
+def _efficiency(op: Op, profile: Profile, decode: bool) -> float:
+    if op.op_class in GEMM_CLASSES:
+        return profile.gemm_efficiency(op.weight_dtype, op.rows)
+    if op.op_class == "attention":
+        return profile.attention_decode if decode else profile.attention_prefill
+    return profile.elementwise
+
+
+def op_time(op: Op, spec: HardwareSpec, profile: Profile, decode: bool) -> OpTime:
+    if op.op_class == "communication":
+        per_call = op.bytes / max(op.launches, 1)
+        t = op.launches * collective_seconds(
+            op.collective, per_call, op.participants, spec.link_bandwidth.value, spec.link_latency.value
+        )
+        return OpTime(op, t, 0.0, t, 0.0)
+    peak = spec.peak_flops(COMPUTE_DTYPE.get(op.weight_dtype, "bf16") if op.op_class in GEMM_CLASSES else "bf16")
+    eff = _efficiency(op, profile, decode)
+    compute = op.flops / (peak * eff)
+    memory = op.bytes / (spec.memory_bandwidth.value * eff)
+    return OpTime(op, max(compute, memory) + op.launches * profile.op_overhead_s, compute, memory, peak)
+
+
+def step_seconds(times: list[OpTime], profile: Profile, path: str, num_layers: int) -> float:
+    """The step: its operators in sequence, plus the engine's fixed cost per step and per layer
+    on the path it runs (fitted on this CPU; an assumption elsewhere)."""
+    fixed = profile.step_overhead_s.get(path, 0.0) + num_layers * profile.layer_overhead_s.get(path, 0.0)
+    return sum(t.seconds for t in times) + fixed
+
+
+def bottlenecks(times: list[OpTime], spec: HardwareSpec, phase: str) -> dict[str, str]:
+    """Per operator class: which roof binds it, its arithmetic intensity against the ridge
+    point (peak FLOP/s / bandwidth), and its share of the phase's operator time."""
+    total = sum(t.seconds for t in times) or 1.0
+    out: dict[str, str] = {}
+    for cls in dict.fromkeys(t.op.op_class for t in times):
+        group = [t for t in times if t.op.op_class == cls]
+        secs = sum(t.seconds for t in group)
+        share = f"{100 * secs / total:.0f}% of the step"
+        if cls == "communication":
+            out[cls] = f"link-bound, {sum(t.op.bytes for t in group) / 1e6:.2f} MB per step, {share}"
+            continue
+        flops, nbytes = sum(t.op.flops for t in group), sum(t.op.bytes for t in group)
+        peak = max(t.peak_flops for t in group)
+        bound = "compute-bound" if sum(t.compute_s for t in group) >= sum(t.memory_s for t in group) else "memory-bound"
+        ridge = peak / spec.memory_bandwidth.value
+        out[cls] = f"{bound}, {flops / max(nbytes, 1):.1f} FLOP/byte against a ridge of {ridge:.0f}, {share}"
+    return {f"{phase} {k}": v for k, v in out.items()}

@@ -1,0 +1,141 @@
+"""`tacit predict --validate`: the model's decode step and prefill against the real engine on
+this CPU, over dense (Qwen3), MoE (Qwen3-MoE) and MLA (DeepSeek-V3) random shapes, bf16 and
+int8 weights, batch 1/4/16 and several context lengths.
+
+Each engine loads once and runs its configurations with `TacitBench.latency` (the measurement
+`tacit bench latency` uses): a few decode tokens, best of 2 runs. The prediction is for the
+same step: the decode step at the run's mean context, and the whole prompt batch as one
+prefill step (the token budget is raised so the engine does not chunk it).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+OUTPUT_LEN = 8  # 7 decode steps a run: enough for a stable mean, short enough for ~30 configs
+REPEATS = 2
+
+# (model, weights, [(batch, input_len), ...])
+PLAN = [
+    ("random:qwen3-100m", "bf16", [(1, 32), (1, 256), (1, 1024), (4, 32), (4, 256), (4, 1024), (16, 32), (16, 256)]),
+    ("random:qwen3-100m", "int8", [(1, 32), (1, 512), (4, 32), (4, 512), (16, 32), (16, 256)]),
+    ("random:qwen3-moe-2b", "bf16", [(1, 32), (1, 512), (4, 32), (4, 512), (16, 32), (16, 256)]),
+    ("random:qwen3-moe-2b", "int8", [(1, 32), (4, 256)]),
+    ("random:deepseek-v3-1b", "bf16", [(1, 32), (1, 512), (4, 32), (4, 512), (16, 32), (16, 256)]),
+    ("random:deepseek-v3-1b", "int8", [(1, 32), (4, 256)]),
+]
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _engine(model: str, weights: str):
+    from tacit.bench.peers.tacit_engine import TacitBench
+    from tacit.bench.random_model import ensure_random_model
+    from tacit.engine.arg_utils import EngineArgs
+    from tacit.engine.llm_engine import LLMEngine
+
+    args = EngineArgs(
+        model=str(ensure_random_model(model)),
+        dtype="bfloat16",
+        quantization="int8" if weights == "int8" else "auto",
+        max_model_len=2048,
+        num_kv_blocks=16 * 1100 // 16 + 64,  # batch 16 at 1024 + 8 tokens, 16-token blocks
+        max_num_batched_tokens=16 * 1024,  # the whole prompt batch in one prefill step
+    )
+    engine = LLMEngine(engine_args=args)
+    bench = TacitBench(engine)
+    from tacit.bench.workloads import random_prompts
+
+    bench.latency(random_prompts([8], 32000, seed=99), 3)  # warm-up
+    return bench
+
+
+def measure(bench, batch: int, input_len: int) -> tuple[float, float]:
+    """(decode step seconds, prefill seconds), the best of REPEATS runs each."""
+    from tacit.bench.workloads import random_prompts
+
+    prompts = random_prompts([input_len] * batch, 32000, seed=batch)
+    runs = [bench.latency(prompts, OUTPUT_LEN) for _ in range(REPEATS)]
+    return min(batch / r["decode_tok_s"] for r in runs), min(r["ttft_s"] for r in runs)
+
+
+def predicted(model: str, weights: str, batch: int, input_len: int) -> tuple[float, float]:
+    from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
+    from tacit.perf_model.predict import Workload, predict
+    from tacit.platforms.specs import get_hardware_spec
+
+    shape = shape_from_hf(load_hf_config(model))
+    p = predict(shape, get_hardware_spec("this-cpu"), Workload(batch, input_len, OUTPUT_LEN, weights))
+    return p.tpot_s, p.ttft_s
+
+
+def _error(pred: float, meas: float) -> float:
+    return (pred - meas) / meas
+
+
+def _percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    i = min(len(s) - 1, max(0, round(q * (len(s) - 1))))
+    return s[i]
+
+
+def run_validation(json_out: str | None) -> int:
+    import gc
+
+    rows = []
+    for model, weights, configs in PLAN:
+        _log(f"loading {model} ({weights}) ...")
+        bench = _engine(model, weights)
+        for batch, input_len in configs:
+            step_s, prefill_s = measure(bench, batch, input_len)
+            p_step, p_prefill = predicted(model, weights, batch, input_len)
+            row = {
+                "model": model.removeprefix("random:"),
+                "weights": weights,
+                "batch": batch,
+                "input_len": input_len,
+                "decode_pred_ms": 1e3 * p_step,
+                "decode_meas_ms": 1e3 * step_s,
+                "decode_err": _error(p_step, step_s),
+                "prefill_pred_ms": 1e3 * p_prefill,
+                "prefill_meas_ms": 1e3 * prefill_s,
+                "prefill_err": _error(p_prefill, prefill_s),
+            }
+            rows.append(row)
+            _log(
+                f"  {row['model']} {weights} b{batch} i{input_len}: decode {row['decode_pred_ms']:.2f} / "
+                f"{row['decode_meas_ms']:.2f} ms ({100 * row['decode_err']:+.0f}%), prefill "
+                f"{row['prefill_pred_ms']:.1f} / {row['prefill_meas_ms']:.1f} ms ({100 * row['prefill_err']:+.0f}%)"
+            )
+        del bench
+        gc.collect()
+    summary = {}
+    for key in ("decode", "prefill"):
+        errs = [abs(r[f"{key}_err"]) for r in rows]
+        summary[f"{key}_median_abs_err"] = statistics.median(errs)
+        summary[f"{key}_p90_abs_err"] = _percentile(errs, 0.9)
+    print(_table(rows))
+    print(f"{len(rows)} configurations (predicted / measured, error = (pred - meas) / meas)")
+    for k, v in summary.items():
+        print(f"  {k}: {100 * v:.1f}%")
+    if json_out:
+        Path(json_out).write_text(json.dumps({"rows": rows, "summary": summary}, indent=2))
+    return 0
+
+
+def _table(rows: list[dict]) -> str:
+    head = ("model", "weights", "batch", "input", "decode pred", "meas ms", "err", "prefill pred", "meas ms", "err")
+    lines = ["  ".join(f"{h:>12}" for h in head)]
+    for r in rows:
+        cells = (
+            r["model"], r["weights"], r["batch"], r["input_len"],
+            f"{r['decode_pred_ms']:.2f}", f"{r['decode_meas_ms']:.2f}", f"{100 * r['decode_err']:+.0f}%",
+            f"{r['prefill_pred_ms']:.1f}", f"{r['prefill_meas_ms']:.1f}", f"{100 * r['prefill_err']:+.0f}%",
+        )  # fmt: skip
+        lines.append("  ".join(f"{c!s:>12}" for c in cells))
+    return "\n".join(lines)

@@ -1,0 +1,145 @@
+"""FLOP and byte counts of tiny dense, MoE and MLA configs against hand arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+
+from tacit.perf_model.dtypes import weight_bytes_per_value
+from tacit.perf_model.memory import kv_bytes_per_token, weight_bytes
+from tacit.perf_model.model_shape import shape_from_hf
+from tacit.perf_model.operators import Parallel, StepShape, expected_distinct_experts, step_ops
+
+DENSE = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 1000,
+    "tie_word_embeddings": False,
+}
+MOE = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 256,
+    "moe_intermediate_size": 32,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "vocab_size": 1000,
+}
+MLA = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "hidden_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "q_lora_rank": 0,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "intermediate_size": 128,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 1,
+    "moe_intermediate_size": 16,
+    "first_k_dense_replace": 1,
+    "vocab_size": 1000,
+}
+
+
+def _by_name(ops):
+    return {o.name: o for o in ops}
+
+
+def test_dense_decode_counts():
+    s = shape_from_hf(DENSE)
+    assert (s.head_dim, s.num_kv_heads) == (16, 2)
+    ops = _by_name(step_ops(s, StepShape(batch=2, new_tokens=1, context=10)))
+    # qkv: [2 rows, 64] @ [64, (4 + 2*2) * 16 = 128]: 2*2*64*128 = 32768 FLOPs a layer, 2 layers
+    assert ops["qkv_proj"].flops == 2 * 32768
+    # weights 64*128*2 bytes = 16384, activations 2 rows * (64 + 128) * 2 = 768, per layer
+    assert ops["qkv_proj"].bytes == 2 * (16384 + 768)
+    # attention: 4 heads * 16 dims * 4 FLOPs per key, each row sees 11 keys (10 cached + itself)
+    assert ops["attention"].flops == 2 * (4 * 4 * 16 * 2 * 11)
+    # KV read: 2 seqs * 11 tokens * (K and V) * 2 kv heads * 16 * 2 bytes = 2816; written: 2 rows * 128 = 256;
+    # q and output: 2 rows * 2 * 4 * 16 * 2 = 512
+    assert ops["attention"].bytes == 2 * (2816 + 256 + 512)
+    # MLP: gate+up [64 -> 256] and down [128 -> 64]: 2*2*(64*256 + 128*64) = 98304 a layer
+    assert ops["gate_up_proj"].flops + ops["down_proj"].flops == 2 * 98304
+    # lm_head over the 2 sampled rows: 2*2*64*1000
+    assert ops["lm_head"].flops == 256000
+
+
+def test_dense_prefill_is_causal():
+    s = shape_from_hf(DENSE)
+    ops = _by_name(step_ops(s, StepShape(batch=1, new_tokens=4, context=0)))
+    # keys seen: 1 + 2 + 3 + 4 = 10
+    assert ops["attention"].flops == 2 * (4 * 4 * 16 * 10)
+
+
+def test_moe_counts_read_expected_distinct_experts():
+    s = shape_from_hf(MOE)
+    ops = _by_name(step_ops(s, StepShape(batch=3, new_tokens=1, context=0)))
+    # 3 tokens, top-2 of 8: 8 * (1 - (6/8)^3) = 8 * (1 - 0.421875) = 4.625 experts read
+    assert expected_distinct_experts(8, 2, 3) == pytest.approx(4.625)
+    per_expert = 3 * 64 * 32 * 2  # gate, up, down of 64 x 32 in bf16 = 12288 bytes
+    acts = 6 * (2 * 64 + 3 * 32) * 2  # 6 token-expert pairs
+    assert ops["experts"].bytes == pytest.approx(2 * (4.625 * per_expert + acts))
+    # FLOPs follow the 6 active pairs, not the experts read: 2 * 6 * 3 * 64 * 32 per layer
+    assert ops["experts"].flops == 2 * (2 * 6 * 3 * 64 * 32)
+    # router 64 -> 8 for 3 tokens
+    assert ops["router"].flops == 2 * (2 * 3 * 64 * 8)
+    assert "gate_up_proj" not in ops  # every layer sparse
+
+
+def test_mla_absorbed_decode_counts():
+    s = shape_from_hf(MLA)
+    assert s.is_mla and s.num_dense_layers == 1 and s.num_moe_layers == 0
+    ops = _by_name(step_ops(s, StepShape(batch=1, new_tokens=1, context=9)))
+    # latent cache: 32 + 8 = 40 values a token, bf16: 10 tokens * 80 bytes read, 80 written
+    lat = ops["attention_latent"]
+    # scores over the latent + rope (40) and values over the latent (32), 4 heads, 10 keys
+    assert lat.flops == 2 * 4 * 40 * 10 + 2 * 4 * 32 * 10
+    assert lat.bytes == 10 * 80 + 80 + 1 * 4 * 2 * 32 * 2
+    # absorption: q_nope (16) -> latent (32) and latent -> v (16), 4 heads: 2 * 4 * 32 * 32
+    assert ops["kv_b_absorbed"].flops == 2 * 4 * 32 * 32
+    assert kv_bytes_per_token(s, Parallel(), "bf16") == 80
+    # int8 latent: 40 values + a float32 scale
+    assert kv_bytes_per_token(s, Parallel(), "int8") == 44
+
+
+def test_mla_prefill_upprojects_the_latent():
+    s = shape_from_hf(MLA)
+    ops = _by_name(step_ops(s, StepShape(batch=1, new_tokens=3, context=0)))
+    # kv_b_proj on 3 tokens: [3, 32] @ [32, 4 * (16 + 16)]
+    assert ops["kv_b_proj"].flops == 2 * 3 * 32 * 128
+    # keys seen 1+2+3 = 6: q.k over 24 dims, values over 16, 4 heads
+    assert ops["attention"].flops == 2 * 4 * 24 * 6 + 2 * 4 * 16 * 6
+
+
+def test_weight_bytes_by_dtype():
+    assert weight_bytes_per_value("int8") == 34 / 32  # Q8_0
+    assert weight_bytes_per_value("int4", 32) == 20 / 32  # Q4_1: 16 bytes of nibbles + fp16 scale and min
+    assert weight_bytes_per_value("int4", 128) == 68 / 128
+    with pytest.raises(ValueError, match="int4 group size 48"):
+        weight_bytes_per_value("int4", 48)
+    with pytest.raises(ValueError, match="weight dtype 'int3'.*valid"):
+        weight_bytes_per_value("int3")
+    s = shape_from_hf(DENSE)
+    # 2 layers * (attention 64*128 + 64*64 + MLP 3*64*128) + embeddings and head 2*1000*64, norms 5*64
+    params_linear = 2 * (64 * 128 + 64 * 64 + 3 * 64 * 128)
+    assert weight_bytes(s, Parallel(), "bf16") == params_linear * 2 + 2 * 1000 * 64 * 2 + 5 * 64 * 2
+
+
+def test_tensor_parallel_splits_heads_and_adds_all_reduces():
+    s = shape_from_hf(DENSE)
+    one = _by_name(step_ops(s, StepShape(2, 1, 10)))
+    two = _by_name(step_ops(s, StepShape(2, 1, 10), Parallel(tp=2), reduce_bytes=2))
+    assert two["qkv_proj"].flops == one["qkv_proj"].flops / 2
+    # two all-reduces a layer of 2 rows * 64 * 2 bytes
+    assert two["all_reduce"].launches == 4 and two["all_reduce"].bytes == 4 * 256
+    assert "all_reduce" not in one

@@ -1,0 +1,110 @@
+"""Behaviour of the model: monotone in the right directions, bad names refused, the CLI's JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from tacit.perf_model.memory import weight_bytes
+from tacit.perf_model.model_shape import load_hf_config, recipe_config_names, shape_from_hf
+from tacit.perf_model.operators import Parallel, StepShape, step_ops
+from tacit.perf_model.predict import Workload, predict
+from tacit.platforms.specs import HardwareSpec, Sourced, check_spec, get_hardware_spec, hardware_names
+from tests.perf_model.test_counts import DENSE, MLA, MOE
+
+SHAPES = [shape_from_hf(c) for c in (DENSE, MOE, MLA)]
+
+
+def _with_bandwidth(spec: HardwareSpec, factor: float) -> HardwareSpec:
+    bw = spec.memory_bandwidth
+    return replace(spec, memory_bandwidth=Sourced(bw.value * factor, bw.source))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=["dense", "moe", "mla"])
+def test_more_bandwidth_is_never_slower(shape):
+    spec = get_hardware_spec("h100-sxm")
+    for batch in (1, 16, 256):
+        w = Workload(batch, 512, 64)
+        slow, fast = predict(shape, spec, w), predict(shape, _with_bandwidth(spec, 2.0), w)
+        assert fast.tpot_s <= slow.tpot_s and fast.ttft_s <= slow.ttft_s
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=["dense", "moe", "mla"])
+def test_larger_batch_never_fewer_tokens_per_step(shape):
+    spec = get_hardware_spec("a100-80g")
+    rates = [b / predict(shape, spec, Workload(b, 256, 32)).tpot_s for b in (1, 2, 4, 8, 16, 64, 256)]
+    assert rates == sorted(rates)
+
+
+def test_int8_and_int4_never_more_weight_bytes_than_bf16():
+    for shape in SHAPES:
+        bf16 = weight_bytes(shape, Parallel(), "bf16")
+        assert weight_bytes(shape, Parallel(), "int8") <= bf16
+        assert weight_bytes(shape, Parallel(), "int4") <= weight_bytes(shape, Parallel(), "int8")
+        step = StepShape(4, 1, 100)
+        for q in ("int8", "int4", "fp8"):
+            assert sum(o.bytes for o in step_ops(shape, step, weight_dtype=q)) <= sum(
+                o.bytes for o in step_ops(shape, step)
+            )
+
+
+def test_real_configs_predict_and_big_models_do_not_fit_one_device():
+    h200 = get_hardware_spec("h200-sxm")
+    names = recipe_config_names()
+    assert {"DeepSeek-V3", "Kimi-K2-Instruct", "Qwen3-235B-A22B", "Llama-3.1-8B"} <= set(names)
+    small = predict(shape_from_hf(load_hf_config("Llama-3.1-8B")), h200, Workload(1, 1024, 128))
+    assert small.fits and 0 < small.tpot_s < small.ttft_s * 10
+    # Kimi-K2: ~1T parameters, 2 TB in bf16: no single 141 GB device holds it
+    kimi = predict(shape_from_hf(load_hf_config("Kimi-K2-Instruct")), h200, Workload(1, 1024, 128))
+    assert not kimi.fits and kimi.memory.weights > 1.5e12
+
+
+def test_tensor_parallel_adds_link_time_and_splits_memory():
+    shape = shape_from_hf(load_hf_config("Llama-3.1-70B"))
+    spec = get_hardware_spec("h100-sxm")
+    one, four = (
+        predict(shape, spec, Workload(8, 1024, 64)),
+        predict(shape, spec, Workload(8, 1024, 64, parallel=Parallel(4))),
+    )
+    assert four.memory.weights < one.memory.weights / 3
+    assert any(t.op.op_class == "communication" and t.seconds > 0 for t in four.decode_ops)
+    ep = predict(shape_from_hf(load_hf_config("Qwen3-30B-A3B")), spec, Workload(8, 512, 64, parallel=Parallel(4, True)))
+    assert any(t.op.name == "moe_all_to_all" for t in ep.decode_ops)
+
+
+def test_unknown_hardware_and_model_are_refused_with_the_valid_names():
+    with pytest.raises(ValueError, match=r"hardware 'tpu-v9' is not known; valid: .*h100-sxm.*this-cpu"):
+        get_hardware_spec("tpu-v9")
+    with pytest.raises(ValueError, match=r"model 'no-such-model'.*Llama-3.1-8B.*random:qwen3-100m"):
+        load_hf_config("no-such-model")
+    with pytest.raises(ValueError, match=r"random model 'nope'.*random:qwen3-moe-2b"):
+        load_hf_config("random:nope")
+
+
+def test_every_entry_has_a_source_per_field_and_one_without_is_refused():
+    for name in hardware_names():
+        if name != "this-cpu":  # measured at run time; its sources are checked by the same check_spec
+            check_spec(get_hardware_spec(name))
+    spec = get_hardware_spec("a100-80g")
+    with pytest.raises(ValueError, match="field memory_bandwidth has no source"):
+        check_spec(replace(spec, memory_bandwidth=Sourced(2e12, "")))
+    with pytest.raises(ValueError, match=r"field flops\[int8\] has no source"):
+        check_spec(replace(spec, flops={**spec.flops, "int8": Sourced(1e15, "  ")}))
+
+
+def test_cli_json_has_the_keys(tmp_path):
+    from tacit.cli import main
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(MOE))
+    out = tmp_path / "p.json"
+    argv = ["predict", "--model", str(cfg), "--hardware", "h100-sxm", "--batch-size", "4"]
+    assert main([*argv, "--input-len", "64", "--output-len", "16", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result) == {"ttft_ms", "tpot_ms", "throughput_tok_s", "memory_per_device_gb", "fits", "bottlenecks"}
+    assert result["fits"] is True and result["tpot_ms"] > 0
+    assert any(k.startswith("decode experts") for k in result["bottlenecks"])
+    assert main(["predict", "--model", str(cfg), "--hardware", "nope"]) == 2
+    assert main(["predict", "--model", str(cfg), "--hardware", "h100-sxm", "--quantization", "int3"]) == 2
