@@ -43,6 +43,13 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="JSON {category: seconds per decode step} or {kind: {category: seconds}} (tacit predict) to compare",
     )
+    p.add_argument(
+        "--predict-hardware",
+        default="this-cpu",
+        metavar="NAME",
+        help="price the same run with `tacit predict` on this hardware for the predicted column "
+        "(default this-cpu; none: leave it out; --predicted FILE takes precedence)",
+    )
     p.set_defaults(func=cmd_profile)
 
 
@@ -133,10 +140,39 @@ def _warm_up(engine: Any, requests: list[WorkloadRequest]) -> None:
         engine.step()
 
 
+def _model_prediction(engine: Any, requests: list[WorkloadRequest], hardware: str) -> dict[str, dict[str, float]]:
+    """The performance model's per-category times for this run: its batch, the mean prompt and
+    output lengths (a workload of mixed lengths is priced as its mean), the weight type the
+    engine holds, the KV dtype and the parallel layout."""
+    from tacit.bench.latency import weight_bytes
+    from tacit.perf_model.dtypes import normalize_dtype
+    from tacit.perf_model.operators import Parallel
+    from tacit.profiler.predicted import predicted_categories, weight_dtype_of
+
+    cfg = engine.config
+    hf = cfg.model.hf
+    parallel = Parallel(cfg.parallel.tensor_parallel_size, cfg.parallel.expert_parallel)
+    kv = cfg.cache.cache_dtype
+    kv_dtype = normalize_dtype(str(cfg.model.dtype).removeprefix("torch.") if kv == "auto" else kv)
+    return predicted_categories(
+        hf,
+        len(requests),
+        round(sum(r.input_len for r in requests) / len(requests)),
+        round(sum(r.output_len for r in requests) / len(requests)),
+        weight_dtype_of(hf, weight_bytes(engine.model), parallel),
+        kv_dtype,
+        parallel,
+        hardware,
+    )
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
+    import torch
+
     from tacit.bench.latency import weight_bytes
     from tacit.bench.random_model import resolve_bench_model
     from tacit.engine.llm_engine import LLMEngine
+    from tacit.platforms.specs import hardware_names
     from tacit.profiler.collect import run_workload
     from tacit.profiler.html_report import render
     from tacit.profiler.roofline import model_shapes
@@ -144,6 +180,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     requests = workload_from_args(args)
     repeats = _positive("--repeats", args.repeats)
+    if args.predict_hardware not in ("none", *hardware_names()):  # before loading anything
+        valid = ", ".join(["none", *hardware_names()])
+        raise ValueError(f"--predict-hardware {args.predict_hardware!r} is not known; valid: {valid}")
     predicted = load_predicted(args.predicted)
     roofs = _roofs(args)
     engine_args = EngineArgs.from_cli_args(args)
@@ -174,6 +213,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
             },
             "workload": {"requests": [asdict(r) for r in requests], "repeats": repeats},
         }
+        if args.predicted is not None:
+            meta["predicted_by"] = f"--predicted {args.predicted}"
+        elif args.predict_hardware == "none":
+            meta["predicted_by"] = "--predict-hardware none"
+        elif engine.config.model.dtype == torch.float32:
+            meta["predicted_by"] = "the performance model prices bf16/fp16 runs and quantized weights, not float32"
+        else:
+            predicted = _model_prediction(engine, requests, args.predict_hardware)
+            meta["predicted_by"] = f"tacit predict on {args.predict_hardware}"
         profile = summarize(steps, model_shapes(model), roofs, meta, predicted)
     finally:
         engine.shutdown()

@@ -145,9 +145,12 @@ def _communication(p: dict[str, Any]) -> str:
 
 def _predicted(p: dict[str, Any]) -> str:
     dev = p.get("deviations") or {}
+    source = p.get("predicted_by")
     if not dev:
-        return '<p class="note">No prediction was given (pass --predicted FILE); nothing to compare.</p>'
-    out = ['<p class="note">Predicted against measured mean seconds per step, largest deviation first.</p>']
+        why = escape(source) if source else "no prediction was given (pass --predicted FILE or --predict-hardware)"
+        return f'<p class="note">Nothing to compare: {why}.</p>'
+    by = f" ({escape(source)})" if source else ""
+    out = [f'<p class="note">Predicted{by} against measured mean seconds per step, largest deviation first.</p>']
     for kind, rows in dev.items():
         out.append(f"<h3>{escape(kind)}</h3>")
         body = [

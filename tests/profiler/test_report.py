@@ -59,7 +59,7 @@ def test_profile_json_has_kinds_layers_categories(profile_dir):
         for c in ("gemm", "attention", "norm"):
             r = k["roofline"][c]
             assert r["intensity"] > 0 and r["achieved_flops"] > 0
-    assert p["communication"] == {} and p["predicted"] == {} and p["deviations"] == {}
+    assert p["communication"] == {}  # one process
     assert len(p["steps"]) == sum(k["steps"] for k in p["kinds"].values())
 
 
@@ -72,7 +72,9 @@ def test_report_is_self_contained_with_every_section(profile_dir, tmp_path):
         assert "script" not in parser.tags and "link" not in parser.tags and "img" not in parser.tags
         assert set(SECTIONS) <= parser.ids
         assert parser.tags.count("svg") >= 1 + 2 * len(p["kinds"])  # breakdown, per-kind layers and rooflines
-        assert "No prediction was given" in html and "No communication" in html
+        assert "Predicted (tacit predict on this-cpu)" in html and "No communication" in html
+    bare = render({**p, "predicted": {}, "deviations": {}, "predicted_by": "--predict-hardware none"})
+    assert "Nothing to compare: --predict-hardware none." in bare
 
 
 def test_roofs_and_prediction_render(profile_dir, tmp_path):
@@ -137,3 +139,22 @@ def test_bad_workload_contents(tmp_path):
         f.write_text(content)
         with pytest.raises(ValueError, match=message):
             load_workload(str(f))
+
+
+def test_predicted_column_comes_from_the_performance_model(profile_dir):
+    """By default the run is priced by `tacit predict` on this-cpu: both step kinds, every class."""
+    p = json.loads((profile_dir / "profile.json").read_text())
+    assert p["predicted_by"] == "tacit predict on this-cpu"
+    assert set(p["predicted"]) == {"prefill", "decode"}
+    for per in p["predicted"].values():
+        assert set(per) == set(CATEGORIES) and per["gemm"] > 0 and per["attention"] > 0
+    assert p["deviations"]["decode"] and p["deviations"]["prefill"]
+    assert "tacit predict on this-cpu" in render(p)
+
+
+def test_unknown_prediction_hardware_is_refused(tiny_llama, tmp_path, capsys):
+    _, _, path = tiny_llama
+    args = ["profile", "--model", str(path), "--out", str(tmp_path), "--predict-hardware", "tpu-v9"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--predict-hardware 'tpu-v9' is not known" in err and "h200-sxm" in err and "none" in err
