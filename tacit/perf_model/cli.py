@@ -24,6 +24,16 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--json", default=None, help="write the prediction (or the validation) here")
     p.add_argument("--validate", action="store_true", help="measure the real engine on this CPU against the model")
+    sv = p.add_argument_group("--serve: replay tacit's scheduler over a workload file on a simulated clock")
+    sv.add_argument("--serve", action="store_true", help="simulate serving --workload (TTFT/TPOT/E2E percentiles)")
+    sv.add_argument("--workload", default=None, help='JSONL: {"arrival_s", "input_len", "output_len", "priority"}')
+    sv.add_argument("--slo", default=None, help="goodput bounds as tacit bench serve's, e.g. ttft:500,tpot:50 (ms)")
+    sv.add_argument("--max-num-seqs", type=int, default=None, help="scheduler default if unset")
+    sv.add_argument("--max-num-batched-tokens", type=int, default=None, help="scheduler default if unset")
+    sv.add_argument("--scheduling-policy", default="fcfs")
+    sv.add_argument("--kv-blocks", type=int, default=None, help="KV pool blocks (default: sized from memory)")
+    sv.add_argument("--block-size", type=int, default=16)
+    sv.add_argument("--memory-utilization", type=float, default=0.9, help="share of device memory the engine uses")
     p.set_defaults(func=cmd_predict)
 
 
@@ -38,6 +48,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         from tacit.perf_model.validate import run_validation
 
         return run_validation(args.json)
+    if args.serve:
+        from tacit.perf_model.serve_cli import cmd_serve
+
+        return cmd_serve(args)
     from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
     from tacit.perf_model.operators import Parallel
     from tacit.perf_model.predict import Workload, predict
