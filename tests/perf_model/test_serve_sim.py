@@ -172,3 +172,13 @@ def test_cli_serve_json(tmp_path):
     d = json.loads(out.read_text())
     assert d["completed"] == 8 and set(d["ttft_ms"]) == {"mean", "p50", "p90", "p99"}
     assert "TTFT" in res.stdout and "goodput" in res.stdout
+
+
+def test_priority_policy_from_the_workload_serves_the_urgent_request_first():
+    # max_num_seqs 1: one request at a time. The priority-1 request arrives first in the file but
+    # at the same time; under priority the priority-0 one runs first, under fcfs it waits.
+    wl = [WorkloadRequest(0.0, 4, 3, priority=1), WorkloadRequest(0.0, 4, 3, priority=0)]
+    fcfs = simulate(wl, _const(0.1), BIG, SchedulerConfig(max_num_seqs=1))
+    prio = simulate(wl, _const(0.1), BIG, SchedulerConfig(max_num_seqs=1, policy="priority"))
+    # results are in arrival order (file order on ties): the urgent one is the second
+    assert fcfs.results[1].ttft == pytest.approx(0.4) and prio.results[1].ttft == pytest.approx(0.1)
