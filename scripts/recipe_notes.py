@@ -101,7 +101,7 @@ def note(model: str) -> str:
         ["predict", "--model", model, "--hardware", "h200-sxm", "--kv-cache-dtype", "int8"]
         + ["--input-len", str(CONTEXT), "--output-len", "1"]
     )
-    out.append("An int8 KV cache halves the KV term (bf16 weights):\n")
+    out.append("An int8 KV cache (int8 values plus a scale per row) about halves the KV term (bf16 weights):\n")
     out.append(_block(cmd + MEM_GREP, _memory_line(text)))
     out.append(
         f"## Predicted TTFT / TPOT: batch {BATCH}, {INPUT}-token prompts, {OUTPUT} output tokens\n\n"
