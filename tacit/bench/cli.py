@@ -93,6 +93,16 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--server-args", default="", help="extra `tacit serve` flags for the scenario's servers")
     sv.add_argument("--idle-requests", type=int, default=10, help="interactive requests timed on an idle server")
     sv.set_defaults(func=cmd_serve)
+    wl = bsub.add_parser("workload", help="write a JSONL workload file (tacit bench serve's draw) for predict --serve")
+    wl.add_argument("--out", required=True)
+    wl.add_argument("--num-prompts", type=int, default=64)
+    wl.add_argument("--dist", default="longtail", choices=DISTRIBUTIONS)
+    wl.add_argument("--input-len", type=int, default=128)
+    wl.add_argument("--output-len", type=int, default=64)
+    wl.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (inf: all at once)")
+    wl.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals; 1 = Poisson")
+    wl.add_argument("--seed", type=int, default=0)
+    wl.set_defaults(func=cmd_workload)
 
 
 def _table(rows: list[dict]) -> str:
@@ -304,6 +314,17 @@ def cmd_throughput(args: argparse.Namespace) -> int:
         from tacit.bench.plot import plot_bars
 
         plot_bars(rows, "output_tok_s", args.plot, f"output tok/s, {args.num_prompts} {args.dist} requests")
+    return 0
+
+
+def cmd_workload(args: argparse.Namespace) -> int:
+    from tacit.bench.workload_file import make_workload, write_workload
+
+    reqs = make_workload(
+        args.num_prompts, args.request_rate, args.dist, args.input_len, args.output_len, args.burstiness, args.seed
+    )
+    write_workload(reqs, args.out)
+    print(f"{len(reqs)} requests over {reqs[-1].arrival_s:.2f} s -> {args.out}")
     return 0
 
 

@@ -23,7 +23,18 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--json", default=None, help="write the prediction (or the validation) here")
+    p.add_argument("--ops", action="store_true", help="also print every operator's time (compute / memory / link)")
     p.add_argument("--validate", action="store_true", help="measure the real engine on this CPU against the model")
+    sv = p.add_argument_group("--serve: replay tacit's scheduler over a workload file on a simulated clock")
+    sv.add_argument("--serve", action="store_true", help="simulate serving --workload (TTFT/TPOT/E2E percentiles)")
+    sv.add_argument("--workload", default=None, help='JSONL: {"arrival_s", "input_len", "output_len", "priority"}')
+    sv.add_argument("--slo", default=None, help="goodput bounds as tacit bench serve's, e.g. ttft:500,tpot:50 (ms)")
+    sv.add_argument("--max-num-seqs", type=int, default=None, help="scheduler default if unset")
+    sv.add_argument("--max-num-batched-tokens", type=int, default=None, help="scheduler default if unset")
+    sv.add_argument("--scheduling-policy", default="fcfs")
+    sv.add_argument("--kv-blocks", type=int, default=None, help="KV pool blocks (default: sized from memory)")
+    sv.add_argument("--block-size", type=int, default=16)
+    sv.add_argument("--memory-utilization", type=float, default=0.9, help="share of device memory the engine uses")
     p.set_defaults(func=cmd_predict)
 
 
@@ -38,6 +49,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         from tacit.perf_model.validate import run_validation
 
         return run_validation(args.json)
+    if args.serve:
+        from tacit.perf_model.serve_cli import cmd_serve
+
+        return cmd_serve(args)
     from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
     from tacit.perf_model.operators import Parallel
     from tacit.perf_model.predict import Workload, predict
@@ -78,6 +93,21 @@ def cmd_predict(args: argparse.Namespace) -> int:
     print("  bottlenecks:")
     for k, v in out["bottlenecks"].items():
         print(f"    {k}: {v}")
+    if args.ops:
+        _print_ops("prefill", pred.prefill_ops, pred.ttft_s)
+        _print_ops("decode", pred.decode_ops, pred.tpot_s)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
     return 0
+
+
+def _print_ops(phase: str, times: list, step_s: float) -> None:
+    """Each operator of one step: its time, the compute and memory (or link) time it is the max of."""
+    ops_s = sum(t.seconds for t in times)
+    print(f"  {phase} operators (step {1e3 * step_s:.3f} ms; operators {1e3 * ops_s:.3f}, the rest fixed overhead):")
+    print(f"    {'operator':<20}{'class':<18}{'ms':>10}{'compute ms':>12}{'memory/link ms':>16}  bound")
+    for t in times:
+        print(
+            f"    {t.op.name:<20}{t.op.op_class:<18}{1e3 * t.seconds:>10.3f}{1e3 * t.compute_s:>12.3f}"
+            f"{1e3 * t.memory_s:>16.3f}  {t.bound}"
+        )

@@ -96,7 +96,7 @@ def recipe_config_names() -> list[str]:
 
 
 def load_hf_config(model: str) -> dict:
-    """config.json of `model`: a directory or a config.json path, a recipe config's name
+    """config.json of `model`: a directory or a config.json path, a GGUF file, a recipe config's name
     (recipes/configs/<name>), or random:<shape> (tacit.bench.random_model; no weights built)."""
     if model.startswith("random:"):
         from tacit.bench.random_model import SHAPES
@@ -107,9 +107,13 @@ def load_hf_config(model: str) -> dict:
         shape = dict(SHAPES[name])
         arch = shape.pop("arch").removesuffix("Config") + "ForCausalLM"
         return {**shape, "architectures": [arch]}
-    path = Path(model)
+    path = Path(model).expanduser()
     if path.is_dir():
         path = path / "config.json"
+    if path.is_file() and path.suffix == ".gguf":  # the shape from its metadata, as the loader reads it
+        from tacit.loader.gguf_file import GGUFFile
+
+        return GGUFFile(path).hf_config()
     if path.is_file():
         return json.loads(path.read_text())
     if (RECIPE_CONFIGS / model / "config.json").is_file():

@@ -1,0 +1,88 @@
+"""`tacit predict --serve --workload FILE`: the flags to a simulated serving run, and its report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from tacit.bench.serve import parse_slo
+from tacit.bench.workload_file import load_workload
+from tacit.config import SchedulerConfig
+from tacit.perf_model.dtypes import KV_DTYPES, WEIGHT_DTYPES, normalize_dtype
+from tacit.perf_model.efficiency import load_profile
+from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
+from tacit.perf_model.operators import Parallel
+from tacit.perf_model.serve_sim import KVPool, kv_pool_from_memory, roofline_pricer, simulate, summarize
+from tacit.perf_model.step_model import Pricing
+from tacit.platforms.specs import get_hardware_spec
+
+
+def _choice(value: str, valid: tuple[str, ...], flag: str) -> str:
+    if value not in valid:
+        raise ValueError(f"{flag} {value!r} is not known; valid: {', '.join(valid)}")
+    return value
+
+
+def _scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
+    cfg = SchedulerConfig(policy=args.scheduling_policy)
+    if args.max_num_seqs is not None:
+        cfg = replace(cfg, max_num_seqs=args.max_num_seqs)
+    if args.max_num_batched_tokens is not None:
+        cfg = replace(cfg, max_num_batched_tokens=args.max_num_batched_tokens)
+    return cfg
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if args.model is None or args.workload is None:
+        raise ValueError("--serve needs --model and --workload FILE")
+    if not 0 < args.memory_utilization <= 1:
+        raise ValueError(f"--memory-utilization must be in (0, 1], got {args.memory_utilization}")
+    slo = parse_slo(args.slo)
+    workload = load_workload(args.workload)  # bad lines fail before anything is sized
+    spec = get_hardware_spec(args.hardware)
+    shape = shape_from_hf(load_hf_config(args.model))
+    par = Parallel(args.tensor_parallel_size, args.expert_parallel)
+    if shape.is_moe and par.ep and shape.num_experts % par.tp:
+        raise ValueError(f"expert parallel over {par.tp} devices needs the {shape.num_experts} experts to divide")
+    pricing = Pricing(
+        shape,
+        spec,
+        load_profile(spec.efficiency_profile),
+        _choice(normalize_dtype(args.quantization), WEIGHT_DTYPES, "--quantization"),
+        _choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype"),
+        args.quantization_group_size,
+        par,
+    )
+    cfg = _scheduler_config(args)
+    if args.kv_blocks is not None:
+        if args.kv_blocks < 1:
+            raise ValueError(f"--kv-blocks must be >= 1, got {args.kv_blocks}")
+        pool = KVPool(args.kv_blocks, args.block_size)
+    else:
+        pool = kv_pool_from_memory(pricing, cfg.max_num_batched_tokens, args.memory_utilization, args.block_size)
+    sim = simulate(workload, roofline_pricer(pricing), pool, cfg)
+    out = summarize(sim, slo)
+    out["kv_pool"] = {"blocks": pool.num_blocks, "block_size": pool.block_size, "tokens": pool.capacity_tokens}
+    print(
+        f"{args.model} on {spec.name}, TP={par.tp}{' EP' if par.ep else ''}, weights {pricing.weight_dtype}, "
+        f"KV {pricing.kv_dtype}; {len(workload)} requests from {args.workload}; policy {cfg.policy}, "
+        f"max_num_seqs {cfg.max_num_seqs}, max_num_batched_tokens {cfg.max_num_batched_tokens}"
+    )
+    print(f"  KV pool     {pool.num_blocks} blocks x {pool.block_size} = {pool.capacity_tokens} tokens per device")
+    print(
+        f"  completed   {out['completed']} (failed/rejected {out['failed']}) in {out['duration_s']:.2f} s simulated, "
+        f"{out['num_steps']} steps, {out['num_preemptions']} preemptions, busy {100 * out['busy_fraction']:.0f}%"
+    )
+    print(f"  throughput  {out['request_throughput']:.2f} req/s, {out['output_tok_s']:.1f} output tok/s")
+    if slo:
+        bounds = ",".join(f"{k}:{v:g}" for k, v in out["slo"].items())
+        print(f"  goodput     {out['goodput_req_s']:.2f} req/s meeting {bounds} (ms)")
+    print(f"  {'ms':<6}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
+    for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        st = out[key]
+        print(f"  {key[:-3].upper():<6}" + "".join(f"{st[q]:>10.2f}" for q in ("mean", "p50", "p90", "p99")))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
+    return 0

@@ -1,0 +1,188 @@
+"""`tacit predict --serve`: replay tacit's real scheduler on a simulated clock, as Vidur does for vLLM.
+
+No model runs. Requests from a workload file arrive at their times; each step the real
+`Scheduler.schedule()` (tacit/scheduling: the same budget, chunking, policy, KV block pool and
+preemption as the engine) picks the step; a step-time function prices it (the roofline step
+model by default, tacit/perf_model/step_model.py); the clock advances by that; then the real
+`update_from_output()` gets one fake token per sampling row (ignore_eos, so each request ends
+at exactly its output_len). Requests arriving while a step runs join at the next step, as in
+the engine without cut-in (schedule_cut_in is an online-engine path and is not replayed).
+
+TTFT, TPOT and E2E follow `tacit bench serve`'s definitions (RequestResult), goodput its
+`--slo` bounds (meets): the numbers are comparable with a measured run of the same file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from tacit.bench.serve import RequestResult, _stats, meets
+from tacit.bench.workload_file import WorkloadRequest
+from tacit.config import SchedulerConfig
+from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.outputs import ModelRunnerOutput
+from tacit.perf_model.memory import device_memory, kv_bytes_per_token
+from tacit.perf_model.step_model import Chunk, MixedStep, Pricing, mixed_step_seconds
+from tacit.sampling_params import SamplingParams
+from tacit.scheduling.errors import SLOUnattainableError
+from tacit.scheduling.policy import get_policy
+from tacit.scheduling.request import Request
+from tacit.scheduling.scheduler import Scheduler
+from tacit.scheduling.scheduler_output import SchedulerOutput, samples_this_step
+
+StepPricer = Callable[[MixedStep], float]
+FAKE_TOKEN = 1  # what every row "samples": ignore_eos makes its value irrelevant
+
+
+class SimClock:
+    """The scheduler's clock: seconds since the first arrival, moved only by the simulator."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(frozen=True)
+class KVPool:
+    num_blocks: int
+    block_size: int = 16  # tacit's CacheConfig default
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+def kv_pool_from_memory(p: Pricing, max_num_batched_tokens: int, utilization: float, block_size: int = 16) -> KVPool:
+    """Blocks of one device's memory left for KV, as vLLM sizes its pool: capacity * utilization,
+    less the weight shard and the activations of the widest step (max_num_batched_tokens rows)."""
+    mem = device_memory(p.shape, p.parallel, p.weight_dtype, p.kv_dtype, 1, max_num_batched_tokens, 1, p.group_size)
+    free = p.spec.memory_capacity.value * utilization - mem.weights - mem.activations
+    per_block = block_size * kv_bytes_per_token(p.shape, p.parallel, p.kv_dtype)
+    blocks = int(free // per_block)
+    if blocks < 1:
+        raise ValueError(
+            f"no room for a KV cache: {mem.weights / 1e9:.1f} GB of weights + {mem.activations / 1e9:.1f} GB of "
+            f"activations against {p.spec.memory_capacity.value * utilization / 1e9:.1f} GB usable per device; "
+            "try more --tensor-parallel-size or a smaller --quantization"
+        )
+    return KVPool(blocks, block_size)
+
+
+@dataclass
+class SimResult:
+    results: list[RequestResult]
+    duration_s: float
+    num_steps: int
+    num_preemptions: int
+    rejected: list[str]
+    busy_s: float  # clock time spent in steps (the rest: idle, waiting for arrivals)
+    tokens_per_step: float
+
+
+def _step_of(out: SchedulerOutput, reqs: dict[str, Request]) -> MixedStep:
+    chunks = []
+    for req_id, n in out.num_scheduled_tokens.items():
+        r = reqs[req_id]
+        chunks.append(
+            Chunk(n, r.num_computed_tokens, samples_this_step(r.num_computed_tokens, n, r.num_tokens, r.params))
+        )
+    return MixedStep(chunks)
+
+
+def simulate(
+    workload: list[WorkloadRequest],
+    price: StepPricer,
+    pool: KVPool,
+    config: SchedulerConfig | None = None,
+) -> SimResult:
+    """Run the workload to completion; every request that the policy (config.policy) admits
+    finishes. Results come in arrival order (file order among equal arrival times)."""
+    config = config or SchedulerConfig()
+    for i, w in enumerate(workload, 1):
+        if w.input_len + w.output_len > pool.capacity_tokens:  # the engine's InputProcessor refuses these
+            raise ValueError(
+                f"workload request {i}: input_len + output_len = {w.input_len + w.output_len} tokens exceeds the "
+                f"KV pool's {pool.capacity_tokens} ({pool.num_blocks} blocks of {pool.block_size})"
+            )
+    clock = SimClock()
+    sched = Scheduler(config, KVCacheManager(pool.num_blocks, pool.block_size), get_policy(config.policy), clock=clock)
+    order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_s)  # stable: file order on ties
+    reqs: dict[str, Request] = {}
+    rejected: list[str] = []
+    nxt, steps, busy, tokens = 0, 0, 0.0, 0
+    while nxt < len(order) or sched.has_unfinished_requests():
+        while nxt < len(order) and workload[order[nxt]].arrival_s <= clock.now:
+            i = order[nxt]
+            w = workload[i]
+            params = SamplingParams(max_tokens=w.output_len, ignore_eos=True)
+            req = Request(f"req-{i + 1}", [0] * w.input_len, params, w.output_len, w.priority, arrival_time=w.arrival_s)
+            try:
+                sched.add_request(req)
+                reqs[req.request_id] = req
+            except SLOUnattainableError:
+                rejected.append(req.request_id)
+            nxt += 1
+        out = sched.schedule()
+        if not out.num_scheduled_tokens:
+            if nxt < len(order):  # idle until the next arrival
+                clock.now = max(clock.now, workload[order[nxt]].arrival_s)
+                continue
+            if sched.has_unfinished_requests():
+                stuck = ", ".join(r.request_id for r in sched.waiting[:5])
+                raise RuntimeError(f"the scheduler scheduled nothing with {stuck} waiting and nothing to wait for")
+            break
+        step = _step_of(out, reqs)
+        dt = price(step)
+        clock.now += dt
+        busy += dt
+        steps += 1
+        tokens += step.tokens
+        sampled = [rid for rid, c in zip(out.num_scheduled_tokens, step.chunks) if c.samples]
+        runner = ModelRunnerOutput(
+            req_ids=sampled, sampled_token_ids=[FAKE_TOKEN] * len(sampled), logprobs=[None] * len(sampled), execute_s=dt
+        )
+        sched.update_from_output(out, runner)
+    results = [_result(r) for r in reqs.values()]
+    return SimResult(results, clock.now, steps, sched.num_preemptions, rejected, busy, tokens / max(steps, 1))
+
+
+def _result(r: Request) -> RequestResult:
+    if r.first_token_time is None or r.last_token_time is None:
+        return RequestResult(ok=False, error="never finished")
+    return RequestResult(
+        ok=True,
+        ttft=r.first_token_time - r.arrival_time,
+        e2e=r.last_token_time - r.arrival_time,
+        output_tokens=len(r.output_token_ids),
+    )
+
+
+def summarize(sim: SimResult, slo: dict[str, float]) -> dict:
+    """`tacit bench serve`'s keys (milliseconds, p50/p90/p99), for the simulated run."""
+    ok = [r for r in sim.results if r.ok]
+    duration = sim.duration_s if sim.duration_s > 0 else math.nan
+    good = [r for r in ok if meets(r, slo)]
+    return {
+        "completed": len(ok),
+        "failed": len(sim.results) - len(ok) + len(sim.rejected),
+        "duration_s": sim.duration_s,
+        "request_throughput": len(ok) / duration,
+        "output_tok_s": sum(r.output_tokens for r in ok) / duration,
+        "goodput_req_s": len(good) / duration if slo else None,
+        "slo": {k: v * 1000 for k, v in slo.items()},
+        "ttft_ms": _stats([r.ttft for r in ok]),
+        "tpot_ms": _stats([r.tpot for r in ok if r.tpot is not None]),
+        "e2e_ms": _stats([r.e2e for r in ok]),
+        "num_steps": sim.num_steps,
+        "num_preemptions": sim.num_preemptions,
+        "busy_fraction": sim.busy_s / duration,
+        "mean_tokens_per_step": sim.tokens_per_step,
+    }
+
+
+def roofline_pricer(p: Pricing) -> StepPricer:
+    return lambda step: mixed_step_seconds(p, step)

@@ -1,0 +1,136 @@
+"""The time of one mixed engine step: any set of prefill chunks and decode rows, each at its own
+context, as the real scheduler hands them to the runner.
+
+`predict.step_time` prices a uniform step (every sequence the same new tokens and context).
+A continuous-batching step is not uniform, so this module splits the operators by what they
+scale with: the weight GEMMs, MoE, norms and collectives with the step's total token count (the
+weights are read once for all rows); attention with each sequence's own (chunk, context); the
+lm_head and sampler with the rows that sample. Decode rows share one attention op at their mean
+context (attention is linear in context, so the sum of FLOPs and bytes is exact); each prefill
+chunk gets its own, merged into one op per name so launches are counted once per layer, as one
+varlen attention call would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tacit.perf_model.efficiency import Profile
+from tacit.perf_model.model_shape import ModelShape
+from tacit.perf_model.operators import (
+    Op,
+    Parallel,
+    StepShape,
+    attention_ops,
+    communication_ops,
+    elementwise_ops,
+    head_ops,
+    mlp_ops,
+)
+from tacit.perf_model.roofline import OpTime, op_time, step_seconds
+from tacit.platforms.specs import HardwareSpec
+
+# Projection GEMMs whose cost depends only on the step's token count (not on any context).
+_TOKEN_GEMMS = frozenset({"qkv_proj", "o_proj", "q_a_proj", "q_b_proj", "q_proj", "kv_a_proj"})
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One sequence's share of a step: `new_tokens` computed on top of `context` cached ones."""
+
+    new_tokens: int
+    context: int
+    samples: bool  # the chunk ends the prompt (or is a decode): its row reaches the lm_head
+
+
+@dataclass(frozen=True)
+class MixedStep:
+    chunks: list[Chunk] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return sum(c.new_tokens for c in self.chunks)
+
+    @property
+    def decodes(self) -> list[Chunk]:
+        return [c for c in self.chunks if c.new_tokens == 1]
+
+    @property
+    def prefills(self) -> list[Chunk]:
+        return [c for c in self.chunks if c.new_tokens > 1]
+
+    @property
+    def sampled_rows(self) -> int:
+        return sum(c.samples for c in self.chunks)
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """What the step model needs besides the step: model, device, dtypes, parallelism."""
+
+    shape: ModelShape
+    spec: HardwareSpec
+    profile: Profile
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    group_size: int = 32
+    parallel: Parallel = Parallel()
+
+
+def _merge(ops: list[Op]) -> list[Op]:
+    """One op per name: FLOPs, bytes and rows summed, launches of one call per layer."""
+    merged: dict[str, Op] = {}
+    for op in ops:
+        prev = merged.get(op.name)
+        if prev is None:
+            merged[op.name] = op
+            continue
+        merged[op.name] = Op(
+            op.name,
+            op.op_class,
+            prev.flops + op.flops,
+            prev.bytes + op.bytes,
+            prev.rows + op.rows,
+            op.weight_dtype,
+            max(prev.launches, op.launches),
+        )
+    return list(merged.values())
+
+
+def _attention(p: Pricing, step: StepShape) -> list[Op]:
+    ops = attention_ops(p.shape, step, p.parallel, p.weight_dtype, p.kv_dtype, p.group_size)
+    return [op for op in ops if op.name not in _TOKEN_GEMMS]
+
+
+def mixed_step_times(p: Pricing, step: MixedStep) -> tuple[float, list[OpTime]]:
+    """Seconds of the step and each operator's time; an empty step costs nothing."""
+    if not step.chunks:
+        return 0.0, []
+    s, par, m = p.shape, p.parallel, step.tokens
+    whole = StepShape(1, m, 0)  # token-count-only operators see the step as m rows
+    decode_only = not step.prefills
+    times: list[OpTime] = []
+    proj = attention_ops(s, whole, par, p.weight_dtype, p.kv_dtype, p.group_size)
+    shared = [op for op in proj if op.name in _TOKEN_GEMMS]
+    shared += mlp_ops(s, whole, par, p.weight_dtype, p.group_size)
+    shared += elementwise_ops(s, whole, par)
+    sampled = step.sampled_rows
+    if sampled:
+        shared += head_ops(s, whole, par, sampled)
+    # Collectives carry every row's hidden state; the logits' all-gather only the sampled rows.
+    shared += [op for op in communication_ops(s, whole, par, sampled, p.profile.reduce_bytes) if op.bytes > 0]
+    times += [op_time(op, p.spec, p.profile, decode_only) for op in shared]
+    decodes = step.decodes
+    if decodes:
+        # Mean context as a float: attention's FLOPs and bytes are linear in it, so this is exact.
+        mean_ctx = sum(c.context for c in decodes) / len(decodes)
+        dec = StepShape(len(decodes), 1, mean_ctx)  # type: ignore[arg-type]
+        times += [op_time(op, p.spec, p.profile, True) for op in _attention(p, dec)]
+    prefill_ops = [op for c in step.prefills for op in _attention(p, StepShape(1, c.new_tokens, c.context))]
+    times += [op_time(op, p.spec, p.profile, False) for op in _merge(prefill_ops)]
+    path = p.profile.decode_path(s.architecture) if decode_only else "torch"
+    return step_seconds(times, p.profile, path, s.num_layers), times
+
+
+def mixed_step_seconds(p: Pricing, step: MixedStep) -> float:
+    return mixed_step_times(p, step)[0]

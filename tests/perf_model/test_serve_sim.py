@@ -1,0 +1,184 @@
+"""`tacit predict --serve`: the real scheduler on a simulated clock, checked by hand and by shape."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tacit.bench.workload_file import WorkloadRequest, load_workload, make_workload, write_workload
+from tacit.config import SchedulerConfig
+from tacit.perf_model.efficiency import load_profile
+from tacit.perf_model.model_shape import shape_from_hf
+from tacit.perf_model.operators import Parallel, StepShape
+from tacit.perf_model.predict import Workload, step_time
+from tacit.perf_model.serve_sim import KVPool, roofline_pricer, simulate, summarize
+from tacit.perf_model.step_model import Chunk, MixedStep, Pricing, mixed_step_seconds
+from tacit.platforms.specs import get_hardware_spec
+from tests.perf_model.test_counts import DENSE, MLA, MOE
+
+ROOT = Path(__file__).resolve().parents[2]
+BIG = KVPool(10_000, 16)
+
+
+def _const(dt: float):
+    return lambda step: dt
+
+
+def test_two_requests_constant_step_exact():
+    # Both arrive at 0 and prefill together in step 1 (0 -> 0.1 s): first tokens at 0.1 s.
+    # Steps 2 and 3 decode tokens 2 and 3: last token at 0.3 s, TPOT (0.3 - 0.1) / 2 = 0.1 s.
+    wl = [WorkloadRequest(0.0, 4, 3), WorkloadRequest(0.0, 6, 3)]
+    sim = simulate(wl, _const(0.1), BIG)
+    for r in sim.results:
+        assert r.ttft == pytest.approx(0.1) and r.e2e == pytest.approx(0.3) and r.tpot == pytest.approx(0.1)
+    assert sim.num_steps == 3 and sim.duration_s == pytest.approx(0.3)
+
+
+def test_arrival_mid_step_waits_for_the_next_step():
+    # B arrives at 0.05 s, during A's prefill step; it prefills in step 2 (0.1 -> 0.2): TTFT 0.15 s.
+    # Its 2 decodes end at 0.4 s: E2E 0.35 s. A: tokens at 0.1, 0.2, 0.3.
+    wl = [WorkloadRequest(0.0, 4, 3), WorkloadRequest(0.05, 4, 3)]
+    a, b = simulate(wl, _const(0.1), BIG).results
+    assert (a.ttft, a.e2e) == (pytest.approx(0.1), pytest.approx(0.3))
+    assert (b.ttft, b.e2e) == (pytest.approx(0.15), pytest.approx(0.35))
+
+
+def test_idle_gap_jumps_the_clock():
+    wl = [WorkloadRequest(0.0, 4, 2), WorkloadRequest(5.0, 4, 2)]
+    sim = simulate(wl, _const(0.1), BIG)
+    assert sim.results[1].ttft == pytest.approx(0.1)
+    assert sim.duration_s == pytest.approx(5.2) and sim.busy_s == pytest.approx(0.4)
+
+
+def test_chunked_prefill_splits_a_long_prompt():
+    # A 10-token prompt under a 4-token budget prefills over 3 steps: first token after step 3.
+    cfg = SchedulerConfig(max_num_batched_tokens=4, long_prefill_token_threshold=0)
+    (r,) = simulate([WorkloadRequest(0.0, 10, 2)], _const(0.1), BIG, cfg).results
+    assert r.ttft == pytest.approx(0.3) and r.e2e == pytest.approx(0.4)
+
+
+def test_kv_block_limit_queues_the_second_request():
+    # 3 blocks of 4 tokens: A (8 prompt + 4 output = 12 tokens) needs all 3, so B waits until A
+    # finishes and frees them, as the real scheduler's allocate_slots refuses it.
+    wl = [WorkloadRequest(0.0, 8, 4), WorkloadRequest(0.0, 8, 4)]
+    a, b = simulate(wl, _const(0.1), KVPool(3, 4)).results
+    assert a.e2e == pytest.approx(0.4)
+    assert b.ttft > a.e2e
+
+
+def test_kv_block_limit_preempts_when_decodes_grow():
+    # Both prompts (4 tokens = 1 block each) fit; their decodes then need more blocks than the
+    # 3 in the pool, so the scheduler preempts the newest (FCFS) and recomputes it later.
+    wl = [WorkloadRequest(0.0, 4, 6), WorkloadRequest(0.0, 4, 6)]
+    sim = simulate(wl, _const(0.1), KVPool(3, 4))
+    assert sim.num_preemptions >= 1
+    assert all(r.ok and r.output_tokens == 6 for r in sim.results)
+    assert sim.results[1].e2e > sim.results[0].e2e
+
+
+def test_request_larger_than_the_pool_is_refused_naming_it():
+    with pytest.raises(ValueError, match="workload request 2"):
+        simulate([WorkloadRequest(0.0, 4, 4), WorkloadRequest(0.0, 40, 4)], _const(0.1), KVPool(3, 4))
+
+
+def _pricing(cfg: dict, tp: int = 1, ep: bool = False) -> Pricing:
+    spec = get_hardware_spec("h200-sxm")
+    return Pricing(shape_from_hf(cfg), spec, load_profile(spec.efficiency_profile), parallel=Parallel(tp, ep))
+
+
+@pytest.mark.parametrize("cfg", [DENSE, MOE, MLA], ids=["dense", "moe", "mla"])
+def test_uniform_mixed_step_equals_predicts_step(cfg):
+    p = _pricing(cfg)
+    w = Workload(8, 256, 32)
+    dec = step_time(p.shape, p.spec, p.profile, w, StepShape(8, 1, 300))[0]
+    pre = step_time(p.shape, p.spec, p.profile, w, StepShape(1, 256, 0))[0]
+    assert mixed_step_seconds(p, MixedStep([Chunk(1, 300, True)] * 8)) == pytest.approx(dec)
+    assert mixed_step_seconds(p, MixedStep([Chunk(256, 0, True)])) == pytest.approx(pre)
+
+
+def test_mixed_step_costs_more_than_its_decodes_and_less_than_separate_steps():
+    p = _pricing(DENSE)
+    decodes = [Chunk(1, 500, True)] * 16
+    prefill = [Chunk(256, 0, True)]
+    both = mixed_step_seconds(p, MixedStep(decodes + prefill))
+    assert mixed_step_seconds(p, MixedStep(decodes)) < both
+    # one weight read for both: cheaper than two steps
+    assert both < mixed_step_seconds(p, MixedStep(decodes)) + mixed_step_seconds(p, MixedStep(prefill))
+
+
+def test_more_load_never_lowers_p90_ttft():
+    p = _pricing(DENSE)
+    base = make_workload(60, 1.0, "uniform", 256, 32, seed=3)
+    p90 = []
+    for speedup in (1, 4, 16, 64):  # the same requests arriving speedup x faster
+        wl = [WorkloadRequest(w.arrival_s / speedup, w.input_len, w.output_len) for w in base]
+        out = summarize(simulate(wl, roofline_pricer(p), KVPool(2000, 16)), {})
+        p90.append(out["ttft_ms"]["p90"])
+    assert p90 == sorted(p90), p90
+
+
+def test_goodput_counts_requests_meeting_the_slo():
+    wl = [WorkloadRequest(0.0, 4, 3), WorkloadRequest(0.25, 4, 3)]  # B: TTFT ~0.15 s
+    sim = simulate(wl, _const(0.1), BIG)
+    out = summarize(sim, {"ttft": 0.12})
+    assert out["completed"] == 2 and out["goodput_req_s"] == pytest.approx(1 / sim.duration_s)
+    assert out["ttft_ms"]["p50"] == pytest.approx(125.0)
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("not json", "line 2: not JSON"),
+        ('{"arrival_s": 0, "input_len": 4}', "line 2: missing 'output_len'"),
+        ('{"arrival_s": -1, "input_len": 4, "output_len": 2}', "line 2: arrival_s"),
+        ('{"arrival_s": 0, "input_len": 0, "output_len": 2}', "line 2: input_len"),
+        ('{"arrival_s": 0, "input_len": 4, "output_len": 2.5}', "line 2: output_len"),
+        ('{"arrival_s": 0, "input_len": 4, "output_len": 2, "prio": 1}', "line 2: unknown field"),
+        ("[1, 2]", "line 2: must be a JSON object"),
+    ],
+)
+def test_bad_workload_line_is_refused_naming_it(tmp_path, line, message):
+    f = tmp_path / "w.jsonl"
+    f.write_text('{"arrival_s": 0, "input_len": 4, "output_len": 2}\n' + line + "\n")
+    with pytest.raises(ValueError, match=message):
+        load_workload(f)
+
+
+def test_workload_roundtrip_and_comments(tmp_path):
+    reqs = make_workload(5, 2.0, "fixed", 16, 4)
+    f = tmp_path / "w.jsonl"
+    write_workload(reqs, f)
+    f.write_text("# a comment\n\n" + f.read_text())
+    assert load_workload(f) == reqs
+    assert reqs[0].arrival_s == 0 and all(a.arrival_s <= b.arrival_s for a, b in zip(reqs, reqs[1:]))
+
+
+def test_cli_serve_json(tmp_path):
+    wl, out = tmp_path / "w.jsonl", tmp_path / "o.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    gen = [sys.executable, "-m", "tacit.cli", "bench", "workload", "--out", str(wl), "--num-prompts", "8"]
+    gen += ["--request-rate", "4", "--dist", "fixed", "--input-len", "128", "--output-len", "8"]
+    assert subprocess.run(gen, cwd=ROOT, capture_output=True, text=True, env=env).returncode == 0
+    assert load_workload(wl) == make_workload(8, 4.0, "fixed", 128, 8)
+    cmd = [sys.executable, "-m", "tacit.cli", "predict", "--serve", "--model", "Llama-3.1-8B", "--hardware"]
+    cmd += ["h200-sxm", "--workload", str(wl), "--slo", "ttft:500", "--json", str(out)]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    d = json.loads(out.read_text())
+    assert d["completed"] == 8 and set(d["ttft_ms"]) == {"mean", "p50", "p90", "p99"}
+    assert "TTFT" in res.stdout and "goodput" in res.stdout
+
+
+def test_priority_policy_from_the_workload_serves_the_urgent_request_first():
+    # max_num_seqs 1: one request at a time. The priority-1 request arrives first in the file but
+    # at the same time; under priority the priority-0 one runs first, under fcfs it waits.
+    wl = [WorkloadRequest(0.0, 4, 3, priority=1), WorkloadRequest(0.0, 4, 3, priority=0)]
+    fcfs = simulate(wl, _const(0.1), BIG, SchedulerConfig(max_num_seqs=1))
+    prio = simulate(wl, _const(0.1), BIG, SchedulerConfig(max_num_seqs=1, policy="priority"))
+    # results are in arrival order (file order on ties): the urgent one is the second
+    assert fcfs.results[1].ttft == pytest.approx(0.4) and prio.results[1].ttft == pytest.approx(0.1)
