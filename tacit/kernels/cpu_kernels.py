@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import os
 import platform
-import sys
 from pathlib import Path
 from types import ModuleType
 
-import torch
+from tacit.kernels.jit_build import build_extension
 
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [
@@ -51,17 +50,6 @@ def cpu_supports_avx512_bf16() -> bool:
     return all(f in flags for f in ("avx512_bf16", "avx512f", "avx512_vnni"))
 
 
-def _source_hash() -> str:
-    """12 hex digits of sha256 over every file in csrc/ (headers included) and the flags."""
-    import hashlib
-
-    h = hashlib.sha256(" ".join(_CFLAGS).encode())
-    for f in sorted(_CSRC.iterdir()):
-        if f.suffix in (".cpp", ".h"):
-            h.update(f.name.encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:12]
-
-
 def load_cpu_kernels() -> ModuleType | None:
     """The compiled module, or None (unsupported CPU, TACIT_NO_CPU_KERNELS=1, or a failed build)."""
     global _module, _tried
@@ -70,37 +58,14 @@ def load_cpu_kernels() -> ModuleType | None:
     _tried = True
     if os.environ.get("TACIT_NO_CPU_KERNELS") or not cpu_supports_avx512_bf16():
         return None
-    import shutil
-
-    from torch.utils.cpp_extension import load
-
-    from tacit.loader.default_model import cache_dir
-
-    if shutil.which("ninja") is None:  # pip's ninja lives beside this interpreter, maybe not on PATH
-        os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-
-    # One directory and module name per source version: a build keyed only by torch's version let
-    # a changed source (another checkout, an older install) load the .so compiled from different
-    # code, and two checkouts building at once overwrote each other's ninja files.
-    name = f"tacit_cpu_kernels_{_source_hash()}"
-    build = cache_dir() / "kernels" / f"torch-{torch.__version__}" / name
-    build.mkdir(parents=True, exist_ok=True)
-    if not any(build.glob("*.so")):
-        print("tacit: compiling the AVX512-BF16 CPU kernels (once, ~1 min) ...", file=sys.stderr, flush=True)
-    try:
-        _module = load(
-            name=name,
-            sources=[str(_CSRC / s) for s in _SOURCES],
-            build_directory=str(build),
-            extra_include_paths=[str(_CSRC)],
-            extra_cflags=_CFLAGS,
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
-    except Exception as e:  # no compiler, no ninja, odd toolchain: fall back, do not fail the engine
-        print(
-            f"tacit: AVX512-BF16 CPU kernels unavailable ({type(e).__name__}: {str(e)[:200]}): using the torch path",
-            file=sys.stderr,
-        )
-        _module = None
+    _module = build_extension(
+        "tacit_cpu_kernels",
+        _CSRC,
+        _SOURCES,
+        _CFLAGS,
+        ["-fopenmp"],
+        _CFLAGS,
+        "compiling the AVX512-BF16 CPU kernels (once, ~1 min)",
+        "AVX512-BF16 CPU kernels unavailable, using the torch path",
+    )
     return _module
