@@ -11,8 +11,6 @@ from tacit.perf_model.operators import Op
 from tacit.perf_model.parallel import collective_seconds
 from tacit.platforms.specs import HardwareSpec
 
-GEMM_CLASSES = ("attn_proj", "dense_mlp", "experts", "lm_head")
-
 
 @dataclass(frozen=True)
 class OpTime:
@@ -30,11 +28,13 @@ class OpTime:
 
 
 def _efficiency(op: Op, profile: Profile, decode: bool) -> float:
-    if op.op_class in GEMM_CLASSES:
+    if op.is_gemm:
         return profile.gemm_efficiency(op.weight_dtype, op.rows)
     if op.op_class == "attention":
         return profile.attention_decode if decode else profile.attention_prefill
-    return profile.elementwise
+    if op.op_class == "sampling":
+        return profile.sampling(op.rows)
+    return profile.elementwise(op.working_set)
 
 
 def op_time(op: Op, spec: HardwareSpec, profile: Profile, decode: bool) -> OpTime:
@@ -44,7 +44,7 @@ def op_time(op: Op, spec: HardwareSpec, profile: Profile, decode: bool) -> OpTim
             op.collective, per_call, op.participants, spec.link_bandwidth.value, spec.link_latency.value
         )
         return OpTime(op, t, 0.0, t, 0.0)
-    peak = spec.peak_flops(COMPUTE_DTYPE.get(op.weight_dtype, "bf16") if op.op_class in GEMM_CLASSES else "bf16")
+    peak = spec.peak_flops(COMPUTE_DTYPE.get(op.weight_dtype, "bf16") if op.is_gemm else "bf16")
     eff = _efficiency(op, profile, decode)
     compute = op.flops / (peak * eff)
     memory = op.bytes / (spec.memory_bandwidth.value * eff)

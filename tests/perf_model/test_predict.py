@@ -108,3 +108,25 @@ def test_cli_json_has_the_keys(tmp_path):
     assert any(k.startswith("decode experts") for k in result["bottlenecks"])
     assert main(["predict", "--model", str(cfg), "--hardware", "nope"]) == 2
     assert main(["predict", "--model", str(cfg), "--hardware", "h100-sxm", "--quantization", "int3"]) == 2
+
+
+def test_this_cpu_predicts_with_the_fitted_roofs():
+    from tacit.perf_model.efficiency import load_profile
+    from tacit.perf_model.predict import fitted_roofs
+
+    profile = load_profile("this-cpu")
+    assert profile.roofs, "the fitted profile stores the roofs it was fitted against"
+    spec = get_hardware_spec("h100-sxm")
+    measured = replace(spec, name="this-cpu")  # stands in for a process's re-measured roofs
+    pinned = fitted_roofs(measured, profile)
+    assert pinned.memory_bandwidth.value == profile.roofs["read_bandwidth"]
+    assert pinned.peak_flops("bf16") == pinned.peak_flops("int8") == profile.roofs["bf16_flops"]
+    assert fitted_roofs(spec, profile) is spec  # a named device keeps its datasheet roofs
+
+
+def test_elementwise_curve_by_bytes_and_flat_numbers():
+    from tacit.perf_model.efficiency import _curve
+
+    c = _curve({"bytes": [1e6, 1e8], "eff": [0.3, 0.1]})
+    assert c(1e3) == 0.3 and c(1e9) == 0.1 and 0.1 < c(1e7) < 0.3
+    assert _curve(0.8)(12345) == 0.8  # the stated-assumption profiles give a bare number
