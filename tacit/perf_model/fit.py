@@ -34,8 +34,9 @@ from types import SimpleNamespace
 
 import torch
 
-from tacit.perf_model.efficiency import DATA
-from tacit.perf_model.fit_attention import prefill_attention_efficiency
+from tacit.perf_model.efficiency import DATA, _profile
+from tacit.perf_model.fit_attention import absorbed_bmm_curve, prefill_attention_efficiency
+from tacit.perf_model.fit_decode import fused_decode_curve
 from tacit.perf_model.fit_small_ops import best_seconds, elementwise_curve, sampling_curve
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 256, 512)
@@ -151,11 +152,12 @@ def fit(repeats: int = 5) -> dict:
     peak, bw = spec.peak_flops("bf16"), spec.memory_bandwidth.value
     print(f"this-cpu: {peak / 1e12:.3f} TFLOP/s bf16, {bw / 1e9:.1f} GB/s read", file=sys.stderr)
     gemm = {d: _gemm_curve(d, peak, bw, repeats) for d in ("bf16", "int8")}
+    gemm["bmm"] = absorbed_bmm_curve(peak, bw, repeats)
     attention_decode = _attention_decode(bw, repeats)
     attention_prefill = prefill_attention_efficiency(peak, bw, repeats)
     elementwise, sampling = elementwise_curve(bw, repeats), sampling_curve(bw, repeats)
     step, layer = _overheads(repeats)
-    return {
+    profile = {
         "source": "fitted on this machine by the command below",
         # On a shared 2-core machine, OMP_NUM_THREADS=1: with 2 threads every OpenMP region waited
         # a scheduler slice for a descheduled thread (an 8-row Q8_0 GEMV took 7.7 ms instead of 0.1)
@@ -175,6 +177,11 @@ def fit(repeats: int = 5) -> dict:
         "torch_decode_architectures": ["DeepseekV3ForCausalLM"],
         "reduce_bytes": 4,  # tacit's CPU ranks all-reduce in float32
     }
+    # Last: these subtract the step's other operators as the profile so far predicts them
+    for dtype in ("bf16", "int8"):
+        partial = _profile("this-cpu", profile)
+        gemm[f"{dtype}_fused_decode"] = fused_decode_curve(dtype, spec, partial, repeats)
+    return profile
 
 
 def main(argv: list[str] | None = None) -> int:

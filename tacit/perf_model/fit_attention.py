@@ -60,3 +60,28 @@ def prefill_attention_efficiency(peak: float, bw: float, repeats: int) -> float:
             file=sys.stderr,
         )
     return round(min(float(np.median(effs)), 1.0), 4)
+
+
+# random:deepseek-v3-1b-like MLA absorption: 16 heads, latent 512, nope = v = 128; 6 layers'
+# distinct weights (2 x 2 MB each) so successive calls stream from DRAM as a decode step does.
+BMM_HEADS, BMM_RANK, BMM_NOPE, BMM_LAYERS = 16, 512, 128, 24
+BMM_ROWS = (1, 4, 16, 64)
+
+
+def absorbed_bmm_curve(peak: float, bw: float, repeats: int) -> dict:
+    """MLA's absorbed decode projections as absorbed_mla_attention.absorbed_attend runs them:
+    q_nope [H, m, nope] @ W_UK [H, nope, rank] and o_latent [H, m, rank] @ W_UV^T [H, rank, v],
+    in torch's bf16 bmm, against operators' kv_b_absorbed count (2 m H rank (nope + v) FLOPs,
+    the weight once, activations in and out)."""
+    h, r, n = BMM_HEADS, BMM_RANK, BMM_NOPE
+    w_uk = [torch.randn(h, n, r).bfloat16() for _ in range(BMM_LAYERS)]
+    w_uv = [torch.randn(h, r, n).bfloat16() for _ in range(BMM_LAYERS)]
+    effs = []
+    for m in BMM_ROWS:
+        q, o = torch.randn(h, m, n).bfloat16(), torch.randn(h, m, r).bfloat16()
+        secs = best_seconds(lambda q=q, o=o: [(torch.bmm(q, a), torch.bmm(o, b)) for a, b in zip(w_uk, w_uv)], repeats)
+        flops = BMM_LAYERS * 2 * m * h * r * 2 * n
+        nbytes = BMM_LAYERS * (h * r * 2 * n * 2 + m * h * r * 2 * 2)
+        effs.append(round(min(1.0, max(flops / peak, nbytes / bw) / secs), 4))
+        print(f"  absorbed bmm rows {m}: {secs * 1e3:.2f} ms, eff {effs[-1]:.3f}", file=sys.stderr)
+    return {"rows": list(BMM_ROWS), "eff": effs}

@@ -43,6 +43,10 @@ class Op:
     # a matrix product over stored weights (the GEMM efficiency curve), whatever its class: the
     # MoE router is one (a bf16 F.linear), though its time counts as routing
     is_gemm: bool = False
+    # GEMM: the micro-benchmarked kernel whose curve applies ("" = the linear method of
+    # weight_dtype; "bmm": torch's batched bf16 matmul, MLA's absorbed per-head projections,
+    # which ran at 0.1-0.2 of bandwidth per row where the C++ GEMV runs at 0.7)
+    kernel: str = ""
     # elementwise: the bytes one layer's call moves, the elementwise curve's x. Its efficiency
     # depends on whether that fits the caches: tacit's layer ops reached 0.27 of bandwidth at
     # 14 MB (256 rows of the benchmark layer) and 0.05-0.07 at 230 MB (4096 rows), where every
@@ -129,7 +133,15 @@ def _mla_ops(s: ModelShape, step: StepShape, hq: int, wdt: str, kvdt: str, group
     if step.new_tokens == 1:  # absorbed decode
         absorb = 2 * m * hq * lat * (nope + v)  # q_nope -> latent, and latent -> v per head
         ops.append(
-            Op("kv_b_absorbed", "attn_proj", L * absorb, L * (kvb_weight + m * hq * lat * 2 * ACT), m, is_gemm=True)
+            Op(
+                "kv_b_absorbed",
+                "attn_proj",
+                L * absorb,
+                L * (kvb_weight + m * hq * lat * 2 * ACT),
+                m,
+                is_gemm=True,
+                kernel="bmm",
+            )
         )
         flops = 2 * hq * (lat + rope) * step.key_positions + 2 * hq * lat * step.key_positions
         ops.append(Op("attention_latent", "attention", L * flops, L * (cached + written + m * hq * 2 * lat * ACT), m))

@@ -61,8 +61,8 @@ def step_time(
     """Seconds of one engine step and its operators' times."""
     decode = step.new_tokens == 1
     ops = step_ops(s, step, w.parallel, w.weight_dtype, w.kv_dtype, w.group_size, profile.reduce_bytes)
-    times = [op_time(op, spec, profile, decode) for op in ops]
     path = profile.decode_path(s.architecture) if decode else "torch"
+    times = [op_time(op, spec, profile, decode, path) for op in ops]
     return step_seconds(times, profile, path, s.num_layers), times
 
 

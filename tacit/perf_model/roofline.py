@@ -27,9 +27,12 @@ class OpTime:
         return "compute-bound" if self.compute_s >= self.memory_s else "memory-bound"
 
 
-def _efficiency(op: Op, profile: Profile, decode: bool) -> float:
+def _efficiency(op: Op, profile: Profile, decode: bool, path: str) -> float:
     if op.is_gemm:
-        return profile.gemm_efficiency(op.weight_dtype, op.rows)
+        fused = f"{op.weight_dtype}_fused_decode"
+        if path == "decode_fused" and not op.kernel and op.op_class != "experts" and fused in profile.gemm:
+            return profile.gemm[fused](op.rows)  # fitted in whole decode steps (fit_decode.py)
+        return profile.gemm_efficiency(op.kernel or op.weight_dtype, op.rows)
     if op.op_class == "attention":
         return profile.attention_decode if decode else profile.attention_prefill
     if op.op_class == "sampling":
@@ -37,7 +40,8 @@ def _efficiency(op: Op, profile: Profile, decode: bool) -> float:
     return profile.elementwise(op.working_set)
 
 
-def op_time(op: Op, spec: HardwareSpec, profile: Profile, decode: bool) -> OpTime:
+def op_time(op: Op, spec: HardwareSpec, profile: Profile, decode: bool, path: str = "torch") -> OpTime:
+    """`path`: the engine path the step runs ("decode_fused" or "torch"), which picks the curve."""
     if op.op_class == "communication":
         per_call = op.bytes / max(op.launches, 1)
         t = op.launches * collective_seconds(
@@ -45,7 +49,7 @@ def op_time(op: Op, spec: HardwareSpec, profile: Profile, decode: bool) -> OpTim
         )
         return OpTime(op, t, 0.0, t, 0.0)
     peak = spec.peak_flops(COMPUTE_DTYPE.get(op.weight_dtype, "bf16") if op.is_gemm else "bf16")
-    eff = _efficiency(op, profile, decode)
+    eff = _efficiency(op, profile, decode, path)
     compute = op.flops / (peak * eff)
     memory = op.bytes / (spec.memory_bandwidth.value * eff)
     return OpTime(op, max(compute, memory) + op.launches * profile.op_overhead_s, compute, memory, peak)

@@ -130,3 +130,25 @@ def test_elementwise_curve_by_bytes_and_flat_numbers():
     c = _curve({"bytes": [1e6, 1e8], "eff": [0.3, 0.1]})
     assert c(1e3) == 0.3 and c(1e9) == 0.1 and 0.1 < c(1e7) < 0.3
     assert _curve(0.8)(12345) == 0.8  # the stated-assumption profiles give a bare number
+
+
+def test_each_gemm_takes_its_own_kernels_curve():
+    """Fused decode steps use the in-situ curve (fit_decode.py) for their projections, never for
+    experts or on the torch path; MLA's absorbed projections use torch's bmm curve."""
+    from tacit.perf_model.efficiency import Curve, load_profile
+    from tacit.perf_model.roofline import _efficiency
+
+    flat = {k: Curve((1.0,), (v,)) for k, v in (("bf16", 0.5), ("bf16_fused_decode", 0.4), ("bmm", 0.2))}
+    profile = replace(load_profile("this-cpu"), gemm=flat)
+    dense = _by_name(step_ops(SHAPES[0], StepShape(2, 1, 10)))
+    assert _efficiency(dense["qkv_proj"], profile, True, "decode_fused") == 0.4
+    assert _efficiency(dense["qkv_proj"], profile, True, "torch") == 0.5
+    moe = _by_name(step_ops(SHAPES[1], StepShape(2, 1, 10)))
+    assert _efficiency(moe["experts"], profile, True, "decode_fused") == 0.5
+    mla = _by_name(step_ops(SHAPES[2], StepShape(2, 1, 10)))
+    assert mla["kv_b_absorbed"].kernel == "bmm"
+    assert _efficiency(mla["kv_b_absorbed"], profile, True, "torch") == 0.2
+
+
+def _by_name(ops):
+    return {o.name: o for o in ops}
