@@ -34,9 +34,14 @@ from types import SimpleNamespace
 
 import torch
 
-from tacit.perf_model.efficiency import DATA, _profile
-from tacit.perf_model.fit_attention import absorbed_bmm_curve, prefill_attention_efficiency
+from tacit.perf_model.efficiency import DATA, _curve, _profile
+from tacit.perf_model.fit_attention import (
+    absorbed_bmm_curve,
+    mla_prefill_attention_efficiency,
+    prefill_attention_efficiency,
+)
 from tacit.perf_model.fit_decode import fused_decode_curve
+from tacit.perf_model.fit_experts import experts_curve
 from tacit.perf_model.fit_small_ops import best_seconds, elementwise_curve, sampling_curve
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 256, 512)
@@ -153,8 +158,12 @@ def fit(repeats: int = 5) -> dict:
     print(f"this-cpu: {peak / 1e12:.3f} TFLOP/s bf16, {bw / 1e9:.1f} GB/s read", file=sys.stderr)
     gemm = {d: _gemm_curve(d, peak, bw, repeats) for d in ("bf16", "int8")}
     gemm["bmm"] = absorbed_bmm_curve(peak, bw, repeats)
+    moe = experts_curve(peak, bw, repeats)
+    if moe is not None:
+        gemm["moe_bf16"] = moe
     attention_decode = _attention_decode(bw, repeats)
     attention_prefill = prefill_attention_efficiency(peak, bw, repeats)
+    attention_prefill_mla = mla_prefill_attention_efficiency(peak, bw, repeats, _curve(gemm["bf16"]))
     elementwise, sampling = elementwise_curve(bw, repeats), sampling_curve(bw, repeats)
     step, layer = _overheads(repeats)
     profile = {
@@ -167,6 +176,7 @@ def fit(repeats: int = 5) -> dict:
         "gemm": gemm,
         "attention_decode": attention_decode,
         "attention_prefill": attention_prefill,
+        "attention_prefill_mla": attention_prefill_mla,
         "elementwise": elementwise,
         "sampling": sampling,
         # the fixed costs are fitted per step and per layer below, not per kernel launch

@@ -25,13 +25,32 @@ SAMPLER_ROWS = (1, 4, 16, 64)
 VOCAB, TINY_VOCAB = 32000, 512  # the validated models' vocabulary; fit._tiny_model's
 
 
-def best_seconds(fn: Callable[[], object], repeats: int) -> float:
-    """Best of `repeats` timed calls after a warm-up: the least disturbed on a shared machine."""
+def _malloc_trim() -> None:
+    """Hand the heap's free memory back to the OS (glibc), so the next call's temporaries land
+    on fresh pages that fault in, as they do inside an engine process (below)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
+def best_seconds(fn: Callable[[], object], repeats: int, fresh_heap: bool = False) -> float:
+    """Best of `repeats` timed calls after a warm-up: the least disturbed on a shared machine.
+
+    fresh_heap: trim the heap before each call. A bare loop may reuse the previous call's freed
+    temporaries, an engine process does not: the MLA prefill path (4 x 256 tokens) took 58-60 ms
+    a call in a fresh process, 93-98 ms with random:deepseek-v3-1b's engine resident, 60 ms
+    with it resident under MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_=4G (no page returned),
+    and 107 ms with the heap trimmed before each call; in the engine's own prefill 85-93 ms."""
     import time
 
     fn()
     best = float("inf")
     for _ in range(repeats):
+        if fresh_heap:
+            _malloc_trim()
         t0 = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t0)

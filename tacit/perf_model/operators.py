@@ -10,7 +10,7 @@ efficiency absorbs a kernel that re-reads them in row chunks).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tacit.perf_model.dtypes import kv_bytes_per_row, weight_bytes_per_value
 from tacit.perf_model.model_shape import ModelShape
@@ -43,9 +43,11 @@ class Op:
     # a matrix product over stored weights (the GEMM efficiency curve), whatever its class: the
     # MoE router is one (a bf16 F.linear), though its time counts as routing
     is_gemm: bool = False
-    # GEMM: the micro-benchmarked kernel whose curve applies ("" = the linear method of
-    # weight_dtype; "bmm": torch's batched bf16 matmul, MLA's absorbed per-head projections,
-    # which ran at 0.1-0.2 of bandwidth per row where the C++ GEMV runs at 0.7)
+    # the micro-benchmarked kernel whose efficiency applies: GEMM "" = the linear method of
+    # weight_dtype; "bmm": torch's batched bf16 matmul, MLA's absorbed per-head projections
+    # (0.25-0.28 of bandwidth at 1-16 rows where the C++ GEMV reaches 0.7); "moe": the C++
+    # experts kernel (0.36 at 16 rows per expert where the GEMM curve says 0.29-0.63).
+    # Attention: "mla" for MLA's prefill (up-projection then SDPA at qk 192 / v 128).
     kernel: str = ""
     # elementwise: the bytes one layer's call moves, the elementwise curve's x. Its efficiency
     # depends on whether that fits the caches: tacit's layer ops reached 0.27 of bandwidth at
@@ -150,7 +152,8 @@ def _mla_ops(s: ModelShape, step: StepShape, hq: int, wdt: str, kvdt: str, group
         ops.append(_gemm("kv_b_proj", "attn_proj", keys, lat, hq * (nope + v), "bf16", group, L))
         flops = 2 * hq * qk * step.key_positions + 2 * hq * v * step.key_positions
         kv = keys * hq * (qk + v) * ACT
-        ops.append(Op("attention", "attention", L * flops, L * (cached + written + kv + m * hq * (qk + v) * ACT), m))
+        nbytes = L * (cached + written + kv + m * hq * (qk + v) * ACT)
+        ops.append(Op("attention", "attention", L * flops, nbytes, m, kernel="mla"))
     return ops
 
 
@@ -185,12 +188,23 @@ def mlp_ops(s: ModelShape, step: StepShape, par: Parallel, wdt: str, group: int)
     acts = pairs * (2 * h + 3 * inter) * ACT
     rows = pairs / max(distinct, 1e-9)  # tokens per expert weight pass
     ops.append(
-        Op("experts", "experts", L * flops, L * (distinct * per_expert + acts), rows, wdt, L * distinct, is_gemm=True)
+        Op(
+            "experts",
+            "experts",
+            L * flops,
+            L * (distinct * per_expert + acts),
+            rows,
+            wdt,
+            L * distinct,
+            is_gemm=True,
+            kernel="moe",
+        )
     )
     if s.num_shared_experts:
         shared = s.num_shared_experts * s.moe_intermediate_size // par.tp
-        ops.append(_gemm("shared_gate_up", "experts", m, h, 2 * shared, wdt, group, L))
-        ops.append(_gemm("shared_down", "experts", m, shared, h, wdt, group, L))
+        # the shared expert runs in the same C++ experts call (cpu_fused_moe)
+        ops.append(replace(_gemm("shared_gate_up", "experts", m, h, 2 * shared, wdt, group, L), kernel="moe"))
+        ops.append(replace(_gemm("shared_down", "experts", m, shared, h, wdt, group, L), kernel="moe"))
     return ops
 
 

@@ -32,9 +32,16 @@ def _efficiency(op: Op, profile: Profile, decode: bool, path: str) -> float:
         fused = f"{op.weight_dtype}_fused_decode"
         if path == "decode_fused" and not op.kernel and op.op_class != "experts" and fused in profile.gemm:
             return profile.gemm[fused](op.rows)  # fitted in whole decode steps (fit_decode.py)
+        if op.kernel == "moe":  # the experts kernel's own curve where fitted (bf16), else the dtype's
+            key = f"moe_{op.weight_dtype}"
+            return (
+                profile.gemm[key](op.rows) if key in profile.gemm else profile.gemm_efficiency(op.weight_dtype, op.rows)
+            )
         return profile.gemm_efficiency(op.kernel or op.weight_dtype, op.rows)
     if op.op_class == "attention":
-        return profile.attention_decode if decode else profile.attention_prefill
+        if decode:
+            return profile.attention_decode
+        return profile.attention_prefill_mla if op.kernel == "mla" else profile.attention_prefill
     if op.op_class == "sampling":
         return profile.sampling(op.rows)
     return profile.elementwise(op.working_set)
