@@ -42,8 +42,9 @@ class Profile:
     name: str
     gemm: dict[str, Curve]  # weight dtype -> curve; a dtype without one uses bf16's (int4: int8's)
     attention_decode: float  # fraction of bandwidth a decode attention streams the KV cache at
-    attention_prefill: float  # fraction of peak FLOP/s a prefill attention reaches (causal count)
-    attention_prefill_mla: float  # the same for MLA's prefill path (fit_attention.py)
+    # fraction of the roof a prefill attention reaches (causal count), by prompt length
+    attention_prefill: Curve
+    attention_prefill_mla: Curve  # the same for MLA's prefill path (fit_attention.py)
     # fraction of bandwidth the elementwise ops (norms, adds, activation, RoPE, MoE dispatch)
     # reach against their counted bytes, by bytes per layer; their fixed launch costs are in the
     # step and layer overheads
@@ -81,8 +82,8 @@ def _profile(name: str, d: dict) -> Profile:
         name=name,
         gemm={k: Curve(tuple(v["rows"]), tuple(v["eff"])) for k, v in d["gemm"].items()},
         attention_decode=d["attention_decode"],
-        attention_prefill=d["attention_prefill"],
-        attention_prefill_mla=d.get("attention_prefill_mla", d["attention_prefill"]),
+        attention_prefill=_curve(d["attention_prefill"]),
+        attention_prefill_mla=_curve(d.get("attention_prefill_mla", d["attention_prefill"])),
         elementwise=_curve(d["elementwise"]),
         sampling=_curve(d.get("sampling", d["elementwise"])),
         op_overhead_s=d["op_overhead_s"],

@@ -21,7 +21,8 @@ from tacit.perf_model.operators import Parallel, StepShape, attention_ops
 
 BLOCK = 16
 # (prompts, prompt length, query heads, KV heads, head_dim): Qwen3-100m's (12/4 x 64) and
-# Qwen3-MoE-2b's (16/2 x 128) heads, short and long prompts. The profile keeps their median.
+# Qwen3-MoE-2b's (16/2 x 128) heads, short and long prompts: a curve by prompt length, since
+# the fixed costs weigh on short prompts (0.03 of peak at 64 tokens, 0.07-0.09 at 512-1024).
 SHAPES = ((4, 64, 12, 4, 64), (1, 512, 12, 4, 64), (4, 256, 16, 2, 128), (1, 1024, 16, 2, 128))
 
 
@@ -49,17 +50,23 @@ def _run(prompts: int, t: int, hq: int, hkv: int, d: int):
     return step
 
 
-def prefill_attention_efficiency(peak: float, bw: float, repeats: int) -> float:
-    effs = []
+def _by_length(points: list[tuple[int, float]]) -> dict:
+    points.sort()
+    return {"rows": [t for t, _ in points], "eff": [round(min(e, 1.0), 4) for _, e in points]}
+
+
+def prefill_attention_efficiency(peak: float, bw: float, repeats: int) -> dict:
+    """Efficiency by prompt length (operators' attention op's rows in a prefill)."""
+    points = []
     for prompts, t, hq, hkv, d in SHAPES:
         secs = best_seconds(_run(prompts, t, hq, hkv, d), repeats, fresh_heap=True)
         op = attention_ops(_shape(hq, hkv, d), StepShape(prompts, t, 0), Parallel(), "bf16", "bf16", 32)[-1]
-        effs.append(max(op.flops / peak, op.bytes / bw) / secs)
+        points.append((t, max(op.flops / peak, op.bytes / bw) / secs))
         print(
-            f"  prefill attention {prompts}x{t} {hq}/{hkv}x{d}: {secs * 1e3:.2f} ms, eff {effs[-1]:.3f}",
+            f"  prefill attention {prompts}x{t} {hq}/{hkv}x{d}: {secs * 1e3:.2f} ms, eff {points[-1][1]:.3f}",
             file=sys.stderr,
         )
-    return round(min(float(np.median(effs)), 1.0), 4)
+    return _by_length(points)
 
 
 # random:deepseek-v3-1b-like MLA absorption: 16 heads, latent 512, nope = v = 128; 6 layers'
@@ -120,20 +127,20 @@ def _mla_run(prompts: int, t: int):
     return step
 
 
-def mla_prefill_attention_efficiency(peak: float, bw: float, repeats: int, gemm_bf16) -> float:
+def mla_prefill_attention_efficiency(peak: float, bw: float, repeats: int, gemm_bf16) -> dict:
     """A fresh MLA prompt as the engine runs it (the absorbed backend picks the naive path: the
     latents up-projected by kv_b_proj to 16 heads' K and V, then SDPA with the mask, qk width 192
     against v 128), net of operators' kv_b_proj GEMM as the bf16 curve predicts it, against the
     attention op's roofline time. The GQA benchmark's figure does not carry over: this path ran
     ~4x slower per FLOP (random:deepseek-v3-1b, 4 x 256 tokens: 1279 ms measured in attention
     against 303 ms predicted with it)."""
-    effs = []
+    points = []
     for prompts, t in MLA_PROMPTS:
         secs = best_seconds(_mla_run(prompts, t), repeats, fresh_heap=True)
         ops = {o.name: o for o in attention_ops(_mla_shape(), StepShape(prompts, t, 0), Parallel(), "bf16", "bf16", 32)}
         proj = ops["kv_b_proj"]
         proj_s = max(proj.flops / peak, proj.bytes / bw) / gemm_bf16(proj.rows)
         att = ops["attention"]
-        effs.append(max(att.flops / peak, att.bytes / bw) / max(secs - proj_s, 1e-9))
-        print(f"  MLA prefill attention {prompts}x{t}: {secs * 1e3:.2f} ms, eff {effs[-1]:.3f}", file=sys.stderr)
-    return round(min(float(np.median(effs)), 1.0), 4)
+        points.append((t, max(att.flops / peak, att.bytes / bw) / max(secs - proj_s, 1e-9)))
+        print(f"  MLA prefill attention {prompts}x{t}: {secs * 1e3:.2f} ms, eff {points[-1][1]:.3f}", file=sys.stderr)
+    return _by_length(points)

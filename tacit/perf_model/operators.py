@@ -108,7 +108,8 @@ def attention_ops(s: ModelShape, step: StepShape, par: Parallel, wdt: str, kvdt:
     cached = step.batch * (step.context + step.new_tokens) * kv_row  # read once per sequence
     written = m * kv_row
     qo = m * 2 * hq * d * ACT
-    ops.append(Op("attention", "attention", L * flops, L * (cached + written + qo), m, launches=L))
+    # rows: a prefill's query tokens per sequence, the prefill attention curve's x
+    ops.append(Op("attention", "attention", L * flops, L * (cached + written + qo), step.new_tokens, launches=L))
     return ops
 
 
@@ -153,7 +154,7 @@ def _mla_ops(s: ModelShape, step: StepShape, hq: int, wdt: str, kvdt: str, group
         flops = 2 * hq * qk * step.key_positions + 2 * hq * v * step.key_positions
         kv = keys * hq * (qk + v) * ACT
         nbytes = L * (cached + written + kv + m * hq * (qk + v) * ACT)
-        ops.append(Op("attention", "attention", L * flops, nbytes, m, kernel="mla"))
+        ops.append(Op("attention", "attention", L * flops, nbytes, step.new_tokens, kernel="mla"))
     return ops
 
 

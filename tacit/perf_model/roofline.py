@@ -41,7 +41,7 @@ def _efficiency(op: Op, profile: Profile, decode: bool, path: str) -> float:
     if op.op_class == "attention":
         if decode:
             return profile.attention_decode
-        return profile.attention_prefill_mla if op.kernel == "mla" else profile.attention_prefill
+        return (profile.attention_prefill_mla if op.kernel == "mla" else profile.attention_prefill)(op.rows)
     if op.op_class == "sampling":
         return profile.sampling(op.rows)
     return profile.elementwise(op.working_set)
