@@ -152,3 +152,25 @@ def test_each_gemm_takes_its_own_kernels_curve():
 
 def _by_name(ops):
     return {o.name: o for o in ops}
+
+
+def test_experts_and_prefill_attention_take_their_kernels_curves():
+    from tacit.perf_model.efficiency import Curve, load_profile
+    from tacit.perf_model.roofline import _efficiency
+
+    gemm = {"bf16": Curve((1.0,), (0.5,)), "int8": Curve((1.0,), (0.6,)), "moe_bf16": Curve((1.0,), (0.3,))}
+    by_length = Curve((64.0, 1024.0), (0.03, 0.09))
+    profile = replace(
+        load_profile("this-cpu"), gemm=gemm, attention_prefill=by_length, attention_prefill_mla=Curve((1.0,), (0.02,))
+    )
+    moe = _by_name(step_ops(SHAPES[1], StepShape(2, 1, 10)))
+    assert moe["experts"].kernel == "moe" and _efficiency(moe["experts"], profile, True, "decode_fused") == 0.3
+    int8 = _by_name(step_ops(SHAPES[1], StepShape(2, 1, 10), weight_dtype="int8"))
+    assert _efficiency(int8["experts"], profile, True, "decode_fused") == 0.6  # no int8 experts curve: int8's
+    mla = _by_name(step_ops(SHAPES[2], StepShape(1, 64, 0)))
+    assert mla["attention"].kernel == "mla" and _efficiency(mla["attention"], profile, False, "torch") == 0.02
+    # a prefill attention's rows are its prompt length, whatever the batch
+    short, long = (_by_name(step_ops(SHAPES[0], StepShape(4, t, 0)))["attention"] for t in (64, 1024))
+    assert (short.rows, long.rows) == (64, 1024)
+    assert _efficiency(short, profile, False, "torch") == 0.03
+    assert _efficiency(long, profile, False, "torch") == pytest.approx(0.09)
