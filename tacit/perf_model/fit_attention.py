@@ -21,9 +21,15 @@ from tacit.perf_model.operators import Parallel, StepShape, attention_ops
 
 BLOCK = 16
 # (prompts, prompt length, query heads, KV heads, head_dim): Qwen3-100m's (12/4 x 64) and
-# Qwen3-MoE-2b's (16/2 x 128) heads, short and long prompts: a curve by prompt length, since
+# Qwen3-MoE-2b's (16/2 x 128) heads, 32 to 1024 tokens: a curve by prompt length, since
 # the fixed costs weigh on short prompts (0.03 of peak at 64 tokens, 0.07-0.09 at 512-1024).
-SHAPES = ((4, 64, 12, 4, 64), (1, 512, 12, 4, 64), (4, 256, 16, 2, 128), (1, 1024, 16, 2, 128))
+SHAPES = (
+    (16, 32, 16, 2, 128),
+    (4, 64, 12, 4, 64),
+    (1, 512, 12, 4, 64),
+    (4, 256, 16, 2, 128),
+    (1, 1024, 16, 2, 128),
+)
 
 
 def _shape(hq: int, hkv: int, d: int) -> ModelShape:
@@ -96,7 +102,8 @@ def absorbed_bmm_curve(peak: float, bw: float, repeats: int) -> dict:
 
 # DeepSeek-V3's MLA widths (latent 512, rope 64, nope 128, v 128), 16 heads; (prompts, length)
 MLA_HEADS, MLA_RANK, MLA_ROPE, MLA_NOPE, MLA_V = 16, 512, 64, 128, 128
-MLA_PROMPTS = ((4, 128), (1, 512))
+# 32 tokens too: below its shortest point a curve is flat, a guess for the short prompts
+MLA_PROMPTS = ((16, 32), (4, 128), (1, 512))
 
 
 def _mla_shape() -> ModelShape:
