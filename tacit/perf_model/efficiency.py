@@ -19,7 +19,8 @@ DATA = Path(__file__).resolve().parent / "data" / "efficiency.json"
 
 @dataclass(frozen=True)
 class Curve:
-    """Efficiency against activation rows, interpolated in log(rows), flat beyond its ends."""
+    """Efficiency against activation rows (GEMM, sampler) or bytes per layer (elementwise), the
+    curve's x, interpolated in log(x), flat beyond its ends."""
 
     rows: tuple[float, ...]
     eff: tuple[float, ...]
@@ -41,8 +42,14 @@ class Profile:
     name: str
     gemm: dict[str, Curve]  # weight dtype -> curve; a dtype without one uses bf16's (int4: int8's)
     attention_decode: float  # fraction of bandwidth a decode attention streams the KV cache at
-    attention_prefill: float  # fraction of peak FLOP/s a prefill attention reaches
-    elementwise: float  # fraction of bandwidth norms, routing, sampling reach
+    # fraction of the roof a prefill attention reaches (causal count), by prompt length
+    attention_prefill: Curve
+    attention_prefill_mla: Curve  # the same for MLA's prefill path (fit_attention.py)
+    # fraction of bandwidth the elementwise ops (norms, adds, activation, RoPE, MoE dispatch)
+    # reach against their counted bytes, by bytes per layer; their fixed launch costs are in the
+    # step and layer overheads
+    elementwise: Curve
+    sampling: Curve  # the same for the sampler over the logits, by sampled rows
     op_overhead_s: float  # per kernel launch
     # per step and per layer, by the path a step runs ("decode_fused", "torch"): Python, scheduling
     step_overhead_s: dict[str, float]
@@ -50,6 +57,10 @@ class Profile:
     torch_decode_architectures: tuple[str, ...]  # architectures whose decode runs the torch path
     reduce_bytes: int  # bytes per value of a tensor-parallel all-reduce
     source: str
+    # the roofs (bf16_flops, read_bandwidth) the efficiencies were fitted against: a fitted
+    # profile predicts with these, not with roofs re-measured in the predicting process (this
+    # CPU's read bandwidth moved 41.0 -> 37.7 GB/s between two processes on the shared machine)
+    roofs: dict[str, float] | None = None
 
     def gemm_efficiency(self, weight_dtype: str, rows: float) -> float:
         key = weight_dtype if weight_dtype in self.gemm else ("int8" if weight_dtype == "int4" else "bf16")
@@ -59,19 +70,29 @@ class Profile:
         return "torch" if architecture in self.torch_decode_architectures else "decode_fused"
 
 
+def _curve(v: float | dict) -> Curve:
+    """A curve from the data file; a bare number is flat (the stated-assumption profiles)."""
+    if isinstance(v, dict):
+        return Curve(tuple(v["rows"] if "rows" in v else v["bytes"]), tuple(v["eff"]))
+    return Curve((1.0,), (float(v),))
+
+
 def _profile(name: str, d: dict) -> Profile:
     return Profile(
         name=name,
         gemm={k: Curve(tuple(v["rows"]), tuple(v["eff"])) for k, v in d["gemm"].items()},
         attention_decode=d["attention_decode"],
-        attention_prefill=d["attention_prefill"],
-        elementwise=d["elementwise"],
+        attention_prefill=_curve(d["attention_prefill"]),
+        attention_prefill_mla=_curve(d.get("attention_prefill_mla", d["attention_prefill"])),
+        elementwise=_curve(d["elementwise"]),
+        sampling=_curve(d.get("sampling", d["elementwise"])),
         op_overhead_s=d["op_overhead_s"],
         step_overhead_s=d["step_overhead_s"],
         layer_overhead_s=d["layer_overhead_s"],
         torch_decode_architectures=tuple(d.get("torch_decode_architectures", ())),
         reduce_bytes=int(d.get("reduce_bytes", 2)),
         source=d["source"],
+        roofs=d.get("roofs"),
     )
 
 

@@ -7,12 +7,19 @@ with the same OMP_NUM_THREADS, since the fitted fixed costs are per thread count
 
 Each measurement is turned into "the fraction of the roofline reached": roofline time
 max(FLOPs / peak, bytes / bandwidth) over measured time, with peak and bandwidth from
-`this-cpu` (tacit.bench.hw, measured in the same process). Best of several repeats each:
+`this-cpu` (tacit.bench.hw, measured in the same process and stored with the profile: predict
+uses these stored roofs for `this-cpu`, not its own process's). Best of several repeats each:
 the machine is shared, and the best run is the one least disturbed.
 - GEMM at 1..512 activation rows, bf16 and int8 (Q8_0) weights, through the engine's linear
   methods, over ~200 MB of distinct matrices so each pass streams from DRAM as a decode step does;
-- decode attention (the C++ paged kernel over a 2048-token cache), prefill attention (SDPA);
-- an RMSNorm-like elementwise pass;
+- decode attention (the C++ paged kernel over a 2048-token cache); prefill attention through
+  the engine's own torch_paged backend (fit_attention.py);
+- one layer's elementwise ops and the sampler, on tacit's modules (fit_small_ops.py), each
+  divided by the very byte count operators.py charges them;
+- MLA's prefill path and its absorbed decode projections (torch bmm), fit_attention.py; the C++
+  experts kernel, fit_experts.py;
+- last, the fused C++ decode path's projections in whole engine decode steps of a synthetic
+  8-layer Qwen3 (fit_decode.py), net of the other operators as the profile so far predicts them;
 - the engine's fixed cost per step and per layer: decode steps of tiny 1- and 4-layer random
   models (Qwen3: the fused C++ decode path; DeepSeek-V3: the torch path), where FLOPs and bytes
   are ~0, fitted as a + b * layers.
@@ -26,25 +33,22 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-from tacit.perf_model.efficiency import DATA
+from tacit.perf_model.efficiency import DATA, _curve, _profile
+from tacit.perf_model.fit_attention import (
+    absorbed_bmm_curve,
+    mla_prefill_attention_efficiency,
+    prefill_attention_efficiency,
+)
+from tacit.perf_model.fit_decode import fused_decode_curve
+from tacit.perf_model.fit_experts import experts_curve
+from tacit.perf_model.fit_small_ops import best_seconds, elementwise_curve, sampling_curve
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 256, 512)
-
-
-def _best(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def _gemm_curve(dtype: str, peak: float, bw: float, repeats: int) -> dict:
@@ -76,7 +80,7 @@ def _gemm_curve(dtype: str, peak: float, bw: float, repeats: int) -> dict:
     effs = []
     for m in ROWS:
         x = torch.randn(m, k).bfloat16()
-        t = _best(lambda x=x: [method.apply(layer, x) for layer in layers], repeats)
+        t = best_seconds(lambda x=x: [method.apply(layer, x) for layer in layers], repeats)
         flops = 2 * m * k * n * copies
         nbytes = (wbytes + m * (k + n) * 2) * copies
         effs.append(round(min(1.0, max(flops / peak, nbytes / bw) / t), 4))
@@ -84,7 +88,9 @@ def _gemm_curve(dtype: str, peak: float, bw: float, repeats: int) -> dict:
     return {"rows": list(ROWS), "eff": effs}
 
 
-def _attention(peak: float, bw: float, repeats: int) -> tuple[float, float]:
+def _attention_decode(bw: float, repeats: int) -> float:
+    """The C++ paged decode kernel over a 2048-token cache: the fraction of bandwidth its KV
+    stream reaches (the best of batch 1 and 8)."""
     from tacit.bench.attention import measure_attention
 
     hf = {
@@ -95,21 +101,7 @@ def _attention(peak: float, bw: float, repeats: int) -> tuple[float, float]:
         "head_dim": 128,
     }
     rows = measure_attention(hf, 2048, [1, 8], ["bfloat16"], repeats)
-    decode = max(r["kv_gb_per_s"] * 1e9 for r in rows) / bw
-    q = torch.randn(1, 16, 512, 128).bfloat16()
-    t = _best(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True), repeats)
-    prefill = 4 * 16 * 128 * (512 * 513 / 2) / t / peak
-    return round(min(decode, 1.0), 4), round(min(prefill, 1.0), 4)
-
-
-def _elementwise(bw: float, repeats: int) -> float:
-    x = torch.randn(8192, 4096).bfloat16()  # 64 MB
-    w = torch.ones(4096).bfloat16()
-
-    def rms() -> torch.Tensor:
-        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).bfloat16() * w
-
-    return round(min(2 * x.numel() * 2 / _best(rms, repeats) / bw, 1.0), 4)
+    return round(min(max(r["kv_gb_per_s"] * 1e9 for r in rows) / bw, 1.0), 4)
 
 
 def _tiny_model(arch: str, layers: int, root: Path) -> Path:
@@ -169,9 +161,16 @@ def fit(repeats: int = 5) -> dict:
     peak, bw = spec.peak_flops("bf16"), spec.memory_bandwidth.value
     print(f"this-cpu: {peak / 1e12:.3f} TFLOP/s bf16, {bw / 1e9:.1f} GB/s read", file=sys.stderr)
     gemm = {d: _gemm_curve(d, peak, bw, repeats) for d in ("bf16", "int8")}
-    attention_decode, attention_prefill = _attention(peak, bw, repeats)
+    gemm["bmm"] = absorbed_bmm_curve(peak, bw, repeats)
+    moe = experts_curve(peak, bw, repeats)
+    if moe is not None:
+        gemm["moe_bf16"] = moe
+    attention_decode = _attention_decode(bw, repeats)
+    attention_prefill = prefill_attention_efficiency(peak, bw, repeats)
+    attention_prefill_mla = mla_prefill_attention_efficiency(peak, bw, repeats, _curve(gemm["bf16"]))
+    elementwise, sampling = elementwise_curve(bw, repeats), sampling_curve(bw, repeats)
     step, layer = _overheads(repeats)
-    return {
+    profile = {
         "source": "fitted on this machine by the command below",
         # On a shared 2-core machine, OMP_NUM_THREADS=1: with 2 threads every OpenMP region waited
         # a scheduler slice for a descheduled thread (an 8-row Q8_0 GEMV took 7.7 ms instead of 0.1)
@@ -181,7 +180,9 @@ def fit(repeats: int = 5) -> dict:
         "gemm": gemm,
         "attention_decode": attention_decode,
         "attention_prefill": attention_prefill,
-        "elementwise": _elementwise(bw, repeats),
+        "attention_prefill_mla": attention_prefill_mla,
+        "elementwise": elementwise,
+        "sampling": sampling,
         # the fixed costs are fitted per step and per layer below, not per kernel launch
         "op_overhead_s": 0.0,
         "step_overhead_s": step,
@@ -190,6 +191,11 @@ def fit(repeats: int = 5) -> dict:
         "torch_decode_architectures": ["DeepseekV3ForCausalLM"],
         "reduce_bytes": 4,  # tacit's CPU ranks all-reduce in float32
     }
+    # Last: these subtract the step's other operators as the profile so far predicts them
+    for dtype in ("bf16", "int8"):
+        partial = _profile("this-cpu", profile)
+        gemm[f"{dtype}_fused_decode"] = fused_decode_curve(dtype, spec, partial, repeats)
+    return profile
 
 
 def main(argv: list[str] | None = None) -> int:

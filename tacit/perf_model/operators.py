@@ -10,7 +10,7 @@ efficiency absorbs a kernel that re-reads them in row chunks).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tacit.perf_model.dtypes import kv_bytes_per_row, weight_bytes_per_value
 from tacit.perf_model.model_shape import ModelShape
@@ -40,6 +40,20 @@ class Op:
     launches: float = 1.0  # kernel calls per step (each pays the per-op overhead)
     collective: str = ""  # communication: all_reduce | all_to_all | all_gather
     participants: int = 1  # communication: ranks in the collective
+    # a matrix product over stored weights (the GEMM efficiency curve), whatever its class: the
+    # MoE router is one (a bf16 F.linear), though its time counts as routing
+    is_gemm: bool = False
+    # the micro-benchmarked kernel whose efficiency applies: GEMM "" = the linear method of
+    # weight_dtype; "bmm": torch's batched bf16 matmul, MLA's absorbed per-head projections
+    # (0.25-0.28 of bandwidth at 1-16 rows where the C++ GEMV reaches 0.7); "moe": the C++
+    # experts kernel (0.36 at 16 rows per expert where the GEMM curve says 0.29-0.63).
+    # Attention: "mla" for MLA's prefill (up-projection then SDPA at qk 192 / v 128).
+    kernel: str = ""
+    # elementwise: the bytes one layer's call moves, the elementwise curve's x. Its efficiency
+    # depends on whether that fits the caches: tacit's layer ops reached 0.27 of bandwidth at
+    # 14 MB (256 rows of the benchmark layer) and 0.05-0.07 at 230 MB (4096 rows), where every
+    # fresh output tensor is page-faulted in
+    working_set: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -70,7 +84,7 @@ def _gemm(name: str, cls: str, rows: float, k: float, n: float, wdtype: str, gro
     """`times` GEMMs of [rows, k] @ [k, n]: 2*rows*k*n FLOPs, the weight once, activations in and out."""
     weight = k * n * weight_bytes_per_value(wdtype, group)
     acts = rows * (k + n) * ACT
-    return Op(name, cls, times * 2 * rows * k * n, times * (weight + acts), rows, wdtype, float(times))
+    return Op(name, cls, times * 2 * rows * k * n, times * (weight + acts), rows, wdtype, float(times), is_gemm=True)
 
 
 def _local(count: int, tp: int) -> int:
@@ -94,7 +108,8 @@ def attention_ops(s: ModelShape, step: StepShape, par: Parallel, wdt: str, kvdt:
     cached = step.batch * (step.context + step.new_tokens) * kv_row  # read once per sequence
     written = m * kv_row
     qo = m * 2 * hq * d * ACT
-    ops.append(Op("attention", "attention", L * flops, L * (cached + written + qo), m, launches=L))
+    # rows: a prefill's query tokens per sequence, the prefill attention curve's x
+    ops.append(Op("attention", "attention", L * flops, L * (cached + written + qo), step.new_tokens, launches=L))
     return ops
 
 
@@ -120,7 +135,17 @@ def _mla_ops(s: ModelShape, step: StepShape, hq: int, wdt: str, kvdt: str, group
     kvb_weight = lat * hq * (nope + v) * 2
     if step.new_tokens == 1:  # absorbed decode
         absorb = 2 * m * hq * lat * (nope + v)  # q_nope -> latent, and latent -> v per head
-        ops.append(Op("kv_b_absorbed", "attn_proj", L * absorb, L * (kvb_weight + m * hq * lat * 2 * ACT), m))
+        ops.append(
+            Op(
+                "kv_b_absorbed",
+                "attn_proj",
+                L * absorb,
+                L * (kvb_weight + m * hq * lat * 2 * ACT),
+                m,
+                is_gemm=True,
+                kernel="bmm",
+            )
+        )
         flops = 2 * hq * (lat + rope) * step.key_positions + 2 * hq * lat * step.key_positions
         ops.append(Op("attention_latent", "attention", L * flops, L * (cached + written + m * hq * 2 * lat * ACT), m))
     else:  # naive prefill: up-project every cached and new token's latent
@@ -128,7 +153,8 @@ def _mla_ops(s: ModelShape, step: StepShape, hq: int, wdt: str, kvdt: str, group
         ops.append(_gemm("kv_b_proj", "attn_proj", keys, lat, hq * (nope + v), "bf16", group, L))
         flops = 2 * hq * qk * step.key_positions + 2 * hq * v * step.key_positions
         kv = keys * hq * (qk + v) * ACT
-        ops.append(Op("attention", "attention", L * flops, L * (cached + written + kv + m * hq * (qk + v) * ACT), m))
+        nbytes = L * (cached + written + kv + m * hq * (qk + v) * ACT)
+        ops.append(Op("attention", "attention", L * flops, nbytes, step.new_tokens, kernel="mla"))
     return ops
 
 
@@ -149,8 +175,10 @@ def mlp_ops(s: ModelShape, step: StepShape, par: Parallel, wdt: str, group: int)
         return ops
     L, e, k = s.num_moe_layers, s.num_experts, s.top_k
     # routing: the router GEMM (kept bf16), top-k, and gathering each token's rows to its experts
-    ops.append(Op("router", "moe_routing", L * 2 * m * h * e, L * (h * e * 2 + m * (h * ACT + e * 4)), m, launches=L))
-    ops.append(Op("dispatch_combine", "moe_routing", L * m * k * h * 2, L * 2 * m * k * h * ACT, m, launches=L))
+    router_bytes = L * (h * e * 2 + m * (h * ACT + e * 4))
+    ops.append(Op("router", "moe_routing", L * 2 * m * h * e, router_bytes, m, launches=L, is_gemm=True))
+    moved = 2 * m * k * h * ACT  # each token's row to its k experts and back, per layer
+    ops.append(Op("dispatch_combine", "moe_routing", L * m * k * h * 2, L * moved, m, launches=L, working_set=moved))
     if par.ep:  # each rank holds E/N whole experts and computes the pairs routed to them
         local_experts, inter, pairs = e / par.tp, s.moe_intermediate_size, m * k / par.tp
     else:  # each rank holds every expert's 1/N of the features
@@ -160,32 +188,63 @@ def mlp_ops(s: ModelShape, step: StepShape, par: Parallel, wdt: str, group: int)
     flops = 2 * pairs * 3 * h * inter
     acts = pairs * (2 * h + 3 * inter) * ACT
     rows = pairs / max(distinct, 1e-9)  # tokens per expert weight pass
-    ops.append(Op("experts", "experts", L * flops, L * (distinct * per_expert + acts), rows, wdt, L * distinct))
+    ops.append(
+        Op(
+            "experts",
+            "experts",
+            L * flops,
+            L * (distinct * per_expert + acts),
+            rows,
+            wdt,
+            L * distinct,
+            is_gemm=True,
+            kernel="moe",
+        )
+    )
     if s.num_shared_experts:
         shared = s.num_shared_experts * s.moe_intermediate_size // par.tp
-        ops.append(_gemm("shared_gate_up", "experts", m, h, 2 * shared, wdt, group, L))
-        ops.append(_gemm("shared_down", "experts", m, shared, h, wdt, group, L))
+        # the shared expert runs in the same C++ experts call (cpu_fused_moe)
+        ops.append(replace(_gemm("shared_gate_up", "experts", m, h, 2 * shared, wdt, group, L), kernel="moe"))
+        ops.append(replace(_gemm("shared_down", "experts", m, shared, h, wdt, group, L), kernel="moe"))
     return ops
 
 
+def layer_elementwise_bytes(rows: float, hidden: float, width: float, rope_width: float, qk_norm: bool) -> float:
+    """One layer's elementwise traffic over `rows` tokens, counted as the minimum each op must move
+    (fit.py's micro-benchmark runs exactly these ops and divides this count by its time, so the
+    fitted efficiency absorbs the extra passes of tacit's real code, e.g. RMSNorm's float32 copy):
+    2 RMSNorms (read x, write y: 2 passes of hidden), 2 residual adds (3 passes), SiLU(gate) * up
+    (read 2, write 1 over the MLP width), RoPE on q and k (read + write over rope_width values) and,
+    Qwen3, an RMSNorm per head on q and k (another 2 passes over them)."""
+    return rows * (2 * 2 * hidden + 2 * 3 * hidden + 3 * width + 2 * rope_width * (2 if qk_norm else 1)) * ACT
+
+
 def elementwise_ops(s: ModelShape, step: StepShape, par: Parallel) -> list[Op]:
-    """Per layer: 2 RMSNorms and 2 residual adds over the hidden state (read + write, ~3 passes
-    each), SiLU*up over the MLP width, RoPE over q and k (and Qwen3's per-head q/k norms); plus
-    the embedding lookup and the final norm. A few FLOPs per element; bytes are what count."""
+    """Per layer: layer_elementwise_bytes; plus the embedding lookup and the final norm
+    (~3 passes of the hidden state). A few FLOPs per element; bytes are what count."""
     m, h, L = step.tokens, s.hidden_size, s.num_layers
     width = s.moe_intermediate_size * s.top_k if s.is_moe else s.intermediate_size / par.tp
     heads = (s.num_heads + s.num_kv_heads) / par.tp * (s.qk_rope_head_dim or s.head_dim)
-    per_layer = m * (4 * 3 * h + 3 * width + 2 * heads * (2 if s.qk_norm else 1)) * ACT
+    per_layer = layer_elementwise_bytes(m, h, width, heads, s.qk_norm)
     flops = L * m * (4 * 5 * h + 4 * width + 6 * heads)
-    return [Op("norms_residual_act", "norm_elementwise", flops, L * per_layer + 3 * m * h * ACT, m, launches=6 * L)]
+    nbytes = L * per_layer + 3 * m * h * ACT
+    return [Op("norms_residual_act", "norm_elementwise", flops, nbytes, m, launches=6 * L, working_set=per_layer)]
+
+
+def sampler_bytes(rows: float, vocab: float) -> float:
+    """Greedy sampling (tacit's Sampler): the bf16 logits read and cast to float32 (2 + 4 bytes
+    per entry), the float32 row read again by argmax (4): 10 bytes per vocabulary entry. fit.py's
+    sampler micro-benchmark divides this same count by its time."""
+    return rows * vocab * (ACT + 4 + 4)
 
 
 def head_ops(s: ModelShape, step: StepShape, par: Parallel, sampled_rows: int) -> list[Op]:
-    """lm_head over the rows that sample (kept bf16, tacit's default) and the sampler over
-    float32 logits (softmax/argmax: ~3 passes over a row of the vocabulary)."""
+    """lm_head over the rows that sample (kept bf16, tacit's default) and the sampler over the
+    full vocabulary of each sampled row (the logits are all-gathered first)."""
     v = s.vocab_size / par.tp
     head = _gemm("lm_head", "lm_head", sampled_rows, s.hidden_size, v, "bf16", 32, 1)
-    sample = Op("sampler", "sampling", 5 * sampled_rows * s.vocab_size, 3 * sampled_rows * s.vocab_size * 4, 1)
+    vocab = s.vocab_size
+    sample = Op("sampler", "sampling", 5 * sampled_rows * vocab, sampler_bytes(sampled_rows, vocab), sampled_rows)
     return [head, sample]
 
 

@@ -3,14 +3,14 @@ memory per device and the binding roof per operator class."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tacit.perf_model.efficiency import Profile, load_profile
 from tacit.perf_model.memory import Memory, device_memory
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.operators import Parallel, StepShape, step_ops
 from tacit.perf_model.roofline import OpTime, bottlenecks, op_time, step_seconds
-from tacit.platforms.specs import HardwareSpec
+from tacit.platforms.specs import HardwareSpec, Sourced
 
 
 @dataclass(frozen=True)
@@ -61,13 +61,27 @@ def step_time(
     """Seconds of one engine step and its operators' times."""
     decode = step.new_tokens == 1
     ops = step_ops(s, step, w.parallel, w.weight_dtype, w.kv_dtype, w.group_size, profile.reduce_bytes)
-    times = [op_time(op, spec, profile, decode) for op in ops]
     path = profile.decode_path(s.architecture) if decode else "torch"
+    times = [op_time(op, spec, profile, decode, path) for op in ops]
     return step_seconds(times, profile, path, s.num_layers), times
+
+
+def fitted_roofs(spec: HardwareSpec, profile: Profile) -> HardwareSpec:
+    """`this-cpu` re-measures its roofs in every process; its efficiencies are fractions of the
+    roofs measured when they were fitted, so predict against those (stored with the profile).
+    Otherwise a process that happens to measure 8% less bandwidth (41.0 -> 37.7 GB/s seen here)
+    would predict every memory-bound operator 8% slower while the kernels run at the same speed."""
+    if spec.name != "this-cpu" or not profile.roofs:
+        return spec
+    peak, bw = profile.roofs["bf16_flops"], profile.roofs["read_bandwidth"]
+    src = f"the roofs {profile.name}'s efficiencies were fitted against (efficiency.json)"
+    flops = {k: Sourced(peak, src) for k in spec.flops}  # int8 stands in with bf16's (specs.py)
+    return replace(spec, flops=flops, memory_bandwidth=Sourced(bw, src))
 
 
 def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | None = None) -> Prediction:
     profile = profile or load_profile(spec.efficiency_profile)
+    spec = fitted_roofs(spec, profile)
     if s.is_moe and w.parallel.ep and s.num_experts % w.parallel.tp:
         raise ValueError(f"expert parallel over {w.parallel.tp} devices needs the {s.num_experts} experts to divide")
     ttft, prefill = step_time(s, spec, profile, w, StepShape(w.batch, w.input_len, 0))

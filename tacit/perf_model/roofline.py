@@ -11,8 +11,6 @@ from tacit.perf_model.operators import Op
 from tacit.perf_model.parallel import collective_seconds
 from tacit.platforms.specs import HardwareSpec
 
-GEMM_CLASSES = ("attn_proj", "dense_mlp", "experts", "lm_head")
-
 
 @dataclass(frozen=True)
 class OpTime:
@@ -29,23 +27,36 @@ class OpTime:
         return "compute-bound" if self.compute_s >= self.memory_s else "memory-bound"
 
 
-def _efficiency(op: Op, profile: Profile, decode: bool) -> float:
-    if op.op_class in GEMM_CLASSES:
-        return profile.gemm_efficiency(op.weight_dtype, op.rows)
+def _efficiency(op: Op, profile: Profile, decode: bool, path: str) -> float:
+    if op.is_gemm:
+        fused = f"{op.weight_dtype}_fused_decode"
+        if path == "decode_fused" and not op.kernel and op.op_class != "experts" and fused in profile.gemm:
+            return profile.gemm[fused](op.rows)  # fitted in whole decode steps (fit_decode.py)
+        if op.kernel == "moe":  # the experts kernel's own curve where fitted (bf16), else the dtype's
+            key = f"moe_{op.weight_dtype}"
+            return (
+                profile.gemm[key](op.rows) if key in profile.gemm else profile.gemm_efficiency(op.weight_dtype, op.rows)
+            )
+        return profile.gemm_efficiency(op.kernel or op.weight_dtype, op.rows)
     if op.op_class == "attention":
-        return profile.attention_decode if decode else profile.attention_prefill
-    return profile.elementwise
+        if decode:
+            return profile.attention_decode
+        return (profile.attention_prefill_mla if op.kernel == "mla" else profile.attention_prefill)(op.rows)
+    if op.op_class == "sampling":
+        return profile.sampling(op.rows)
+    return profile.elementwise(op.working_set)
 
 
-def op_time(op: Op, spec: HardwareSpec, profile: Profile, decode: bool) -> OpTime:
+def op_time(op: Op, spec: HardwareSpec, profile: Profile, decode: bool, path: str = "torch") -> OpTime:
+    """`path`: the engine path the step runs ("decode_fused" or "torch"), which picks the curve."""
     if op.op_class == "communication":
         per_call = op.bytes / max(op.launches, 1)
         t = op.launches * collective_seconds(
             op.collective, per_call, op.participants, spec.link_bandwidth.value, spec.link_latency.value
         )
         return OpTime(op, t, 0.0, t, 0.0)
-    peak = spec.peak_flops(COMPUTE_DTYPE.get(op.weight_dtype, "bf16") if op.op_class in GEMM_CLASSES else "bf16")
-    eff = _efficiency(op, profile, decode)
+    peak = spec.peak_flops(COMPUTE_DTYPE.get(op.weight_dtype, "bf16") if op.is_gemm else "bf16")
+    eff = _efficiency(op, profile, decode, path)
     compute = op.flops / (peak * eff)
     memory = op.bytes / (spec.memory_bandwidth.value * eff)
     return OpTime(op, max(compute, memory) + op.launches * profile.op_overhead_s, compute, memory, peak)

@@ -143,3 +143,22 @@ def test_tensor_parallel_splits_heads_and_adds_all_reduces():
     # two all-reduces a layer of 2 rows * 64 * 2 bytes
     assert two["all_reduce"].launches == 4 and two["all_reduce"].bytes == 4 * 256
     assert "all_reduce" not in one
+
+
+def test_elementwise_and_sampler_bytes():
+    s = shape_from_hf(MOE)  # Qwen3-MoE: per-head q/k norms
+    ops = _by_name(step_ops(s, StepShape(batch=2, new_tokens=1, context=10)))
+    # per layer and row: 2 norms * 2 passes * 64 + 2 adds * 3 passes * 64 = 640; SiLU*up over
+    # k * moe width = 2 * 32 = 64 values, 3 passes: 192; RoPE + q/k norms over (4 + 2) heads * 16
+    # = 96 values, 2 passes each: 384. (640 + 192 + 384) * 2 bytes = 2432 per row, 2 rows: 4864
+    ew = ops["norms_residual_act"]
+    assert ew.working_set == 4864
+    # 2 layers, plus embedding and final norm: 3 passes * 2 rows * 64 * 2 bytes = 768
+    assert ew.bytes == 2 * 4864 + 768
+    # greedy sampler: 2 rows * 1000 entries * (2 + 4 + 4) bytes
+    assert ops["sampler"].bytes == 20000 and ops["sampler"].rows == 2
+    # the router is a bf16 GEMM (its curve), its time counted as routing
+    assert ops["router"].is_gemm and ops["router"].op_class == "moe_routing"
+    assert not ops["dispatch_combine"].is_gemm
+    # dispatch + combine per layer: 2 rows * k=2 * 64 * 2 bytes, there and back
+    assert ops["dispatch_combine"].working_set == 2 * 2 * 2 * 64 * 2

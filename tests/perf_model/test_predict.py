@@ -108,3 +108,69 @@ def test_cli_json_has_the_keys(tmp_path):
     assert any(k.startswith("decode experts") for k in result["bottlenecks"])
     assert main(["predict", "--model", str(cfg), "--hardware", "nope"]) == 2
     assert main(["predict", "--model", str(cfg), "--hardware", "h100-sxm", "--quantization", "int3"]) == 2
+
+
+def test_this_cpu_predicts_with_the_fitted_roofs():
+    from tacit.perf_model.efficiency import load_profile
+    from tacit.perf_model.predict import fitted_roofs
+
+    profile = load_profile("this-cpu")
+    assert profile.roofs, "the fitted profile stores the roofs it was fitted against"
+    spec = get_hardware_spec("h100-sxm")
+    measured = replace(spec, name="this-cpu")  # stands in for a process's re-measured roofs
+    pinned = fitted_roofs(measured, profile)
+    assert pinned.memory_bandwidth.value == profile.roofs["read_bandwidth"]
+    assert pinned.peak_flops("bf16") == pinned.peak_flops("int8") == profile.roofs["bf16_flops"]
+    assert fitted_roofs(spec, profile) is spec  # a named device keeps its datasheet roofs
+
+
+def test_elementwise_curve_by_bytes_and_flat_numbers():
+    from tacit.perf_model.efficiency import _curve
+
+    c = _curve({"bytes": [1e6, 1e8], "eff": [0.3, 0.1]})
+    assert c(1e3) == 0.3 and c(1e9) == 0.1 and 0.1 < c(1e7) < 0.3
+    assert _curve(0.8)(12345) == 0.8  # the stated-assumption profiles give a bare number
+
+
+def test_each_gemm_takes_its_own_kernels_curve():
+    """Fused decode steps use the in-situ curve (fit_decode.py) for their projections, never for
+    experts or on the torch path; MLA's absorbed projections use torch's bmm curve."""
+    from tacit.perf_model.efficiency import Curve, load_profile
+    from tacit.perf_model.roofline import _efficiency
+
+    flat = {k: Curve((1.0,), (v,)) for k, v in (("bf16", 0.5), ("bf16_fused_decode", 0.4), ("bmm", 0.2))}
+    profile = replace(load_profile("this-cpu"), gemm=flat)
+    dense = _by_name(step_ops(SHAPES[0], StepShape(2, 1, 10)))
+    assert _efficiency(dense["qkv_proj"], profile, True, "decode_fused") == 0.4
+    assert _efficiency(dense["qkv_proj"], profile, True, "torch") == 0.5
+    moe = _by_name(step_ops(SHAPES[1], StepShape(2, 1, 10)))
+    assert _efficiency(moe["experts"], profile, True, "decode_fused") == 0.5
+    mla = _by_name(step_ops(SHAPES[2], StepShape(2, 1, 10)))
+    assert mla["kv_b_absorbed"].kernel == "bmm"
+    assert _efficiency(mla["kv_b_absorbed"], profile, True, "torch") == 0.2
+
+
+def _by_name(ops):
+    return {o.name: o for o in ops}
+
+
+def test_experts_and_prefill_attention_take_their_kernels_curves():
+    from tacit.perf_model.efficiency import Curve, load_profile
+    from tacit.perf_model.roofline import _efficiency
+
+    gemm = {"bf16": Curve((1.0,), (0.5,)), "int8": Curve((1.0,), (0.6,)), "moe_bf16": Curve((1.0,), (0.3,))}
+    by_length = Curve((64.0, 1024.0), (0.03, 0.09))
+    profile = replace(
+        load_profile("this-cpu"), gemm=gemm, attention_prefill=by_length, attention_prefill_mla=Curve((1.0,), (0.02,))
+    )
+    moe = _by_name(step_ops(SHAPES[1], StepShape(2, 1, 10)))
+    assert moe["experts"].kernel == "moe" and _efficiency(moe["experts"], profile, True, "decode_fused") == 0.3
+    int8 = _by_name(step_ops(SHAPES[1], StepShape(2, 1, 10), weight_dtype="int8"))
+    assert _efficiency(int8["experts"], profile, True, "decode_fused") == 0.6  # no int8 experts curve: int8's
+    mla = _by_name(step_ops(SHAPES[2], StepShape(1, 64, 0)))
+    assert mla["attention"].kernel == "mla" and _efficiency(mla["attention"], profile, False, "torch") == 0.02
+    # a prefill attention's rows are its prompt length, whatever the batch
+    short, long = (_by_name(step_ops(SHAPES[0], StepShape(4, t, 0)))["attention"] for t in (64, 1024))
+    assert (short.rows, long.rows) == (64, 1024)
+    assert _efficiency(short, profile, False, "torch") == 0.03
+    assert _efficiency(long, profile, False, "torch") == pytest.approx(0.09)

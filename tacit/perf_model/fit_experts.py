@@ -1,0 +1,56 @@
+"""MoE experts micro-benchmark for fit.py: tacit's C++ experts kernel (cpu_fused_moe: a
+counting sort into per-expert slots, gate/up with SiLU*up in the epilogue, down with the
+routing weight folded in), bf16 experts, uniformly random top-k routing, against the FLOPs and
+bytes operators.py's experts op charges (expected distinct experts read once, rows = token
+pairs per expert read).
+
+Why its own curve: a prefill's experts run this kernel at 4-40 rows per expert, where the
+linear-method GEMM curve (one [rows, k] x [k, n] per call) does not describe it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from tacit.perf_model.fit_small_ops import best_seconds
+from tacit.perf_model.model_shape import ModelShape
+from tacit.perf_model.operators import Parallel, StepShape, mlp_ops
+
+# Qwen3-MoE-2b-like: 128 experts of 1024 -> 384, top-8; 300 MB of bf16 experts (beyond the L3).
+E, H, INTER, TOP_K = 128, 1024, 384, 8
+TOKENS = (1, 4, 16, 64, 256, 1024)
+
+
+def _shape() -> ModelShape:
+    return ModelShape("bench", H, 1, 16, 2, 64, 0, 1, True, num_experts=E, top_k=TOP_K, moe_intermediate_size=INTER)
+
+
+def experts_curve(peak: float, bw: float, repeats: int) -> dict | None:
+    """None where the C++ kernels are not available (the torch kernel is a different structure)."""
+    from tacit.kernels.cpu_fused_moe import CPUFusedMoEKernel
+    from tacit.kernels.cpu_kernels import load_cpu_kernels
+    from tacit.kernels.moe_kernel import ExpertWeights
+
+    if load_cpu_kernels() is None:
+        return None
+    kernel = CPUFusedMoEKernel()
+    weights = ExpertWeights(torch.randn(E, 2 * INTER, H).bfloat16() * 0.02, torch.randn(E, H, INTER).bfloat16() * 0.02)
+    g = torch.Generator().manual_seed(0)
+    rows, effs = [], []
+    for t in TOKENS:
+        x = torch.randn(t, H).bfloat16()
+        # a fresh routing each call: one token's 8 experts (19 MB) would otherwise sit in the L3
+        sets = [torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(t)]) for _ in range(8)]
+        w = torch.softmax(torch.randn(t, TOP_K), dim=-1)
+        turn = iter(range(1 << 30))
+        secs = best_seconds(lambda x=x, w=w, s=sets, n=turn: kernel.experts(x, w, s[next(n) % 8], weights), repeats)
+        op = next(o for o in mlp_ops(_shape(), StepShape(t, 1, 0), Parallel(), "bf16", 32) if o.name == "experts")
+        rows.append(round(op.rows, 3))
+        effs.append(round(min(1.0, max(op.flops / peak, op.bytes / bw) / secs), 4))
+        print(
+            f"  experts {t} tokens ({op.rows:.1f} rows/expert): {secs * 1e3:.2f} ms, eff {effs[-1]:.3f}",
+            file=sys.stderr,
+        )
+    return {"rows": rows, "eff": effs}

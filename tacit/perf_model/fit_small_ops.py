@@ -1,0 +1,118 @@
+"""Micro-benchmarks of the non-GEMM, non-attention work, for fit.py: one decoder layer's
+elementwise ops and the sampler, run with tacit's own modules and divided by the same byte
+counts operators.py charges them (layer_elementwise_bytes, sampler_bytes).
+
+Each time is taken net of the same ops' fixed cost (their time on 1 row, or on the tiny
+models' 512-entry vocabulary): that launch and Python cost is already in the step and layer
+overheads fitted on tiny models (fit._overheads), which run these same ops.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from tacit.perf_model.operators import layer_elementwise_bytes, sampler_bytes
+
+# A Qwen3-MoE-2b-like layer: hidden 1024, MLP width 3072, 16 query and 2 KV heads of 128 with
+# per-head q/k norms. Rows span a decode batch's tens to a 16x256 prompt batch (4096 rows).
+HIDDEN, WIDTH, HEADS_Q, HEADS_KV, HEAD_DIM = 1024, 3072, 16, 2, 128
+ELEMENTWISE_ROWS = (64, 256, 1024, 4096)
+SAMPLER_ROWS = (1, 4, 16, 64)
+VOCAB, TINY_VOCAB = 32000, 512  # the validated models' vocabulary; fit._tiny_model's
+
+
+def _malloc_trim() -> None:
+    """Hand the heap's free memory back to the OS (glibc), so the next call's temporaries land
+    on fresh pages that fault in, as they do inside an engine process (below)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
+def best_seconds(fn: Callable[[], object], repeats: int, fresh_heap: bool = False) -> float:
+    """Best of `repeats` timed calls after a warm-up: the least disturbed on a shared machine.
+
+    fresh_heap: trim the heap before each call. A bare loop may reuse the previous call's freed
+    temporaries, an engine process does not: the MLA prefill path (4 x 256 tokens) took 58-60 ms
+    a call in a fresh process, 93-98 ms with random:deepseek-v3-1b's engine resident, 60 ms
+    with it resident under MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_=4G (no page returned),
+    and 107 ms with the heap trimmed before each call; in the engine's own prefill 85-93 ms."""
+    import time
+
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        if fresh_heap:
+            _malloc_trim()
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _layer_ops(rows: int) -> Callable[[], object]:
+    """The torch path's elementwise work in one layer, on tacit's modules."""
+    from tacit.layers.norm import RMSNorm
+    from tacit.layers.rotary import RotaryEmbedding
+
+    norm, head_norm = RMSNorm(HIDDEN).bfloat16(), RMSNorm(HEAD_DIM).bfloat16()
+    rope = RotaryEmbedding(HEAD_DIM, 4096, {"rope_theta": 1e6, "rope_type": "default"})
+    cos, sin = rope.cos_sin(torch.arange(rows), torch.bfloat16)
+    x, attn_out = torch.randn(rows, HIDDEN).bfloat16(), torch.randn(rows, HIDDEN).bfloat16()
+    gate_up = torch.randn(rows, 2 * WIDTH).bfloat16()
+    q = torch.randn(rows, HEADS_Q, HEAD_DIM).bfloat16()
+    k = torch.randn(rows, HEADS_KV, HEAD_DIM).bfloat16()
+
+    def run() -> object:
+        h = norm(x)
+        r = x + attn_out
+        qn, kn = head_norm(q), head_norm(k)
+        rope(qn, kn, cos, sin)
+        h = norm(r)
+        gate, up = gate_up.chunk(2, dim=-1)  # tacit's MLP splits its fused gate_up output so
+        act = F.silu(gate) * up
+        return r + h, act
+
+    return run
+
+
+def elementwise_curve(bw: float, repeats: int) -> dict:
+    fixed = best_seconds(_layer_ops(1), repeats * 4)
+    effs, sizes = [], []
+    for rows in ELEMENTWISE_ROWS:
+        t = best_seconds(_layer_ops(rows), repeats) - fixed
+        nbytes = layer_elementwise_bytes(rows, HIDDEN, WIDTH, (HEADS_Q + HEADS_KV) * HEAD_DIM, True)
+        sizes.append(nbytes)
+        effs.append(round(min(1.0, nbytes / bw / max(t, 1e-9)), 4))
+        print(
+            f"  elementwise rows {rows} ({nbytes / 1e6:.1f} MB): {t * 1e3:.3f} ms net of {fixed * 1e3:.3f}, "
+            f"eff {effs[-1]:.3f}",
+            file=sys.stderr,
+        )
+    return {"bytes": sizes, "eff": effs}  # by bytes one layer moves: operators.Op.working_set
+
+
+def _sample(rows: int, vocab: int) -> Callable[[], object]:
+    from tacit.layers.sampler import Sampler, SamplingMetadata
+    from tacit.sampling_params import SamplingParams
+
+    logits = torch.randn(rows, vocab).bfloat16()  # lm_head's output dtype
+    meta = SamplingMetadata([SamplingParams(temperature=0.0)] * rows, [[] for _ in range(rows)], [None] * rows)
+    sampler = Sampler()
+    return lambda: sampler(logits, meta)
+
+
+def sampling_curve(bw: float, repeats: int) -> dict:
+    effs = []
+    for rows in SAMPLER_ROWS:
+        t = best_seconds(_sample(rows, VOCAB), repeats * 4) - best_seconds(_sample(rows, TINY_VOCAB), repeats * 4)
+        effs.append(round(min(1.0, sampler_bytes(rows, VOCAB) / bw / max(t, 1e-9)), 4))
+        print(f"  sampler rows {rows}: {t * 1e3:.3f} ms net, eff {effs[-1]:.3f}", file=sys.stderr)
+    return {"rows": list(SAMPLER_ROWS), "eff": effs}
