@@ -104,10 +104,16 @@ def ensure_random_model(spec: str) -> Path:
     path = cache_dir() / f"random-{name}"
     if (path / "model.safetensors").exists():
         return path
+    return write_random_model(SHAPES[name], path)
+
+
+def write_random_model(shape: dict, path: Path) -> Path:
+    """A seeded random bf16 checkpoint of `shape` (a SHAPES entry: transformers config class
+    name as "arch", then its fields) with a byte-level tokenizer, written to path."""
     import torch
     import transformers
 
-    shape = dict(SHAPES[name])
+    shape = dict(shape)
     cfg = getattr(transformers, shape.pop("arch"))(**shape, eos_token_id=shape["vocab_size"] - 1)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)

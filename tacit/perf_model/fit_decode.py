@@ -12,12 +12,9 @@ decode predicted -13% to -35% with it).
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from pathlib import Path
-
-import torch
 
 from tacit.perf_model.efficiency import Profile
 from tacit.perf_model.model_shape import shape_from_hf
@@ -44,17 +41,9 @@ PROMPT, OUTPUT = 16, 24
 
 
 def _build(root: Path) -> Path:
-    import transformers
+    from tacit.bench.random_model import write_random_model
 
-    from tacit.bench.random_model import _byte_level_tokenizer
-
-    path = root / "fused-decode-bench"
-    torch.manual_seed(0)
-    cfg = transformers.Qwen3Config(**CONFIG, eos_token_id=511)
-    transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(path)
-    _byte_level_tokenizer(512).save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
-    return path
+    return write_random_model({"arch": "Qwen3Config", **CONFIG}, root / "fused-decode-bench")
 
 
 def _step_seconds(path: Path, dtype: str, repeats: int) -> dict[int, float]:
