@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tacit.loader.default_model import cache_dir
 
+FP8_SUFFIX = "-fp8"
 SHAPES = {
     # The issue-4 reference shape: 100M parameters, 200 MB in bf16.
     "qwen3-100m": dict(
@@ -98,12 +99,20 @@ def _byte_level_tokenizer(vocab_size: int):
 
 
 def ensure_random_model(spec: str) -> Path:
+    """random:NAME, a SHAPES entry in bf16, or random:NAME-fp8, the same weights written as an
+    FP8 block-scaled checkpoint (loader/fp8_writer.py: DeepSeek-V3's format)."""
     name = spec.removeprefix("random:")
-    if name not in SHAPES:
-        raise ValueError(f"random model {name!r} is not known; valid: {', '.join('random:' + s for s in SHAPES)}")
+    base = name.removesuffix(FP8_SUFFIX)
+    if base not in SHAPES:
+        valid = ", ".join(f"random:{s}[{FP8_SUFFIX}]" for s in SHAPES)
+        raise ValueError(f"random model {name!r} is not known; valid: {valid}")
     path = cache_dir() / f"random-{name}"
     if (path / "model.safetensors").exists():
         return path
+    if name != base:
+        from tacit.loader.fp8_writer import write_fp8_checkpoint
+
+        return write_fp8_checkpoint(ensure_random_model(f"random:{base}"), path)
     return write_random_model(SHAPES[name], path)
 
 

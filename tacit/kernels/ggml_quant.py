@@ -16,6 +16,14 @@ its own run of 32-value blocks, so rows can be permuted (llama's q/k un-permute)
   Q6_K (210 bytes per 256 values): 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8
        scales (one per 16 values), fp16 d last;  value = (d * sc) * (q - 32)
 
+and one layout of tacit's own, under a tag outside ggml's enum (never written to a GGUF):
+
+  FP8_E4M3 (36 bytes): fp32 s, 32 float8_e4m3fn;  value = s * e4m3(q)
+       An FP8 block-scaled checkpoint's weight (DeepSeek-V3/R1, Kimi-K2, Qwen3-*-FP8:
+       loader/fp8_checkpoint.py), each 32 values of a row carrying the fp32 weight_scale_inv
+       of the 128 x 128 block they sit in, so the GEMV and the fused decode step stream it as
+       they stream Q8_0 (36 bytes per 32 values: 1.125 bytes a weight against the file's 1.0).
+
 `dequantize` is the oracle the AVX512 kernels (csrc/ggml_gemv.cpp) are tested against: the
 same float32 arithmetic as the gguf package's numpy code.
 """
@@ -28,6 +36,7 @@ import torch
 
 QK = 32  # values per block (Q4_K: per sub-block; its blocks hold 256)
 BF16 = 30  # GGML's id for bf16: the fused decoder's tag for a plain bf16 matrix
+FP8_E4M3 = 200  # tacit's tag for FP8 block-scaled weights (below), outside ggml's enum
 
 
 @dataclass(frozen=True)
@@ -48,6 +57,7 @@ GGML_TYPES = {
         GGMLType("Q4_K", 12, 144, 256),
         GGMLType("Q5_K", 13, 176, 256),
         GGMLType("Q6_K", 14, 210, 256),
+        GGMLType("FP8_E4M3", FP8_E4M3, 36),  # csrc/ggml_gemv.h kF8E4M3
     )
 }
 
@@ -117,6 +127,9 @@ def dequantize(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
         return _dequantize_q4_k(blocks).reshape(rows, cols)
     if t.name == "Q6_K":
         return _dequantize_q6_k(blocks).reshape(rows, cols)
+    if t.name == "FP8_E4M3":
+        s = blocks[..., 0:4].contiguous().view(torch.float32)  # [rows, nb, 1]
+        return (blocks[..., 4:].contiguous().view(torch.float8_e4m3fn).float() * s).reshape(rows, cols)
     d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [rows, nb, 1]
     if t.name == "Q8_0":
         q = blocks[..., 2:].contiguous().view(torch.int8).float()

@@ -293,6 +293,11 @@ def use_ggml_weights(model: nn.Module, types: dict[str, int], platform: str, dty
         if len(found) > 1:
             mixed.append(f"{name} ({'/'.join(GGML_TYPES[t].name for t in sorted(found))})")
             continue
-        layer.rebuild_weights(GGMLLinearMethod.for_type(found.pop(), platform, dtype))
+        ggml_type = found.pop()
+        if layer.in_features % GGML_TYPES[ggml_type].block_values:
+            # A row-parallel rank's columns cut through blocks: its slice arrives dequantized
+            # (loader/shards.narrow_tensor), so the layer stays float.
+            continue
+        layer.rebuild_weights(GGMLLinearMethod.for_type(ggml_type, platform, dtype))
     if mixed:
         print(f"tacit: dequantized at load, shards of mixed GGML types: {', '.join(mixed)}", file=sys.stderr)

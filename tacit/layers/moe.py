@@ -303,13 +303,24 @@ def use_ggml_experts(model: nn.Module, types: dict[str, int]) -> None:
 
 
 def use_ggml_expert_stacks(model: nn.Module, types: dict[str, int]) -> None:
-    """Hold each FusedMoE's stacks as the GGML blocks a GGUF gives them (before loading).
-    types: {`{module}.{proj}.weight`, a whole stack: GGML type}; gate and up share w13, so they
-    stay float unless of one type."""
+    """Hold each FusedMoE's stacks as the GGML blocks its checkpoint gives them (before loading).
+    types: {`{module}.{proj}.weight` (a GGUF's whole stack) or `{module}.{expert}.{proj}.weight`
+    (a Hugging Face checkpoint's quantized experts, FP8 or GPTQ): GGML type}. A projection whose
+    experts differ in type, and gate and up unless of one type (they share w13), stay float."""
     for name, m in model.named_modules():
         if isinstance(m, FusedMoE):
-            gate, up, down = (types.get(f"{name}.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj"))
+            gate, up, down = (
+                _experts_type(types, name, m.num_experts, p) for p in ("gate_proj", "up_proj", "down_proj")
+            )
             m.use_ggml_stacks(gate if gate == up else None, down)
+
+
+def _experts_type(types: dict[str, int], module: str, num_experts: int, proj: str) -> int | None:
+    stack = types.get(f"{module}.{proj}.weight")
+    if stack is not None:
+        return stack
+    found = {types.get(f"{module}.{e}.{proj}.weight") for e in range(num_experts)}
+    return found.pop() if len(found) == 1 else None
 
 
 def select_moe_kernel(platform: str, dtype: torch.dtype) -> MoEKernel:

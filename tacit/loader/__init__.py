@@ -30,7 +30,7 @@ class ModelSource:
     # tensors (others are narrowed after reading, loader/shards.py).
     weights: Callable[..., Iterator[tuple[str, torch.Tensor | GGMLTensor]]]
     # {HF weight name: GGML type id} of the weights `weights` yields still quantized (a GGUF's
-    # blocks, or a GPTQ / AWQ checkpoint's layers converted to Q4_1).
+    # blocks, a GPTQ / AWQ checkpoint's layers converted to Q4_1, an FP8 one's to FP8_E4M3).
     quantized_weights: dict[str, int] = field(default_factory=dict)
 
 
@@ -72,13 +72,14 @@ def open_model(model: str | Path | None) -> ModelSource:
     eos = hf_eos_token_ids(path, config) or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
     if method is None:
         return ModelSource(path, config, tok, eos, lambda skip=None, shards=None: iter_safetensors(path, skip, shards))
-    # GPTQ / AWQ: each layer's packed 4-bit tensors arrive as one GGMLTensor of Q4_1 blocks,
-    # kept or dequantized as a GGUF's are (--quantization auto | gguf | none).
+    # GPTQ / AWQ: each layer's packed 4-bit tensors arrive as one GGMLTensor of Q4_1 blocks; FP8:
+    # each weight and its block scales as one of FP8_E4M3 blocks; kept or dequantized as a
+    # GGUF's are (--quantization auto | gguf | none).
     return ModelSource(
         path,
         config,
         tok,
         eos,
         lambda shards=None: narrowed(converted_weights(iter_safetensors(path), method, config), shards or {}),
-        quantized_weight_names(safetensors_files(path)),
+        quantized_weight_names(safetensors_files(path), method),
     )

@@ -1,5 +1,5 @@
-"""Hugging Face checkpoints already quantized to 4 bits by GPTQ or AWQ, converted at load into
-Q4_1 blocks, which the GGML kernels, the fused decode step and the prefill path run as they
+"""Hugging Face checkpoints already quantized: 4 bits by GPTQ or AWQ (here), or FP8 block-scaled
+(loader/fp8_checkpoint.py). GPTQ and AWQ layers are converted at load into Q4_1 blocks, which the GGML kernels, the fused decode step and the prefill path run as they
 run a GGUF's (one implementation of a quantized matmul; see kernels/weight_quant.py).
 
 Both store, per linear layer `p`, p.qweight (int32, eight 4-bit values each), p.qzeros (int32,
@@ -31,6 +31,7 @@ from safetensors import safe_open
 
 from tacit.kernels.ggml_quant import QK, GGMLTensor
 from tacit.kernels.weight_quant import Q4_1, pack_q4_1
+from tacit.loader.fp8_checkpoint import check_fp8_config, fp8_converted, fp8_weight_names
 from tacit.loader.safetensors_check import check_safetensors_file
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # bit slot i of a packed int32 holds column 8c + AWQ_ORDER[i]
@@ -40,7 +41,7 @@ _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
 
 
 def quant_method(path: Path, config: dict) -> str | None:
-    """ "gptq" or "awq" for a checkpoint tacit converts; None for an unquantized one; a
+    """ "gptq", "awq" or "fp8" for a checkpoint tacit converts; None for an unquantized one; a
     ValueError naming the setting for any other quantization_config."""
     qc = config.get("quantization_config")
     if qc is None:
@@ -49,8 +50,14 @@ def quant_method(path: Path, config: dict) -> str | None:
     if not isinstance(qc, dict):
         raise ValueError(f"{where} is not an object")
     method = str(qc.get("quant_method", "")).lower()
+    if method == "fp8":
+        check_fp8_config(qc, where)
+        return method
     if method not in ("gptq", "awq"):
-        raise ValueError(f"{where}: quant_method {method!r} is not supported; tacit loads gptq and awq (4-bit)")
+        raise ValueError(
+            f"{where}: quant_method {method!r} is not supported; tacit loads gptq and awq (4-bit) and fp8 "
+            "(block-scaled e4m3)"
+        )
     bits = qc.get("bits", qc.get("w_bit"))
     if bits != 4:
         raise ValueError(f"{where}: bits={bits!r}; tacit loads 4-bit {method} checkpoints only")
@@ -66,8 +73,11 @@ def quant_method(path: Path, config: dict) -> str | None:
     return method
 
 
-def quantized_weight_names(files: list[Path]) -> dict[str, int]:
-    """{HF weight name: Q4_1} for every layer whose qweight the shards hold (headers only)."""
+def quantized_weight_names(files: list[Path], method: str) -> dict[str, int]:
+    """{HF weight name: GGML type} of the layers `method` converts (headers only): Q4_1 for every
+    layer whose qweight the shards hold, FP8_E4M3 for every fp8 weight with a scale."""
+    if method == "fp8":
+        return fp8_weight_names(files)
     out = {}
     for f in files:
         check_safetensors_file(f)  # a lying or truncated header fails here, naming the file
@@ -132,9 +142,13 @@ def convert(method: str, parts: dict[str, torch.Tensor], zero_offset: int, name:
 def converted_weights(
     tensors: Iterator[tuple[str, torch.Tensor]], method: str, config: dict
 ) -> Iterator[tuple[str, torch.Tensor | GGMLTensor]]:
-    """The checkpoint's tensors with each layer's qweight/qzeros/scales yielded as one
-    GGMLTensor named `<layer>.weight`, as soon as its last part streams by."""
+    """The checkpoint's tensors with each layer's qweight/qzeros/scales (fp8: weight and
+    weight_scale_inv) yielded as one GGMLTensor named `<layer>.weight`, as soon as its last part
+    streams by."""
     qc = config["quantization_config"]
+    if method == "fp8":
+        yield from fp8_converted(tensors, tuple(qc["weight_block_size"]))
+        return
     # AutoGPTQ v1 stores zero - 1 (its "zero point offset"); gptq_v2 (GPTQModel) the zero itself.
     offset = 1 if method == "gptq" and str(qc.get("checkpoint_format", "gptq")).lower() != "gptq_v2" else 0
     pending: dict[str, dict[str, torch.Tensor]] = {}

@@ -73,7 +73,7 @@ def build_model(
         )
     if cfg.expert_cache_memory is not None and quantized_weights:
         raise ValueError(
-            f"expert_cache_memory: {cfg.path}'s weights are quantized (GPTQ / AWQ / GGUF); "
+            f"expert_cache_memory: {cfg.path}'s weights are quantized (GPTQ / AWQ / FP8 / GGUF); "
             "only an unquantized safetensors MoE checkpoint's experts stream"
         )
     opened = dict(skip=is_expert_weight) if cfg.expert_cache_memory is not None else {}

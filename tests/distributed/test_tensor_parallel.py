@@ -17,6 +17,7 @@ from tacit.distributed.shm_communicator import ShmCommunicator
 from tacit.engine.executor import WorkerDiedError
 from tacit.kernels.cpu_fused_decode import ShardedDecoder
 from tacit.kernels.cpu_kernels import load_cpu_kernels
+from tacit.kernels.ggml_quant import FP8_E4M3
 from tacit.layers.moe import FusedMoE
 from tacit.loader.gguf_writer import export_hf_to_gguf
 
@@ -146,6 +147,28 @@ def test_gguf_expert_stacks_split_over_ranks(tiny_model_factory, tmp_path, arch,
     assert moe and all(m.w13_type == 8 and m.w2_type == (8 if down_blocks else None) for m in moe)
     experts = moe[0].num_experts
     assert all(m.w13.shape[0] == (experts // 2 if expert_parallel else experts) for m in moe)
+
+
+def test_fp8_checkpoint_split_over_ranks(tiny_model_factory, tmp_path):
+    """An FP8 block-scaled DeepSeek-V3 (MLA heads and experts split, experts by expert) kept
+    in its FP8_E4M3 blocks: each rank's rows and whole-block columns, the same tokens as one
+    process on the same checkpoint."""
+    from fp8_checkpoints import write_fp8_checkpoint
+
+    model, _, hf_dir = tiny_model_factory("deepseek_v3")
+    path, _ = write_fp8_checkpoint(hf_dir, tmp_path / "fp8")
+    prompts = prompts_for(model.config.vocab_size)
+    ref = LLM(str(path), dtype="float32", quantization="gguf").generate(prompts, GREEDY)
+    llm = LLM(str(path), dtype="float32", quantization="gguf", tensor_parallel_size=2, expert_parallel=True)
+    try:
+        got = llm.generate(prompts, GREEDY)
+        moe = [m for m in llm.engine.model.modules() if isinstance(m, FusedMoE)]
+        o_proj = llm.engine.model.model.layers[0].self_attn.o_proj
+    finally:
+        llm.engine.shutdown()
+    assert_same(ref, got)
+    assert moe and all(m.w13_type == m.w2_type == FP8_E4M3 for m in moe)
+    assert o_proj.weight.dtype == torch.uint8 and o_proj.linear_method.ggml_type == FP8_E4M3
 
 
 def test_tp2_seeded_sampling_and_prompt_logprobs(tiny_llama):

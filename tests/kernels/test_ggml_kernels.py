@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16, load_cpu_kernels
-from tacit.kernels.ggml_quant import GGML_TYPES, GGMLTensor, dequantize
+from tacit.kernels.ggml_quant import FP8_E4M3, GGML_TYPES, GGMLTensor, dequantize
 from tacit.layers.ggml_linear_method import GGMLLinearMethod
 from tacit.layers.linear import Linear
 
@@ -30,12 +30,22 @@ _K_SCALES = {Q4_K: (0, 4), Q5_K: (0, 4), Q6_K: (208, 210)}
 
 def quantized(ggml_type: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(uint8 blocks, the oracle's float32 [n, k]) for a random matrix, quantized by the gguf
-    package; K-quants, which it cannot quantize, as random blocks with small finite scales."""
+    package; K-quants, which it cannot quantize, as random blocks with small finite scales;
+    FP8_E4M3 (not a gguf type) as random finite e4m3 codes beside random fp32 block scales,
+    the oracle torch's own float8_e4m3fn values times the scale."""
     import gguf
     from gguf.quants import dequantize as gguf_dequantize
     from gguf.quants import quantize
 
     rng = np.random.default_rng(seed)
+    if ggml_type == FP8_E4M3:
+        codes = rng.integers(0, 256, size=(n, k), dtype=np.uint8)
+        codes[(codes & 0x7F) == 0x7F] = 0x7E  # 0x7F / 0xFF are NaN
+        scales = rng.uniform(0.001, 0.01, size=(n, k // 32)).astype(np.float32)
+        values = torch.from_numpy(codes).view(torch.float8_e4m3fn).float()
+        values = values * torch.from_numpy(scales).repeat_interleave(32, dim=1)
+        blocks = np.concatenate([scales.view(np.uint8).reshape(n, -1, 4), codes.reshape(n, -1, 32)], axis=2)
+        return torch.from_numpy(blocks.reshape(n, -1)), values
     qtype = gguf.GGMLQuantizationType(ggml_type)
     if ggml_type in _K_SCALES:
         t = GGML_TYPES[ggml_type]

@@ -170,13 +170,13 @@ def test_unsupported_settings_are_named(tiny_llama, tmp_path):
     path, _ = write_checkpoint(tiny_llama[2], tmp_path / "g", "gptq")
     with pytest.raises(ValueError, match="int8/int4 quantize an unquantized Hugging Face checkpoint at load; .* use"):
         LLM(str(path), dtype="float32", quantization="int8")
-    with pytest.raises(ValueError, match="weights are quantized \\(GPTQ / AWQ / GGUF\\); only an unquantized"):
+    with pytest.raises(ValueError, match="weights are quantized \\(GPTQ / AWQ / FP8 / GGUF\\); only an unquantized"):
         LLM(str(path), dtype="float32", expert_cache_memory=1 << 20)
     cfg = json.loads((path / "config.json").read_text())
     for change, message in [
         ({"desc_act": True}, "desc_act=true \\(act-order\\) is not supported"),
         ({"bits": 8}, "bits=8; tacit loads 4-bit gptq checkpoints only"),
-        ({"quant_method": "fp8"}, "quant_method 'fp8' is not supported; tacit loads gptq and awq"),
+        ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes' is not supported; tacit loads gptq and awq"),
         ({"quant_method": "awq", "version": "gemv"}, "AWQ version 'gemv' is not supported"),
         ({"quant_method": "awq", "zero_point": False}, "zero_point=false \\(no qzeros\\) is not supported"),
     ]:

@@ -16,8 +16,8 @@ std::tuple<torch::Tensor, torch::Tensor> kv_quantize_rows(torch::Tensor x, bool 
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm_bf16_skinny", &tacit::gemm_bf16_skinny, "bf16 weight x 1-8 activation rows (AVX512-BF16)");
-  m.def("gemm_ggml_skinny", &tacit::gemm_ggml_skinny, "GGML Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weight x 1-8 bf16 activation rows");
-  m.def("ggml_dequantize", &tacit::ggml_dequantize, "GGML Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weight -> bf16 [N, K]");
+  m.def("gemm_ggml_skinny", &tacit::gemm_ggml_skinny, "GGML Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K or FP8 block weight x 1-8 bf16 activation rows");
+  m.def("ggml_dequantize", &tacit::ggml_dequantize, "GGML Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K or FP8 block weight -> bf16 [N, K]");
   m.def("paged_decode_attention", &tacit::paged_decode_attention,
         "decode attention over a bf16 or int8 paged KV cache [2, blocks, block_size, Hkv, D(+4)]",
         pybind11::call_guard<pybind11::gil_scoped_release>());

@@ -28,6 +28,27 @@ inline float half_at(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
+inline float float_at(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, 4);
+  return f;
+}
+
+// 16 e4m3fn bytes -> fp32, exactly (torch.float8_e4m3fn's values). A normal's exponent is
+// rebiased from 7 to 127 by adding 120 and its 3 mantissa bits land on top of fp32's; a
+// subnormal (exponent field 0) is m * 2^-9, converted from the integer so no fp32 denormal
+// (and its microcode assist) is ever an operand. NaN (0x7F / 0xFF) is refused at load.
+inline __m512 e4m3_to_fp32(const uint8_t* p) {
+  const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi32(0x7F));
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
+  const __m512 normal =
+      _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23)));
+  const __m512 subnormal = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(1.0f / 512));
+  const __m512 v = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8)), normal, subnormal);
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
+}
+
 // One block's 32 values as bf16, value i in lane i (low nibbles are values 0-15, high 16-31).
 template <int T>
 inline __m512bh dequant_block(const uint8_t* b) {
@@ -37,6 +58,10 @@ inline __m512bh dequant_block(const uint8_t* b) {
     const __m512 hi =
         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18))));
     return _mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, d), _mm512_mul_ps(lo, d));
+  } else if constexpr (T == kF8E4M3) {
+    // value * block scale in fp32, then one bf16 rounding: DeepSeek's weight_dequant arithmetic.
+    const __m512 d = _mm512_set1_ps(float_at(b));
+    return _mm512_cvtne2ps_pbh(_mm512_mul_ps(e4m3_to_fp32(b + 20), d), _mm512_mul_ps(e4m3_to_fp32(b + 4), d));
   } else {
     constexpr int qs = T == kQ4_1 ? 4 : 2;
     const __m512 d = _mm512_set1_ps(half_at(b));
@@ -61,6 +86,7 @@ template <int T>
 constexpr int64_t kBlockBytes = T == kQ4_0   ? 18
                                  : T == kQ4_1 ? 20
                                  : T == kQ8_0 ? 34
+                                 : T == kF8E4M3 ? 36
                                  : T == kQ4_K ? 144
                                  : T == kQ5_K ? 176
                                               : 210;
@@ -199,11 +225,13 @@ void dequant_rows(const uint8_t* w, uint16_t* out, int64_t n, int64_t k) {
 }
 
 bool has_kernel(int type) {
-  return type == kQ4_0 || type == kQ4_1 || type == kQ8_0 || type == kQ4_K || type == kQ5_K || type == kQ6_K;
+  return type == kQ4_0 || type == kQ4_1 || type == kQ8_0 || type == kQ4_K || type == kQ5_K || type == kQ6_K ||
+         type == kF8E4M3;
 }
 
 void check_weight(const torch::Tensor& weight, int64_t type, int64_t k) {
-  TORCH_CHECK(has_kernel(static_cast<int>(type)), "GGML type ", type, " has no kernel (Q4_0=2, Q4_1=3, Q8_0=8, Q4_K=12, Q5_K=13, Q6_K=14)");
+  TORCH_CHECK(has_kernel(static_cast<int>(type)), "GGML type ", type,
+              " has no kernel (Q4_0=2, Q4_1=3, Q8_0=8, Q4_K=12, Q5_K=13, Q6_K=14, FP8_E4M3=200)");
   const int64_t rb = ggml_row_bytes(static_cast<int>(type), k);
   TORCH_CHECK(k > 0 && rb > 0, "K=", k, " is not whole blocks of GGML type ", type);
   TORCH_CHECK(weight.scalar_type() == torch::kUInt8 && weight.is_contiguous() && weight.dim() == 2 &&
@@ -232,6 +260,7 @@ int64_t ggml_row_bytes(int type, int64_t k) {
     case kQ4_K: return row_bytes_of<kQ4_K>(k);
     case kQ5_K: return row_bytes_of<kQ5_K>(k);
     case kQ6_K: return row_bytes_of<kQ6_K>(k);
+    case kF8E4M3: return row_bytes_of<kF8E4M3>(k);
     default: return 0;
   }
 }
@@ -244,6 +273,7 @@ int64_t ggml_row_values(int type, int64_t bytes) {
     case kQ4_K: return row_values_of<kQ4_K>(bytes);
     case kQ5_K: return row_values_of<kQ5_K>(bytes);
     case kQ6_K: return row_values_of<kQ6_K>(bytes);
+    case kF8E4M3: return row_values_of<kF8E4M3>(bytes);
     default: return 0;
   }
 }
@@ -256,6 +286,7 @@ void gemv_ggml(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t 
     case kQ4_K: return gemv_type<kQ4_K>(w, x, y, n, k, m);
     case kQ5_K: return gemv_type<kQ5_K>(w, x, y, n, k, m);
     case kQ6_K: return gemv_type<kQ6_K>(w, x, y, n, k, m);
+    case kF8E4M3: return gemv_type<kF8E4M3>(w, x, y, n, k, m);
     default: TORCH_CHECK(false, "GGML type ", type, " has no kernel");
   }
 }
@@ -269,6 +300,7 @@ void gemv_ggml_rows(const uint8_t* w, int type, const uint16_t* x, float* y, int
     case kQ4_K: return dispatch_rows<kQ4_K, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
     case kQ5_K: return dispatch_rows<kQ5_K, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
     case kQ6_K: return dispatch_rows<kQ6_K, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
+    case kF8E4M3: return dispatch_rows<kF8E4M3, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
     default: TORCH_CHECK(false, "GGML type ", type, " has no kernel");
   }
 }
@@ -285,6 +317,7 @@ torch::Tensor ggml_dequantize(torch::Tensor weight, int64_t type, int64_t k) {
     case kQ8_0: dequant_rows<kQ8_0>(w, o, n, k); break;
     case kQ4_K: dequant_rows<kQ4_K>(w, o, n, k); break;
     case kQ5_K: dequant_rows<kQ5_K>(w, o, n, k); break;
+    case kF8E4M3: dequant_rows<kF8E4M3>(w, o, n, k); break;
     default: dequant_rows<kQ6_K>(w, o, n, k); break;
   }
   return out;

@@ -1,4 +1,5 @@
-// GGML block-quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) x 1-8 bf16 activation rows, for decode.
+// GGML block-quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, and FP8 e4m3 blocks) x 1-8 bf16
+// activation rows, for decode.
 #pragma once
 
 #include <torch/extension.h>
@@ -7,8 +8,19 @@
 
 namespace tacit {
 
-// GGML's type ids (ggml.h); kBf16 tags a plain bf16 matrix in the fused decoder.
-enum GgmlType : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14, kBf16 = 30 };
+// GGML's type ids (ggml.h); kBf16 tags a plain bf16 matrix in the fused decoder. kF8E4M3 is
+// tacit's own tag (outside ggml's enum, never written to a GGUF): an FP8 block-scaled checkpoint's
+// weights as 36-byte blocks, its block's fp32 scale then 32 e4m3 values (kernels/ggml_quant.py).
+enum GgmlType : int {
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kBf16 = 30,
+  kF8E4M3 = 200,
+};
 
 // Bytes of a row of k values, or 0 for a type without a kernel here or k not whole blocks.
 int64_t ggml_row_bytes(int type, int64_t k);
