@@ -34,19 +34,18 @@ inline float float_at(const uint8_t* p) {
   return f;
 }
 
-// 16 e4m3fn bytes -> fp32, exactly (torch.float8_e4m3fn's values). A normal's exponent is
-// rebiased from 7 to 127 by adding 120 and its 3 mantissa bits land on top of fp32's; a
-// subnormal (exponent field 0) is m * 2^-9, converted from the integer so no fp32 denormal
-// (and its microcode assist) is ever an operand. NaN (0x7F / 0xFF) is refused at load.
-inline __m512 e4m3_to_fp32(const uint8_t* p) {
-  const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi32(0x7F));
-  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
-  const __m512 normal =
-      _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(mag, 20), _mm512_set1_epi32(120 << 23)));
-  const __m512 subnormal = _mm512_mul_ps(_mm512_cvtepi32_ps(mag), _mm512_set1_ps(1.0f / 512));
-  const __m512 v = _mm512_mask_blend_ps(_mm512_cmplt_epi32_mask(mag, _mm512_set1_epi32(8)), normal, subnormal);
-  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
+// 32 e4m3fn bytes -> their exact values as bf16, unscaled (every e4m3 value is a bf16 value: 3
+// mantissa bits, exponents 2^-9..2^8). Normals: the exponent rebiased from 7 to 127 by adding 120;
+// subnormals m * 2^-9 (m = 1..7) are bf16 normals, read from a table indexed by m.
+inline __m512bh e4m3_to_bf16(const uint8_t* p) {
+  alignas(64) static const uint16_t kSubnormals[32] = {0, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60};
+  const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi16(0x7F));
+  const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8);
+  const __m512i normal = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(120 << 7));
+  const __m512i subnormal = _mm512_permutexvar_epi16(mag, _mm512_load_si512(kSubnormals));
+  const __m512i v = _mm512_mask_blend_epi16(_mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8)), normal, subnormal);
+  return (__m512bh)_mm512_or_si512(v, sign);
 }
 
 // One block's 32 values as bf16, value i in lane i (low nibbles are values 0-15, high 16-31).
@@ -61,7 +60,10 @@ inline __m512bh dequant_block(const uint8_t* b) {
   } else if constexpr (T == kF8E4M3) {
     // value * block scale in fp32, then one bf16 rounding: DeepSeek's weight_dequant arithmetic.
     const __m512 d = _mm512_set1_ps(float_at(b));
-    return _mm512_cvtne2ps_pbh(_mm512_mul_ps(e4m3_to_fp32(b + 20), d), _mm512_mul_ps(e4m3_to_fp32(b + 4), d));
+    const __m512i v = (__m512i)e4m3_to_bf16(b + 4);
+    const __m512 lo = _mm512_cvtpbh_ps((__m256bh)_mm512_castsi512_si256(v));
+    const __m512 hi = _mm512_cvtpbh_ps((__m256bh)_mm512_extracti64x4_epi64(v, 1));
+    return _mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, d), _mm512_mul_ps(lo, d));
   } else {
     constexpr int qs = T == kQ4_1 ? 4 : 2;
     const __m512 d = _mm512_set1_ps(half_at(b));
@@ -179,6 +181,25 @@ inline void tile_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n
     if ((b * bb) % 64 < bb)
       for (int j = 0; j < R; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr + (8 + j) * rb + b * bb), _MM_HINT_T0);
     __m512bh wv[R];
+    if constexpr (T == kF8E4M3) {
+      // The e4m3 values are exact in bf16, so the dot product runs on them unscaled and the
+      // block's scale multiplies its fp32 partial sum: one FMA per weight row and activation row
+      // instead of scaling and rounding 32 weights (2 fp32 multiplies and a bf16 conversion,
+      // after a 16-lane fp32 decode). 4096 x 4096, one row, one thread: 0.48 ms where that took
+      // 1.00 ms (Q8_0: 0.46). No rounding of the scaled weight either: closer to the fp32 oracle.
+      __m512 sv[R];
+      for (int j = 0; j < R; ++j) {
+        const uint8_t* block = wr + j * rb + b * bb;
+        sv[j] = _mm512_set1_ps(float_at(block));
+        wv[j] = e4m3_to_bf16(block + 4);
+      }
+      for (int m = 0; m < M; ++m) {
+        const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * k + b * 32);
+        for (int j = 0; j < R; ++j)
+          acc[j][m] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), wv[j], xv), sv[j], acc[j][m]);
+      }
+      continue;
+    }
     for (int j = 0; j < R; ++j) wv[j] = dequant_32<T>(wr + j * rb, b);
     for (int m = 0; m < M; ++m) {
       const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * k + b * 32);
