@@ -216,6 +216,12 @@ def _setup(args: argparse.Namespace, peers: list[str]) -> tuple[Any, list[Any], 
                 or (isinstance(m, FusedMoE) and m.w13_type is not None)
                 for m in engine.model.modules()
             )
+            if native and not path.is_file():
+                raise ValueError(
+                    f"--peer llama.cpp: {path} is a quantized Hugging Face checkpoint (FP8 / GPTQ / AWQ), which "
+                    "llama.cpp cannot read and tacit does not export; compare with --peer llama.cpp on a GGUF of "
+                    "the same model (e.g. Q8_0), or drop the peer"
+                )
             engines.append(LlamaCppBench(path if native else _gguf_for_llamacpp(path, dtype), engine.max_model_len))
     torch.manual_seed(0)
     return engine, engines, load

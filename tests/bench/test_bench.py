@@ -207,3 +207,15 @@ def test_bench_serve_scenario_runs_every_policy(tiny_llama, tmp_path):
         timeout=60,
     )
     assert bad.returncode == 2 and "lifo not known; valid: fcfs, priority, sjf, sla" in bad.stderr
+
+
+def test_llama_cpp_peer_on_a_quantized_hf_checkpoint_is_refused(tiny_llama, tmp_path):
+    from fp8_checkpoints import write_fp8_checkpoint
+
+    path, _ = write_fp8_checkpoint(tiny_llama[2], tmp_path / "fp8")
+    args = ["--model", str(path), "--dtype", "float32", "--quantization", "gguf", "--batch-sizes", "1"]
+    args += ["--input-len", "4", "--output-len", "2", "--repeats", "1", "--peer", "llama.cpp"]
+    r = subprocess.run(
+        [sys.executable, "-m", "tacit.cli", "bench", "latency", *args], capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode != 0 and "which llama.cpp cannot read and tacit does not export" in r.stderr, r.stderr
