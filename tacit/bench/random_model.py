@@ -27,6 +27,19 @@ SHAPES = {
         tie_word_embeddings=True,
         max_position_embeddings=4096,
     ),
+    # TinyLlama-1.1B's shape (Llama 2 layout, 4:1 GQA): 2.2 GB in bf16, 1.2 GB as Q8_0, so the
+    # weights of every GGUF type exceed this machine's caches (the issue-12 1 GB target).
+    "llama-1b": dict(
+        arch="LlamaConfig",
+        hidden_size=2048,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        intermediate_size=5632,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+        max_position_embeddings=4096,
+    ),
     # Qwen3-30B-A3B's proportions (128 experts, top-8, expert width 0.375x hidden, 16:2 GQA with
     # 128-wide heads) at 1.0B parameters, 1.9 GB in bf16; 118M active per token (236 MB).
     "qwen3-moe-2b": dict(

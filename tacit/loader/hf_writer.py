@@ -30,4 +30,9 @@ def gguf_to_hf_dir(gguf_path: Path, out: Path, dtype: torch.dtype) -> Path:
     }
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    # The GGUF's tokenizer too, so the directory is a model tacit (or transformers) opens alone.
+    tok = gguf.tokenizer()
+    tok.tokenizer.save(str(out / "tokenizer.json"))
+    special = {"chat_template": tok.chat_template, "bos_token": tok.bos_token, "eos_token": tok.eos_token}
+    (out / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in special.items() if v is not None}))
     return out
