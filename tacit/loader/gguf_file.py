@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from tacit.kernels.ggml_quant import GGML_TYPES, GGMLTensor
+from tacit.kernels.ggml_quant import FP8_E4M3, GGML_TYPES, GGMLTensor
 from tacit.loader.gguf_header import GGUFHeader
 from tacit.loader.gguf_moe_import import MOE_ARCHS, STACK_PROJ, KVBJoiner, expert_tensors, moe_hf_config, yarn_extras
 from tacit.loader.gguf_moe_names import K_B, MOE_LAYER, ROUTER_BIAS_GGUF, ROUTER_BIAS_HF, V_B
@@ -237,9 +237,10 @@ class GGUFFile:
                 arr = self._unpermute(arr.reshape(arr.shape[0], -1), heads).reshape(arr.shape)
             yield name, torch.from_numpy(np.array(arr, dtype=np.float32))  # a copy: the file is mapped read-only
         kv_b.check_done(str(self.path))
+        self.header.release_data()  # every tensor above was copied out of the mapping
         if dequantized:
             kinds = ", ".join(f"{k} ({n} tensors)" for k, n in sorted(dequantized.items()))
-            native = ", ".join(t.name for t in GGML_TYPES.values())
+            native = ", ".join(t.name for t in GGML_TYPES.values() if t.id != FP8_E4M3)  # FP8: not a GGUF type
             print(
                 f"tacit: {self.path.name}: {kinds} dequantized at load; native GGML kernels take {native}",
                 file=sys.stderr,

@@ -180,6 +180,13 @@ class GGUFHeader:
         return GGUFTensorInfo(name, dims, ggml_type, offset, nbytes)
 
     # ---- tensor data ----
+    def release_data(self) -> None:
+        """Drop this object's mapping of the file once every tensor has been copied out: its
+        touched pages otherwise stay resident (random:llama-1b's 668 MB Q4_K_M file held 730 MB
+        of file-backed RSS beside the 986 MB of copies after load). Views still alive keep the
+        mapping until they go; a later data() maps the file again."""
+        self._map = None
+
     def data(self, t: GGUFTensorInfo) -> np.ndarray:
         """A read-only view of the tensor's bytes in the file: plain types as their dtype in
         numpy order, block types as uint8 [rows..., bytes per row]."""

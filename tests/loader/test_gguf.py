@@ -123,3 +123,17 @@ def test_header_reader_agrees_with_the_gguf_package(gguf_pair, tmp_path):
     cut.write_bytes(path.read_bytes()[:5000])  # inside the vocabulary
     with pytest.raises(ValueError, match="GGUF header runs past the file's end"):
         GGUFHeader(cut)
+
+
+def test_the_file_is_unmapped_once_its_tensors_are_copied_out(gguf_pair):
+    from tacit.loader.gguf_file import GGUFFile
+
+    def mapped(path) -> bool:
+        return any(line.rstrip().endswith(str(path.resolve())) for line in open("/proc/self/maps"))
+
+    gguf = GGUFFile(gguf_pair[1])
+    tensors = gguf.tensors()
+    next(tensors)
+    assert mapped(gguf_pair[1])  # read through one read-only mapping while loading
+    rest = list(tensors)
+    assert rest and not mapped(gguf_pair[1])  # its pages no longer count in the RSS
