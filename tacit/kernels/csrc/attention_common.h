@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <utility>
 
 namespace tacit {
 
@@ -17,6 +18,15 @@ constexpr int kPrefetchKeys = 32;
 
 inline void prefetch_row(const void* p, int64_t bytes) {
   for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + b, _MM_HINT_T1);
+}
+
+// f(std::integral_constant<int, 0>{}), ..., f(<N - 1>): a loop unrolled in the source. Arrays of
+// accumulators indexed by a `#pragma GCC unroll` loop's counter stay in memory (GCC 12 splits
+// arrays into registers before it unrolls loops): a store, or a copy in and out, per vpdpbusd.
+template <int N, class F>
+__attribute__((always_inline)) inline void unroll(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) { (f(std::integral_constant<int, I>{}), ...); }(
+      std::make_integer_sequence<int, N>{});
 }
 
 inline __mmask32 low_bits32(int64_t n) { return n >= 32 ? 0xffffffffu : (1u << n) - 1u; }
