@@ -151,9 +151,15 @@ def latent_attention(q: torch.Tensor, ctx: torch.Tensor, mask: torch.Tensor, sca
 
 
 def decode_kernel(q: torch.Tensor, kv_cache: torch.Tensor, g: AttentionGroup) -> ModuleType | None:
-    """The C++ kernels when this group can run csrc's latent decode (bf16 everywhere, CPU, one
-    query per request), else None. Checked in that order so float32 runs never build them."""
-    if not (g.decode_only and q.dtype == kv_cache.dtype == torch.bfloat16 and kv_cache.device.type == "cpu"):
+    """The C++ kernels when this group can run csrc's latent decode (bf16 queries on a bf16 or
+    int8 cache, CPU, one query per request), else None. Checked in that order so float32 runs
+    never build them."""
+    if not (
+        g.decode_only
+        and q.dtype == torch.bfloat16
+        and kv_cache.dtype in (torch.bfloat16, torch.int8)
+        and kv_cache.device.type == "cpu"
+    ):
         return None
     return load_cpu_kernels()
 
@@ -165,9 +171,13 @@ def absorbed_attend(
     weighted latents in float32 whatever the model dtype; the two per-head projections in it.
 
     bf16 decodes on a CPU with the AVX512-BF16 kernels read the cache in place instead
-    (csrc/decode_attention_op.cpp mla_decode_attention): no gather, no float32 copy of the
-    context. random:deepseek-v3-1b's attention (16 heads) at 4k context, one thread, one layer
-    call: 1.5 ms against 4.6 ms for one request, 12.6 ms against 105 ms for eight."""
+    (csrc/decode_attention_op.cpp mla_decode_attention; an int8 cache's scales applied inside
+    csrc/decode_attention_int8.cpp): no gather, no float32 copy of the context.
+    random:deepseek-v3-1b's attention (16 heads) at 4k context, one thread, one layer call: 1.5
+    ms against 4.6 ms for one request, 12.6 ms against 105 ms for eight. Over an int8 cache
+    (docs/benchmarks.md, the attention alone): 0.55 ms against 1.05 for the bf16 kernel and
+    3.6-8.6 for the torch path (it dequantizes the whole context to float32 first) for one
+    request; 4.5 ms against 8.1 and 102 for eight."""
     w_uk, w_uv_t = absorbed_weights(kv_b_proj, dims)
     q_nope, q_pe = q.split([dims.nope, dims.rope], dim=-1)
     q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [Tg, H, rank]

@@ -6,7 +6,8 @@
 - csrc/fused_moe.cpp: a sparse MoE layer's routing and experts (kernels/cpu_fused_moe.py);
 - csrc/decode_attention.cpp: that step's attention, read straight from the paged KV cache
   (csrc/decode_attention_int8.cpp for an int8 cache, scales applied in the kernel); the same
-  kernel runs MLA's absorbed decode over the latent cache (one kv head, V = each row's latent).
+  kernel runs MLA's absorbed decode over the latent cache (one kv head, V = each row's latent),
+  and decode_attention_int8.cpp's MLA kernel over an int8 latent cache.
 
 Batch-1 decode is ~60% GEMV time; on this CPU torch.mv streams bf16 weights at 13-19 GB/s
 and this kernel at 22-27 GB/s (SmolLM2's layer shapes, weights cold in DRAM); with 2-4 rows

@@ -21,7 +21,9 @@ tile of 16 keys finds its 16 scales in one cache line. The first version kept bf
 touched two cache lines a key, as many as bf16's 128-byte rows, and decoded no faster.
 
 MLA's latent cache keeps one token per row ([num_blocks, block_size, C]): in int8 the latent
-and the rotated key part are two rows, each followed by its scale's 4 bytes (pack_rows).
+and the rotated key part are two rows, each followed by its scale's 4 bytes (pack_rows), values
+stored as they are, without K's sign flip (the latent is V too; mla_decode_attention_int8 in
+csrc/decode_attention_int8.cpp flips the bytes in registers for its scores).
 
 The C++ kernels (csrc/llama_decode.cpp writes, csrc/decode_attention_int8.cpp reads) use the
 same arithmetic, bit for bit on the write side.

@@ -154,16 +154,19 @@ def test_tiny_deepseek_selects_absorbed_and_takes_both_paths(tiny_model_factory,
 
 
 @pytest.mark.skipif(load_cpu_kernels() is None, reason="needs the AVX512-BF16 CPU kernels")
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("step", [DECODE, [(299, 1)], MIXED], ids=["decode", "one_row", "mixed"])
-def test_latent_decode_kernel_matches_torch_absorbed(always_absorbed, monkeypatch, step):
-    """csrc's in-place latent decode against the torch absorbed path, bf16. Widths 48 + 8 leave
-    masked tails in every loop; one row alone splits its heads across threads."""
+def test_latent_decode_kernel_matches_torch_absorbed(always_absorbed, monkeypatch, step, cache_dtype):
+    """csrc's in-place latent decode against the torch absorbed path, bf16 queries on a bf16 or
+    int8 cache. Widths 48 + 8 leave masked tails in every loop; one row alone splits its heads
+    across threads."""
     used = []
     monkeypatch.setattr(absorbed, "decode_kernel", lambda *a: used.append(decode_kernel(*a)) or used[-1])
-    got = run(AbsorbedMLAAttentionBackend(), step, torch.bfloat16, dtype=torch.bfloat16)
+    got = run(AbsorbedMLAAttentionBackend(), step, cache_dtype, dtype=torch.bfloat16)
     assert any(k is not None for k in used), "the kernel never ran"
     monkeypatch.setattr(absorbed, "decode_kernel", lambda *a: None)
-    want = run(AbsorbedMLAAttentionBackend(), step, torch.bfloat16, dtype=torch.bfloat16)
-    # Both read the same bf16 rows and score in fp32; the kernel rounds probabilities to bf16
-    # before weighting the latents (as torch's CPU SDPA does), the torch path keeps fp32.
+    want = run(AbsorbedMLAAttentionBackend(), step, cache_dtype, dtype=torch.bfloat16)
+    # Both read the same rows and score in fp32; the kernel rounds probabilities to bf16 (int8
+    # cache: to 15-bit fixed point, and each query to int8) before weighting the latents, the
+    # torch path keeps fp32.
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)

@@ -4,7 +4,10 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <utility>
 
 namespace tacit {
 
@@ -17,9 +20,48 @@ inline void prefetch_row(const void* p, int64_t bytes) {
   for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + b, _MM_HINT_T1);
 }
 
+// f(std::integral_constant<int, 0>{}), ..., f(<N - 1>): a loop unrolled in the source. Arrays of
+// accumulators indexed by a `#pragma GCC unroll` loop's counter stay in memory (GCC 12 splits
+// arrays into registers before it unrolls loops): a store, or a copy in and out, per vpdpbusd.
+template <int N, class F>
+__attribute__((always_inline)) inline void unroll(F&& f) {
+  [&]<int... I>(std::integer_sequence<int, I...>) { (f(std::integral_constant<int, I>{}), ...); }(
+      std::make_integer_sequence<int, N>{});
+}
+
 inline __mmask32 low_bits32(int64_t n) { return n >= 32 ? 0xffffffffu : (1u << n) - 1u; }
 inline __mmask64 low_bits64(int64_t n) { return n >= 64 ? ~0ull : (1ull << n) - 1ull; }
 inline __mmask16 low_bits16(int64_t n) { return n >= 16 ? 0xffff : static_cast<__mmask16>((1u << n) - 1u); }
+
+// The largest of s[0..n), NaN if any is: a NaN score makes the whole softmax row NaN, as torch's.
+inline float max_or_nan(const float* s, int64_t n) {
+  __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __mmask16 nan = 0;
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = low_bits16(n - j);
+    const __m512 v = _mm512_mask_loadu_ps(vmax, m, s + j);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    vmax = _mm512_max_ps(vmax, v);
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(vmax);
+}
+
+// How the decode kernels deal (row, kv head) pairs to threads. With fewer pairs than threads
+// (MLA's single kv head at batch 1), each pair's `group` query heads go out in `splits` slices
+// of `slice` heads that read the same K/V rows, rather than leave a core idle: MLA at 4k
+// context, 16 heads, one row: 0.55-0.61 ms on two threads against 1.04-1.26 on one (bf16; it
+// is compute-bound: one thread streams the 4.7 MB of latents at ~4 GB/s). Item i is pair
+// i / splits, heads [i % splits * slice, + slice) of it (none past group).
+struct HeadSlices {
+  int64_t splits, slice, items;
+  int threads;
+  HeadSlices(int64_t pairs, int64_t group, int64_t avail) {
+    splits = pairs < avail ? std::min<int64_t>(group, (avail + pairs - 1) / pairs) : 1;
+    slice = (group + splits - 1) / splits;
+    items = pairs * splits;
+    threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(avail, items)));
+  }
+};
 
 // reduce16x16 over int32 lanes (the int8 kernel's dot products): integer adds, one conversion
 // at the end instead of 16.

@@ -22,7 +22,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "decode attention over a bf16 or int8 paged KV cache [2, blocks, block_size, Hkv, D(+4)]",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("mla_decode_attention", &tacit::mla_decode_attention,
-        "MLA decode over the bf16 latent cache [blocks, block_size, R + rope]: o_latent [m, H, v_dim]",
+        "MLA decode over the bf16 or int8 latent cache [blocks, block_size, R + rope (+ 8)]: o_latent [m, H, v_dim]",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("kv_quantize_rows", &tacit::kv_quantize_rows, "the int8 KV cache's row quantizer (kernels/kv_quant.py)");
   m.def("moe_route", &tacit::moe_route, "MoE routing: softmax or grouped sigmoid top-k, as torch.topk selects",

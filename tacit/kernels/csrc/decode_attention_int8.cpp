@@ -335,4 +335,340 @@ void decode_attention_int8(const u16* q, int64_t q_stride, const int64_t* positi
   }
 }
 
+namespace {
+// ---- MLA over the int8 latent cache ----
+//
+// Every head attends the same rows (16-128 heads; kernels/absorbed_mla_attention.py), so the
+// work on a row is done once for all heads, or for as many as the registers hold:
+//  - QK: a 16-key tile's rows are transposed so that vector i holds dword i of all 16 rows (64
+//    shuffles per 64 bytes of row, for every head), then each head adds one vpdpbusd per dword
+//    of its query, the dword broadcast from memory: lanes are keys, so there is no per-head
+//    reduction of 16 accumulators (the paged kernel's reduce16x16, ~30 ops per head and tile: as
+//    many as the 16 keys' 64-wide rope dot products) and no per-head re-read of the rows.
+//  - PV: vpdpwssd (the paged kernel's, int16) issues at half vpdpbusd's rate on this CPU (Zen 5,
+//    measured 0.24 against 0.12 ns), so the 15-bit weights go in as their two bytes, each a
+//    vpdpbusd of four keys: the paged kernel's precision, its instruction count, twice the rate.
+//    Four V rows are byte-interleaved (8 shuffles per 64 columns, for up to 3 heads) so each
+//    dword lane holds one column of the four keys.
+// random:deepseek-v3-1b's shape (16 heads, rank 512 + rope 64), 4k context, one thread, cache
+// in L3: 0.38-0.44 ms a request against 1.02 ms for the bf16 kernel. The paged int8 kernel's
+// structure (per-head 16-key reductions, vpdpwssd) run on the latent rows measured 1.03 ms.
+
+// acc += vpdpbusd(a, b), in place: GCC 12 compiles the intrinsic on a loop-carried accumulator
+// as a copy in, the instruction and a copy out (two extra moves per vpdpbusd).
+__attribute__((always_inline)) inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+// The same with b = the dword at p broadcast: one micro-op, the load folded in.
+__attribute__((always_inline)) inline __m512i dpbusd_bcast(__m512i acc, __m512i a, const int32_t* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*p));
+  return acc;
+}
+
+// 16 rows' bytes [off, off + 64) (only `mask`'s, zero past it), sign bits flipped, as 16 vectors
+// of 16 dwords: dst[16 * i + t] = dword i of row t. Flipping makes k + 128, vpdpbusd's unsigned
+// side (see mla_decode_attention_int8's note 1).
+inline void transpose_rows_u8(const int8_t* const* rows, int64_t off, __mmask64 mask, int32_t* dst) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i a[16], b[16];
+  for (int t = 0; t < 16; ++t) a[t] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, rows[t] + off), flip);
+  for (int k = 0; k < 8; ++k) {  // per 128-bit lane L: rows 2k, 2k+1 at dwords 4L, 4L+1 (b[2k]) and 4L+2, 4L+3
+    b[2 * k] = _mm512_unpacklo_epi32(a[2 * k], a[2 * k + 1]);
+    b[2 * k + 1] = _mm512_unpackhi_epi32(a[2 * k], a[2 * k + 1]);
+  }
+  for (int p = 0; p < 4; ++p) {  // a[4m + p], lane L: rows 4p..4p+3 at dword 4L + m
+    a[p] = _mm512_unpacklo_epi64(b[4 * p], b[4 * p + 2]);
+    a[4 + p] = _mm512_unpackhi_epi64(b[4 * p], b[4 * p + 2]);
+    a[8 + p] = _mm512_unpacklo_epi64(b[4 * p + 1], b[4 * p + 3]);
+    a[12 + p] = _mm512_unpackhi_epi64(b[4 * p + 1], b[4 * p + 3]);
+  }
+  for (int m = 0; m < 4; ++m) {  // gather lane L of the four row groups: dword 4L + m of rows 0..15
+    const __m512i* c = a + 4 * m;
+    const __m512i e = _mm512_shuffle_i32x4(c[0], c[1], 0x44), f = _mm512_shuffle_i32x4(c[0], c[1], 0xEE);
+    const __m512i g = _mm512_shuffle_i32x4(c[2], c[3], 0x44), h = _mm512_shuffle_i32x4(c[2], c[3], 0xEE);
+    _mm512_store_si512(dst + 16 * m, _mm512_shuffle_i32x4(e, g, 0x88));
+    _mm512_store_si512(dst + 16 * (4 + m), _mm512_shuffle_i32x4(e, g, 0xDD));
+    _mm512_store_si512(dst + 16 * (8 + m), _mm512_shuffle_i32x4(f, h, 0x88));
+    _mm512_store_si512(dst + 16 * (12 + m), _mm512_shuffle_i32x4(f, h, 0xDD));
+  }
+}
+
+struct MlaQuery {
+  const int32_t* latent;  // head h's int8 latent query as dwords at latent + h * latent_stride
+  const int32_t* pe;
+  int64_t latent_stride, pe_stride;
+  const float* latent_scale;  // per head: its query scale
+  const float* pe_scale;
+  const int32_t* latent_sum;  // per head: the sum of its int8 values
+  const int32_t* pe_sum;
+};
+
+// 16 keys' scores for HB heads: dwords [0, nl) of the transposed tile kt are the latent's, then
+// np of the rope's; kl, kp: each key's latent and rope scale times the softmax scale.
+template <int HB>
+void mla_score_heads(const int32_t* kt, int64_t nl, int64_t np, const MlaQuery& q, __m512 kl, __m512 kp,
+                     float* scores, int64_t ctx, __mmask16 mk) {
+  __m512i acc[HB];
+  __m512 s[HB];
+  unroll<HB>([&](auto h) { acc[h] = _mm512_setzero_si512(); });
+  for (int64_t c = 0; c < nl; ++c) {
+    const __m512i t = _mm512_load_si512(kt + 16 * c);
+    unroll<HB>([&](auto h) {
+      acc[h] = dpbusd_bcast(acc[h], t, q.latent + h * q.latent_stride + c);
+    });
+  }
+  // sum_i (k_i + 128) q_i = q . k + 128 sum q
+  unroll<HB>([&](auto h) {
+    const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[h], _mm512_set1_epi32(128 * q.latent_sum[h])));
+    s[h] = _mm512_mul_ps(dot, _mm512_mul_ps(kl, _mm512_set1_ps(q.latent_scale[h])));
+    acc[h] = _mm512_setzero_si512();
+  });
+  kt += 16 * nl;
+  for (int64_t c = 0; c < np; ++c) {
+    const __m512i t = _mm512_load_si512(kt + 16 * c);
+    unroll<HB>([&](auto h) { acc[h] = dpbusd_bcast(acc[h], t, q.pe + h * q.pe_stride + c); });
+  }
+  unroll<HB>([&](auto h) {
+    const __m512 dot = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[h], _mm512_set1_epi32(128 * q.pe_sum[h])));
+    _mm512_mask_storeu_ps(scores + h * ctx, mk,
+                          _mm512_fmadd_ps(dot, _mm512_mul_ps(kp, _mm512_set1_ps(q.pe_scale[h])), s[h]));
+  });
+}
+
+constexpr int kMlaScoreHeads = 8;  // query heads scored per pass over a transposed tile
+
+template <int HB>
+void mla_score_rest(int heads, const int32_t* kt, int64_t nl, int64_t np, const MlaQuery& q, __m512 kl, __m512 kp,
+                    float* scores, int64_t ctx, __mmask16 mk) {
+  if constexpr (HB >= 1) {
+    if (heads == HB) return mla_score_heads<HB>(kt, nl, np, q, kl, kp, scores, ctx, mk);
+    mla_score_rest<HB - 1>(heads, kt, nl, np, q, kl, kp, scores, ctx, mk);
+  }
+}
+
+// o[h] = unit[h] * sum_j w[h, j] V[j] over one 64-column chunk of the latent, w split in bytes.
+struct MlaPvArgs {
+  const uint8_t* w_hi;  // head h's weights' high bytes at w_hi + h * w_stride, zero past ctx
+  const uint8_t* w_lo;  // their low bytes
+  int64_t w_stride;     // a multiple of 4
+  const float* unit;    // per head: what one unit of w is worth
+  int64_t ctx;
+  const int8_t* v;      // the cache + this column chunk
+  const int64_t* offs;  // byte offsets of keys 0..ctx (+ kPrefetchKeysI8 + 4 padding: key 0's)
+  u16* out;             // output of the first head + this column chunk
+  int64_t d;            // stride between heads in `out`
+  __mmask64 cols;       // this chunk's columns inside the latent
+  bool prefetch;        // the first heads of a column chunk fetch its rows; the others find them in L2
+};
+
+// Weights up to 127 (high byte) or 255 (low) times |v| <= 127, four keys a vpdpbusd: int32
+// accumulators flushed to fp32 every 16,384 key quads stay below 2^31.
+constexpr int64_t kFlushQuads = 16384;
+
+// Keys [j0, j1) of HB heads (j0 a multiple of 4, at most kFlushQuads quads; past ctx the
+// weights are zero and offs points at key 0), added to total[h][i]: the four z's columns, unpermuted.
+template <int HB>
+void mla_pv_keys(const MlaPvArgs& a, int64_t j0, int64_t j1, float (*total)[4][16]) {
+  // acc[8h + i]: head h's high-byte sums of z[i]'s columns, acc[8h + 4 + i] its low-byte ones
+  __m512i acc[8 * HB];
+  unroll<8 * HB>([&](auto i) { acc[i] = _mm512_setzero_si512(); });
+  for (int64_t j = j0; j < j1; j += 4) {
+    __m512i x[4];
+    unroll<4>([&](auto k) {
+      x[k] = _mm512_maskz_loadu_epi8(a.cols, a.v + a.offs[j + k]);
+      if (a.prefetch) prefetch_row(a.v + a.offs[j + k + kPrefetchKeysI8], 65);  // the chunk's one or two lines
+    });
+    // Per 128-bit lane L: z[i] dword 4L + k holds column 16L + 4i + k of the four keys.
+    const __m512i l01 = _mm512_unpacklo_epi8(x[0], x[1]), h01 = _mm512_unpackhi_epi8(x[0], x[1]);
+    const __m512i l23 = _mm512_unpacklo_epi8(x[2], x[3]), h23 = _mm512_unpackhi_epi8(x[2], x[3]);
+    const __m512i z[4] = {_mm512_unpacklo_epi16(l01, l23), _mm512_unpackhi_epi16(l01, l23),
+                          _mm512_unpacklo_epi16(h01, h23), _mm512_unpackhi_epi16(h01, h23)};
+    unroll<HB>([&](auto h) {
+      int32_t bh, bl;
+      std::memcpy(&bh, a.w_hi + h * a.w_stride + j, sizeof(bh));
+      std::memcpy(&bl, a.w_lo + h * a.w_stride + j, sizeof(bl));
+      const __m512i wh = _mm512_set1_epi32(bh), wl = _mm512_set1_epi32(bl);
+      unroll<4>([&](auto i) {
+        acc[8 * h + i] = dpbusd(acc[8 * h + i], wh, z[i]);
+        acc[8 * h + 4 + i] = dpbusd(acc[8 * h + 4 + i], wl, z[i]);
+      });
+    });
+  }
+  unroll<HB>([&](auto h) {
+    unroll<4>([&](auto i) {
+      const __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[8 * h + i]), _mm512_set1_ps(256.0f),
+                                         _mm512_cvtepi32_ps(acc[8 * h + 4 + i]));
+      _mm512_store_ps(total[h][i], _mm512_add_ps(_mm512_load_ps(total[h][i]), sum));
+    });
+  });
+}
+
+template <int HB>
+void mla_pv_heads(const MlaPvArgs& a) {
+  alignas(64) float total[HB][4][16] = {};
+  const int64_t quads_end = (a.ctx + 3) / 4 * 4;
+  for (int64_t j0 = 0; j0 < quads_end; j0 += 4 * kFlushQuads)
+    mla_pv_keys<HB>(a, j0, std::min(quads_end, j0 + 4 * kFlushQuads), total);
+  for (int h = 0; h < HB; ++h) {  // lane L of the four z's: columns 16L..16L+15 in order
+    const __m512 t0 = _mm512_load_ps(total[h][0]), t1 = _mm512_load_ps(total[h][1]);
+    const __m512 t2 = _mm512_load_ps(total[h][2]), t3 = _mm512_load_ps(total[h][3]);
+    const __m512 e = _mm512_shuffle_f32x4(t0, t1, 0x44), f = _mm512_shuffle_f32x4(t0, t1, 0xEE);
+    const __m512 g = _mm512_shuffle_f32x4(t2, t3, 0x44), k = _mm512_shuffle_f32x4(t2, t3, 0xEE);
+    const __m512 cols[4] = {_mm512_shuffle_f32x4(e, g, 0x88), _mm512_shuffle_f32x4(e, g, 0xDD),
+                            _mm512_shuffle_f32x4(f, k, 0x88), _mm512_shuffle_f32x4(f, k, 0xDD)};
+    const __m512 unit = _mm512_set1_ps(a.unit[h]);
+    for (int o = 0; o < 4; ++o)
+      _mm256_mask_storeu_epi16(a.out + h * a.d + 16 * o, static_cast<__mmask16>(a.cols >> (16 * o)),
+                               (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(cols[o], unit)));
+  }
+}
+
+constexpr int kMlaPvHeads = 3;
+
+template <int HB>
+void mla_pv_rest(int heads, const MlaPvArgs& a) {
+  if constexpr (HB >= 1) {
+    if (heads == HB) return mla_pv_heads<HB>(a);
+    mla_pv_rest<HB - 1>(heads, a);
+  }
+}
+
+struct MlaScratch {
+  std::vector<float> scores, probs, unit, vscale, qscale;
+  std::vector<int64_t> offs;
+  std::vector<int32_t> qsum, qq, kt;  // qq: the heads' int8 queries, four to a dword
+  std::vector<int16_t> w;
+  std::vector<uint8_t> w_hi, w_lo;
+  std::vector<int8_t> zeros;
+
+  void fit(int64_t heads, int64_t ctx, int64_t q_dwords, int64_t row) {
+    const auto grow = [](auto& v, int64_t n) {
+      if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+    };
+    const int64_t w_stride = (ctx + 31) / 32 * 32;
+    grow(scores, heads * ctx);
+    grow(probs, ctx);
+    grow(vscale, ctx);
+    grow(offs, ctx + kPrefetchKeysI8 + 4);
+    grow(w, w_stride);
+    grow(w_hi, heads * w_stride);
+    grow(w_lo, heads * w_stride);
+    grow(unit, heads);
+    grow(qscale, 2 * heads);
+    grow(qsum, 2 * heads);
+    grow(qq, heads * q_dwords);
+    grow(kt, 16 * q_dwords + 16);  // + 16: room to align to 64 bytes
+    grow(zeros, std::max<int64_t>(row, 64));
+  }
+};
+
+}  // namespace
+
+void mla_decode_attention_int8(const u16* q, int64_t q_stride, const int64_t* positions, const int64_t* tables,
+                               int64_t table_width, const LatentCacheInt8& kv, int64_t num_heads, float scale,
+                               u16* out, int m) {
+  const int64_t rank = kv.rank, rope = kv.rope, bs = kv.block_size, row = kv.row_bytes(), d = rank + rope;
+  const int64_t pe_off = rank + kScaleBytes;  // the rope values' byte offset in a row
+  const int64_t lpad = (rank + 63) / 64 * 64, ppad = (rope + 63) / 64 * 64;
+  const int64_t nl = (rank + 3) / 4, np = (rope + 3) / 4;  // dwords of each part
+  const int64_t q_dwords = (lpad + ppad) / 4;
+  const HeadSlices work(m, num_heads, std::max(1, at::get_num_threads()));
+#pragma omp parallel for num_threads(work.threads) schedule(dynamic, 1)
+  for (int64_t item = 0; item < work.items; ++item) {
+    thread_local MlaScratch sc;
+    const int64_t r = item / work.splits, h0 = item % work.splits * work.slice;
+    const int64_t heads = std::min(work.slice, num_heads - h0), ctx = positions[r] + 1;
+    if (heads <= 0) continue;
+    const int64_t* table = tables + r * table_width;
+    const int64_t w_stride = (ctx + 31) / 32 * 32;
+    sc.fit(heads, ctx, q_dwords, row);
+    int64_t* offs = sc.offs.data();  // key j's row, in bytes from the cache's start
+    for (int64_t j = 0; j < ctx; j += bs) {
+      const int64_t base = table[j / bs] * bs * row;
+      for (int64_t s = 0; s < bs && j + s < ctx; ++s) offs[j + s] = base + s * row;
+    }
+    std::fill(offs + ctx, offs + ctx + kPrefetchKeysI8 + 4, offs[0]);  // prefetches past the end stay in bounds
+
+    // Each head's latent and rope parts quantized apart (their sizes differ, as the cache's two
+    // scales do), each zero-padded to 64 bytes: head h's at qq + h * q_dwords, rope after lpad.
+    auto* qq = reinterpret_cast<int8_t*>(sc.qq.data());
+    float* qscale = sc.qscale.data();
+    int32_t* qsum = sc.qsum.data();
+    const u16* qr = q + r * q_stride + h0 * d;
+    for (int64_t h = 0; h < heads; ++h) {
+      int8_t* qh = qq + h * 4 * q_dwords;
+      quantize_query(qr + h * d, rank, lpad, qh, &qscale[h], &qsum[h]);
+      quantize_query(qr + h * d + rank, rope, ppad, qh + lpad, &qscale[heads + h], &qsum[heads + h]);
+    }
+
+    // 1: The cache keeps the latent signed (kv_quant.py pack_rows; MLAWriteKV, the torch path
+    // and the PV below read it so), but vpdpbusd wants one unsigned side. The scores flip each
+    // row's sign bits in registers while transposing the tile: 16 xors per 64 bytes of 16 rows,
+    // once for all heads (a 16-head tile takes 2,304 vpdpbusd), then take 128 * sum(q) off each
+    // head's sums. Storing K flipped, as the paged cache does, would change the layout, its
+    // writer and its torch reader and cost a flip back per V row in PV; making the query the
+    // unsigned side (q + 128) would need each row's sum(k): one more vpdpbusd per dword and tile.
+    float* scores = sc.scores.data();
+    auto* kt = reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(sc.kt.data()) + 63) & ~uintptr_t{63});
+    const int8_t* zeros = sc.zeros.data();
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (int64_t j = 0; j < ctx; j += kTile) {
+      const int64_t nk = std::min<int64_t>(kTile, ctx - j);
+      const __mmask16 mk = low_bits16(nk);
+      const int8_t* krow[kTile];
+      alignas(64) float ls[kTile] = {}, ps[kTile] = {};
+      for (int t = 0; t < kTile; ++t) {
+        if (t >= nk) {
+          krow[t] = zeros;
+          continue;
+        }
+        krow[t] = kv.rows + offs[j + t];
+        std::memcpy(&ls[t], krow[t] + rank, sizeof(float));
+        std::memcpy(&ps[t], krow[t] + pe_off + rope, sizeof(float));
+        prefetch_row(kv.rows + offs[j + t + kPrefetchKeysI8], row);
+      }
+      for (int64_t c = 0; c < rank; c += 64) transpose_rows_u8(krow, c, low_bits64(rank - c), kt + 4 * c);
+      for (int64_t c = 0; c < rope; c += 64)
+        transpose_rows_u8(krow, pe_off + c, low_bits64(rope - c), kt + 16 * nl + 4 * c);
+      const __m512 kl = _mm512_mul_ps(_mm512_load_ps(ls), vscale), kp = _mm512_mul_ps(_mm512_load_ps(ps), vscale);
+      _mm512_mask_storeu_ps(sc.vscale.data() + j, mk, _mm512_load_ps(ls));
+      for (int64_t h = 0; h < heads; h += kMlaScoreHeads) {
+        const auto* qd = reinterpret_cast<const int32_t*>(qq + h * 4 * q_dwords);
+        const MlaQuery mq{qd,        qd + lpad / 4,      q_dwords, q_dwords,
+                          qscale + h, qscale + heads + h, qsum + h, qsum + heads + h};
+        mla_score_rest<kMlaScoreHeads>(static_cast<int>(std::min<int64_t>(kMlaScoreHeads, heads - h)), kt, nl, np, mq,
+                                       kl, kp, scores + h * ctx + j, ctx, mk);
+      }
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      float* sh = scores + h * ctx;
+      sc.unit[h] = pv_weights(sh, sc.vscale.data(), ctx, max_or_nan(sh, ctx), sc.probs.data(), sc.w.data());
+      for (int64_t j = 0; j < w_stride; j += 32) {  // split into bytes, zero past ctx
+        const __m512i w = _mm512_maskz_loadu_epi16(low_bits32(ctx - j), sc.w.data() + j);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(sc.w_hi.data() + h * w_stride + j),
+                            _mm512_cvtepi16_epi8(_mm512_srli_epi16(w, 8)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(sc.w_lo.data() + h * w_stride + j),
+                            _mm512_cvtepi16_epi8(_mm512_and_si512(w, _mm512_set1_epi16(0xff))));
+      }
+    }
+
+    for (int64_t col = 0; col < rank; col += 64) {
+      MlaPvArgs a{sc.w_hi.data(), sc.w_lo.data(), w_stride, sc.unit.data(), ctx, kv.rows + col, offs,
+                  out + (r * num_heads + h0) * rank + col, rank, low_bits64(rank - col), true};
+      // Heads in blocks of as even a size as fit: 16 heads as 3+3+3+3+2+2, not 3+3+3+3+3+1.
+      const int64_t blocks = (heads + kMlaPvHeads - 1) / kMlaPvHeads;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t hb = heads / blocks + (b < heads % blocks);
+        mla_pv_rest<kMlaPvHeads>(static_cast<int>(hb), a);
+        a.w_hi += hb * w_stride;
+        a.w_lo += hb * w_stride;
+        a.unit += hb;
+        a.out += hb * rank;
+        a.prefetch = false;
+      }
+    }
+  }
+}
+
 }  // namespace tacit

@@ -66,31 +66,48 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor kv_cache, to
 // MLA's absorbed decode (kernels/absorbed_mla_attention.py): every head attends the same cached
 // rows, as GQA with one kv head whose key is the whole row and whose value is its first v_dim
 // values (the latent). q [m, H, R + rope] bf16 (q_nope absorbed through W_UK, then q_pe);
-// latent_cache [blocks, block_size, R + rope] bf16; positions, block_tables as above -> the
-// weighted latents o_latent [m, H, v_dim] bf16 (softmax in fp32), read in place with no gather.
+// latent_cache [blocks, block_size, R + rope] bf16, or kernels/kv_quant.py's int8 rows
+// [blocks, block_size, R + 4 + rope + 4] (each part's int8 values, then its fp32 scale: v_dim is
+// R there); positions, block_tables as above -> the weighted latents o_latent [m, H, v_dim] bf16
+// (softmax in fp32), read in place with no gather.
 torch::Tensor mla_decode_attention(torch::Tensor q, torch::Tensor latent_cache, torch::Tensor positions,
                                    torch::Tensor block_tables, double scale, int64_t v_dim) {
   TORCH_CHECK(q.scalar_type() == torch::kBFloat16 && q.dim() == 3 && q.is_contiguous(), "q: contiguous [m, H, D] bf16");
-  TORCH_CHECK(latent_cache.scalar_type() == torch::kBFloat16 && latent_cache.dim() == 3 && latent_cache.is_contiguous(),
-              "latent_cache: contiguous [blocks, block_size, D] bf16");
+  const bool int8_kv = latent_cache.scalar_type() == torch::kInt8;
+  TORCH_CHECK((int8_kv || latent_cache.scalar_type() == torch::kBFloat16) && latent_cache.dim() == 3 &&
+                  latent_cache.is_contiguous(),
+              "latent_cache: contiguous [blocks, block_size, row] bf16 or int8, got ", latent_cache.scalar_type(), " ",
+              latent_cache.sizes());
   TORCH_CHECK(positions.scalar_type() == torch::kLong && block_tables.scalar_type() == torch::kLong,
               "positions and block_tables must be int64");
   positions = positions.contiguous();
   block_tables = block_tables.contiguous();
   const int64_t m = q.size(0), h = q.size(1), d = q.size(2);
   const int64_t blocks = latent_cache.size(0), bs = latent_cache.size(1), width = block_tables.size(1);
-  TORCH_CHECK(latent_cache.size(2) == d, "a cache row is the query's width (R + rope)");
   TORCH_CHECK(v_dim > 0 && v_dim <= d, "v_dim must be within the row");
+  if (int8_kv) {
+    TORCH_CHECK(v_dim < d && latent_cache.size(2) == d + 8,
+                "an int8 latent cache row is the latent (v_dim) and rope int8 values, each followed by its fp32 "
+                "scale: R + 4 + rope + 4 = ", d + 8, " bytes for this query's width ", d, ", got ",
+                latent_cache.size(2));
+  } else {
+    TORCH_CHECK(latent_cache.size(2) == d, "a cache row is the query's width (R + rope)");
+  }
   check_rows(positions, block_tables, m, bs, blocks);
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   auto out = torch::empty({m, h, v_dim}, q.options());
+  const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
+  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  if (int8_kv) {
+    const LatentCacheInt8 kv{latent_cache.data_ptr<int8_t>(), bs, v_dim, d - v_dim};
+    mla_decode_attention_int8(qp, h * d, pos, tables, width, kv, h, static_cast<float>(scale), op, static_cast<int>(m));
+    return out;
+  }
   const auto* c = reinterpret_cast<const uint16_t*>(latent_cache.data_ptr<at::BFloat16>());
   PagedKV kv{c, c, bs, 1, d};
   kv.v_dim = v_dim;
-  decode_attention(reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>()), h * d, pos, tables, width, kv, h,
-                   static_cast<float>(scale), reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()),
-                   static_cast<int>(m));
+  decode_attention(qp, h * d, pos, tables, width, kv, h, static_cast<float>(scale), op, static_cast<int>(m));
   return out;
 }
 
