@@ -26,3 +26,18 @@ def tiny_model_factory(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_model_factory):
     return tiny_model_factory("llama")
+
+
+@pytest.fixture
+def bf16_ggml_activations():
+    """Q4_0 / Q4_1 decode rows against bf16 activations (the dequantized model's arithmetic)
+    instead of llama.cpp's int8-per-block ones, for tests that compare tokens exactly; the
+    default comes back after the test."""
+    from tacit.kernels.cpu_kernels import load_cpu_kernels
+
+    kernels = load_cpu_kernels()
+    if kernels is not None:
+        kernels.set_ggml_int8_activations(False)
+    yield
+    if kernels is not None:
+        kernels.set_ggml_int8_activations(True)

@@ -106,11 +106,14 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _table(rows: list[dict]) -> str:
-    keys = list(rows[0])
+    """Rows as aligned columns: every key any row has, "-" where a row lacks it (a peer has no
+    comm_share: a llama.cpp row beside tacit's once ended the run in a KeyError)."""
+    keys = list(dict.fromkeys(k for r in rows for k in r))
     fmt = lambda v: f"{v:.3f}" if isinstance(v, float) else str(v)  # noqa: E731
-    widths = [max(len(k), *(len(fmt(r[k])) for r in rows)) for k in keys]
+    cells = [[fmt(r[k]) if k in r else "-" for k in keys] for r in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
     lines = ["  ".join(k.rjust(w) for k, w in zip(keys, widths))]
-    lines += ["  ".join(fmt(r[k]).rjust(w) for k, w in zip(keys, widths)) for r in rows]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
     return "\n".join(lines)
 
 

@@ -219,3 +219,12 @@ def test_llama_cpp_peer_on_a_quantized_hf_checkpoint_is_refused(tiny_llama, tmp_
         [sys.executable, "-m", "tacit.cli", "bench", "latency", *args], capture_output=True, text=True, timeout=300
     )
     assert r.returncode != 0 and "which llama.cpp cannot read and tacit does not export" in r.stderr, r.stderr
+
+
+def test_table_shows_every_column_and_a_dash_where_a_peer_has_none():
+    from tacit.bench.cli import _table
+
+    text = _table([{"engine": "tacit", "tok_s": 2.0, "comm_share": 0.1}, {"engine": "llama.cpp", "tok_s": 1.5}])
+    head, tacit, peer = text.splitlines()
+    assert head.split() == ["engine", "tok_s", "comm_share"]
+    assert tacit.split() == ["tacit", "2.000", "0.100"] and peer.split() == ["llama.cpp", "1.500", "-"]

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from near_ties import assert_same_up_to_near_ties
 
 from tacit import LLM, SamplingParams
 from tacit.distributed.shm_communicator import ShmCommunicator
@@ -204,21 +205,6 @@ def test_sizes_that_do_not_divide_are_refused(tiny_llama, tiny_model_factory):
     _, _, mla = tiny_model_factory("deepseek_v3")
     with pytest.raises(ValueError, match=r"tensor_parallel_size=8 does not divide num_attention_heads=4"):
         LLM(str(mla), dtype="float32", tensor_parallel_size=8)
-
-
-def assert_same_up_to_near_ties(ref, got, tol: float = 0.06):
-    """bf16: summing in another order moves logprobs by bf16 noise; tokens must agree until a
-    step where the reference's top two were within 2 * tol (a near tie either order may break)."""
-    for a, b in zip(ref, got):
-        ta, tb = a.outputs[0].token_ids, b.outputs[0].token_ids
-        for i, (lp_a, lp_b) in enumerate(zip(a.outputs[0].logprobs, b.outputs[0].logprobs)):
-            for token, lp in lp_a.items():
-                if token in lp_b:
-                    assert abs(lp.logprob - lp_b[token].logprob) < tol, f"step {i}, token {token}"
-            if ta[i] != tb[i]:
-                top = sorted((lp.logprob for lp in lp_a.values()), reverse=True)
-                assert top[0] - top[1] < 2 * tol, f"step {i}: {ta[i]} vs {tb[i]} with a gap of {top[0] - top[1]}"
-                break
 
 
 @pytest.mark.skipif(load_cpu_kernels() is None, reason="no AVX512-BF16 CPU kernels: no fused decode step")

@@ -89,6 +89,38 @@ def test_gemv_matches_oracle_at_1_to_8_rows(ggml_type, n, k):
         assert within_bound(y, x, w_ref), f"{GGML_TYPES[ggml_type].name} m={m}"
 
 
+def int8_activation_bound(x: torch.Tensor, w_ref: torch.Tensor) -> torch.Tensor:
+    """What rounding each 32-value block of x to int8 (scale max|x_block| / 127) may add: half a
+    step, max|x_block| / 254, per value, times |w|; plus the output's bf16 rounding."""
+    m, k = x.shape
+    step = x.float().abs().reshape(m, k // 32, 32).amax(dim=2).repeat_interleave(32, dim=1) / 254
+    ref = x.float() @ w_ref.T
+    return step @ w_ref.abs().T * 1.01 + ref.abs() * 2**-8 + 1e-5
+
+
+@pytest.mark.parametrize("ggml_type", [2, 3], ids=["Q4_0", "Q4_1"])
+@pytest.mark.parametrize("n, k", SHAPES)
+def test_q4_decode_rows_round_activations_to_int8_per_block(ggml_type, n, k, bf16_ggml_activations):
+    """Q4_0 / Q4_1 decode rows take llama.cpp's arithmetic by default (activations as int8 per
+    block, vpdpbusd); the fixture switched them to the bf16 path, compared here with the default."""
+    kernels = load_cpu_kernels()
+    blocks, w_ref = quantized(ggml_type, n, k, seed=n + k)
+    g = torch.Generator().manual_seed(n * k)
+    for m in range(1, 9):
+        x = torch.randn(m, k, generator=g).bfloat16()
+        ref = x.float() @ w_ref.T
+        bf16 = kernels.gemm_ggml_skinny(blocks, ggml_type, x).float()
+        assert not kernels.ggml_int8_activations() and within_bound(bf16, x, w_ref)
+        kernels.set_ggml_int8_activations(True)
+        try:
+            int8 = kernels.gemm_ggml_skinny(blocks, ggml_type, x).float()
+        finally:
+            kernels.set_ggml_int8_activations(False)
+        assert ((int8 - ref).abs() <= int8_activation_bound(x, w_ref)).all(), f"m={m}"
+        # the int8 path ran: quantizing x moved some output (n * m values of unit-scale sums)
+        assert n * m < 8 or not torch.equal(int8, bf16)
+
+
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: GGML_TYPES[t].name)
 def test_dequantize_is_the_oracle_rounded_to_bf16(ggml_type):
     blocks, w_ref = quantized(ggml_type, 96, 512, seed=ggml_type)

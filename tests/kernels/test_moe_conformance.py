@@ -144,7 +144,7 @@ def test_cpu_kernel_matches_the_torch_kernel_in_bf16(tokens, shared):
 @needs_cpu_kernels
 @pytest.mark.parametrize("quantize", [quantize_int8_per_channel, quantize_int4_groupwise], ids=["Q8_0", "Q4_1"])
 @pytest.mark.parametrize("tokens", [1, 5, 300])
-def test_cpu_kernel_runs_ggml_experts_as_the_torch_kernel_does(quantize, tokens):
+def test_cpu_kernel_runs_ggml_experts_as_the_torch_kernel_does(quantize, tokens, bf16_ggml_activations):
     g = torch.Generator().manual_seed(7)
     hidden, inter, experts = 128, 64, 8
     dense = random_experts(g, experts, hidden, inter)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from near_ties import assert_same_up_to_near_ties
 
 from tacit import LLM, SamplingParams
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
@@ -51,7 +52,7 @@ def ggml_layers(llm: LLM) -> dict[str, str]:
 
 @pytest.mark.skipif(not KERNELS, reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set")
 @pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q8_0"])
-def test_native_weights_give_the_dequantized_tokens(tiny_llama_dir, tmp_path, ggml_type):
+def test_native_weights_give_the_dequantized_tokens(tiny_llama_dir, tmp_path, ggml_type, bf16_ggml_activations):
     path = export(tiny_llama_dir, tmp_path, {"": ggml_type})
     native, llm = greedy(path, dtype="bfloat16")  # auto: kept quantized where the kernels run
     layers = ggml_layers(llm)
@@ -65,6 +66,20 @@ def test_native_weights_give_the_dequantized_tokens(tiny_llama_dir, tmp_path, gg
     assert native == dequantized
     weight_bytes = [sum(p.nbytes for p in x.engine.model.model.layers.parameters()) for x in (llm, ref)]
     assert weight_bytes[0] < 0.6 * weight_bytes[1]
+
+
+@pytest.mark.skipif(not KERNELS, reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set")
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1"])
+def test_int8_activations_keep_the_dequantized_tokens_up_to_near_ties(tiny_llama_dir, tmp_path, ggml_type):
+    """By default Q4_0 / Q4_1 decode rows round activations to int8 per 32 values (llama.cpp's
+    arithmetic; prefills of up to 32 rows run the same kernel): on this flat tiny model (top
+    logprob ~ -3) that rounding moves logprobs by up to 0.06 in the first 8 steps, so within 0.1
+    until a near tie (later steps drift further: each reads KV the other rounding wrote)."""
+    path = export(tiny_llama_dir, tmp_path, {"": ggml_type})
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2)
+    native = LLM(str(path), dtype="bfloat16").generate(PROMPTS, params)
+    dequantized = LLM(str(path), dtype="bfloat16", quantization="none").generate(PROMPTS, params)
+    assert_same_up_to_near_ties(dequantized, native, tol=0.1)
 
 
 @pytest.mark.skipif(not KERNELS, reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set")
@@ -136,7 +151,7 @@ def test_tensor_bytes_that_do_not_fit_type_and_shape_are_refused(tmp_path):
 
 
 @pytest.mark.skipif(not KERNELS, reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set")
-def test_tied_head_keeps_the_embedding_blocks(tiny_model_factory, tmp_path):
+def test_tied_head_keeps_the_embedding_blocks(tiny_model_factory, tmp_path, bf16_ggml_activations):
     """Tied embeddings (llama3 tiny: also attention bias): the head multiplies by the Q8_0
     token_embd blocks, the lookup table is the very same tensor (held once), and the tokens
     are unchanged."""

@@ -100,7 +100,9 @@ def test_linear_layers_run_exactly_their_own_quantization(tiny_llama_dir, tmp_pa
 
 @pytest.mark.skipif(not KERNELS or load_cpu_kernels() is None, reason="no AVX512-BF16 CPU kernels")
 @pytest.mark.parametrize("quantization,type_name", [("int8", "Q8_0"), ("int4", "Q4_1")])
-def test_bf16_runs_the_fused_decoder_with_the_dequantized_tokens(tiny_llama_dir, tmp_path, quantization, type_name):
+def test_bf16_runs_the_fused_decoder_with_the_dequantized_tokens(
+    tiny_llama_dir, tmp_path, quantization, type_name, bf16_ggml_activations
+):
     outs, llm = run(tiny_llama_dir, dtype="bfloat16", quantization=quantization)
     assert set(ggml_layers(llm).values()) == {type_name}
     assert llm.engine.runner.fused_decode is not None

@@ -22,6 +22,12 @@ enum GgmlType : int {
   kF8E4M3 = 200,
 };
 
+// Q4_0 / Q4_1 decode rows multiply activations rounded to int8 per 32-value block (llama.cpp's
+// q8_0 / q8_1 arithmetic, vpdpbusd; on by default), or, off, the blocks unpacked to bf16 against
+// bf16 activations (the dequantized model's arithmetic). Process-wide; tests compare the two.
+void set_ggml_int8_activations(bool on);
+bool ggml_int8_activations();
+
 // Bytes of a row of k values, or 0 for a type without a kernel here or k not whole blocks.
 int64_t ggml_row_bytes(int type, int64_t k);
 // Values in a row of `bytes` bytes (0 for a type without a kernel here).
