@@ -159,15 +159,10 @@ def test_fp8_checkpoint_split_over_ranks(tiny_model_factory, tmp_path):
     model, _, hf_dir = tiny_model_factory("deepseek_v3")
     path, _ = write_fp8_checkpoint(hf_dir, tmp_path / "fp8")
     prompts = prompts_for(model.config.vocab_size)
-    ref = LLM(str(path), dtype="float32", quantization="gguf").generate(prompts, GREEDY)
-    llm = LLM(str(path), dtype="float32", quantization="gguf", tensor_parallel_size=2, expert_parallel=True)
-    try:
-        got = llm.generate(prompts, GREEDY)
-        moe = [m for m in llm.engine.model.modules() if isinstance(m, FusedMoE)]
-        o_proj = llm.engine.model.model.layers[0].self_attn.o_proj
-    finally:
-        llm.engine.shutdown()
+    ref, got, llm = run_pair(path, prompts, GREEDY, quantization="gguf", expert_parallel=True)
     assert_same(ref, got)
+    moe = [m for m in llm.engine.model.modules() if isinstance(m, FusedMoE)]
+    o_proj = llm.engine.model.model.layers[0].self_attn.o_proj
     assert moe and all(m.w13_type == m.w2_type == FP8_E4M3 for m in moe)
     assert o_proj.weight.dtype == torch.uint8 and o_proj.linear_method.ggml_type == FP8_E4M3
 
