@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -58,6 +59,10 @@ class LLMEngine:
         self.tokenizer.allow_special_tokens_in_chat_content = engine_args.allow_special_tokens_in_chat_content
         self.device = platform.device()
         self.executor = make_executor(engine_args, source, platform, self.config.parallel.tensor_parallel_size)
+        # An engine dropped without shutdown() still stops its workers and leaves the process
+        # group, so the next tensor-parallel engine in this process can form its own (it once
+        # failed: "trying to initialize the default process group twice").
+        weakref.finalize(self, self.executor.shutdown)
         self.runner: ModelRunner = self.executor.runner
         self.model = self.runner.model
         if self.runner.config.model.max_model_len != model_cfg.max_model_len:

@@ -167,6 +167,22 @@ def test_fp8_checkpoint_split_over_ranks(tiny_model_factory, tmp_path):
     assert o_proj.weight.dtype == torch.uint8 and o_proj.linear_method.ggml_type == FP8_E4M3
 
 
+def test_a_dropped_engine_stops_its_workers_so_another_can_start(tiny_llama):
+    import gc
+
+    _, _, path = tiny_llama
+    llm = LLM(str(path), dtype="float32", tensor_parallel_size=2)
+    procs = list(llm.engine.executor.procs)
+    del llm
+    gc.collect()
+    assert procs and not any(p.is_alive() for p in procs)
+    llm = LLM(str(path), dtype="float32", tensor_parallel_size=2)  # a second process group
+    try:
+        assert llm.generate([[5, 9, 11]], GREEDY)[0].outputs[0].token_ids
+    finally:
+        llm.engine.shutdown()
+
+
 def test_tp2_seeded_sampling_and_prompt_logprobs(tiny_llama):
     model, _, path = tiny_llama
     params = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=MAX_NEW, ignore_eos=True, seed=3, prompt_logprobs=2)
