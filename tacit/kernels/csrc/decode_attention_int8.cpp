@@ -13,10 +13,11 @@
 //    The query's int8 rounding is the one approximation beyond the cache's own (scores move by
 //    ~0.4% of max|q| * |k|; tests bound it against the dequantize-then-attend reference).
 //  - softmax in fp32; each probability is multiplied by its key's V scale and the products are
-//    rounded to int16 fixed point (relative to their max), so PV is integer too: two V rows
-//    widened to int16 and interleaved feed one vpdpwssd per 16 columns per query head, for
-//    both keys at once. A first version widened V to fp32 and used FMAs: no faster than the
-//    bf16 kernel at 4k context (the widening and FMAs made it compute-bound at ~6 GB/s).
+//    rounded to int16 fixed point (relative to their max), so PV is integer too: four V rows
+//    byte-interleaved feed, per 16 columns and query head, two vpdpbusd over the four keys (the
+//    weights' high and low bytes; see pv_block_i8). A first version widened V to fp32 and used
+//    FMAs: no faster than the bf16 kernel at 4k context (the widening and FMAs made it
+//    compute-bound at ~6 GB/s); a second widened V to int16 for one vpdpwssd per key pair.
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <omp.h>
@@ -53,20 +54,34 @@ void quantize_query(const u16* q, int64_t d, int64_t dpad, int8_t* out, float* s
   *sum = total;
 }
 
+// acc += vpdpbusd(a, b), in place: GCC 12 compiles the intrinsic on a loop-carried accumulator
+// as a copy in, the instruction and a copy out (two extra moves per vpdpbusd).
+__attribute__((always_inline)) inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+// The same with b = the dword at p broadcast: one micro-op, the load folded in.
+__attribute__((always_inline)) inline __m512i dpbusd_bcast(__m512i acc, __m512i a, const int32_t* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*p));
+  return acc;
+}
+
 // dot(q, k_t) for 16 key rows as int32 sums of (k + 128) * q, reduced, then converted to fp32.
 inline __m512 score_tile_int8(const int8_t* q, const int8_t* const* krow, int64_t d) {
+  // unroll + dpbusd, not a `#pragma GCC unroll` loop over the intrinsic: GCC 12 kept that
+  // loop's 16 accumulators in memory and copies (34 register moves and 17 stack accesses per
+  // 16 vpdpbusd).
   __m512i acc[kTile];
-  for (int t = 0; t < kTile; ++t) acc[t] = _mm512_setzero_si512();
+  unroll<kTile>([&](auto t) { acc[t] = _mm512_setzero_si512(); });
   int64_t c0 = 0;
   for (; c0 + 64 <= d; c0 += 64) {  // whole 64-byte chunks: vpdpbusd straight from memory
     const __m512i qv = _mm512_loadu_si512(q + c0);
-#pragma GCC unroll 16
-    for (int t = 0; t < kTile; ++t) acc[t] = _mm512_dpbusd_epi32(acc[t], _mm512_loadu_si512(krow[t] + c0), qv);
+    unroll<kTile>([&](auto t) { acc[t] = dpbusd(acc[t], _mm512_loadu_si512(krow[t] + c0), qv); });
   }
   if (c0 < d) {  // the tail: masked loads (zero bytes times the zero-padded query add nothing)
     const __mmask64 m = low_bits64(d - c0);
     const __m512i qv = _mm512_loadu_si512(q + c0);
-    for (int t = 0; t < kTile; ++t) acc[t] = _mm512_dpbusd_epi32(acc[t], _mm512_maskz_loadu_epi8(m, krow[t] + c0), qv);
+    unroll<kTile>([&](auto t) { acc[t] = dpbusd(acc[t], _mm512_maskz_loadu_epi8(m, krow[t] + c0), qv); });
   }
   return reduce16x16_epi32(acc);
 }
@@ -75,99 +90,117 @@ inline __m512 score_tile_int8(const int8_t* q, const int8_t* const* krow, int64_
 // error of at most max p' / 65534 per key, below the bf16 rounding (1/512 relative) that the bf16
 // kernel applies to every probability.
 constexpr float kProbOne = 32767.0f;
-// int32 accumulators take at most 2 x 127 x 32767 per key pair; flushing to fp32 every 256 pairs
-// keeps them below 2^31.
-constexpr int64_t kFlushPairs = 256;
+// PV as the MLA kernel's (mla_pv_keys, its note on PV): vpdpwssd, int16 pairs, issues at half
+// vpdpbusd's rate on this CPU, so each 15-bit weight goes in as its two bytes, each a vpdpbusd
+// over four keys (V stored signed, as vpdpbusd's signed side wants it): the same instruction
+// count as one vpdpwssd per key pair, twice the rate. The two byte sums are combined in int32
+// (hi * 256 + lo, the exact sum of w * v) and flushed to fp32 every 512 keys, as the vpdpwssd
+// version flushed its pair sums: the same integers rounded at the same points, so the same bits.
+// High-byte sums stay below 127 x 127 x 512 and the combined one below 2^31.
+constexpr int64_t kPvFlushKeys = 512;
 
 struct PvArgsI8 {
-  const int16_t* w;      // quantized p' per head (w + h * w_stride), even length, zero-padded
-  int64_t w_stride;
+  const uint8_t* w_hi;   // head h's weights' high bytes at w_hi + h * w_stride, zero past ctx
+  const uint8_t* w_lo;   // their low bytes
+  int64_t w_stride;      // a multiple of 32
   const float* unit;     // per head: max p' / 32767 / softmax sum, what one unit of w is worth
   int64_t ctx;
   const int8_t* v;       // V cache + this column chunk
-  const int8_t* zeros;   // a zero row standing in for key ctx when ctx is odd
-  const int64_t* offs;   // byte offsets of keys 0..ctx (+ kPrefetchKeysI8 padding)
-  int64_t row_bytes;     // bytes to prefetch per key
+  const int64_t* offs;   // byte offsets of keys 0..ctx (+ kPrefetchKeysI8 + 4 padding: key 0's)
   u16* out;              // output of the first head + this column chunk
   int64_t d;             // stride between heads in `out`
-  __mmask32 tail;        // columns of the last 32-column word inside head_dim
+  __mmask64 cols;        // this chunk's columns inside head_dim
+  int64_t width;         // their number (bytes to prefetch per key)
+  bool prefetch;         // the first heads of a column chunk fetch its rows; the others find them in L2
 };
 
-// out[h, 32 * NW columns] = unit[h] * sum_j w[h, j] * V[j] for HC heads. Keys go in pairs, as
-// in the bf16 kernel: two V rows widened to int16 and interleaved (vpunpck{l,h}wd) let one
-// vpdpwssd add both keys' products to 16 columns; lane 4l+i of the "lo" accumulator of a word
-// holds column 8l+i, of the "hi" one column 8l+4+i.
-template <int NW, int HC>
+// out[h, 64 columns] = unit[h] * sum_j w[h, j] * V[j] for HC heads, keys four at a time (past
+// ctx the weights are zero and offs points at key 0).
+template <int HC>
 void pv_block_i8(const PvArgsI8& a) {
-  __m512i acc[HC][2 * NW];
-  alignas(64) float total[HC][2 * NW][16] = {};
-  for (int h = 0; h < HC; ++h)
-    for (int t = 0; t < 2 * NW; ++t) acc[h][t] = _mm512_setzero_si512();
-  for (int64_t j0 = 0; j0 < a.ctx; j0 += 2 * kFlushPairs) {
-    const int64_t j1 = std::min(a.ctx, j0 + 2 * kFlushPairs);
-    for (int64_t j = j0; j < j1; j += 2) {
-      const int8_t* r0 = a.v + a.offs[j];
-      const int8_t* r1 = j + 1 < a.ctx ? a.v + a.offs[j + 1] : a.zeros;
-      prefetch_row(a.v + a.offs[j + kPrefetchKeysI8], a.row_bytes);
-      prefetch_row(a.v + a.offs[j + 1 + kPrefetchKeysI8], a.row_bytes);
-      __m512i pair[HC];
-      for (int h = 0; h < HC; ++h) {
-        int32_t bits;
-        std::memcpy(&bits, a.w + h * a.w_stride + j, sizeof(bits));
-        pair[h] = _mm512_set1_epi32(bits);
-      }
-      for (int w = 0; w < NW; ++w) {
-        const __mmask32 m = w + 1 < NW ? 0xffffffffu : a.tail;
-        const __m512i x0 = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, r0 + 32 * w));
-        const __m512i x1 = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(m, r1 + 32 * w));
-        const __m512i lo = _mm512_unpacklo_epi16(x0, x1), hi = _mm512_unpackhi_epi16(x0, x1);
-        for (int h = 0; h < HC; ++h) {
-          acc[h][2 * w] = _mm512_dpwssd_epi32(acc[h][2 * w], lo, pair[h]);
-          acc[h][2 * w + 1] = _mm512_dpwssd_epi32(acc[h][2 * w + 1], hi, pair[h]);
-        }
-      }
+  alignas(64) float total[HC][4][16] = {};
+  const int64_t end = (a.ctx + 3) / 4 * 4;
+  for (int64_t j0 = 0; j0 < end; j0 += kPvFlushKeys) {
+    const int64_t j1 = std::min(end, j0 + kPvFlushKeys);
+    // acc[8h + i]: head h's high-byte sums of z[i]'s columns, acc[8h + 4 + i] its low-byte ones
+    __m512i acc[8 * HC];
+    unroll<8 * HC>([&](auto i) { acc[i] = _mm512_setzero_si512(); });
+    for (int64_t j = j0; j < j1; j += 4) {
+      __m512i x[4];
+      unroll<4>([&](auto k) {
+        x[k] = _mm512_maskz_loadu_epi8(a.cols, a.v + a.offs[j + k]);
+        if (a.prefetch) prefetch_row(a.v + a.offs[j + k + kPrefetchKeysI8], a.width);
+      });
+      // Per 128-bit lane L: z[i] dword 4L + k holds column 16L + 4i + k of the four keys.
+      const __m512i l01 = _mm512_unpacklo_epi8(x[0], x[1]), h01 = _mm512_unpackhi_epi8(x[0], x[1]);
+      const __m512i l23 = _mm512_unpacklo_epi8(x[2], x[3]), h23 = _mm512_unpackhi_epi8(x[2], x[3]);
+      const __m512i z[4] = {_mm512_unpacklo_epi16(l01, l23), _mm512_unpackhi_epi16(l01, l23),
+                            _mm512_unpacklo_epi16(h01, h23), _mm512_unpackhi_epi16(h01, h23)};
+      unroll<HC>([&](auto h) {
+        int32_t bh, bl;
+        std::memcpy(&bh, a.w_hi + h * a.w_stride + j, sizeof(bh));
+        std::memcpy(&bl, a.w_lo + h * a.w_stride + j, sizeof(bl));
+        const __m512i wh = _mm512_set1_epi32(bh), wl = _mm512_set1_epi32(bl);
+        unroll<4>([&](auto i) {
+          acc[8 * h + i] = dpbusd(acc[8 * h + i], wh, z[i]);
+          acc[8 * h + 4 + i] = dpbusd(acc[8 * h + 4 + i], wl, z[i]);
+        });
+      });
     }
-    for (int h = 0; h < HC; ++h)
-      for (int t = 0; t < 2 * NW; ++t) {
-        _mm512_store_ps(total[h][t], _mm512_add_ps(_mm512_load_ps(total[h][t]), _mm512_cvtepi32_ps(acc[h][t])));
-        acc[h][t] = _mm512_setzero_si512();
-      }
+    unroll<HC>([&](auto h) {
+      unroll<4>([&](auto i) {
+        const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(acc[8 * h + i], 8), acc[8 * h + 4 + i]);
+        _mm512_store_ps(total[h][i], _mm512_add_ps(_mm512_load_ps(total[h][i]), _mm512_cvtepi32_ps(sum)));
+      });
+    });
   }
-  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-  const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-  for (int h = 0; h < HC; ++h) {
+  for (int h = 0; h < HC; ++h) {  // lane L of the four z's: columns 16L..16L+15 in order
+    const __m512 t0 = _mm512_load_ps(total[h][0]), t1 = _mm512_load_ps(total[h][1]);
+    const __m512 t2 = _mm512_load_ps(total[h][2]), t3 = _mm512_load_ps(total[h][3]);
+    const __m512 e = _mm512_shuffle_f32x4(t0, t1, 0x44), f = _mm512_shuffle_f32x4(t0, t1, 0xEE);
+    const __m512 g = _mm512_shuffle_f32x4(t2, t3, 0x44), k = _mm512_shuffle_f32x4(t2, t3, 0xEE);
+    const __m512 cols[4] = {_mm512_shuffle_f32x4(e, g, 0x88), _mm512_shuffle_f32x4(e, g, 0xDD),
+                            _mm512_shuffle_f32x4(f, k, 0x88), _mm512_shuffle_f32x4(f, k, 0xDD)};
     const __m512 unit = _mm512_set1_ps(a.unit[h]);
-    u16* o = a.out + h * a.d;
-    for (int w = 0; w < NW; ++w) {
-      const __mmask32 m = w + 1 < NW ? 0xffffffffu : a.tail;
-      const __m512 lo = _mm512_load_ps(total[h][2 * w]), hi = _mm512_load_ps(total[h][2 * w + 1]);
-      const __m512 c0 = _mm512_mul_ps(_mm512_permutex2var_ps(lo, first, hi), unit);
-      const __m512 c1 = _mm512_mul_ps(_mm512_permutex2var_ps(lo, second, hi), unit);
-      _mm256_mask_storeu_epi16(o + 32 * w, static_cast<__mmask16>(m & 0xffffu), (__m256i)_mm512_cvtneps_pbh(c0));
-      _mm256_mask_storeu_epi16(o + 32 * w + 16, static_cast<__mmask16>(m >> 16), (__m256i)_mm512_cvtneps_pbh(c1));
-    }
+    for (int o = 0; o < 4; ++o)
+      _mm256_mask_storeu_epi16(a.out + h * a.d + 16 * o, static_cast<__mmask16>(a.cols >> (16 * o)),
+                               (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(cols[o], unit)));
   }
 }
 
-template <int NW, int HC>
-void pv_rest_i8(int heads, PvArgsI8 a) {
+constexpr int kPvHeadsI8 = 3;  // 24 accumulators, 4 interleaved V vectors, 2 weight broadcasts
+
+template <int HC>
+void pv_rest_i8(int heads, const PvArgsI8& a) {
   if constexpr (HC >= 1) {
-    if (heads == HC) return pv_block_i8<NW, HC>(a);
-    pv_rest_i8<NW, HC - 1>(heads, a);
+    if (heads == HC) return pv_block_i8<HC>(a);
+    pv_rest_i8<HC - 1>(heads, a);
   }
 }
 
-// All `heads` heads, as many at a time as keep ~20 int32 accumulators in registers.
-template <int NW>
-void pv_heads_i8(int heads, PvArgsI8 a) {
-  constexpr int H = std::max(1, std::min(8, 10 / NW));
-  for (; heads >= H; heads -= H) {
-    pv_block_i8<NW, H>(a);
-    a.w += H * a.w_stride;
-    a.unit += H;
-    a.out += H * a.d;
+// All `heads` heads over one 64-column chunk, in blocks of as even a size as fit (7 heads as
+// 3+2+2): the first block prefetches the chunk's rows.
+void pv_heads_i8(int64_t heads, PvArgsI8 a) {
+  const int64_t blocks = (heads + kPvHeadsI8 - 1) / kPvHeadsI8;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t hb = heads / blocks + (b < heads % blocks);
+    pv_rest_i8<kPvHeadsI8>(static_cast<int>(hb), a);
+    a.w_hi += hb * a.w_stride;
+    a.w_lo += hb * a.w_stride;
+    a.unit += hb;
+    a.out += hb * a.d;
+    a.prefetch = false;
   }
-  if (heads > 0) pv_rest_i8<NW, H - 1>(heads, a);
+}
+
+// w[0, ctx) as its high and low bytes, zero from ctx to w_stride (a multiple of 32).
+void split_weight_bytes(const int16_t* w, int64_t ctx, int64_t w_stride, uint8_t* hi, uint8_t* lo) {
+  for (int64_t j = 0; j < w_stride; j += 32) {
+    const __m512i x = _mm512_maskz_loadu_epi16(low_bits32(ctx - j), w + j);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + j), _mm512_cvtepi16_epi8(_mm512_srli_epi16(x, 8)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + j),
+                        _mm512_cvtepi16_epi8(_mm512_and_si512(x, _mm512_set1_epi16(0xff))));
+  }
 }
 
 struct ScratchI8 {
@@ -175,6 +208,7 @@ struct ScratchI8 {
   std::vector<int64_t> offs, soff;
   std::vector<int32_t> qsum;
   std::vector<int16_t> w;
+  std::vector<uint8_t> w_hi, w_lo;
   std::vector<int8_t> qq, zeros;
 };
 
@@ -244,14 +278,18 @@ void decode_attention_int8(const u16* q, int64_t q_stride, const int64_t* positi
     if (static_cast<int64_t>(sc.scores.size()) < group * ctx) sc.scores.resize(group * ctx);
     if (static_cast<int64_t>(sc.probs.size()) < ctx) sc.probs.resize(ctx);
     if (static_cast<int64_t>(sc.vscale.size()) < ctx) sc.vscale.resize(ctx);
-    if (static_cast<int64_t>(sc.offs.size()) < ctx + kPrefetchKeysI8 + 1) {
-      sc.offs.resize(ctx + kPrefetchKeysI8 + 1);
-      sc.soff.resize(ctx + kPrefetchKeysI8 + 1);
+    if (static_cast<int64_t>(sc.offs.size()) < ctx + kPrefetchKeysI8 + 4) {
+      sc.offs.resize(ctx + kPrefetchKeysI8 + 4);
+      sc.soff.resize(ctx + kPrefetchKeysI8 + 4);
     }
     if (static_cast<int64_t>(sc.zeros.size()) < dpad) sc.zeros.resize(dpad, 0);
     if (static_cast<int64_t>(sc.qq.size()) < group * dpad) sc.qq.resize(group * dpad);
-    const int64_t w_stride = (ctx + 1) / 2 * 2;
-    if (static_cast<int64_t>(sc.w.size()) < group * w_stride) sc.w.resize(group * w_stride);
+    const int64_t w_stride = (ctx + 31) / 32 * 32;
+    if (static_cast<int64_t>(sc.w.size()) < w_stride) sc.w.resize(w_stride);
+    if (static_cast<int64_t>(sc.w_hi.size()) < group * w_stride) {
+      sc.w_hi.resize(group * w_stride);
+      sc.w_lo.resize(group * w_stride);
+    }
     if (static_cast<int64_t>(sc.unit.size()) < group) {
       sc.unit.resize(group);
       sc.qscale.resize(group);
@@ -267,7 +305,8 @@ void decode_attention_int8(const u16* q, int64_t q_stride, const int64_t* positi
         soff[j + s] = base + bs * d + s * kScaleBytes;
       }
     }
-    std::fill(offs + ctx, offs + ctx + kPrefetchKeysI8 + 1, offs[0]);  // prefetches past the end stay in bounds
+    // PV's keys past ctx (to a multiple of 4, zero weights) and prefetches past the end stay in bounds
+    std::fill(offs + ctx, offs + ctx + kPrefetchKeysI8 + 4, offs[0]);
 
     const u16* qg = q + r * q_stride + g * group * d;
     for (int64_t h = 0; h < group; ++h)
@@ -319,18 +358,14 @@ void decode_attention_int8(const u16* q, int64_t q_stride, const int64_t* positi
     }
     for (int64_t h = 0; h < group; ++h) {
       const float mx = nan[h] ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(smax[h]);
-      sc.unit[h] = pv_weights(scores + h * ctx, sc.vscale.data(), ctx, mx, sc.probs.data(), sc.w.data() + h * w_stride);
+      sc.unit[h] = pv_weights(scores + h * ctx, sc.vscale.data(), ctx, mx, sc.probs.data(), sc.w.data());
+      split_weight_bytes(sc.w.data(), ctx, w_stride, sc.w_hi.data() + h * w_stride, sc.w_lo.data() + h * w_stride);
     }
 
-    for (int64_t col = 0; col < d; col += 64) {  // 2 words of 32 columns per pass at most
-      const int64_t width = std::min<int64_t>(64, d - col), nw = (width + 31) / 32;
-      const PvArgsI8 a{sc.w.data(), w_stride, sc.unit.data(), ctx, kv.v + col, sc.zeros.data(), offs, d,
-                       out + r * num_heads * d + g * group * d + col, d, low_bits32(width - 32 * (nw - 1))};
-      const int heads = static_cast<int>(group);
-      if (nw == 1)
-        pv_heads_i8<1>(heads, a);
-      else
-        pv_heads_i8<2>(heads, a);
+    for (int64_t col = 0; col < d; col += 64) {
+      const int64_t width = std::min<int64_t>(64, d - col);
+      pv_heads_i8(group, PvArgsI8{sc.w_hi.data(), sc.w_lo.data(), w_stride, sc.unit.data(), ctx, kv.v + col, offs,
+                                  out + r * num_heads * d + g * group * d + col, d, low_bits64(width), width, true});
     }
   }
 }
@@ -345,26 +380,15 @@ namespace {
 //    of its query, the dword broadcast from memory: lanes are keys, so there is no per-head
 //    reduction of 16 accumulators (the paged kernel's reduce16x16, ~30 ops per head and tile: as
 //    many as the 16 keys' 64-wide rope dot products) and no per-head re-read of the rows.
-//  - PV: vpdpwssd (the paged kernel's, int16) issues at half vpdpbusd's rate on this CPU (Zen 5,
-//    measured 0.24 against 0.12 ns), so the 15-bit weights go in as their two bytes, each a
-//    vpdpbusd of four keys: the paged kernel's precision, its instruction count, twice the rate.
+//  - PV: vpdpwssd (int16; the paged kernel's PV had it until it took this scheme too) issues
+//    at half vpdpbusd's rate on this CPU (Zen 5, measured 0.24 against 0.12 ns), so the 15-bit
+//    weights go in as their two bytes, each a vpdpbusd of four keys: the int16 version's
+//    precision, its instruction count, twice the rate.
 //    Four V rows are byte-interleaved (8 shuffles per 64 columns, for up to 3 heads) so each
 //    dword lane holds one column of the four keys.
 // random:deepseek-v3-1b's shape (16 heads, rank 512 + rope 64), 4k context, one thread, cache
 // in L3: 0.38-0.44 ms a request against 1.02 ms for the bf16 kernel. The paged int8 kernel's
 // structure (per-head 16-key reductions, vpdpwssd) run on the latent rows measured 1.03 ms.
-
-// acc += vpdpbusd(a, b), in place: GCC 12 compiles the intrinsic on a loop-carried accumulator
-// as a copy in, the instruction and a copy out (two extra moves per vpdpbusd).
-__attribute__((always_inline)) inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
-  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
-  return acc;
-}
-// The same with b = the dword at p broadcast: one micro-op, the load folded in.
-__attribute__((always_inline)) inline __m512i dpbusd_bcast(__m512i acc, __m512i a, const int32_t* p) {
-  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*p));
-  return acc;
-}
 
 // 16 rows' bytes [off, off + 64) (only `mask`'s, zero past it), sign bits flipped, as 16 vectors
 // of 16 dwords: dst[16 * i + t] = dword i of row t. Flipping makes k + 128, vpdpbusd's unsigned
@@ -644,13 +668,7 @@ void mla_decode_attention_int8(const u16* q, int64_t q_stride, const int64_t* po
     for (int64_t h = 0; h < heads; ++h) {
       float* sh = scores + h * ctx;
       sc.unit[h] = pv_weights(sh, sc.vscale.data(), ctx, max_or_nan(sh, ctx), sc.probs.data(), sc.w.data());
-      for (int64_t j = 0; j < w_stride; j += 32) {  // split into bytes, zero past ctx
-        const __m512i w = _mm512_maskz_loadu_epi16(low_bits32(ctx - j), sc.w.data() + j);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(sc.w_hi.data() + h * w_stride + j),
-                            _mm512_cvtepi16_epi8(_mm512_srli_epi16(w, 8)));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(sc.w_lo.data() + h * w_stride + j),
-                            _mm512_cvtepi16_epi8(_mm512_and_si512(w, _mm512_set1_epi16(0xff))));
-      }
+      split_weight_bytes(sc.w.data(), ctx, w_stride, sc.w_hi.data() + h * w_stride, sc.w_lo.data() + h * w_stride);
     }
 
     for (int64_t col = 0; col < rank; col += 64) {
