@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -145,9 +145,10 @@ class ExpertCache:
             self.stats.bytes_read += gate.nbytes + up.nbytes + down.nbytes
 
     # ---- slots ----
-    def _victim(self, protected: set[int]) -> int | None:
-        """The least recently used slot that is not protected, not being read, and not hot."""
-        pinned = self.num_slots // 4
+    def _victim(self, protected: set[int], keep_hot: bool = True) -> int | None:
+        """The least recently used slot that is not protected, not being read, and (keep_hot)
+        not hot."""
+        pinned = self.num_slots // 4 if keep_hot else 0
         hot = set()
         if pinned and len(self._uses) > pinned:
             ranked = sorted(self._uses.items(), key=lambda kv: kv[1], reverse=True)[:pinned]
@@ -161,9 +162,9 @@ class ExpertCache:
             return slot
         return None
 
-    def _claim(self, key: tuple[int, int], protected: set[int]) -> tuple[int, Future] | None:
+    def _claim(self, key: tuple[int, int], protected: set[int], keep_hot: bool = True) -> tuple[int, Future] | None:
         """Under the lock: a slot for key whose read the caller runs, or None if none is free."""
-        slot = self._victim(protected)
+        slot = self._victim(protected, keep_hot)
         if slot is None:
             return None
         old = self._slots[slot]
@@ -186,6 +187,35 @@ class ExpertCache:
                 self._slots[slot] = _Slot()
             fut.set_exception(e)
 
+    def _claim_for_layer(
+        self, key: tuple[int, int], protected: set[int], layer: int, wanted: int
+    ) -> tuple[int, Future]:
+        """Under the lock: a slot for a running layer's expert. The cache holds the largest step's
+        experts (checked at load), so a slot is free once prefetch reads in flight finish (the
+        lock is let go while waiting: the reader takes it) and the hot pin yields if it must;
+        under load a slow prefetch once made this fail ("5 slots cannot hold 3 experts")."""
+        claimed = self._claim(key, protected)
+        while claimed is None:
+            reading = [
+                s.ready for i, s in enumerate(self._slots) if i not in protected and s.ready and not s.ready.done()
+            ]
+            if not reading:
+                break
+            self._lock.release()
+            try:
+                wait(reading, return_when=FIRST_COMPLETED)
+            finally:
+                self._lock.acquire()
+            claimed = self._claim(key, protected)
+        if claimed is None:
+            claimed = self._claim(key, protected, keep_hot=False)
+        if claimed is None:
+            raise RuntimeError(
+                f"expert cache: {self.num_slots} slots cannot hold layer {layer}'s {wanted} "
+                f"active experts; raise --expert-cache-memory"
+            )
+        return claimed
+
     def acquire(self, layer: int, experts: list[int], num_tokens: int) -> torch.Tensor:
         """int64 [max expert + 1]: the slot of each of `experts` (-1 for the others), every one
         read and protected from eviction until the next acquire."""
@@ -206,13 +236,7 @@ class ExpertCache:
                         waits.append(s.ready)
                     self._lru.move_to_end(slot)
                 else:
-                    claimed = self._claim(key, protected)
-                    if claimed is None:
-                        raise RuntimeError(
-                            f"expert cache: {self.num_slots} slots cannot hold layer {layer}'s {len(experts)} "
-                            f"active experts; raise --expert-cache-memory"
-                        )
-                    slot, fut = claimed
+                    slot, fut = self._claim_for_layer(key, protected, layer, len(experts))
                     todo.append((slot, key, fut))
                     waits.append(fut)
                 slots[e] = slot

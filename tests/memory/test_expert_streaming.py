@@ -85,3 +85,35 @@ def test_cache_evicts_least_recently_used_and_never_the_running_layers_experts(t
     with pytest.raises(RuntimeError, match="cannot hold layer 0's 5 active experts"):
         cache.acquire(0, [0, 1, 2, 3, 4], num_tokens=1)
     cache.close()
+
+
+def test_a_layer_waits_for_prefetch_reads_in_flight_instead_of_failing(tmp_path):
+    """Slots a prefetch is still reading cannot be evicted; the running layer waits for them
+    rather than failing (a slow read under load once ended a run: "5 slots cannot hold 3")."""
+    import threading
+    import time
+    from concurrent.futures import Future
+
+    import torch
+
+    from tacit.memory.expert_cache import ExpertCache, TensorLocation, _Slot
+
+    f = tmp_path / "experts.bin"
+    f.write_bytes(bytes(64))
+    loc = TensorLocation(f, 0, 64, torch.float32, (4, 4))
+    cache = ExpertCache({(0, e): (loc, loc, loc) for e in range(8)}, 4, 4, 4, torch.float32)
+    reading = [Future() for _ in range(3)]
+    for slot, (e, fut) in enumerate(zip((5, 6, 7), reading)):  # a prefetch's reads, unfinished
+        cache._slots[slot] = _Slot((0, e), fut)
+        cache._where[(0, e)] = slot
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(table=cache.acquire(0, [0, 1, 2], 2)))
+    worker.start()
+    time.sleep(0.2)
+    assert worker.is_alive()  # one slot is free; it waits for the reads, it does not fail
+    for fut in reading:
+        fut.set_result(None)
+    worker.join(timeout=10)
+    table = result["table"]
+    assert sorted(table[[0, 1, 2]].tolist()) == sorted(set(table[[0, 1, 2]].tolist())) and (table[:3] >= 0).all()
+    cache.close()

@@ -99,6 +99,35 @@ constexpr float kProbOne = 32767.0f;
 // High-byte sums stay below 127 x 127 x 512 and the combined one below 2^31.
 constexpr int64_t kPvFlushKeys = 512;
 
+// Keys j..j+3 (their `cols` bytes at v + offs[j + k]) interleaved so that, per 128-bit lane L,
+// z[i] dword 4L + k holds column 16L + 4i + k of key k; then HB heads' 15-bit weights for those
+// keys, as high and low bytes, one vpdpbusd each into acc[8h + i] and acc[8h + 4 + i]. Shared by
+// the paged and the MLA kernels' PV (Args: PvArgsI8 or MlaPvArgs); always inlined, so the
+// accumulators stay in registers (GCC 12 kept them in memory across calls otherwise).
+template <int HB, typename Args>
+__attribute__((always_inline)) inline void pv_four_keys(__m512i* acc, const Args& a, int64_t j,
+                                                        int64_t prefetch_bytes) {
+  __m512i x[4];
+  unroll<4>([&](auto k) {
+    x[k] = _mm512_maskz_loadu_epi8(a.cols, a.v + a.offs[j + k]);
+    if (a.prefetch) prefetch_row(a.v + a.offs[j + k + kPrefetchKeysI8], prefetch_bytes);
+  });
+  const __m512i l01 = _mm512_unpacklo_epi8(x[0], x[1]), h01 = _mm512_unpackhi_epi8(x[0], x[1]);
+  const __m512i l23 = _mm512_unpacklo_epi8(x[2], x[3]), h23 = _mm512_unpackhi_epi8(x[2], x[3]);
+  const __m512i z[4] = {_mm512_unpacklo_epi16(l01, l23), _mm512_unpackhi_epi16(l01, l23),
+                        _mm512_unpacklo_epi16(h01, h23), _mm512_unpackhi_epi16(h01, h23)};
+  unroll<HB>([&](auto h) {
+    int32_t bh, bl;
+    std::memcpy(&bh, a.w_hi + h * a.w_stride + j, sizeof(bh));
+    std::memcpy(&bl, a.w_lo + h * a.w_stride + j, sizeof(bl));
+    const __m512i wh = _mm512_set1_epi32(bh), wl = _mm512_set1_epi32(bl);
+    unroll<4>([&](auto i) {
+      acc[8 * h + i] = dpbusd(acc[8 * h + i], wh, z[i]);
+      acc[8 * h + 4 + i] = dpbusd(acc[8 * h + 4 + i], wl, z[i]);
+    });
+  });
+}
+
 struct PvArgsI8 {
   const uint8_t* w_hi;   // head h's weights' high bytes at w_hi + h * w_stride, zero past ctx
   const uint8_t* w_lo;   // their low bytes
@@ -125,28 +154,7 @@ void pv_block_i8(const PvArgsI8& a) {
     // acc[8h + i]: head h's high-byte sums of z[i]'s columns, acc[8h + 4 + i] its low-byte ones
     __m512i acc[8 * HC];
     unroll<8 * HC>([&](auto i) { acc[i] = _mm512_setzero_si512(); });
-    for (int64_t j = j0; j < j1; j += 4) {
-      __m512i x[4];
-      unroll<4>([&](auto k) {
-        x[k] = _mm512_maskz_loadu_epi8(a.cols, a.v + a.offs[j + k]);
-        if (a.prefetch) prefetch_row(a.v + a.offs[j + k + kPrefetchKeysI8], a.width);
-      });
-      // Per 128-bit lane L: z[i] dword 4L + k holds column 16L + 4i + k of the four keys.
-      const __m512i l01 = _mm512_unpacklo_epi8(x[0], x[1]), h01 = _mm512_unpackhi_epi8(x[0], x[1]);
-      const __m512i l23 = _mm512_unpacklo_epi8(x[2], x[3]), h23 = _mm512_unpackhi_epi8(x[2], x[3]);
-      const __m512i z[4] = {_mm512_unpacklo_epi16(l01, l23), _mm512_unpackhi_epi16(l01, l23),
-                            _mm512_unpacklo_epi16(h01, h23), _mm512_unpackhi_epi16(h01, h23)};
-      unroll<HC>([&](auto h) {
-        int32_t bh, bl;
-        std::memcpy(&bh, a.w_hi + h * a.w_stride + j, sizeof(bh));
-        std::memcpy(&bl, a.w_lo + h * a.w_stride + j, sizeof(bl));
-        const __m512i wh = _mm512_set1_epi32(bh), wl = _mm512_set1_epi32(bl);
-        unroll<4>([&](auto i) {
-          acc[8 * h + i] = dpbusd(acc[8 * h + i], wh, z[i]);
-          acc[8 * h + 4 + i] = dpbusd(acc[8 * h + 4 + i], wl, z[i]);
-        });
-      });
-    }
+    for (int64_t j = j0; j < j1; j += 4) pv_four_keys<HC>(acc, a, j, a.width);
     unroll<HC>([&](auto h) {
       unroll<4>([&](auto i) {
         const __m512i sum = _mm512_add_epi32(_mm512_slli_epi32(acc[8 * h + i], 8), acc[8 * h + 4 + i]);
@@ -497,28 +505,7 @@ void mla_pv_keys(const MlaPvArgs& a, int64_t j0, int64_t j1, float (*total)[4][1
   // acc[8h + i]: head h's high-byte sums of z[i]'s columns, acc[8h + 4 + i] its low-byte ones
   __m512i acc[8 * HB];
   unroll<8 * HB>([&](auto i) { acc[i] = _mm512_setzero_si512(); });
-  for (int64_t j = j0; j < j1; j += 4) {
-    __m512i x[4];
-    unroll<4>([&](auto k) {
-      x[k] = _mm512_maskz_loadu_epi8(a.cols, a.v + a.offs[j + k]);
-      if (a.prefetch) prefetch_row(a.v + a.offs[j + k + kPrefetchKeysI8], 65);  // the chunk's one or two lines
-    });
-    // Per 128-bit lane L: z[i] dword 4L + k holds column 16L + 4i + k of the four keys.
-    const __m512i l01 = _mm512_unpacklo_epi8(x[0], x[1]), h01 = _mm512_unpackhi_epi8(x[0], x[1]);
-    const __m512i l23 = _mm512_unpacklo_epi8(x[2], x[3]), h23 = _mm512_unpackhi_epi8(x[2], x[3]);
-    const __m512i z[4] = {_mm512_unpacklo_epi16(l01, l23), _mm512_unpackhi_epi16(l01, l23),
-                          _mm512_unpacklo_epi16(h01, h23), _mm512_unpackhi_epi16(h01, h23)};
-    unroll<HB>([&](auto h) {
-      int32_t bh, bl;
-      std::memcpy(&bh, a.w_hi + h * a.w_stride + j, sizeof(bh));
-      std::memcpy(&bl, a.w_lo + h * a.w_stride + j, sizeof(bl));
-      const __m512i wh = _mm512_set1_epi32(bh), wl = _mm512_set1_epi32(bl);
-      unroll<4>([&](auto i) {
-        acc[8 * h + i] = dpbusd(acc[8 * h + i], wh, z[i]);
-        acc[8 * h + 4 + i] = dpbusd(acc[8 * h + 4 + i], wl, z[i]);
-      });
-    });
-  }
+  for (int64_t j = j0; j < j1; j += 4) pv_four_keys<HB>(acc, a, j, 65);  // the chunk's one or two lines
   unroll<HB>([&](auto h) {
     unroll<4>([&](auto i) {
       const __m512 sum = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[8 * h + i]), _mm512_set1_ps(256.0f),
