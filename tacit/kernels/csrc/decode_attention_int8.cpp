@@ -128,6 +128,24 @@ __attribute__((always_inline)) inline void pv_four_keys(__m512i* acc, const Args
   });
 }
 
+// heads' PV totals -> out[h, the chunk's columns] in bf16, times unit[h]: lane L of the four
+// z's holds columns 16L..16L+15 in order (pv_four_keys' interleave), undone here.
+template <typename Args>
+void store_pv_totals(const float (*total)[4][16], int heads, const Args& a) {
+  for (int h = 0; h < heads; ++h) {
+    const __m512 t0 = _mm512_load_ps(total[h][0]), t1 = _mm512_load_ps(total[h][1]);
+    const __m512 t2 = _mm512_load_ps(total[h][2]), t3 = _mm512_load_ps(total[h][3]);
+    const __m512 e = _mm512_shuffle_f32x4(t0, t1, 0x44), f = _mm512_shuffle_f32x4(t0, t1, 0xEE);
+    const __m512 g = _mm512_shuffle_f32x4(t2, t3, 0x44), k = _mm512_shuffle_f32x4(t2, t3, 0xEE);
+    const __m512 cols[4] = {_mm512_shuffle_f32x4(e, g, 0x88), _mm512_shuffle_f32x4(e, g, 0xDD),
+                            _mm512_shuffle_f32x4(f, k, 0x88), _mm512_shuffle_f32x4(f, k, 0xDD)};
+    const __m512 unit = _mm512_set1_ps(a.unit[h]);
+    for (int o = 0; o < 4; ++o)
+      _mm256_mask_storeu_epi16(a.out + h * a.d + 16 * o, static_cast<__mmask16>(a.cols >> (16 * o)),
+                               (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(cols[o], unit)));
+  }
+}
+
 struct PvArgsI8 {
   const uint8_t* w_hi;   // head h's weights' high bytes at w_hi + h * w_stride, zero past ctx
   const uint8_t* w_lo;   // their low bytes
@@ -162,18 +180,7 @@ void pv_block_i8(const PvArgsI8& a) {
       });
     });
   }
-  for (int h = 0; h < HC; ++h) {  // lane L of the four z's: columns 16L..16L+15 in order
-    const __m512 t0 = _mm512_load_ps(total[h][0]), t1 = _mm512_load_ps(total[h][1]);
-    const __m512 t2 = _mm512_load_ps(total[h][2]), t3 = _mm512_load_ps(total[h][3]);
-    const __m512 e = _mm512_shuffle_f32x4(t0, t1, 0x44), f = _mm512_shuffle_f32x4(t0, t1, 0xEE);
-    const __m512 g = _mm512_shuffle_f32x4(t2, t3, 0x44), k = _mm512_shuffle_f32x4(t2, t3, 0xEE);
-    const __m512 cols[4] = {_mm512_shuffle_f32x4(e, g, 0x88), _mm512_shuffle_f32x4(e, g, 0xDD),
-                            _mm512_shuffle_f32x4(f, k, 0x88), _mm512_shuffle_f32x4(f, k, 0xDD)};
-    const __m512 unit = _mm512_set1_ps(a.unit[h]);
-    for (int o = 0; o < 4; ++o)
-      _mm256_mask_storeu_epi16(a.out + h * a.d + 16 * o, static_cast<__mmask16>(a.cols >> (16 * o)),
-                               (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(cols[o], unit)));
-  }
+  store_pv_totals(total, HC, a);
 }
 
 constexpr int kPvHeadsI8 = 3;  // 24 accumulators, 4 interleaved V vectors, 2 weight broadcasts
@@ -521,18 +528,7 @@ void mla_pv_heads(const MlaPvArgs& a) {
   const int64_t quads_end = (a.ctx + 3) / 4 * 4;
   for (int64_t j0 = 0; j0 < quads_end; j0 += 4 * kFlushQuads)
     mla_pv_keys<HB>(a, j0, std::min(quads_end, j0 + 4 * kFlushQuads), total);
-  for (int h = 0; h < HB; ++h) {  // lane L of the four z's: columns 16L..16L+15 in order
-    const __m512 t0 = _mm512_load_ps(total[h][0]), t1 = _mm512_load_ps(total[h][1]);
-    const __m512 t2 = _mm512_load_ps(total[h][2]), t3 = _mm512_load_ps(total[h][3]);
-    const __m512 e = _mm512_shuffle_f32x4(t0, t1, 0x44), f = _mm512_shuffle_f32x4(t0, t1, 0xEE);
-    const __m512 g = _mm512_shuffle_f32x4(t2, t3, 0x44), k = _mm512_shuffle_f32x4(t2, t3, 0xEE);
-    const __m512 cols[4] = {_mm512_shuffle_f32x4(e, g, 0x88), _mm512_shuffle_f32x4(e, g, 0xDD),
-                            _mm512_shuffle_f32x4(f, k, 0x88), _mm512_shuffle_f32x4(f, k, 0xDD)};
-    const __m512 unit = _mm512_set1_ps(a.unit[h]);
-    for (int o = 0; o < 4; ++o)
-      _mm256_mask_storeu_epi16(a.out + h * a.d + 16 * o, static_cast<__mmask16>(a.cols >> (16 * o)),
-                               (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(cols[o], unit)));
-  }
+  store_pv_totals(total, HB, a);
 }
 
 constexpr int kMlaPvHeads = 3;
