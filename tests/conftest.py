@@ -30,7 +30,7 @@ def tiny_llama(tiny_model_factory):
 
 @pytest.fixture
 def bf16_ggml_activations():
-    """Q4_0 / Q4_1 decode rows against bf16 activations (the dequantized model's arithmetic)
+    """GGML decode rows against bf16 activations (the dequantized model's arithmetic)
     instead of llama.cpp's int8-per-block ones, for tests that compare tokens exactly; the
     default comes back after the test."""
     from tacit.kernels.cpu_kernels import load_cpu_kernels

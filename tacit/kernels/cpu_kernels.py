@@ -70,7 +70,7 @@ def load_cpu_kernels() -> ModuleType | None:
         "AVX512-BF16 CPU kernels unavailable, using the torch path",
     )
     if _module is not None and os.environ.get("TACIT_GGML_BF16_ACTIVATIONS"):
-        # Q4_0 / Q4_1 decode rows against bf16 activations (the dequantized model's arithmetic)
+        # GGML decode rows against bf16 activations (the dequantized model's arithmetic)
         # instead of int8 per 32-value block (llama.cpp's, the default; csrc/ggml_gemv.cpp).
         _module.set_ggml_int8_activations(False)
     return _module

@@ -76,7 +76,8 @@ SHAPES_256 = [(1, 256), (7, 512), (257, 1536)]  # K-quant rows are whole 256-val
         for n, k in (SHAPES_256 if t in _K_SCALES else SHAPES)
     ],
 )
-def test_gemv_matches_oracle_at_1_to_8_rows(ggml_type, n, k):
+def test_gemv_matches_oracle_at_1_to_8_rows(ggml_type, n, k, bf16_ggml_activations):
+    """bf16 activations (the fixture): the int8 path's own bound is the test below."""
     kernels = load_cpu_kernels()
     assert kernels is not None, "the kernels failed to build on a CPU that supports them"
     blocks, w_ref = quantized(ggml_type, n, k, seed=n * 7 + k)
@@ -98,11 +99,32 @@ def int8_activation_bound(x: torch.Tensor, w_ref: torch.Tensor) -> torch.Tensor:
     return step @ w_ref.abs().T * 1.01 + ref.abs() * 2**-8 + 1e-5
 
 
-@pytest.mark.parametrize("ggml_type", [2, 3], ids=["Q4_0", "Q4_1"])
-@pytest.mark.parametrize("n, k", SHAPES)
-def test_q4_decode_rows_round_activations_to_int8_per_block(ggml_type, n, k, bf16_ggml_activations):
-    """Q4_0 / Q4_1 with 1-4 rows take llama.cpp's arithmetic by default (activations as int8 per
-    block, vpdpbusd); the fixture switched them to the bf16 path, compared here with the default."""
+def int8_rounded(x: torch.Tensor) -> torch.Tensor:
+    """x as the int8 path sees it: each 32-value block q * dx, dx = max|x_block| / 127 and
+    q = x * (127 / max|x_block|) rounded half to even (a true division: torch's `127.0 / t` is
+    a reciprocal times 127, an ulp off, which moved ties like 63.5 to 63)."""
+    m, k = x.shape
+    blocks = x.float().reshape(m, k // 32, 32)
+    amax = blocks.abs().amax(dim=2, keepdim=True)
+    inv = torch.where(amax > 0, torch.div(torch.full_like(amax, 127.0), amax), torch.zeros_like(amax))
+    return (torch.round(blocks * inv) * (amax / 127.0)).reshape(m, k)
+
+
+INT8_TYPES = [2, 3, 8, Q4_K, Q5_K, Q6_K]  # csrc/ggml_gemv.cpp kHasInt8Path
+
+
+@pytest.mark.parametrize(
+    "ggml_type, n, k",
+    [
+        pytest.param(t, n, k, id=f"{GGML_TYPES[t].name}-{n}x{k}")
+        for t in INT8_TYPES
+        for n, k in (SHAPES_256 if t in _K_SCALES else SHAPES)
+    ],
+)
+def test_decode_rows_round_activations_to_int8_per_block(ggml_type, n, k, bf16_ggml_activations):
+    """Q4_0, Q4_1, Q8_0 and the K-quants with 1-4 rows take llama.cpp's arithmetic by default
+    (activations as int8 per 32-value block, vpdpbusd); the fixture switched them to the bf16
+    path, compared here with the default."""
     kernels = load_cpu_kernels()
     blocks, w_ref = quantized(ggml_type, n, k, seed=n + k)
     g = torch.Generator().manual_seed(n * k)
@@ -117,6 +139,12 @@ def test_q4_decode_rows_round_activations_to_int8_per_block(ggml_type, n, k, bf1
         finally:
             kernels.set_ggml_int8_activations(False)
         assert ((int8 - ref).abs() <= int8_activation_bound(x, w_ref)).all(), f"m={m}"
+        if m <= 4:  # and that is all it does: the exact product of the rounded activations, up to
+            # the output's bf16 rounding and fp32 sums (a wrong lane, scale or min term is far off)
+            xr = int8_rounded(x).double()
+            exact = xr @ w_ref.double().T
+            slack = exact.abs() * 2**-8 + (xr.abs() @ w_ref.double().abs().T) * 1e-6
+            assert ((int8.double() - exact).abs() <= slack).all(), f"m={m}"
         if m > 4:  # 5-8 rows unpack to bf16 either way (csrc/ggml_gemv.cpp rows_kernel)
             assert torch.equal(int8, bf16)
         else:  # the int8 path ran: rounding x moved some output (n * m values of unit-scale sums)

@@ -69,9 +69,9 @@ def test_native_weights_give_the_dequantized_tokens(tiny_llama_dir, tmp_path, gg
 
 
 @pytest.mark.skipif(not KERNELS, reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set")
-@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1"])
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q8_0"])
 def test_int8_activations_keep_the_dequantized_tokens_up_to_near_ties(tiny_llama_dir, tmp_path, ggml_type):
-    """By default Q4_0 / Q4_1 decode rows round activations to int8 per 32 values (llama.cpp's
+    """By default GGML decode rows round activations to int8 per 32 values (llama.cpp's
     arithmetic; so does a prefill of 1-4 rows): on this flat tiny model (top
     logprob ~ -3) that rounding moves logprobs by up to 0.06 in the first 8 steps, so within 0.1
     until a near tie (later steps drift further: each reads KV the other rounding wrote)."""

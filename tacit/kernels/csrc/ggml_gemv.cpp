@@ -222,39 +222,59 @@ inline void tile_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n
     for (int m = 0; m < M; ++m) y[m * n + r + j] = _mm512_reduce_add_ps(acc[j][m]);
 }
 
-// ---- Q4_0 / Q4_1 through int8 dot products (vpdpbusd), as llama.cpp multiplies them ----
+// ---- Int8 dot products (vpdpbusd), as llama.cpp multiplies quantized weights ----
 //
 // Unpacking a 4-bit block to bf16 (above) costs ~13 instructions per 32 weights and kept the
 // GEMV compute-bound far below the read bandwidth: random:llama-1b's Q4_0 file decoded at 0.78x
-// llama.cpp. Here each activation row is rounded once per call to int8 per 32-value block (scale
-// max|x| / 127, round half to even: llama.cpp's q8_0 / q8_1 activations), and a weight block's
-// nibbles multiply it as unsigned bytes: per two blocks (64 weights) 5 instructions to unpack,
-// then one vpdpbusd, one conversion and one FMA per activation row. The error this adds against
-// the fp32 oracle is the activations' rounding, at most max|x_block| / 254 per value.
+// llama.cpp, its Q4_K_M file at 0.56x. Here each activation row is rounded once per call to int8
+// per 32-value block (scale max|x| / 127, round half to even: llama.cpp's q8_0 / q8_1
+// activations), and the weights' integer codes multiply it as unsigned bytes, 64 weights (a
+// "chunk") per vpdpbusd, then one conversion and one FMA per activation row. The error this adds
+// against the fp32 oracle is the activations' rounding, at most max|x_block| / 254 per value.
 //
-// Lane order: a pair of blocks A, B enters one zmm as [A lo nibbles (values 0-15), B lo, A hi
-// (values 16-31), B hi], the order two 16-byte loads unpack to; the activations are stored in
-// the same order, so int32 lane l sums values of block A for l in 0-3 and 8-11, B otherwise.
+// vpdpbusd multiplies unsigned by signed bytes, so a weight code c stored with an offset o (Q4_0's
+// q - 8, Q6_K's q - 32, Q8_0's signed bytes flipped to c + 128) enters as c and the dot product
+// starts from -o * sum(x) instead of 0.
+//
+// Lane order (int32 lane l of a chunk sums 4 activations): Q4_0 / Q4_1 pair two 32-value blocks
+// A, B as [A lo nibbles (values 0-15), B lo, A hi (values 16-31), B hi], the order two 16-byte
+// loads unpack to, and store the activations in that order (lane l is block A's for l in 0-3 and
+// 8-11); the others keep the natural order (lanes 0-7 the chunk's first 32 values, 8-15 the rest),
+// which is how Q8_0 blocks, Q4_K/Q5_K sub-block pairs (low nibbles, then high) and Q6_K's 64-value
+// pieces lie in memory.
+enum class Lanes { kPairs, kNatural };
+
+template <int T>
+constexpr bool kHasInt8Path = T == kQ4_0 || T == kQ4_1 || T == kQ8_0 || T == kQ4_K || T == kQ5_K || T == kQ6_K;
+template <int T>
+constexpr Lanes kLanesOf = T == kQ4_0 || T == kQ4_1 ? Lanes::kPairs : Lanes::kNatural;
+// log2 of the code offset o above (0: none)
+template <int T>
+constexpr int kOffsetShift = T == kQ4_0 ? 3 : T == kQ6_K ? 5 : T == kQ8_0 ? 7 : 0;
+
 struct QuantizedRows {
-  const int8_t* q;     // [M][pairs * 64] int8, in the pair order above
-  const float* scale;  // [M][pairs * 16]: lane l's block's dx
-  const float* sum;    // [M][pairs * 16]: dx * the sum of lane l's 4 values (Q4_1's m term)
-  const __m512i* neg8;  // [M][pairs]: -8 * the sum of lane l's 4 values (Q4_0's q - 8), int32
-  int64_t pairs;
+  const int8_t* q;          // [M][chunks * 64] int8, in the lane order above
+  const float* scale;       // [M][chunks * 16]: lane l's block's dx
+  const float* sum;         // [M][chunks * 16]: dx * the sum of lane l's 4 values (Q4_1's m term)
+  const __m512i* lane_sum;  // [M][chunks]: the sum of lane l's 4 int8 values
+  const float* block_sum;   // [M][blocks]: dx * the sum of a block's 32 int8 values (K-quant mins)
+  int64_t chunks, blocks;
 };
 
 constexpr int kPairLane[16] = {0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1};  // lane -> block A (0) / B (1)
 
 // x [m, k] bf16 -> its blocks as int8 with their scales, into thread-local buffers.
+template <Lanes L>
 inline QuantizedRows quantize_activations(const uint16_t* x, int m, int64_t k) {
   thread_local std::vector<int8_t> q;
-  thread_local std::vector<float> scale, sum;
-  thread_local std::vector<__m512i> neg8;
-  const int64_t nb = k / 32, pairs = (nb + 1) / 2;
-  q.assign(m * pairs * 64, 0);
-  scale.assign(m * pairs * 16, 0.0f);
-  sum.assign(m * pairs * 16, 0.0f);
-  neg8.resize(m * pairs);
+  thread_local std::vector<float> scale, sum, block_sum;
+  thread_local std::vector<__m512i> lane_sum;
+  const int64_t nb = k / 32, chunks = (nb + 1) / 2;
+  q.assign(m * chunks * 64, 0);
+  scale.assign(m * chunks * 16, 0.0f);
+  sum.resize(m * chunks * 16);
+  block_sum.resize(8 + m * nb);  // 8 in front: K-quant mins load a block's sums into lanes 8-15
+  lane_sum.resize(m * chunks);
   for (int r = 0; r < m; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
       const __m512 lo = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r * k + b * 32)));
@@ -264,68 +284,140 @@ inline QuantizedRows quantize_activations(const uint16_t* x, int m, int64_t k) {
       const float dx = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
       const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(inv)));  // round half to even
       const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(inv)));
-      const int64_t pair = b / 2, side = b % 2;
-      int8_t* dst = q.data() + (r * pairs + pair) * 64 + side * 16;
+      const int64_t chunk = b / 2, side = b % 2;
+      int8_t* dst = q.data() + (r * chunks + chunk) * 64 + side * (L == Lanes::kPairs ? 16 : 32);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtsepi32_epi8(qlo));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 32), _mm512_cvtsepi32_epi8(qhi));
-      float* sc = scale.data() + (r * pairs + pair) * 16;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (L == Lanes::kPairs ? 32 : 16)), _mm512_cvtsepi32_epi8(qhi));
+      float* sc = scale.data() + (r * chunks + chunk) * 16;
       for (int l = 0; l < 16; ++l)
-        if (kPairLane[l] == side) sc[l] = dx;
+        if ((L == Lanes::kPairs ? kPairLane[l] : l / 8) == side) sc[l] = dx;
+      block_sum[8 + r * nb + b] = dx * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi)));
     }
-    for (int64_t p = 0; p < pairs; ++p) {
-      const __m512i xq = _mm512_loadu_si512(q.data() + (r * pairs + p) * 64);
-      const __m512i lane_sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), xq);
-      neg8[r * pairs + p] = _mm512_mullo_epi32(lane_sum, _mm512_set1_epi32(-8));
-      const __m512 dx = _mm512_loadu_ps(scale.data() + (r * pairs + p) * 16);
-      _mm512_storeu_ps(sum.data() + (r * pairs + p) * 16, _mm512_mul_ps(dx, _mm512_cvtepi32_ps(lane_sum)));
+    for (int64_t p = 0; p < chunks; ++p) {
+      const __m512i xq = _mm512_loadu_si512(q.data() + (r * chunks + p) * 64);
+      const __m512i ls = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), xq);
+      lane_sum[r * chunks + p] = ls;
+      const __m512 dx = _mm512_loadu_ps(scale.data() + (r * chunks + p) * 16);
+      _mm512_storeu_ps(sum.data() + (r * chunks + p) * 16, _mm512_mul_ps(dx, _mm512_cvtepi32_ps(ls)));
     }
   }
-  return {q.data(), scale.data(), sum.data(), neg8.data(), pairs};
+  return {q.data(), scale.data(), sum.data(), lane_sum.data(), block_sum.data() + 8, chunks, nb};
 }
 
 // Two fp16 values (block A's, block B's) spread over the lanes of their blocks.
+template <Lanes L>
 inline __m512 pair_lanes(const uint8_t* a, const uint8_t* b) {
   uint16_t h[2];
   std::memcpy(&h[0], a, 2);
   std::memcpy(&h[1], b, 2);
   const __m512 two = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(h[0] | (h[1] << 16))));
-  return _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0), two);
+  const __m512i index = L == Lanes::kPairs ? _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0)
+                                           : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_permutexvar_ps(index, two);
 }
 
-alignas(64) constexpr uint8_t kZeroBlock[32] = {};
+alignas(64) constexpr uint8_t kZeroBlock[64] = {};  // an odd last block pairs with zeros
+
+// Q8_0 blocks a, b: their signed codes + 128, natural order.
+inline __m512i q8_0_chunk(const uint8_t* a, const uint8_t* b) {
+  const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + 2))),
+                                       _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)), 1);
+  return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80)));
+}
+
+// Q4_0 / Q4_1 blocks a, b: their nibbles in pair order.
+template <int T>
+inline __m512i q4_chunk(const uint8_t* a, const uint8_t* b) {
+  constexpr int qs = T == kQ4_1 ? 4 : 2;
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  const __m256i both =
+      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + qs))),
+                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + qs)), 1);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(both, mask)),
+                            _mm256_and_si256(_mm256_srli_epi16(both, 4), mask), 1);
+}
+
+// Q4_K (Q5_K) super-block b's sub-blocks 2c and 2c+1 (values 64c..64c+63): the low then the high
+// nibbles of 32 bytes, Q5_K's fifth bits (bits 2c, 2c+1 of its 32 qh bytes) on top.
+template <bool kFifthBit>
+inline __m512i q4_k_chunk(const uint8_t* b, int c) {
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + (kFifthBit ? 48 : 16) + 32 * c));
+  __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, mask)),
+                                 _mm256_and_si256(_mm256_srli_epi16(v, 4), mask), 1);
+  if constexpr (kFifthBit) {
+    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)));
+    const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(2 * c)),
+                                             _mm256_set1_epi16(static_cast<short>(2 * c + 1)), 1);
+    const __m512i bit = _mm512_and_si512(_mm512_srlv_epi16(qh, shift), _mm512_set1_epi8(1));
+    q = _mm512_or_si512(q, _mm512_slli_epi16(bit, 4));
+  }
+  return q;
+}
+
+// Q4_K / Q5_K super-block b's scales: lanes 0-7 d * sc (sub-blocks 0-7), lanes 8-15 dmin * m. The
+// 6-bit fields of its 12 scale bytes (ggml's get_scale_min_k4), four at a time: sub-blocks 0-3
+// are the low 6 bits of bytes 0-3 (sc) and 4-7 (m); 4-7 take their low 4 bits from bytes 8-11
+// (sc: low nibble, m: high) and their top 2 from bits 6-7 of bytes 0-3 (sc) and 4-7 (m).
+inline __m512 q4_k_scales(const uint8_t* b) {
+  uint32_t a, m, h;
+  std::memcpy(&a, b + 4, 4);
+  std::memcpy(&m, b + 8, 4);
+  std::memcpy(&h, b + 12, 4);
+  const uint32_t sc_lo = a & 0x3F3F3F3F, m_lo = m & 0x3F3F3F3F;
+  const uint32_t sc_hi = (h & 0x0F0F0F0F) | (((a >> 6) & 0x03030303) << 4);
+  const uint32_t m_hi = ((h >> 4) & 0x0F0F0F0F) | (((m >> 6) & 0x03030303) << 4);
+  const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi32(m_hi, m_lo, sc_hi, sc_lo)));
+  return _mm512_mul_ps(v, _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(half_at(b)), _mm512_set1_ps(half_at(b + 2))));
+}
+
+// Q6_K super-block b's values 64c..64c+63 (pieces 2c, 2c+1 of dequant_q6_k): the low (c even) or
+// high nibbles of 64 ql bytes, and bits 4(c%2) and 4(c%2)+2 of 32 qh bytes as the top two.
+inline __m512i q6_k_chunk(const uint8_t* b, int c) {
+  const int h = c >> 1, odd = c & 1;
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  __m512i lo = _mm512_loadu_si512(b + 64 * h);
+  lo = _mm512_and_si512(odd ? _mm512_srli_epi16(lo, 4) : lo, mask);
+  const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h)));
+  const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(4 * odd)),
+                                           _mm256_set1_epi16(static_cast<short>(4 * odd + 2)), 1);
+  const __m512i top = _mm512_and_si512(_mm512_srlv_epi16(qh, shift), _mm512_set1_epi8(3));
+  return _mm512_or_si512(lo, _mm512_slli_epi16(top, 4));
+}
+
+// Q6_K super-block b's 16 scales (one per 16 values), times d.
+inline __m512 q6_k_scales(const uint8_t* b) {
+  const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(sc), _mm512_set1_ps(half_at(b + 208)));
+}
+
+// For each chunk c of a K-quant super-block: which of its scales each int32 lane takes.
+template <int T>
+inline __m512i scale_index(int c) {
+  if constexpr (T == kQ6_K)  // lane l covers values 4l..4l+3: the scale of 16-value group 4c + l/4
+    return _mm512_add_epi32(_mm512_set1_epi32(4 * c),
+                            _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0));
+  else  // sub-blocks 2c (lanes 0-7) and 2c+1 (8-15)
+    return _mm512_inserti64x4(_mm512_set1_epi32(2 * c), _mm256_set1_epi32(2 * c + 1), 1);
+}
 
 template <int T, int R, int M>
 inline void vnni_tile(const uint8_t* w, const QuantizedRows& xq, float* y, int64_t n, int64_t r, int64_t k) {
-  constexpr int64_t bb = kBlockBytes<T>, qs = T == kQ4_1 ? 4 : 2;
-  const int64_t nb = k / 32, rb = nb * bb;
+  constexpr bool kSuper = T == kQ4_K || T == kQ5_K || T == kQ6_K;
+  constexpr int64_t bb = kBlockBytes<T>;
+  const int64_t rb = k / kBlockValues<T> * bb;
   __m512 acc[R][M];
   for (int j = 0; j < R; ++j)
     for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
   const uint8_t* wr = w + r * rb;
-  const __m256i mask = _mm256_set1_epi8(0x0F);
-  for (int64_t p = 0; p < xq.pairs; ++p) {
-    const int64_t a = 2 * p, b = a + 1;
-    if ((a * bb) % 64 < 2 * bb)
-      for (int j = 0; j < R; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr + (8 + j) * rb + a * bb), _MM_HINT_T0);
-    __m512i wq[R];
-    __m512 d[R], mn[R];
-    for (int j = 0; j < R; ++j) {
-      const uint8_t* ba = wr + j * rb + a * bb;
-      const uint8_t* bl = b < nb ? ba + bb : kZeroBlock;  // an odd last block pairs with zeros
-      const __m256i both = _mm256_inserti128_si256(
-          _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ba + qs))),
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(bl + qs)), 1);
-      wq[j] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(both, mask)),
-                                 _mm256_and_si256(_mm256_srli_epi16(both, 4), mask), 1);
-      d[j] = pair_lanes(ba, bl);
-      if constexpr (T == kQ4_1) mn[j] = pair_lanes(ba + 2, bl + 2);
-    }
+  // One chunk of 64 weights per row j: its codes, and its weight scale per lane (Q4_1: its mins).
+  const auto multiply = [&](int64_t p, const __m512i* wq, const __m512* d, const __m512* mn) {
     for (int m = 0; m < M; ++m) {
-      const int64_t at = m * xq.pairs + p;
+      const int64_t at = m * xq.chunks + p;
       const __m512i x8 = _mm512_loadu_si512(xq.q + at * 64);
       const __m512 dx = _mm512_loadu_ps(xq.scale + at * 16);
-      // Q4_0's q - 8: the dot starts from -8 * sum(x) instead of 0
-      const __m512i start = T == kQ4_0 ? xq.neg8[at] : _mm512_setzero_si512();
+      __m512i start = _mm512_setzero_si512();
+      if constexpr (kOffsetShift<T> > 0) start = _mm512_sub_epi32(start, _mm512_slli_epi32(xq.lane_sum[at], kOffsetShift<T>));
       __m512 xsum;
       if constexpr (T == kQ4_1) xsum = _mm512_loadu_ps(xq.sum + at * 16);
       for (int j = 0; j < R; ++j) {
@@ -334,6 +426,52 @@ inline void vnni_tile(const uint8_t* w, const QuantizedRows& xq, float* y, int64
         if constexpr (T == kQ4_1) acc[j][m] = _mm512_fmadd_ps(mn[j], xsum, acc[j][m]);
       }
     }
+  };
+  __m512i wq[R];
+  __m512 d[R], mn[R];
+  if constexpr (kSuper) {
+    for (int64_t s = 0; s < k / 256; ++s) {
+      __m512 scales[R];
+      for (int j = 0; j < R; ++j) {
+        const uint8_t* block = wr + j * rb + s * bb;
+        for (int64_t line = 0; line < bb; line += 64)  // 8 rows ahead, as gemv_bf16.cpp
+          _mm_prefetch(reinterpret_cast<const char*>(block + 8 * rb + line), _MM_HINT_T0);
+        scales[j] = T == kQ6_K ? q6_k_scales(block) : q4_k_scales(block);
+      }
+      for (int c = 0; c < 4; ++c) {
+        const __m512i index = scale_index<T>(c);
+        for (int j = 0; j < R; ++j) {
+          const uint8_t* block = wr + j * rb + s * bb;
+          wq[j] = T == kQ6_K ? q6_k_chunk(block, c) : q4_k_chunk<T == kQ5_K>(block, c);
+          d[j] = _mm512_permutexvar_ps(index, scales[j]);
+        }
+        multiply(s * 4 + c, wq, d, mn);
+      }
+      if constexpr (T != kQ6_K) {  // - dmin * m_s * sum(x of sub-block s): lanes 8-15 of scales
+        for (int m = 0; m < M; ++m) {
+          const __m512 bsum = _mm512_maskz_loadu_ps(0xFF00, xq.block_sum + m * xq.blocks + s * 8 - 8);
+          for (int j = 0; j < R; ++j) acc[j][m] = _mm512_fnmadd_ps(scales[j], bsum, acc[j][m]);
+        }
+      }
+    }
+  } else {
+    const int64_t nb = k / 32;
+    for (int64_t p = 0; p < xq.chunks; ++p) {
+      const int64_t a = 2 * p, b = a + 1;
+      if ((a * bb) % 64 < 2 * bb)
+        for (int j = 0; j < R; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr + (8 + j) * rb + a * bb), _MM_HINT_T0);
+      for (int j = 0; j < R; ++j) {
+        const uint8_t* ba = wr + j * rb + a * bb;
+        const uint8_t* bl = b < nb ? ba + bb : kZeroBlock;
+        if constexpr (T == kQ8_0)
+          wq[j] = q8_0_chunk(ba, bl);
+        else
+          wq[j] = q4_chunk<T>(ba, bl);
+        d[j] = pair_lanes<kLanesOf<T>>(ba, bl);
+        if constexpr (T == kQ4_1) mn[j] = pair_lanes<kLanesOf<T>>(ba + 2, bl + 2);
+      }
+      multiply(p, wq, d, mn);
+    }
   }
   for (int j = 0; j < R; ++j)
     for (int m = 0; m < M; ++m) y[m * n + r + j] = _mm512_reduce_add_ps(acc[j][m]);
@@ -341,7 +479,7 @@ inline void vnni_tile(const uint8_t* w, const QuantizedRows& xq, float* y, int64
 
 template <int T, int M>
 void vnni_rows(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64_t begin, int64_t end, int64_t k) {
-  const QuantizedRows xq = quantize_activations(x, M, k);
+  const QuantizedRows xq = quantize_activations<kLanesOf<T>>(x, M, k);
   constexpr int R = 4;
   int64_t r = begin;
   for (; r + R <= end; r += R) vnni_tile<T, R, M>(w, xq, y, n, r, k);
@@ -354,7 +492,7 @@ void rows_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64
   // per two blocks, so 8 rows (2 x 8 accumulators, spilling) ran 3x slower than unpacking to
   // bf16. 4096 x 4096 Q4_0, two threads, int8 against bf16: 0.14 / 0.32 ms at 1 row, 0.31 /
   // 0.41 at 4, 1.75 / 0.56 at 8 (Q4_1: 0.18 / 0.32, 0.40 / 0.41, 1.51 / 0.56).
-  if constexpr ((T == kQ4_0 || T == kQ4_1) && M <= 4) {
+  if constexpr (kHasInt8Path<T> && M <= 4) {
     if (use_int8_activations()) return vnni_rows<T, M>(w, x, y, n, begin, end, k);
   }
   constexpr int R = M <= 4 ? 4 : 2;  // R * M accumulators: at most 16 of the 32 zmm registers

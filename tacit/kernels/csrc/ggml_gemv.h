@@ -22,9 +22,10 @@ enum GgmlType : int {
   kF8E4M3 = 200,
 };
 
-// Q4_0 / Q4_1 with 1-4 activation rows multiply activations rounded to int8 per 32-value block
-// (llama.cpp's q8_0 / q8_1 arithmetic, vpdpbusd; on by default), or, off (and at 5-8 rows), the
-// blocks unpacked to bf16 against bf16 activations (the dequantized model's arithmetic).
+// Q4_0, Q4_1, Q8_0 and the K-quants with 1-4 activation rows multiply activations rounded to int8
+// per 32-value block (llama.cpp's q8_0 / q8_1 arithmetic, vpdpbusd; on by default), or, off (and
+// at 5-8 rows, and for FP8), the blocks unpacked to bf16 against bf16 activations (the
+// dequantized model's arithmetic).
 // Process-wide (TACIT_GGML_BF16_ACTIVATIONS=1 turns it off at load); tests compare the two.
 void set_ggml_int8_activations(bool on);
 bool ggml_int8_activations();
