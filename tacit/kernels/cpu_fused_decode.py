@@ -15,7 +15,7 @@ build_fused_decoder) checks it fits and hands its weights over as DecoderLayerWe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable
 
@@ -28,25 +28,27 @@ from tacit.kernels.ggml_quant import BF16
 class DecoderLayerWeights:
     """One dense pre-norm decoder layer: [out, in] bf16 matrices, q/k/v and gate/up stacked.
 
-    A projection whose *_type is a GGML type id (kernels/ggml_quant.GGML_TYPES) is instead that
-    type's uint8 [out, in / 32 * block_bytes] blocks; BF16 (30) marks a bf16 matrix."""
+    A projection whose type is a GGML type id (kernels/ggml_quant.GGML_TYPES) is instead that
+    type's uint8 [out, in / 32 * block_bytes] blocks; BF16 (30) marks a bf16 matrix. qkv and
+    gate_up are lists of parts with a type each: one part, or one per shard where the shards
+    mix GGML types (layers/ggml_linear_method.weight_parts)."""
 
     input_norm: torch.Tensor
-    qkv: torch.Tensor
+    qkv: list[torch.Tensor]
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None  # per-head q/k RMSNorm (Qwen3), or None
     k_norm: torch.Tensor | None
     o_proj: torch.Tensor
     o_bias: torch.Tensor | None
     post_attention_norm: torch.Tensor
-    gate_up: torch.Tensor | None  # None for a sparse MoE layer (moe below)
+    gate_up: list[torch.Tensor] | None  # None for a sparse MoE layer (moe below)
     down: torch.Tensor | None
     # [2, num_blocks, block_size, Hkv, D] bf16, the torch paged backend's layout, or int8 with
     # D + 4 (kernels/kv_quant.py's rows: values, then their fp32 scale).
     kv_cache: torch.Tensor
-    qkv_type: int = BF16
+    qkv_types: list[int] = field(default_factory=lambda: [BF16])
     o_type: int = BF16
-    gate_up_type: int = BF16
+    gate_up_types: list[int] = field(default_factory=lambda: [BF16])
     down_type: int = BF16
     moe: MoELayerWeights | None = None
 
@@ -116,9 +118,9 @@ def bind_llama_decoder(
             w.gate_up,
             w.down,
             w.kv_cache,
-            w.qkv_type,
+            w.qkv_types,
             w.o_type,
-            w.gate_up_type,
+            w.gate_up_types,
             w.down_type,
         )
         if w.moe is not None:

@@ -11,8 +11,6 @@ the model runner knows the platform); the runner then picks the method once for 
 
 from __future__ import annotations
 
-import sys
-
 import torch
 from torch import nn
 
@@ -20,7 +18,7 @@ import tacit.layers.cpu_linear_method  # noqa: F401  registers "cpu_bf16_gemv"
 from tacit.distributed.communicator import Communicator, exposed
 from tacit.distributed.parallel_state import SINGLE, TensorParallel
 from tacit.kernels.ggml_quant import GGML_TYPES, GGMLTensor
-from tacit.layers.ggml_linear_method import GGMLLinearMethod
+from tacit.layers.ggml_linear_method import GGMLLinearMethod, MixedGGMLLinearMethod
 from tacit.layers.linear_method import LinearMethod, UnquantizedLinearMethod, registered_linear_methods
 
 
@@ -80,15 +78,16 @@ class MergedLinear(LinearBase):
         param = self.weight if kind == "weight" else self.bias
         if param is None:
             raise ValueError(f"checkpoint has a {shard}.bias but the config says this layer has no bias")
-        tensor = weight_data(param, tensor, shard, self.linear_method)
+        tensor = weight_data(param, tensor, shard, self.linear_method, self.shard_names.index(shard))
         start, size = self._offsets[shard], self._sizes[shard]
-        if tensor.shape[0] != size or tensor.shape[1:] != param.shape[1:]:
+        dest = self.linear_method.weight_rows(self, start, size) if kind == "weight" else param[start : start + size]
+        if tensor.shape != dest.shape:
             raise ValueError(
                 f"checkpoint tensor {shard}.{kind} has shape {tuple(tensor.shape)}, "
-                f"the model expects {(size, *param.shape[1:])}: config and weights disagree"
+                f"the model expects {tuple(dest.shape)}: config and weights disagree"
             )
         with torch.no_grad():
-            param[start : start + size].copy_(tensor)
+            dest.copy_(tensor)
         self._loaded.add((shard, kind))
 
     def check_fully_loaded(self, name: str) -> None:
@@ -257,15 +256,19 @@ def use_linear_method(model: nn.Module, method: LinearMethod) -> None:
 
 
 def weight_data(
-    param: torch.Tensor, tensor: torch.Tensor | GGMLTensor, name: str, method: LinearMethod | None = None
+    param: torch.Tensor,
+    tensor: torch.Tensor | GGMLTensor,
+    name: str,
+    method: LinearMethod | None = None,
+    shard_index: int = 0,
 ) -> torch.Tensor:
     """What to copy into `param` from a checkpoint tensor: a GGML tensor's blocks as they are
-    for a GGML layer of its type, dequantized for any other parameter."""
+    for a GGML layer (shard) of its type, dequantized for any other parameter."""
     if not isinstance(tensor, GGMLTensor):
         return tensor
     if param.dtype != torch.uint8:
         return tensor.dequantize(param.dtype)
-    if isinstance(method, GGMLLinearMethod) and method.ggml_type != tensor.ggml_type:
+    if isinstance(method, GGMLLinearMethod) and method.type_of_shard(shard_index) != tensor.ggml_type:
         raise ValueError(f"checkpoint tensor {name} is {tensor.type_name}; the layer was built for {method.type_name}")
     return tensor.data
 
@@ -280,24 +283,20 @@ def checkpoint_weight_names(name: str, layer: LinearBase) -> list[str]:
 
 
 def use_ggml_weights(model: nn.Module, types: dict[str, int], platform: str, dtype: torch.dtype) -> None:
-    """Rebuild each linear layer whose checkpoint weights are all GGML blocks of one type for
-    that type (before the weights are materialized and loaded). `types`: {HF weight name: GGML
-    type id}. A merged layer whose shards differ in type stays dequantized, with a message."""
-    mixed = []
+    """Rebuild each linear layer whose checkpoint weights are all GGML blocks for their types
+    (before the weights are materialized and loaded). `types`: {HF weight name: GGML type id}.
+    A merged layer whose shards differ in type keeps each shard in its own (MixedGGMLLinearMethod)."""
     for name, layer in model.named_modules():
         if not isinstance(layer, LinearBase):
             continue
-        found = {types.get(n) for n in checkpoint_weight_names(name, layer)}
-        if None in found:
+        shard_types = [types.get(n) for n in checkpoint_weight_names(name, layer)]
+        if None in shard_types:
             continue
-        if len(found) > 1:
-            mixed.append(f"{name} ({'/'.join(GGML_TYPES[t].name for t in sorted(found))})")
-            continue
-        ggml_type = found.pop()
-        if layer.in_features % GGML_TYPES[ggml_type].block_values:
+        if any(layer.in_features % GGML_TYPES[t].block_values for t in shard_types):
             # A row-parallel rank's columns cut through blocks: its slice arrives dequantized
             # (loader/shards.narrow_tensor), so the layer stays float.
             continue
-        layer.rebuild_weights(GGMLLinearMethod.for_type(ggml_type, platform, dtype))
-    if mixed:
-        print(f"tacit: dequantized at load, shards of mixed GGML types: {', '.join(mixed)}", file=sys.stderr)
+        if len(set(shard_types)) > 1:
+            layer.rebuild_weights(MixedGGMLLinearMethod.for_types(shard_types, platform, dtype))
+        else:
+            layer.rebuild_weights(GGMLLinearMethod.for_type(shard_types[0], platform, dtype))

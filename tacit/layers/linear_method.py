@@ -41,6 +41,10 @@ class LinearMethod(ABC):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Repack or check the loaded weights; nothing to do for a plain matrix."""
 
+    def weight_rows(self, layer: nn.Module, start: int, size: int) -> torch.Tensor:
+        """Where output rows [start, start + size) of the weight live (a merged layer's shard)."""
+        return layer.weight[start : start + size]
+
     @abstractmethod
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, in_features] -> [T, out_features]."""

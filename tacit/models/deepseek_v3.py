@@ -20,7 +20,7 @@ from tacit.kernels.kv_quant import kv_row_width
 from tacit.kernels.moe_kernel import ExpertWeights
 from tacit.kernels.moe_routing import MoERouting
 from tacit.kernels.torch_moe import TorchMoEKernel
-from tacit.layers.ggml_linear_method import linear_ggml_type
+from tacit.layers.ggml_linear_method import MixedGGMLLinearMethod, linear_ggml_type
 from tacit.layers.kv_cache import KVCacheLayer
 from tacit.layers.linear import ColumnParallelLinear, Linear, RowParallelLinear
 from tacit.layers.moe import FusedMoE
@@ -133,6 +133,8 @@ class DeepseekV3MoE(nn.Module):
         mlp = self.shared_experts
         if mlp is None or isinstance(self.experts.kernel, TorchMoEKernel):
             return None
+        if isinstance(mlp.gate_up_proj.linear_method, MixedGGMLLinearMethod):
+            return None  # gate and up in different GGML types: the expert kernel takes one type a stack
         return ExpertWeights(
             mlp.gate_up_proj.weight.data[None],
             mlp.down_proj.weight.data[None],

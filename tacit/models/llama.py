@@ -23,7 +23,7 @@ from tacit.kernels.ggml_quant import BF16, GGMLTensor
 from tacit.kernels.torch_attention import TorchAttentionBackend
 from tacit.layers.attention import Attention
 from tacit.layers.embedding import GGMLEmbedding
-from tacit.layers.ggml_linear_method import ggml_or_bf16
+from tacit.layers.ggml_linear_method import ggml_or_bf16, weight_parts
 from tacit.layers.linear import (
     ColumnParallelLinear,
     Linear,
@@ -341,10 +341,11 @@ class LlamaForCausalLM(CausalLM):
 
     def fused_mlp_weights(self, mlp: nn.Module) -> dict[str, Any]:
         """The DecoderLayerWeights fields of this layer's MLP."""
+        gate_up, gate_up_types = weight_parts(mlp.gate_up_proj)
         return dict(
-            gate_up=mlp.gate_up_proj.weight.data,
+            gate_up=gate_up,
             down=mlp.down_proj.weight.data,
-            gate_up_type=ggml_or_bf16(mlp.gate_up_proj),
+            gate_up_types=gate_up_types,
             down_type=ggml_or_bf16(mlp.down_proj),
         )
 
@@ -378,7 +379,7 @@ class LlamaForCausalLM(CausalLM):
         weights = [
             DecoderLayerWeights(
                 input_norm=layer.input_layernorm.weight.data,
-                qkv=a.qkv_proj.weight.data,
+                qkv=weight_parts(a.qkv_proj)[0],
                 qkv_bias=data(a.qkv_proj.bias),
                 q_norm=a.q_norm.weight.data if a.qk_norm else None,
                 k_norm=a.k_norm.weight.data if a.qk_norm else None,
@@ -386,7 +387,7 @@ class LlamaForCausalLM(CausalLM):
                 o_bias=data(a.o_proj.bias),
                 post_attention_norm=layer.post_attention_layernorm.weight.data,
                 kv_cache=a.attn.kv_cache,
-                qkv_type=ggml_or_bf16(a.qkv_proj),
+                qkv_types=weight_parts(a.qkv_proj)[1],
                 o_type=ggml_or_bf16(a.o_proj),
                 **self.fused_mlp_weights(layer.mlp),
             )

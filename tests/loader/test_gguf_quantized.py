@@ -83,16 +83,39 @@ def test_int8_activations_keep_the_dequantized_tokens_up_to_near_ties(tiny_llama
 
 
 @pytest.mark.skipif(not KERNELS, reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set")
-def test_merged_shards_of_mixed_types_are_dequantized_with_a_message(tiny_llama_dir, tmp_path, capsys):
-    types = {"": "Q4_1", "attn_q.weight": "Q8_0", "ffn_down.weight": "Q4_0", "token_embd.weight": "Q8_0"}
+@pytest.mark.parametrize("override", ["attn_q.weight", "ffn_up.weight"])
+def test_merged_shards_of_mixed_types_keep_their_own_blocks(
+    tiny_llama_dir, tmp_path, capsys, override, bf16_ggml_activations
+):
+    """q (or up) in Q8_0 beside Q4_1 k, v (or gate): the merged layer keeps each shard's blocks
+    (MixedGGMLLinearMethod), the fused step multiplies each into its own columns, and the
+    tokens are the dequantized run's, fused or on the torch path (a 40-token prompt: 9-32 rows
+    8 a pass; dequantized past that)."""
+    types = {"": "Q4_1", override: "Q8_0", "ffn_down.weight": "Q4_0", "token_embd.weight": "Q8_0"}
     path = export(tiny_llama_dir, tmp_path, types)
     native, llm = greedy(path, dtype="bfloat16")
-    assert "shards of mixed GGML types: model.layers.0.self_attn.qkv_proj (Q4_1/Q8_0)" in capsys.readouterr().err
+    assert "mixed" not in capsys.readouterr().err
+    merged = "self_attn.qkv_proj" if override == "attn_q.weight" else "mlp.gate_up_proj"
     layers = ggml_layers(llm)
-    assert "model.layers.0.self_attn.qkv_proj" not in layers
+    assert layers[f"model.layers.0.{merged}"] == ("Q8_0/Q4_1/Q4_1" if "attn" in override else "Q4_1/Q8_0")
     assert layers["model.layers.1.mlp.down_proj"] == "Q4_0" and layers["model.layers.1.self_attn.o_proj"] == "Q4_1"
-    assert llm.engine.runner.fused_decode is not None  # bf16 and GGML projections side by side
-    assert native == greedy(path, dtype="bfloat16", quantization="none")[0]
+    assert llm.engine.runner.fused_decode is not None
+    dequantized = greedy(path, dtype="bfloat16", quantization="none")[0]
+    assert native == dequantized
+    torch_path = LLM(str(path), dtype="bfloat16")
+    torch_path.engine.runner.fused_decode = None
+    assert [o.outputs[0].token_ids for o in torch_path.generate(PROMPTS, PARAMS)] == dequantized
+    weight = llm.engine.model.model.layers[0].get_submodule(merged).weight
+    assert weight.dim() == 1 and weight.dtype == torch.uint8  # the shards' blocks back to back
+
+
+def test_mixed_shards_on_the_torch_reference(tiny_llama_dir, tmp_path):
+    """float32: the torch reference dequantizes each shard of a mixed layer; the same tokens as
+    dequantizing the file at load."""
+    path = export(tiny_llama_dir, tmp_path, {"": "Q4_1", "attn_v.weight": "Q8_0"})
+    native, llm = greedy(path, dtype="float32", quantization="gguf")
+    assert ggml_layers(llm)["model.layers.0.self_attn.qkv_proj"] == "Q4_1/Q4_1/Q8_0"
+    assert native == greedy(path, dtype="float32", quantization="none")[0]
 
 
 def test_torch_reference_keeps_blocks_where_no_kernel_runs(tiny_llama_dir, tmp_path):

@@ -135,7 +135,7 @@ def test_moe_experts_quantize_and_the_router_stays(tiny_model_factory, tmp_path,
 
 
 @pytest.mark.skipif(not KERNELS or load_cpu_kernels() is None, reason="no AVX512-BF16 CPU kernels")
-def test_bf16_moe_runs_quantized_experts_in_the_fused_step(tiny_model_factory, tmp_path):
+def test_bf16_moe_runs_quantized_experts_in_the_fused_step(tiny_model_factory, tmp_path, bf16_ggml_activations):
     path = tiny_model_factory("qwen3_moe")[2]
     outs, llm = run(path, dtype="bfloat16", quantization="int8")
     assert llm.engine.runner.fused_decode is not None

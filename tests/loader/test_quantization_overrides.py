@@ -226,7 +226,9 @@ def test_recipe_mapping_form(tiny_llama_dir, tmp_path):
 
 
 @pytest.mark.skipif(not KERNELS or load_cpu_kernels() is None, reason="no AVX512-BF16 CPU kernels")
-def test_bf16_fused_decoder_runs_mixed_types_with_the_dequantized_tokens(tiny_llama_dir, tmp_path):
+def test_bf16_fused_decoder_runs_mixed_types_with_the_dequantized_tokens(
+    tiny_llama_dir, tmp_path, bf16_ggml_activations
+):
     """The fused decode step takes a GGML type per projection: Q4_1 and Q8_0 layers side by side."""
     outs, llm = run(tiny_llama_dir, dtype="bfloat16", quantization="int4", quantization_overrides=MIXED)
     assert set(ggml_layers(llm).values()) == {"Q4_1", "Q8_0"} and ggml_layers(llm)["lm_head"] == "Q8_0"

@@ -508,14 +508,14 @@ void dispatch_rows(int m, const uint8_t* w, const uint16_t* x, float* y, int64_t
 }
 
 template <int T>
-void gemv_type(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64_t k, int m) {
+void gemv_type(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64_t k, int m, int64_t ldy) {
   const int threads = std::max(1, std::min<int>(at::get_num_threads(), static_cast<int>((n + 63) / 64)));
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t per = ((n + nt - 1) / nt + 3) / 4 * 4;
     const int64_t begin = std::min<int64_t>(n, t * per), end = std::min<int64_t>(n, begin + per);
-    if (begin < end) dispatch_rows<T, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
+    if (begin < end) dispatch_rows<T, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, ldy, begin, end, k);
   }
 }
 
@@ -582,15 +582,16 @@ int64_t ggml_row_values(int type, int64_t bytes) {
   }
 }
 
-void gemv_ggml(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t n, int64_t k, int m) {
+void gemv_ggml(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t n, int64_t k, int m, int64_t ldy) {
+  if (ldy == 0) ldy = n;
   switch (type) {
-    case kQ4_0: return gemv_type<kQ4_0>(w, x, y, n, k, m);
-    case kQ4_1: return gemv_type<kQ4_1>(w, x, y, n, k, m);
-    case kQ8_0: return gemv_type<kQ8_0>(w, x, y, n, k, m);
-    case kQ4_K: return gemv_type<kQ4_K>(w, x, y, n, k, m);
-    case kQ5_K: return gemv_type<kQ5_K>(w, x, y, n, k, m);
-    case kQ6_K: return gemv_type<kQ6_K>(w, x, y, n, k, m);
-    case kF8E4M3: return gemv_type<kF8E4M3>(w, x, y, n, k, m);
+    case kQ4_0: return gemv_type<kQ4_0>(w, x, y, n, k, m, ldy);
+    case kQ4_1: return gemv_type<kQ4_1>(w, x, y, n, k, m, ldy);
+    case kQ8_0: return gemv_type<kQ8_0>(w, x, y, n, k, m, ldy);
+    case kQ4_K: return gemv_type<kQ4_K>(w, x, y, n, k, m, ldy);
+    case kQ5_K: return gemv_type<kQ5_K>(w, x, y, n, k, m, ldy);
+    case kQ6_K: return gemv_type<kQ6_K>(w, x, y, n, k, m, ldy);
+    case kF8E4M3: return gemv_type<kF8E4M3>(w, x, y, n, k, m, ldy);
     default: TORCH_CHECK(false, "GGML type ", type, " has no kernel");
   }
 }

@@ -35,8 +35,9 @@ int64_t ggml_row_bytes(int type, int64_t k);
 // Values in a row of `bytes` bytes (0 for a type without a kernel here).
 int64_t ggml_row_values(int type, int64_t bytes);
 
-// y[m, n] (fp32) = x[m, k] @ dequant(w)[n, k]^T, w uint8 [n, ggml_row_bytes(type, k)], 1 <= m <= 8.
-void gemv_ggml(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t n, int64_t k, int m);
+// y[m, n] (fp32) = x[m, k] @ dequant(w)[n, k]^T, w uint8 [n, ggml_row_bytes(type, k)], 1 <= m <= 8;
+// y's rows ldy floats apart (0: n), so a merged projection's shards can fill their own columns.
+void gemv_ggml(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t n, int64_t k, int m, int64_t ldy = 0);
 // The same for rows [begin, end) of w on the calling thread alone.
 void gemv_ggml_rows(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t n, int64_t begin, int64_t end,
                     int64_t k, int m);

@@ -101,9 +101,20 @@ constexpr int kGgmlChunkedRows = 32;
 // to bf16 past that, as GGMLLinearMethod does.
 // Returns the bias still to add: F.linear (past 32 rows) adds it inside the GEMM, with one
 // rounding, the other phrasings add it to the rounded output.
+// y = x @ dense^T as layers/linear.py phrases it past the skinny kernels (see project below).
+const torch::Tensor& dense_project(const torch::Tensor& dense, const torch::Tensor& bias, const uint16_t* x, float* y,
+                                   int m) {
+  static const torch::Tensor kNone;
+  const int64_t n = dense.size(0), k = dense.size(1);
+  auto xt = torch::from_blob(const_cast<uint16_t*>(x), {m, k}, torch::dtype(torch::kBFloat16));
+  auto out = m <= 32 ? torch::mm(dense, xt.t()).t()
+                     : torch::linear(xt, dense, bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt);
+  torch::from_blob(y, {m, n}, torch::dtype(torch::kFloat32)).copy_(out);
+  return m <= 32 ? bias : kNone;
+}
+
 const torch::Tensor& project(const torch::Tensor& w, int type, const torch::Tensor& bias, const uint16_t* x, float* y,
                              int m) {
-  static const torch::Tensor kNone;
   const bool bf16 = type == kBf16;
   const int64_t n = w.size(0), k = bf16 ? w.size(1) : ggml_row_values(type, w.size(1));
   if (m <= kMaxSkinnyRows) {
@@ -119,12 +130,29 @@ const torch::Tensor& project(const torch::Tensor& w, int type, const torch::Tens
                 std::min(kMaxSkinnyRows, m - r));
     return bias;
   }
-  const torch::Tensor dense = bf16 ? w : ggml_dequantize(w, type, k);
-  auto xt = torch::from_blob(const_cast<uint16_t*>(x), {m, k}, torch::dtype(torch::kBFloat16));
-  auto out = m <= 32 ? torch::mm(dense, xt.t()).t()
-                     : torch::linear(xt, dense, bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt);
-  torch::from_blob(y, {m, n}, torch::dtype(torch::kFloat32)).copy_(out);
-  return m <= 32 ? bias : kNone;
+  return dense_project(bf16 ? w : ggml_dequantize(w, type, k), bias, x, y, m);
+}
+
+// A merged projection of parts in different GGML types: each part into its own columns of y,
+// 8 rows a pass up to kGgmlChunkedRows, the parts dequantized and stacked past that.
+const torch::Tensor& project(const Projection& p, const torch::Tensor& bias, const uint16_t* x, float* y, int m) {
+  if (p.parts.size() == 1) return project(p.parts[0], p.types[0], bias, x, y, m);
+  int64_t n = 0;
+  for (const auto& w : p.parts) n += w.size(0);
+  const int64_t k = ggml_row_values(p.types[0], p.parts[0].size(1));
+  if (m <= kGgmlChunkedRows) {
+    int64_t column = 0;
+    for (size_t i = 0; i < p.parts.size(); ++i) {
+      for (int r = 0; r < m; r += kMaxSkinnyRows)
+        gemv_ggml(p.parts[i].data_ptr<uint8_t>(), p.types[i], x + static_cast<int64_t>(r) * k,
+                  y + static_cast<int64_t>(r) * n + column, p.parts[i].size(0), k, std::min(kMaxSkinnyRows, m - r), n);
+      column += p.parts[i].size(0);
+    }
+    return bias;
+  }
+  std::vector<torch::Tensor> dense;
+  for (size_t i = 0; i < p.parts.size(); ++i) dense.push_back(ggml_dequantize(p.parts[i], p.types[i], k));
+  return dense_project(torch::cat(dense), bias, x, y, m);
 }
 
 const u16* bf16_ptr(const torch::Tensor& t) {
@@ -219,16 +247,39 @@ LlamaDecoder::LlamaDecoder(torch::Tensor embed, int64_t embed_type, int64_t hidd
   sin_ = checked(sin_table, "sin table", {max_positions_, head_dim / 2});
 }
 
-void LlamaDecoder::add_layer(torch::Tensor input_norm, torch::Tensor qkv, std::optional<torch::Tensor> qkv_bias,
-                             std::optional<torch::Tensor> q_norm, std::optional<torch::Tensor> k_norm,
-                             torch::Tensor o_proj, std::optional<torch::Tensor> o_bias, torch::Tensor post_norm,
-                             std::optional<torch::Tensor> gate_up, std::optional<torch::Tensor> down,
-                             torch::Tensor kv_cache, int64_t qkv_type, int64_t o_type, int64_t gate_up_type,
-                             int64_t down_type) {
+// A merged projection's parts: one bf16 or GGML matrix of n rows, or GGML parts whose rows sum to n.
+Projection checked_projection(const std::vector<torch::Tensor>& parts, const std::vector<int64_t>& types,
+                              const char* what, int64_t n, int64_t k) {
+  TORCH_CHECK(!parts.empty() && parts.size() == types.size(), what, ": ", parts.size(), " parts and ", types.size(),
+              " types");
+  Projection p;
+  if (parts.size() == 1) {
+    p.parts.push_back(checked_weight(parts[0], types[0], what, n, k));
+    p.types.push_back(static_cast<int>(types[0]));
+    return p;
+  }
+  int64_t rows = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    TORCH_CHECK(types[i] != kBf16, what, ": only GGML parts split a projection");
+    p.parts.push_back(checked_weight(parts[i], types[i], what, parts[i].size(0), k));
+    p.types.push_back(static_cast<int>(types[i]));
+    rows += parts[i].size(0);
+  }
+  TORCH_CHECK(rows == n, what, ": parts of ", rows, " rows in all, expected ", n);
+  return p;
+}
+
+void LlamaDecoder::add_layer(torch::Tensor input_norm, std::vector<torch::Tensor> qkv,
+                             std::optional<torch::Tensor> qkv_bias, std::optional<torch::Tensor> q_norm,
+                             std::optional<torch::Tensor> k_norm, torch::Tensor o_proj,
+                             std::optional<torch::Tensor> o_bias, torch::Tensor post_norm,
+                             std::optional<std::vector<torch::Tensor>> gate_up, std::optional<torch::Tensor> down,
+                             torch::Tensor kv_cache, std::vector<int64_t> qkv_types, int64_t o_type,
+                             std::vector<int64_t> gate_up_types, int64_t down_type) {
   const int64_t q = num_heads_ * head_dim_, kv = num_kv_heads_ * head_dim_, h = hidden_;
   LlamaLayerWeights w;
   w.input_norm = checked(input_norm, "input_layernorm", {h});
-  w.qkv = checked_weight(qkv, qkv_type, "qkv_proj", q + 2 * kv, h);
+  w.qkv = checked_projection(qkv, qkv_types, "qkv_proj", q + 2 * kv, h);
   if (qkv_bias) w.qkv_bias = checked(*qkv_bias, "qkv_proj.bias", {q + 2 * kv});
   TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q_norm and k_norm come together");
   if (q_norm) {
@@ -240,12 +291,10 @@ void LlamaDecoder::add_layer(torch::Tensor input_norm, torch::Tensor qkv, std::o
   w.post_norm = checked(post_norm, "post_attention_layernorm", {h});
   TORCH_CHECK(gate_up.has_value() == down.has_value(), "gate_up and down come together (neither: an MoE layer)");
   if (gate_up) {
-    w.gate_up = checked_weight(*gate_up, gate_up_type, "gate_up_proj", 2 * intermediate_, h);
+    w.gate_up = checked_projection(*gate_up, gate_up_types, "gate_up_proj", 2 * intermediate_, h);
     w.down = checked_weight(*down, down_type, "down_proj", h, intermediate_);
   }
-  w.qkv_type = static_cast<int>(qkv_type);
   w.o_type = static_cast<int>(o_type);
-  w.gate_up_type = static_cast<int>(gate_up_type);
   w.down_type = static_cast<int>(down_type);
   if (kv_cache.scalar_type() == torch::kInt8) {  // kernels/kv_quant.py: [2, blocks, Hkv, bs * (D + 4)]
     TORCH_CHECK(kv_cache.is_contiguous() && kv_cache.device().is_cpu(), "kv_cache: must be a contiguous CPU tensor");
@@ -350,7 +399,7 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
     const LlamaLayerWeights& w = layers_[l];
     for (int r = 0; r < m; ++r) rms_norm(xs + r * h, bf16_ptr(w.input_norm), normed.data() + r * h, h, eps_);
     clock.mark(l, kPhaseNorm);
-    const u16* qkv_bias = bf16_ptr(project(w.qkv, w.qkv_type, w.qkv_bias, normed.data(), f32.data(), m));
+    const u16* qkv_bias = bf16_ptr(project(w.qkv, w.qkv_bias, normed.data(), f32.data(), m));
     clock.mark(l, kPhaseGemm);
     const bool int8_kv = w.kv_cache.scalar_type() == torch::kInt8;
     const int64_t cache_half = w.kv_cache.numel() / 2;
@@ -410,7 +459,7 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
       clock.mark(l, kPhaseExperts);
     } else {
       // silu(gate) * up counts as GEMM: the epilogue between the two GEMVs (O(intermediate) a row).
-      project(w.gate_up, w.gate_up_type, torch::Tensor(), normed.data(), f32.data(), m);
+      project(w.gate_up, torch::Tensor(), normed.data(), f32.data(), m);
       for (int r = 0; r < m; ++r) {
         const float* gate_up = f32.data() + r * 2 * inter;
         silu_mul(gate_up, gate_up + inter, act.data() + r * inter, inter);

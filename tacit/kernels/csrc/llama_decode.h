@@ -15,10 +15,20 @@ namespace tacit {
 
 torch::Tensor gemm_bf16_skinny(torch::Tensor weight, torch::Tensor x);
 
+// A merged projection (q/k/v, gate/up): one matrix, or, where its shards are GGML blocks of
+// different types (llama.cpp's Q4_K_M: a Q6_K v beside Q4_K q and k), one part per shard in
+// output order, each [rows, row bytes] in its own type, filling its own columns of the output.
+struct Projection {
+  std::vector<torch::Tensor> parts;
+  std::vector<int> types;  // ggml_gemv.h's tags: kBf16 for a bf16 [out, in] matrix, else GGML blocks
+  bool defined() const { return !parts.empty(); }
+};
+
 struct LlamaLayerWeights {
-  torch::Tensor input_norm, qkv, qkv_bias, q_norm, k_norm, o_proj, o_bias, post_norm, gate_up, down, kv_cache;
-  // Each projection's GGML type (ggml_gemv.h): kBf16 for a bf16 [out, in] matrix, else its blocks.
-  int qkv_type, o_type, gate_up_type, down_type;
+  torch::Tensor input_norm, qkv_bias, q_norm, k_norm, o_proj, o_bias, post_norm, down, kv_cache;
+  Projection qkv, gate_up;
+  // o_proj's and down's GGML type (ggml_gemv.h): kBf16 for a bf16 [out, in] matrix, else its blocks.
+  int o_type, down_type;
   // A sparse MoE MLP (Qwen3-MoE) in place of gate_up/down: router bf16 [E, hidden], experts as
   // fused_moe.h takes them, softmax top-k routing.
   torch::Tensor router, experts_w13, experts_w2;
@@ -46,11 +56,13 @@ class LlamaDecoder {
   LlamaDecoder(torch::Tensor embed, int64_t embed_type, int64_t hidden, torch::Tensor final_norm,
                torch::Tensor cos_table, torch::Tensor sin_table, int64_t num_heads, int64_t num_kv_heads,
                int64_t head_dim, int64_t intermediate, double eps, double scale, int64_t block_size);
-  void add_layer(torch::Tensor input_norm, torch::Tensor qkv, std::optional<torch::Tensor> qkv_bias,
+  // qkv and gate_up: a Projection's parts and their types (one part unless the shards mix GGML types).
+  void add_layer(torch::Tensor input_norm, std::vector<torch::Tensor> qkv, std::optional<torch::Tensor> qkv_bias,
                  std::optional<torch::Tensor> q_norm, std::optional<torch::Tensor> k_norm, torch::Tensor o_proj,
-                 std::optional<torch::Tensor> o_bias, torch::Tensor post_norm, std::optional<torch::Tensor> gate_up,
-                 std::optional<torch::Tensor> down, torch::Tensor kv_cache, int64_t qkv_type, int64_t o_type,
-                 int64_t gate_up_type, int64_t down_type);
+                 std::optional<torch::Tensor> o_bias, torch::Tensor post_norm,
+                 std::optional<std::vector<torch::Tensor>> gate_up, std::optional<torch::Tensor> down,
+                 torch::Tensor kv_cache, std::vector<int64_t> qkv_types, int64_t o_type,
+                 std::vector<int64_t> gate_up_types, int64_t down_type);
   // The last added layer's MLP is a sparse MoE (it was added without gate_up and down).
   void add_moe(torch::Tensor router, torch::Tensor w13, int64_t w13_type, torch::Tensor w2, int64_t w2_type,
                int64_t top_k, bool renormalize,
