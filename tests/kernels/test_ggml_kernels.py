@@ -139,16 +139,17 @@ def test_decode_rows_round_activations_to_int8_per_block(ggml_type, n, k, bf16_g
         finally:
             kernels.set_ggml_int8_activations(False)
         assert ((int8 - ref).abs() <= int8_activation_bound(x, w_ref)).all(), f"m={m}"
-        if m <= 4:  # and that is all it does: the exact product of the rounded activations, up to
+        int8_rows = m <= 4 or ggml_type in _K_SCALES  # K-quants: 5-8 rows as two int8 passes
+        if int8_rows:  # and that is all it does: the exact product of the rounded activations, up to
             # the output's bf16 rounding and fp32 sums (a wrong lane, scale or min term is far off)
             xr = int8_rounded(x).double()
             exact = xr @ w_ref.double().T
             slack = exact.abs() * 2**-8 + (xr.abs() @ w_ref.double().abs().T) * 1e-6
             assert ((int8.double() - exact).abs() <= slack).all(), f"m={m}"
-        if m > 4:  # 5-8 rows unpack to bf16 either way (csrc/ggml_gemv.cpp rows_kernel)
-            assert torch.equal(int8, bf16)
-        else:  # the int8 path ran: rounding x moved some output (n * m values of unit-scale sums)
+            # the int8 path ran: rounding x moved some output (n * m values of unit-scale sums)
             assert n * m < 8 or not torch.equal(int8, bf16)
+        else:  # 5-8 rows of the others unpack to bf16 either way (csrc/ggml_gemv.cpp rows_kernel)
+            assert torch.equal(int8, bf16)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: GGML_TYPES[t].name)
@@ -165,10 +166,10 @@ def test_dequantize_is_the_oracle_rounded_to_bf16(ggml_type):
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: GGML_TYPES[t].name)
 @pytest.mark.parametrize("rows", [1, 5, 8, 20, 32, 40])
-def test_layer_with_kernels_matches_torch_reference(ggml_type, rows):
+def test_layer_with_kernels_matches_torch_reference(ggml_type, rows, bf16_ggml_activations):
     """GGMLLinearMethod on the kernels (1-8 rows: GEMV; 9-32: GEMV 8 rows a pass, 20 = 8+8+4;
     more: dequantize + oneDNN) against the same layer on the torch reference (kernels=None),
-    bias included."""
+    bias included; bf16 activations (the int8 path's bound is test_decode_rows_round_...)."""
     blocks, w_ref = quantized(ggml_type, 48, 256, seed=rows)
     layers = []
     for kernels in (load_cpu_kernels(), None):
