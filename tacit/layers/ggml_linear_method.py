@@ -2,10 +2,11 @@
 
 Chosen per layer from the type of the checkpoint tensor it loads (use_ggml_weights in
 layers/linear.py), not per model: a GGUF file may mix types. The weight is the file's bytes,
-uint8 [out, in / 32 * block_bytes], rows stacked for merged layers. Decode (1-8 rows) runs
-kernels/csrc/ggml_gemv.cpp, which dequantizes each 32-value block to bf16 in registers and
-streams the Q4_1 weight at 20 bytes per 32 values instead of bf16's 64; 9-32 rows take it 8
-rows a pass. More rows (prefill) dequantize the whole matrix to the activations' dtype, then
+uint8 [out, in / 32 * block_bytes], rows stacked for merged layers (a merged layer whose
+shards mix types: MixedGGMLLinearMethod). Decode (1-8 rows) runs kernels/csrc/ggml_gemv.cpp,
+which streams a Q4_1 weight at 20 bytes per 32 values instead of bf16's 64 and multiplies its
+integer codes with int8-rounded activations (or unpacks blocks to bf16 in registers); 9-32 rows
+take it 8 rows a pass. More rows (prefill) dequantize the whole matrix to the activations' dtype, then
 multiply as the unquantized method does. Without the CPU kernels (no AVX512-BF16, float32, another platform) the torch
 reference dequantizes; it is what the kernels are tested against.
 """
