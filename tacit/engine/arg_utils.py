@@ -100,7 +100,7 @@ class EngineArgs:
     quantization: str = knob(
         _config_default(ModelConfig, "quantization"),
         "model",
-        "auto | gguf | none | int8 | int4: a GGUF's Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weights stay in their GGML "
+        "auto | gguf | none | int8 | int4: a GGUF's Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K weights stay in their GGML "
         "blocks (gguf), are dequantized at load (none), or stay where the AVX512 CPU kernels run (auto); "
         "int8 (per output channel) and int4 (per group, see quantization_group_size) quantize a Hugging Face "
         "checkpoint's linear weights at load, stored as Q8_0 / Q4_1 blocks (auto leaves it unquantized)",

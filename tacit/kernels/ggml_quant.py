@@ -6,6 +6,7 @@ its own run of 32-value blocks, so rows can be permuted (llama's q/k un-permute)
 
   Q4_0 (18 bytes): fp16 d, 16 bytes of nibbles;  value = d * (q - 8)
   Q4_1 (20 bytes): fp16 d, fp16 m, 16 bytes;     value = d * q + m
+  Q5_0 (22 bytes): fp16 d, 32-bit qh, 16 bytes;  value = d * (q - 16), q = nibble + 16 * bit j of qh
   Q8_0 (34 bytes): fp16 d, 32 int8;              value = d * q
   (byte j of a 4-bit block holds value j in its low nibble and value j + 16 in its high one)
   Q4_K (144 bytes per 256 values): fp16 d, fp16 dmin, 12 bytes of 6-bit scales/mins for 8
@@ -53,6 +54,7 @@ GGML_TYPES = {
     for t in (
         GGMLType("Q4_0", 2, 18),
         GGMLType("Q4_1", 3, 20),
+        GGMLType("Q5_0", 6, 22),
         GGMLType("Q8_0", 8, 34),
         GGMLType("Q4_K", 12, 144, 256),
         GGMLType("Q5_K", 13, 176, 256),
@@ -134,9 +136,14 @@ def dequantize(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
     if t.name == "Q8_0":
         q = blocks[..., 2:].contiguous().view(torch.int8).float()
         return (q * d).reshape(rows, cols)
-    start = 4 if t.name == "Q4_1" else 2
+    start = {"Q4_1": 4, "Q5_0": 6}.get(t.name, 2)
     qs = blocks[..., start : start + QK // 2]
     q = torch.cat([qs & 0x0F, qs >> 4], dim=-1).float()  # values 0-15 then 16-31
+    if t.name == "Q5_0":  # bit j of the little-endian 32-bit qh is value j's fifth bit
+        qh = blocks[..., 2:6].long()
+        qh = qh[..., 0] | (qh[..., 1] << 8) | (qh[..., 2] << 16) | (qh[..., 3] << 24)
+        bits = (qh.unsqueeze(-1) >> torch.arange(QK)) & 1
+        return (d * (q + 16 * bits.float() - 16)).reshape(rows, cols)
     if t.name == "Q4_1":
         m = blocks[..., 2:4].contiguous().view(torch.float16).float()
         return (d * q + m).reshape(rows, cols)

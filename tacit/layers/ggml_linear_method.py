@@ -1,4 +1,4 @@
-"""Linear layers whose weight stays in its GGUF file's GGML blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K).
+"""Linear layers whose weight stays in its GGUF file's GGML blocks (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K).
 
 Chosen per layer from the type of the checkpoint tensor it loads (use_ggml_weights in
 layers/linear.py), not per model: a GGUF file may mix types. The weight is the file's bytes,

@@ -110,7 +110,7 @@ def int8_rounded(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(blocks * inv) * (amax / 127.0)).reshape(m, k)
 
 
-INT8_TYPES = [2, 3, 8, Q4_K, Q5_K, Q6_K]  # csrc/ggml_gemv.cpp kHasInt8Path
+INT8_TYPES = [2, 3, 6, 8, Q4_K, Q5_K, Q6_K]  # csrc/ggml_gemv.cpp kHasInt8Path
 
 
 @pytest.mark.parametrize(

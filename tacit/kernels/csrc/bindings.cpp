@@ -16,11 +16,11 @@ std::tuple<torch::Tensor, torch::Tensor> kv_quantize_rows(torch::Tensor x, bool 
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm_bf16_skinny", &tacit::gemm_bf16_skinny, "bf16 weight x 1-8 activation rows (AVX512-BF16)");
-  m.def("gemm_ggml_skinny", &tacit::gemm_ggml_skinny, "GGML Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K or FP8 block weight x 1-8 bf16 activation rows");
+  m.def("gemm_ggml_skinny", &tacit::gemm_ggml_skinny, "GGML Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K or FP8 block weight x 1-8 bf16 activation rows");
   m.def("set_ggml_int8_activations", &tacit::set_ggml_int8_activations,
         "GGML decode rows (1-4): int8 activations per 32-value block (default) or bf16");
   m.def("ggml_int8_activations", &tacit::ggml_int8_activations);
-  m.def("ggml_dequantize", &tacit::ggml_dequantize, "GGML Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K or FP8 block weight -> bf16 [N, K]");
+  m.def("ggml_dequantize", &tacit::ggml_dequantize, "GGML Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K or FP8 block weight -> bf16 [N, K]");
   m.def("paged_decode_attention", &tacit::paged_decode_attention,
         "decode attention over a bf16 or int8 paged KV cache [2, blocks, block_size, Hkv, D(+4)]",
         pybind11::call_guard<pybind11::gil_scoped_release>());

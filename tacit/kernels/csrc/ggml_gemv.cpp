@@ -76,6 +76,21 @@ inline __m512bh dequant_block(const uint8_t* b) {
     const __m512 lo = _mm512_cvtpbh_ps((__m256bh)_mm512_castsi512_si256(v));
     const __m512 hi = _mm512_cvtpbh_ps((__m256bh)_mm512_extracti64x4_epi64(v, 1));
     return _mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, d), _mm512_mul_ps(lo, d));
+  } else if constexpr (T == kQ5_0) {
+    // q = nibble + 16 * (bit j of the block's 32-bit qh) for value j; value = d * (q - 16)
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    const __m512 d = _mm512_set1_ps(half_at(b));
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6)));
+    const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i one = _mm512_set1_epi32(1);
+    const __m512i bits_lo = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(qh & 0xFFFF), lanes), one);
+    const __m512i bits_hi = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(qh >> 16), lanes), one);
+    const __m512i lo = _mm512_or_si512(_mm512_and_si512(q, _mm512_set1_epi32(0xF)), _mm512_slli_epi32(bits_lo, 4));
+    const __m512i hi = _mm512_or_si512(_mm512_srli_epi32(q, 4), _mm512_slli_epi32(bits_hi, 4));
+    const __m512 sixteen = _mm512_set1_ps(16.0f);
+    return _mm512_cvtne2ps_pbh(_mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(hi), sixteen), d),
+                               _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(lo), sixteen), d));
   } else {
     constexpr int qs = T == kQ4_1 ? 4 : 2;
     const __m512 d = _mm512_set1_ps(half_at(b));
@@ -99,6 +114,7 @@ inline __m512bh dequant_block(const uint8_t* b) {
 template <int T>
 constexpr int64_t kBlockBytes = T == kQ4_0   ? 18
                                  : T == kQ4_1 ? 20
+                                 : T == kQ5_0 ? 22
                                  : T == kQ8_0 ? 34
                                  : T == kF8E4M3 ? 36
                                  : T == kQ4_K ? 144
@@ -245,12 +261,13 @@ inline void tile_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n
 enum class Lanes { kPairs, kNatural };
 
 template <int T>
-constexpr bool kHasInt8Path = T == kQ4_0 || T == kQ4_1 || T == kQ8_0 || T == kQ4_K || T == kQ5_K || T == kQ6_K;
+constexpr bool kHasInt8Path =
+    T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ8_0 || T == kQ4_K || T == kQ5_K || T == kQ6_K;
 template <int T>
-constexpr Lanes kLanesOf = T == kQ4_0 || T == kQ4_1 ? Lanes::kPairs : Lanes::kNatural;
+constexpr Lanes kLanesOf = T == kQ4_0 || T == kQ4_1 || T == kQ5_0 ? Lanes::kPairs : Lanes::kNatural;
 // log2 of the code offset o above (0: none)
 template <int T>
-constexpr int kOffsetShift = T == kQ4_0 ? 3 : T == kQ6_K ? 5 : T == kQ8_0 ? 7 : 0;
+constexpr int kOffsetShift = T == kQ4_0 ? 3 : T == kQ5_0 ? 4 : T == kQ6_K ? 5 : T == kQ8_0 ? 7 : 0;
 
 struct QuantizedRows {
   const int8_t* q;          // [M][chunks * 64] int8, in the lane order above
@@ -325,16 +342,25 @@ inline __m512i q8_0_chunk(const uint8_t* a, const uint8_t* b) {
   return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80)));
 }
 
-// Q4_0 / Q4_1 blocks a, b: their nibbles in pair order.
+// Q4_0 / Q4_1 / Q5_0 blocks a, b: their nibbles in pair order (Q5_0: + 16 where its qh bit is set).
 template <int T>
 inline __m512i q4_chunk(const uint8_t* a, const uint8_t* b) {
-  constexpr int qs = T == kQ4_1 ? 4 : 2;
+  constexpr int qs = T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 2;
   const __m256i mask = _mm256_set1_epi8(0x0F);
   const __m256i both =
       _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + qs))),
                               _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + qs)), 1);
-  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(both, mask)),
-                            _mm256_and_si256(_mm256_srli_epi16(both, 4), mask), 1);
+  const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(both, mask)),
+                                       _mm256_and_si256(_mm256_srli_epi16(both, 4), mask), 1);
+  if constexpr (T == kQ5_0) {  // byte order [A 0-15, B 0-15, A 16-31, B 16-31]: qh bits to match
+    uint32_t ha, hb;
+    std::memcpy(&ha, a + 2, 4);
+    std::memcpy(&hb, b + 2, 4);
+    const __mmask64 fifth = static_cast<uint64_t>(ha & 0xFFFF) | (static_cast<uint64_t>(hb & 0xFFFF) << 16) |
+                            (static_cast<uint64_t>(ha >> 16) << 32) | (static_cast<uint64_t>(hb >> 16) << 48);
+    return _mm512_or_si512(q, _mm512_maskz_mov_epi8(fifth, _mm512_set1_epi8(0x10)));
+  }
+  return q;
 }
 
 // Q4_K (Q5_K) super-block b's sub-blocks 2c and 2c+1 (values 64c..64c+63): the low then the high
@@ -538,13 +564,13 @@ void dequant_rows(const uint8_t* w, uint16_t* out, int64_t n, int64_t k) {
 }
 
 bool has_kernel(int type) {
-  return type == kQ4_0 || type == kQ4_1 || type == kQ8_0 || type == kQ4_K || type == kQ5_K || type == kQ6_K ||
-         type == kF8E4M3;
+  return type == kQ4_0 || type == kQ4_1 || type == kQ5_0 || type == kQ8_0 || type == kQ4_K || type == kQ5_K ||
+         type == kQ6_K || type == kF8E4M3;
 }
 
 void check_weight(const torch::Tensor& weight, int64_t type, int64_t k) {
   TORCH_CHECK(has_kernel(static_cast<int>(type)), "GGML type ", type,
-              " has no kernel (Q4_0=2, Q4_1=3, Q8_0=8, Q4_K=12, Q5_K=13, Q6_K=14, FP8_E4M3=200)");
+              " has no kernel (Q4_0=2, Q4_1=3, Q5_0=6, Q8_0=8, Q4_K=12, Q5_K=13, Q6_K=14, FP8_E4M3=200)");
   const int64_t rb = ggml_row_bytes(static_cast<int>(type), k);
   TORCH_CHECK(k > 0 && rb > 0, "K=", k, " is not whole blocks of GGML type ", type);
   TORCH_CHECK(weight.scalar_type() == torch::kUInt8 && weight.is_contiguous() && weight.dim() == 2 &&
@@ -569,6 +595,7 @@ int64_t ggml_row_bytes(int type, int64_t k) {
   switch (type) {
     case kQ4_0: return row_bytes_of<kQ4_0>(k);
     case kQ4_1: return row_bytes_of<kQ4_1>(k);
+    case kQ5_0: return row_bytes_of<kQ5_0>(k);
     case kQ8_0: return row_bytes_of<kQ8_0>(k);
     case kQ4_K: return row_bytes_of<kQ4_K>(k);
     case kQ5_K: return row_bytes_of<kQ5_K>(k);
@@ -582,6 +609,7 @@ int64_t ggml_row_values(int type, int64_t bytes) {
   switch (type) {
     case kQ4_0: return row_values_of<kQ4_0>(bytes);
     case kQ4_1: return row_values_of<kQ4_1>(bytes);
+    case kQ5_0: return row_values_of<kQ5_0>(bytes);
     case kQ8_0: return row_values_of<kQ8_0>(bytes);
     case kQ4_K: return row_values_of<kQ4_K>(bytes);
     case kQ5_K: return row_values_of<kQ5_K>(bytes);
@@ -596,6 +624,7 @@ void gemv_ggml(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t 
   switch (type) {
     case kQ4_0: return gemv_type<kQ4_0>(w, x, y, n, k, m, ldy);
     case kQ4_1: return gemv_type<kQ4_1>(w, x, y, n, k, m, ldy);
+    case kQ5_0: return gemv_type<kQ5_0>(w, x, y, n, k, m, ldy);
     case kQ8_0: return gemv_type<kQ8_0>(w, x, y, n, k, m, ldy);
     case kQ4_K: return gemv_type<kQ4_K>(w, x, y, n, k, m, ldy);
     case kQ5_K: return gemv_type<kQ5_K>(w, x, y, n, k, m, ldy);
@@ -610,6 +639,7 @@ void gemv_ggml_rows(const uint8_t* w, int type, const uint16_t* x, float* y, int
   switch (type) {
     case kQ4_0: return dispatch_rows<kQ4_0, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
     case kQ4_1: return dispatch_rows<kQ4_1, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
+    case kQ5_0: return dispatch_rows<kQ5_0, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
     case kQ8_0: return dispatch_rows<kQ8_0, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
     case kQ4_K: return dispatch_rows<kQ4_K, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
     case kQ5_K: return dispatch_rows<kQ5_K, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
@@ -628,6 +658,7 @@ torch::Tensor ggml_dequantize(torch::Tensor weight, int64_t type, int64_t k) {
   switch (type) {
     case kQ4_0: dequant_rows<kQ4_0>(w, o, n, k); break;
     case kQ4_1: dequant_rows<kQ4_1>(w, o, n, k); break;
+    case kQ5_0: dequant_rows<kQ5_0>(w, o, n, k); break;
     case kQ8_0: dequant_rows<kQ8_0>(w, o, n, k); break;
     case kQ4_K: dequant_rows<kQ4_K>(w, o, n, k); break;
     case kQ5_K: dequant_rows<kQ5_K>(w, o, n, k); break;

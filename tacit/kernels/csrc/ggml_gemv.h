@@ -1,4 +1,4 @@
-// GGML block-quantized weights (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, and FP8 e4m3 blocks) x 1-8 bf16
+// GGML block-quantized weights (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, and FP8 e4m3 blocks) x 1-8 bf16
 // activation rows, for decode.
 #pragma once
 
@@ -14,6 +14,7 @@ namespace tacit {
 enum GgmlType : int {
   kQ4_0 = 2,
   kQ4_1 = 3,
+  kQ5_0 = 6,
   kQ8_0 = 8,
   kQ4_K = 12,
   kQ5_K = 13,
@@ -22,7 +23,7 @@ enum GgmlType : int {
   kF8E4M3 = 200,
 };
 
-// Q4_0, Q4_1, Q8_0 and the K-quants with 1-4 activation rows multiply activations rounded to int8
+// Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants with 1-4 activation rows multiply activations rounded to int8
 // per 32-value block (llama.cpp's q8_0 / q8_1 arithmetic, vpdpbusd; on by default), or, off (and
 // at 5-8 rows, and for FP8), the blocks unpacked to bf16 against bf16 activations (the
 // dequantized model's arithmetic).
