@@ -68,14 +68,16 @@ SHAPES = [(1, 32), (7, 96), (13, 64), (257, 576), (64, 1536)]
 SHAPES_256 = [(1, 256), (7, 512), (257, 1536)]  # K-quant rows are whole 256-value blocks
 
 
-@pytest.mark.parametrize(
-    "ggml_type, n, k",
-    [
+def type_shapes(types: list[int]) -> list:
+    """(type, n, k) for each type over the shapes its blocks allow."""
+    return [
         pytest.param(t, n, k, id=f"{GGML_TYPES[t].name}-{n}x{k}")
-        for t in TYPES
+        for t in types
         for n, k in (SHAPES_256 if t in _K_SCALES else SHAPES)
-    ],
-)
+    ]
+
+
+@pytest.mark.parametrize("ggml_type, n, k", type_shapes(TYPES))
 def test_gemv_matches_oracle_at_1_to_8_rows(ggml_type, n, k, bf16_ggml_activations):
     """bf16 activations (the fixture): the int8 path's own bound is the test below."""
     kernels = load_cpu_kernels()
@@ -113,16 +115,9 @@ def int8_rounded(x: torch.Tensor) -> torch.Tensor:
 INT8_TYPES = [2, 3, 6, 8, Q4_K, Q5_K, Q6_K]  # csrc/ggml_gemv.cpp kHasInt8Path
 
 
-@pytest.mark.parametrize(
-    "ggml_type, n, k",
-    [
-        pytest.param(t, n, k, id=f"{GGML_TYPES[t].name}-{n}x{k}")
-        for t in INT8_TYPES
-        for n, k in (SHAPES_256 if t in _K_SCALES else SHAPES)
-    ],
-)
+@pytest.mark.parametrize("ggml_type, n, k", type_shapes(INT8_TYPES))
 def test_decode_rows_round_activations_to_int8_per_block(ggml_type, n, k, bf16_ggml_activations):
-    """Q4_0, Q4_1, Q8_0 and the K-quants with 1-4 rows take llama.cpp's arithmetic by default
+    """Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants with 1-4 rows take llama.cpp's arithmetic by default
     (activations as int8 per 32-value block, vpdpbusd); the fixture switched them to the bf16
     path, compared here with the default."""
     kernels = load_cpu_kernels()
