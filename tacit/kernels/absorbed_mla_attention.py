@@ -180,8 +180,15 @@ def absorbed_attend(
     request; 4.5 ms against 8.1 and 102 for eight."""
     w_uk, w_uv_t = absorbed_weights(kv_b_proj, dims)
     q_nope, q_pe = q.split([dims.nope, dims.rope], dim=-1)
-    q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [Tg, H, rank]
     kernels = decode_kernel(q, kv_cache, g)
+    if kernels is not None and _head_bmm_fits(w_uk) and _head_bmm_fits(w_uv_t):
+        # per-head bf16 products from csrc/head_bmm.cpp: torch.bmm streamed these weights at ~15
+        # GB/s for a few tokens (random:deepseek-v3-1b: 1.6 of 8.9 ms a decoded token)
+        q_latent = kernels.head_bmm_bf16(q_nope, w_uk)  # [Tg, H, rank]
+        q_abs = torch.cat([q_latent, q_pe], dim=-1)
+        o_latent = kernels.mla_decode_attention(q_abs, kv_cache, g.decode_positions, g.block_tables, scale, dims.rank)
+        return kernels.head_bmm_bf16(o_latent, w_uv_t)
+    q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [Tg, H, rank]
     if kernels is not None:
         q_abs = torch.cat([q_latent, q_pe], dim=-1)
         o_latent = kernels.mla_decode_attention(q_abs, kv_cache, g.decode_positions, g.block_tables, scale, dims.rank)
@@ -191,6 +198,11 @@ def absorbed_attend(
         o_latent = latent_attention(pad_queries(q_abs, g), ctx, g.attn_mask[:, 0], scale, dims.rank)
         o_latent = unpad_queries(o_latent, g).to(q.dtype)  # [Tg, H, rank]
     return torch.bmm(o_latent.transpose(0, 1), w_uv_t).transpose(0, 1)
+
+
+def _head_bmm_fits(w: torch.Tensor) -> bool:
+    """csrc/head_bmm.cpp takes [H, K, N] bf16 weights with K even and N a multiple of 32."""
+    return w.dtype == torch.bfloat16 and w.shape[1] % 2 == 0 and w.shape[2] % 32 == 0
 
 
 @register_attention_backend("absorbed_mla")

@@ -2,6 +2,7 @@
 
 - csrc/gemv_bf16.cpp: the skinny GEMM (1-8 activation rows) behind bf16 `Linear` in decode;
 - csrc/ggml_gemv.cpp: the same over GGUF's Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K blocks (layers/ggml_linear_method.py);
+- csrc/head_bmm.cpp: per-head products of a few tokens with [H, K, N] weights (absorbed MLA);
 - csrc/llama_decode.cpp: a whole Llama-family decode step in one call (kernels/cpu_fused_decode.py);
 - csrc/fused_moe.cpp: a sparse MoE layer's routing and experts (kernels/cpu_fused_moe.py);
 - csrc/decode_attention.cpp: that step's attention, read straight from the paged KV cache
@@ -27,6 +28,7 @@ from tacit.kernels.jit_build import build_extension
 _CSRC = Path(__file__).parent / "csrc"
 _SOURCES = [
     "gemv_bf16.cpp",
+    "head_bmm.cpp",
     "ggml_gemv.cpp",
     "decode_attention.cpp",
     "decode_attention_int8.cpp",

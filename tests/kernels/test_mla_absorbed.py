@@ -8,6 +8,7 @@ summation order. Widths are off the tiny models' so a wrong split of kv_b_proj s
 from __future__ import annotations
 
 import gc
+import sys
 
 import numpy as np
 import pytest
@@ -170,3 +171,21 @@ def test_latent_decode_kernel_matches_torch_absorbed(always_absorbed, monkeypatc
     # cache: to 15-bit fixed point, and each query to int8) before weighting the latents, the
     # torch path keeps fp32.
     torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(load_cpu_kernels() is None, reason="needs the AVX512-BF16 CPU kernels")
+def test_head_bmm_projections_match_torch_bmm(always_absorbed, monkeypatch):
+    """With a rank and v that csrc/head_bmm.cpp takes (multiples of 32), a bf16 decode's two
+    per-head projections run there instead of torch.bmm: the same outputs up to bf16 rounding
+    (both sum bf16 products in fp32 and round once)."""
+    monkeypatch.setattr(sys.modules[__name__], "RANK", 64)
+    monkeypatch.setattr(sys.modules[__name__], "VDIM", 32)
+    fits = []
+    real = absorbed._head_bmm_fits
+    monkeypatch.setattr(absorbed, "_head_bmm_fits", lambda w: fits.append(real(w)) or fits[-1])
+    got = run(AbsorbedMLAAttentionBackend(), DECODE, torch.bfloat16, dtype=torch.bfloat16)
+    assert fits and all(fits), "head_bmm never ran"
+    monkeypatch.setattr(absorbed, "_head_bmm_fits", lambda w: False)
+    want = run(AbsorbedMLAAttentionBackend(), DECODE, torch.bfloat16, dtype=torch.bfloat16)
+    assert got.shape == want.shape == (len(DECODE), HEADS, 32)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-7)

@@ -12,6 +12,7 @@ torch::Tensor paged_decode_attention(torch::Tensor q, torch::Tensor kv_cache, to
 torch::Tensor mla_decode_attention(torch::Tensor q, torch::Tensor latent_cache, torch::Tensor positions,
                                    torch::Tensor block_tables, double scale, int64_t v_dim);
 std::tuple<torch::Tensor, torch::Tensor> kv_quantize_rows(torch::Tensor x, bool flip_sign);
+torch::Tensor head_bmm_bf16(torch::Tensor x, torch::Tensor w);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -26,6 +27,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("mla_decode_attention", &tacit::mla_decode_attention,
         "MLA decode over the bf16 or int8 latent cache [blocks, block_size, R + rope (+ 8)]: o_latent [m, H, v_dim]",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("head_bmm_bf16", &tacit::head_bmm_bf16, "x [T, H, K] @ w[h] for w [H, K, N] bf16 (absorbed MLA)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("kv_quantize_rows", &tacit::kv_quantize_rows, "the int8 KV cache's row quantizer (kernels/kv_quant.py)");
   m.def("moe_route", &tacit::moe_route, "MoE routing: softmax or grouped sigmoid top-k, as torch.topk selects",
