@@ -16,7 +16,7 @@ the machine is shared, and the best run is the one least disturbed.
   the engine's own torch_paged backend (fit_attention.py);
 - one layer's elementwise ops and the sampler, on tacit's modules (fit_small_ops.py), each
   divided by the very byte count operators.py charges them;
-- MLA's prefill path and its absorbed decode projections (torch bmm), fit_attention.py; the C++
+- MLA's prefill path and its absorbed decode projections (csrc/head_bmm.cpp), fit_attention.py; the C++
   experts kernel, fit_experts.py;
 - last, the fused C++ decode path's projections in whole engine decode steps of a synthetic
   8-layer Qwen3 (fit_decode.py), net of the other operators as the profile so far predicts them;

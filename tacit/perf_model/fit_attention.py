@@ -83,16 +83,25 @@ BMM_ROWS = (1, 4, 16, 64)
 
 def absorbed_bmm_curve(peak: float, bw: float, repeats: int) -> dict:
     """MLA's absorbed decode projections as absorbed_mla_attention.absorbed_attend runs them:
-    q_nope [H, m, nope] @ W_UK [H, nope, rank] and o_latent [H, m, rank] @ W_UV^T [H, rank, v],
-    in torch's bf16 bmm, against operators' kv_b_absorbed count (2 m H rank (nope + v) FLOPs,
-    the weight once, activations in and out)."""
+    q_nope @ W_UK [H, nope, rank] and o_latent @ W_UV^T [H, rank, v], on csrc/head_bmm.cpp where
+    the CPU kernels run (the engine's bf16 decode) and torch's bf16 bmm otherwise, against
+    operators' kv_b_absorbed count (2 m H rank (nope + v) FLOPs, the weight once, activations in
+    and out)."""
+    from tacit.kernels.cpu_kernels import load_cpu_kernels
+
+    kernels = load_cpu_kernels()
     h, r, n = BMM_HEADS, BMM_RANK, BMM_NOPE
     w_uk = [torch.randn(h, n, r).bfloat16() for _ in range(BMM_LAYERS)]
     w_uv = [torch.randn(h, r, n).bfloat16() for _ in range(BMM_LAYERS)]
     effs = []
     for m in BMM_ROWS:
-        q, o = torch.randn(h, m, n).bfloat16(), torch.randn(h, m, r).bfloat16()
-        secs = best_seconds(lambda q=q, o=o: [(torch.bmm(q, a), torch.bmm(o, b)) for a, b in zip(w_uk, w_uv)], repeats)
+        if kernels is not None:  # x [m, H, K], as absorbed_attend passes it
+            q, o = torch.randn(m, h, n).bfloat16(), torch.randn(m, h, r).bfloat16()
+            project = kernels.head_bmm_bf16
+        else:
+            q, o = torch.randn(h, m, n).bfloat16(), torch.randn(h, m, r).bfloat16()
+            project = torch.bmm
+        secs = best_seconds(lambda q=q, o=o, f=project: [(f(q, a), f(o, b)) for a, b in zip(w_uk, w_uv)], repeats)
         flops = BMM_LAYERS * 2 * m * h * r * 2 * n
         nbytes = BMM_LAYERS * (h * r * 2 * n * 2 + m * h * r * 2 * 2)
         effs.append(round(min(1.0, max(flops / peak, nbytes / bw) / secs), 4))
