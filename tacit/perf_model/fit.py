@@ -21,8 +21,9 @@ the machine is shared, and the best run is the one least disturbed.
 - last, the fused C++ decode path's projections in whole engine decode steps of a synthetic
   8-layer Qwen3 (fit_decode.py), net of the other operators as the profile so far predicts them;
 - the engine's fixed cost per step and per layer: decode steps of tiny 1- and 4-layer random
-  models (Qwen3: the fused C++ decode path; DeepSeek-V3: the torch path), where FLOPs and bytes
-  are ~0, fitted as a + b * layers.
+  Qwen3s (the fused C++ decode path), where FLOPs and bytes are ~0, fitted as a + b * layers;
+  the torch path's (DeepSeek-V3) from a 768-wide synthetic model at two depths, net of its
+  predicted operators (fit_torch_decode.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from tacit.perf_model.fit_attention import (
 from tacit.perf_model.fit_decode import fused_decode_curve
 from tacit.perf_model.fit_experts import experts_curve
 from tacit.perf_model.fit_small_ops import best_seconds, elementwise_curve, sampling_curve
+from tacit.perf_model.fit_torch_decode import torch_decode_overheads
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 256, 512)
 
@@ -104,23 +106,17 @@ def _attention_decode(bw: float, repeats: int) -> float:
     return round(min(max(r["kv_gb_per_s"] * 1e9 for r in rows) / bw, 1.0), 4)
 
 
-def _tiny_model(arch: str, layers: int, root: Path) -> Path:
+def _tiny_qwen3(layers: int, root: Path) -> Path:
     import transformers
 
     from tacit.bench.random_model import _byte_level_tokenizer
 
-    common = dict(hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, vocab_size=512)
-    common.update(max_position_embeddings=512, tie_word_embeddings=True, eos_token_id=511)
-    if arch == "Qwen3Config":
-        cfg = transformers.Qwen3Config(**common, num_key_value_heads=2, head_dim=16, intermediate_size=128)
-    else:
-        cfg = transformers.DeepseekV3Config(
-            **common, num_key_value_heads=4, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=32,
-            qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, intermediate_size=128,
-            moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
-            n_group=1, topk_group=1,
-        )  # fmt: skip
-    path = root / f"{arch}-{layers}"
+    cfg = transformers.Qwen3Config(
+        hidden_size=64, num_hidden_layers=layers, num_attention_heads=4, vocab_size=512,
+        max_position_embeddings=512, tie_word_embeddings=True, eos_token_id=511,
+        num_key_value_heads=2, head_dim=16, intermediate_size=128,
+    )  # fmt: skip
+    path = root / f"qwen3-{layers}"
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(path)
     _byte_level_tokenizer(512).save(str(path / "tokenizer.json"))
@@ -142,16 +138,14 @@ def _decode_step_seconds(path: Path, batch: int, repeats: int) -> float:
 
 
 def _overheads(repeats: int) -> tuple[dict, dict]:
-    """Per step and per layer, by path: step(layers) = a + b * layers from 1 and 4 layers."""
-    step, layer = {}, {}
+    """Per step and per layer of the fused path: step(layers) = a + b * layers from tiny 1- and
+    4-layer Qwen3s (the torch path's: fit_torch_decode.py, at a real width)."""
     with tempfile.TemporaryDirectory() as root:
-        for arch, path_name in (("Qwen3Config", "decode_fused"), ("DeepseekV3Config", "torch")):
-            t1 = _decode_step_seconds(_tiny_model(arch, 1, Path(root)), 1, repeats)
-            t4 = _decode_step_seconds(_tiny_model(arch, 4, Path(root)), 1, repeats)
-            b = max((t4 - t1) / 3, 0.0)
-            step[path_name], layer[path_name] = round(max(t1 - b, 0.0), 7), round(b, 7)
-            print(f"  {arch}: 1 layer {t1 * 1e3:.3f} ms, 4 layers {t4 * 1e3:.3f} ms", file=sys.stderr)
-    return step, layer
+        t1 = _decode_step_seconds(_tiny_qwen3(1, Path(root)), 1, repeats)
+        t4 = _decode_step_seconds(_tiny_qwen3(4, Path(root)), 1, repeats)
+    b = max((t4 - t1) / 3, 0.0)
+    print(f"  Qwen3: 1 layer {t1 * 1e3:.3f} ms, 4 layers {t4 * 1e3:.3f} ms", file=sys.stderr)
+    return {"decode_fused": round(max(t1 - b, 0.0), 7)}, {"decode_fused": round(b, 7)}
 
 
 def fit(repeats: int = 5) -> dict:
@@ -192,6 +186,7 @@ def fit(repeats: int = 5) -> dict:
         "reduce_bytes": 4,  # tacit's CPU ranks all-reduce in float32
     }
     # Last: these subtract the step's other operators as the profile so far predicts them
+    step["torch"], layer["torch"] = torch_decode_overheads(spec, _profile("this-cpu", profile), repeats)
     for dtype in ("bf16", "int8"):
         partial = _profile("this-cpu", profile)
         gemm[f"{dtype}_fused_decode"] = fused_decode_curve(dtype, spec, partial, repeats)

@@ -38,6 +38,7 @@ CONFIG = dict(
 )
 ROWS = (1, 4, 16)
 PROMPT, OUTPUT = 16, 24
+MEAN_CONTEXT = PROMPT + (OUTPUT - 2) // 2  # a timed decode step's context, on average
 
 
 def _build(root: Path) -> Path:
@@ -46,7 +47,8 @@ def _build(root: Path) -> Path:
     return write_random_model({"arch": "Qwen3Config", **CONFIG}, root / "fused-decode-bench")
 
 
-def _step_seconds(path: Path, dtype: str, repeats: int) -> dict[int, float]:
+def step_seconds(path: Path, dtype: str, repeats: int, rows: tuple[int, ...] = ROWS) -> dict[int, float]:
+    """Best decode step seconds of the model at `path` by batch size (PROMPT-token prompts)."""
     from tacit.bench.peers.tacit_engine import TacitBench
     from tacit.bench.workloads import random_prompts
     from tacit.engine.arg_utils import EngineArgs
@@ -62,7 +64,7 @@ def _step_seconds(path: Path, dtype: str, repeats: int) -> dict[int, float]:
     bench = TacitBench(LLMEngine(engine_args=args))
     bench.latency(random_prompts([8], 512, seed=99), 4)
     out = {}
-    for b in ROWS:
+    for b in rows:
         prompts = random_prompts([PROMPT] * b, 512, seed=b)
         out[b] = min(b / bench.latency(prompts, OUTPUT)["decode_tok_s"] for _ in range(repeats))
     return out
@@ -79,12 +81,12 @@ def fused_decode_curve(dtype: str, spec: HardwareSpec, partial: Profile, repeats
     `partial` predicts them - the decode_fused fixed costs)."""
     shape = shape_from_hf({**CONFIG, "architectures": ["Qwen3ForCausalLM"]})
     with tempfile.TemporaryDirectory() as root:
-        steps = _step_seconds(_build(Path(root)), dtype, repeats)
+        steps = step_seconds(_build(Path(root)), dtype, repeats)
     fixed = partial.step_overhead_s.get("decode_fused", 0.0)
     fixed += shape.num_layers * partial.layer_overhead_s.get("decode_fused", 0.0)
     effs = []
     for b, t in steps.items():
-        ops = step_ops(shape, StepShape(b, 1, PROMPT + (OUTPUT - 2) // 2), weight_dtype=dtype)
+        ops = step_ops(shape, StepShape(b, 1, MEAN_CONTEXT), weight_dtype=dtype)
         roof = sum(
             max(o.flops / spec.peak_flops("bf16"), o.bytes / spec.memory_bandwidth.value)
             for o in ops
