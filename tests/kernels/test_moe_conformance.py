@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
-from tacit.kernels.ggml_quant import GGMLExpertStack, dequantize
+from tacit.kernels.ggml_quant import GGMLExpertStack, GGMLTensor, dequantize
 from tacit.kernels.moe_kernel import MOE_KERNELS, ExpertWeights
 from tacit.kernels.moe_routing import MoERouting, route_reference
 from tacit.kernels.torch_moe import TorchMoEKernel
@@ -141,8 +141,19 @@ def test_cpu_kernel_matches_the_torch_kernel_in_bf16(tokens, shared):
     bf16_close(got, want, want.float().abs().max().item())
 
 
+def quantize_q5_0(w: torch.Tensor) -> GGMLTensor:
+    """Q5_0 blocks by the gguf package (llama.cpp's fallback for rows not whole 256-value blocks)."""
+    import gguf
+    from gguf.quants import quantize
+
+    blocks = quantize(w.float().numpy(), gguf.GGMLQuantizationType.Q5_0)
+    return GGMLTensor(torch.from_numpy(blocks), 6, tuple(w.shape))
+
+
 @needs_cpu_kernels
-@pytest.mark.parametrize("quantize", [quantize_int8_per_channel, quantize_int4_groupwise], ids=["Q8_0", "Q4_1"])
+@pytest.mark.parametrize(
+    "quantize", [quantize_int8_per_channel, quantize_int4_groupwise, quantize_q5_0], ids=["Q8_0", "Q4_1", "Q5_0"]
+)
 @pytest.mark.parametrize("tokens", [1, 5, 300])
 def test_cpu_kernel_runs_ggml_experts_as_the_torch_kernel_does(quantize, tokens, bf16_ggml_activations):
     g = torch.Generator().manual_seed(7)

@@ -73,18 +73,20 @@ def test_q8_0_experts_load_as_their_blocks_say(arch, exported, tmp_path):
     first_logprobs_close(want, LLM(str(hf_dir), dtype="float32").generate(PROMPTS, GREEDY), 0.05)
 
 
-def test_down_stack_of_another_type_is_kept_too(exported, tmp_path):
-    """gate/up in Q8_0, down in Q4_0 (as Q4_K_M files keep ffn_down_exps in Q6_K): each stack
-    keeps its own blocks, allocated as blocks from the start (build_model's memory check counts
-    bytes, not float experts), and runs as the file dequantized."""
+@pytest.mark.parametrize("down, down_id, block_bytes", [("Q4_0", 2, 18), ("Q5_0", 6, 22)])
+def test_down_stack_of_another_type_is_kept_too(exported, tmp_path, down, down_id, block_bytes):
+    """gate/up in Q8_0, down in Q4_0 (as Q4_K_M files keep ffn_down_exps in Q6_K) or Q5_0 (their
+    fallback for rows that are not whole 256-value blocks): each stack keeps its own blocks,
+    allocated as blocks from the start (build_model's memory check counts bytes, not float
+    experts), and runs as the file dequantized."""
     hf_dir, _ = exported("qwen3_moe_all")
-    types = {"_exps.weight": "Q8_0", "ffn_down_exps.weight": "Q4_0"}
+    types = {"_exps.weight": "Q8_0", "ffn_down_exps.weight": down}
     q = export_hf_to_gguf(hf_dir, tmp_path / "mixed.gguf", ggml_types=types)
     llm = LLM(str(q), dtype="float32", quantization="gguf")
     experts = llm.engine.model.model.layers[0].mlp.experts
-    assert (experts.w13_type, experts.w2_type) == (8, 2)
+    assert (experts.w13_type, experts.w2_type) == (8, down_id)
     assert experts.w13.dtype == experts.w2.dtype == torch.uint8
-    assert tuple(experts.w2.shape) == (8, 64, 32 // 32 * 18)  # [experts, hidden, Q4_0 row bytes]
+    assert tuple(experts.w2.shape) == (8, 64, 32 // 32 * block_bytes)  # [experts, hidden, down's row bytes]
     want = LLM(str(reencode_gguf(q, tmp_path / "deq.gguf", bf16=False)), dtype="float32").generate(PROMPTS, GREEDY)
     got = llm.generate(PROMPTS, GREEDY)
     for x, y in zip(got, want):
