@@ -194,14 +194,20 @@ def test_tp2_seeded_sampling_and_prompt_logprobs(tiny_llama):
                 assert abs(lp.logprob - pb[token].logprob) < 1e-4
 
 
-def test_tp2_native_gguf_blocks(tiny_llama, tmp_path):
+@pytest.mark.parametrize("types", [{"": "Q8_0"}, {"": "Q8_0", "attn_v.weight": "Q4_0"}], ids=["Q8_0", "mixed-qkv"])
+def test_tp2_native_gguf_blocks(tiny_llama, tmp_path, types):
     """Q8_0 matrices kept in their blocks (the torch reference multiplies them in float32): each
-    rank's rows and whole-block columns are sliced from the file's blocks."""
+    rank's rows and whole-block columns are sliced from the file's blocks; with v in Q4_0 each
+    rank's q/k/v shards keep their own types (MixedGGMLLinearMethod)."""
+    from tacit.layers.ggml_linear_method import MixedGGMLLinearMethod
+
     _, _, path = tiny_llama
-    gguf = export_hf_to_gguf(path, tmp_path / "tiny.gguf", ggml_types={"": "Q8_0"})
+    gguf = export_hf_to_gguf(path, tmp_path / "tiny.gguf", ggml_types=types)
     ref, got, llm = run_pair(gguf, prompts_for(384), GREEDY, quantization="gguf")
     assert_same(ref, got)
-    assert llm.engine.model.model.layers[0].mlp.down_proj.weight.dtype == torch.uint8
+    layer = llm.engine.model.model.layers[0]
+    assert layer.mlp.down_proj.weight.dtype == torch.uint8
+    assert isinstance(layer.self_attn.qkv_proj.linear_method, MixedGGMLLinearMethod) == ("attn_v.weight" in types)
 
 
 def test_sizes_that_do_not_divide_are_refused(tiny_llama, tiny_model_factory):
