@@ -94,13 +94,6 @@ void rotate_neox(u16* x, const u16* cos, const u16* sin, int64_t half) {
 // default model took 68.6 ms (tacit bench latency --batch-sizes 16) against bf16's 44.4 ms.
 constexpr int kGgmlChunkedRows = 32;
 
-// y[m, n] (fp32) = x[m, k] @ w^T. Up to 8 rows the AVX512-BF16 kernels read each weight once
-// for all of them (ggml_gemv.cpp for a GGML-quantized weight). More rows: oneDNN (AMX on this
-// CPU), phrased exactly as layers/linear.py phrases it for the torch path, so both paths pick
-// the same GEMM; a GGML weight takes 8 rows a pass up to kGgmlChunkedRows and is dequantized
-// to bf16 past that, as GGMLLinearMethod does.
-// Returns the bias still to add: F.linear (past 32 rows) adds it inside the GEMM, with one
-// rounding, the other phrasings add it to the rounded output.
 // y = x @ dense^T as layers/linear.py phrases it past the skinny kernels (see project below).
 const torch::Tensor& dense_project(const torch::Tensor& dense, const torch::Tensor& bias, const uint16_t* x, float* y,
                                    int m) {
@@ -113,6 +106,13 @@ const torch::Tensor& dense_project(const torch::Tensor& dense, const torch::Tens
   return m <= 32 ? bias : kNone;
 }
 
+// y[m, n] (fp32) = x[m, k] @ w^T. Up to 8 rows the AVX512-BF16 kernels read each weight once
+// for all of them (ggml_gemv.cpp for a GGML-quantized weight). More rows: oneDNN (AMX on this
+// CPU), phrased exactly as layers/linear.py phrases it for the torch path, so both paths pick
+// the same GEMM; a GGML weight takes 8 rows a pass up to kGgmlChunkedRows and is dequantized
+// to bf16 past that, as GGMLLinearMethod does.
+// Returns the bias still to add: F.linear (past 32 rows) adds it inside the GEMM, with one
+// rounding, the other phrasings add it to the rounded output.
 const torch::Tensor& project(const torch::Tensor& w, int type, const torch::Tensor& bias, const uint16_t* x, float* y,
                              int m) {
   const bool bf16 = type == kBf16;
