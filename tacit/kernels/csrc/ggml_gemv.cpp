@@ -7,7 +7,9 @@
 // gemv_bf16.cpp does for bf16 weights: R weight rows x M activation rows per pass, so each
 // dequantized block feeds M dot products and each activation load feeds R.
 // Error against the fp32 oracle (dequantize, matmul): the weight's bf16 rounding, |dw| <=
-// 2^-9 |w|, plus fp32 summation and the output's bf16 rounding.
+// 2^-9 |w|, plus fp32 summation and the output's bf16 rounding. That is the path at 5-8 rows
+// (Q4_0/Q4_1/Q5_0/Q8_0), for FP8, and with int8 activations off; 1-4 rows of the GGML types (and
+// 5-8 of the K-quants) take the int8 dot products further down.
 #include "ggml_gemv.h"
 
 #include <ATen/Parallel.h>
@@ -249,10 +251,10 @@ inline void tile_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n
 // against the fp32 oracle is the activations' rounding, at most max|x_block| / 254 per value.
 //
 // vpdpbusd multiplies unsigned by signed bytes, so a weight code c stored with an offset o (Q4_0's
-// q - 8, Q6_K's q - 32, Q8_0's signed bytes flipped to c + 128) enters as c and the dot product
-// starts from -o * sum(x) instead of 0.
+// q - 8, Q5_0's q - 16, Q6_K's q - 32, Q8_0's signed bytes flipped to c + 128) enters as c and the
+// dot product starts from -o * sum(x) instead of 0.
 //
-// Lane order (int32 lane l of a chunk sums 4 activations): Q4_0 / Q4_1 pair two 32-value blocks
+// Lane order (int32 lane l of a chunk sums 4 activations): Q4_0 / Q4_1 / Q5_0 pair two 32-value blocks
 // A, B as [A lo nibbles (values 0-15), B lo, A hi (values 16-31), B hi], the order two 16-byte
 // loads unpack to, and store the activations in that order (lane l is block A's for l in 0-3 and
 // 8-11); the others keep the natural order (lanes 0-7 the chunk's first 32 values, 8-15 the rest),
