@@ -379,7 +379,7 @@ class LlamaForCausalLM(CausalLM):
         weights = [
             DecoderLayerWeights(
                 input_norm=layer.input_layernorm.weight.data,
-                qkv=weight_parts(a.qkv_proj)[0],
+                qkv=qkv,
                 qkv_bias=data(a.qkv_proj.bias),
                 q_norm=a.q_norm.weight.data if a.qk_norm else None,
                 k_norm=a.k_norm.weight.data if a.qk_norm else None,
@@ -387,12 +387,13 @@ class LlamaForCausalLM(CausalLM):
                 o_bias=data(a.o_proj.bias),
                 post_attention_norm=layer.post_attention_layernorm.weight.data,
                 kv_cache=a.attn.kv_cache,
-                qkv_types=weight_parts(a.qkv_proj)[1],
+                qkv_types=qkv_types,
                 o_type=ggml_or_bf16(a.o_proj),
                 **self.fused_mlp_weights(layer.mlp),
             )
             for layer in layers
             for a in [layer.self_attn]
+            for qkv, qkv_types in [weight_parts(a.qkv_proj)]
         ]
         table = lm.embed_tokens
         decoder = bind_llama_decoder(

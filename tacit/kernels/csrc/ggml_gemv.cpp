@@ -274,17 +274,20 @@ constexpr int kOffsetShift = T == kQ4_0 ? 3 : T == kQ5_0 ? 4 : T == kQ6_K ? 5 : 
 struct QuantizedRows {
   const int8_t* q;          // [M][chunks * 64] int8, in the lane order above
   const float* scale;       // [M][chunks * 16]: lane l's block's dx
-  const float* sum;         // [M][chunks * 16]: dx * the sum of lane l's 4 values (Q4_1's m term)
-  const __m512i* lane_sum;  // [M][chunks]: the sum of lane l's 4 int8 values
-  const float* block_sum;   // [M][blocks]: dx * the sum of a block's 32 int8 values (K-quant mins)
+  const float* sum;         // [M][chunks * 16]: dx * the sum of lane l's 4 values (Q4_1 only: its m term)
+  const __m512i* lane_sum;  // [M][chunks]: the sum of lane l's 4 int8 values (types with a code offset, Q4_1)
+  const float* block_sum;   // [M][blocks]: dx * the sum of a block's 32 int8 values (Q4_K/Q5_K only: their mins)
   int64_t chunks, blocks;
 };
 
 constexpr int kPairLane[16] = {0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1};  // lane -> block A (0) / B (1)
 
-// x [m, k] bf16 -> its blocks as int8 with their scales, into thread-local buffers.
-template <Lanes L>
+// x [m, k] bf16 -> its blocks as int8 with their scales, into thread-local buffers; the sums
+// only for the weight types that read them (this runs on every decode GEMV call).
+template <int T>
 inline QuantizedRows quantize_activations(const uint16_t* x, int m, int64_t k) {
+  constexpr Lanes L = kLanesOf<T>;
+  constexpr bool kBlockSums = T == kQ4_K || T == kQ5_K, kLaneSums = kOffsetShift<T> > 0 || T == kQ4_1;
   thread_local std::vector<int8_t> q;
   thread_local std::vector<float> scale, sum, block_sum;
   thread_local std::vector<__m512i> lane_sum;
@@ -310,14 +313,17 @@ inline QuantizedRows quantize_activations(const uint16_t* x, int m, int64_t k) {
       float* sc = scale.data() + (r * chunks + chunk) * 16;
       for (int l = 0; l < 16; ++l)
         if ((L == Lanes::kPairs ? kPairLane[l] : l / 8) == side) sc[l] = dx;
-      block_sum[8 + r * nb + b] = dx * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi)));
+      if constexpr (kBlockSums)
+        block_sum[8 + r * nb + b] = dx * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi)));
     }
-    for (int64_t p = 0; p < chunks; ++p) {
+    for (int64_t p = 0; kLaneSums && p < chunks; ++p) {
       const __m512i xq = _mm512_loadu_si512(q.data() + (r * chunks + p) * 64);
       const __m512i ls = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), xq);
       lane_sum[r * chunks + p] = ls;
-      const __m512 dx = _mm512_loadu_ps(scale.data() + (r * chunks + p) * 16);
-      _mm512_storeu_ps(sum.data() + (r * chunks + p) * 16, _mm512_mul_ps(dx, _mm512_cvtepi32_ps(ls)));
+      if constexpr (T == kQ4_1) {
+        const __m512 dx = _mm512_loadu_ps(scale.data() + (r * chunks + p) * 16);
+        _mm512_storeu_ps(sum.data() + (r * chunks + p) * 16, _mm512_mul_ps(dx, _mm512_cvtepi32_ps(ls)));
+      }
     }
   }
   return {q.data(), scale.data(), sum.data(), lane_sum.data(), block_sum.data() + 8, chunks, nb};
@@ -507,7 +513,7 @@ inline void vnni_tile(const uint8_t* w, const QuantizedRows& xq, float* y, int64
 
 template <int T, int M>
 void vnni_rows(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64_t begin, int64_t end, int64_t k) {
-  const QuantizedRows xq = quantize_activations<kLanesOf<T>>(x, M, k);
+  const QuantizedRows xq = quantize_activations<T>(x, M, k);
   constexpr int R = 4;
   int64_t r = begin;
   for (; r + R <= end; r += R) vnni_tile<T, R, M>(w, xq, y, n, r, k);
