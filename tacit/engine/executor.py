@@ -69,6 +69,7 @@ class MultiProcExecutor(Executor):
         self.channel: PipeChannel | BroadcastChannel | None = None
         self._sampled: tuple[list[str], list[int]] = ([], [])
         self._closed = False
+        self._init_file: str | None = None
         launched = torchrun_rank()
         try:
             if launched is None:
@@ -91,23 +92,23 @@ class MultiProcExecutor(Executor):
         fd, init_file = tempfile.mkstemp(prefix="tacit-tp-")
         os.close(fd)
         os.unlink(init_file)  # the file store creates it; a stale one would hold an old rendezvous
+        # Removed at shutdown, not once this rank's init returns: rank 0 can finish while a
+        # worker still reads the store (the peers' gloo addresses), and a worker that then reopens
+        # the path finds a new empty store and waits forever (two CI runs hung so).
+        self._init_file = init_file
         pipes = []
-        try:
-            for rank in range(1, world_size):
-                recv_end, send_end = ctx.Pipe(duplex=False)
-                proc = ctx.Process(
-                    target=spawned_worker, args=(rank, world_size, init_file, engine_args, recv_end), daemon=True
-                )
-                proc.start()
-                recv_end.close()
-                self.procs.append(proc)
-                pipes.append(send_end)
-            self.channel = PipeChannel(pipes)
-            pin_to_cores(rank_cores(0, world_size))
-            init_rank(0, world_size, init_file)
-        finally:
-            if os.path.exists(init_file):
-                os.unlink(init_file)
+        for rank in range(1, world_size):
+            recv_end, send_end = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=spawned_worker, args=(rank, world_size, init_file, engine_args, recv_end), daemon=True
+            )
+            proc.start()
+            recv_end.close()
+            self.procs.append(proc)
+            pipes.append(send_end)
+        self.channel = PipeChannel(pipes)
+        pin_to_cores(rank_cores(0, world_size))
+        init_rank(0, world_size, init_file)
 
     def _dead_workers(self) -> list[str]:
         return [
@@ -165,6 +166,8 @@ class MultiProcExecutor(Executor):
                 p.kill()
         if dist.is_initialized():
             dist.destroy_process_group()
+        if self._init_file is not None and os.path.exists(self._init_file):
+            os.unlink(self._init_file)
 
 
 def make_executor(engine_args: EngineArgs, source: ModelSource, platform: Platform, world_size: int) -> Executor:
