@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pickle
 import tempfile
+import time
 import traceback
 from typing import Any, Callable
 
@@ -16,6 +17,27 @@ import torch.multiprocessing as mp
 def init_rank(rank: int, world_size: int, init_file: str, backend: str = "gloo") -> None:
     """torch.distributed for this process, rendezvous over `init_file` (no port to pick)."""
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+
+
+def init_rank_watching(
+    rank: int, world_size: int, init_file: str, check: Callable[[], None], poll_s: float = 0.02, backend: str = "gloo"
+) -> None:
+    """init_rank, after a rendezvous this rank can watch: every rank marks itself ready in the file
+    store, then waits for the others' marks, calling check() every poll_s; only once all are
+    there is the process group made.
+
+    init_process_group's own wait (30 minutes by default) cannot be interrupted: a peer killed
+    before it got there (while still importing torch, or out of memory) would hold this rank that
+    long. check() raises when a process this rank waits for is gone, and that error is raised
+    here at once. A first version waited in init_process_group on a helper thread instead; the
+    abandoned thread, still inside gloo's connect, hung the next process group this process made."""
+    store = dist.FileStore(init_file, world_size)
+    store.set(f"tacit_ready_{rank}", "1")
+    marks = [f"tacit_ready_{r}" for r in range(world_size)]
+    while not store.check(marks):
+        check()
+        time.sleep(poll_s)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
 
 
 def _entry(rank: int, world_size: int, init_file: str, fn: Callable, args: tuple, results) -> None:

@@ -11,7 +11,11 @@ runs its own shard. The scheduler lives only here.
 A worker that dies is noticed at once: its sockets close, so the collective the driver waits in
 raises (gloo: "Connection closed by peer", ~1 s; the shared-memory communicator checks its peers'
 pids every ~1 ms), and every step first checks spawned workers are alive. Either way the engine
-raises WorkerDiedError naming the rank.
+raises WorkerDiedError naming the rank. At start-up rank 0 watches its workers while it waits in
+the rendezvous (distributed/spawn.py: init_rank_watching), so a worker killed before it got
+there (while importing torch, or out of memory) is reported the same way at once, not
+after the rendezvous' 30-minute timeout; a spawned worker likewise leaves the rendezvous when
+its driver exits.
 """
 
 from __future__ import annotations
@@ -86,7 +90,7 @@ class MultiProcExecutor(Executor):
             raise
 
     def _spawn_workers(self, engine_args: EngineArgs, world_size: int) -> None:
-        from tacit.distributed.spawn import init_rank
+        from tacit.distributed.spawn import init_rank_watching
 
         ctx = multiprocessing.get_context("spawn")  # fork would copy this process's threads and locks
         fd, init_file = tempfile.mkstemp(prefix="tacit-tp-")
@@ -108,7 +112,8 @@ class MultiProcExecutor(Executor):
             pipes.append(send_end)
         self.channel = PipeChannel(pipes)
         pin_to_cores(rank_cores(0, world_size))
-        init_rank(0, world_size, init_file)
+        # A worker killed before it reaches the rendezvous is reported, not waited for.
+        init_rank_watching(0, world_size, init_file, self.check_health)
 
     def _dead_workers(self) -> list[str]:
         return [

@@ -8,6 +8,7 @@ forward (joining its collectives) without sampling.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 from multiprocessing.connection import Connection
@@ -105,8 +106,16 @@ def worker_main(rank: int, world_size: int, engine_args: EngineArgs, channel: Pi
 
 def spawned_worker(rank: int, world_size: int, init_file: str, engine_args: EngineArgs, pipe: Connection) -> None:
     """The entry of a worker process the driver spawned on this host."""
-    from tacit.distributed.spawn import init_rank
+    from tacit.distributed.spawn import init_rank_watching
+
+    driver = multiprocessing.parent_process()  # its sentinel closes when the driver exits
+
+    def driver_alive() -> None:
+        if driver is not None and not driver.is_alive():
+            raise RuntimeError(
+                f"tensor-parallel rank {rank}: the driver (pid {driver.pid}) exited before the rendezvous completed"
+            )
 
     pin_to_cores(rank_cores(rank, world_size))
-    init_rank(rank, world_size, init_file)
+    init_rank_watching(rank, world_size, init_file, driver_alive)
     worker_main(rank, world_size, engine_args, PipeChannel([pipe]))

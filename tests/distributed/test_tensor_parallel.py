@@ -5,9 +5,14 @@ all-reduce splits: logprobs agree within 1e-4 and greedy tokens exactly. Each LL
 tensor_parallel_size=2) starts one worker process; every test shuts its engines down.
 """
 
+import multiprocessing
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -245,6 +250,67 @@ def test_tp2_fused_decode_step_all_reduces_in_cpp(tiny_model_factory, arch, expe
     # The C++ step's all-reduces per layer, after attention and after the MLP / MoE.
     for i in range(model.config.num_hidden_layers):
         assert comm[f"fused.layers.{i}.self_attn"] > 0 and comm[f"fused.layers.{i}.mlp"] > 0
+
+
+def test_a_worker_killed_before_the_rendezvous_is_reported_not_waited_for(tiny_llama):
+    """Killed while still importing torch: rank 0 would wait the rendezvous' 30 minutes."""
+    _, _, path = tiny_llama
+    killed = []
+
+    def kill_the_worker_when_it_appears():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not killed:
+            for child in multiprocessing.active_children():
+                os.kill(child.pid, signal.SIGKILL)
+                killed.append(child.pid)
+                return
+            time.sleep(0.005)
+
+    threading.Thread(target=kill_the_worker_when_it_appears, daemon=True).start()
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError, match=r"rank 1 \(pid \d+, exit code -9\)"):
+        LLM(str(path), dtype="float32", tensor_parallel_size=2)
+    assert killed and time.monotonic() - start < 10
+
+
+_ORPHAN = """
+import multiprocessing, os, sys
+from tacit.engine.arg_utils import EngineArgs
+from tacit.engine.worker import spawned_worker
+if __name__ == "__main__":
+    ctx = multiprocessing.get_context("spawn")
+    recv_end, _ = ctx.Pipe(duplex=False)
+    worker = ctx.Process(target=spawned_worker, args=(1, 2, sys.argv[1], EngineArgs(model=sys.argv[2]), recv_end))
+    worker.start()
+    print(worker.pid, flush=True)
+    os._exit(0)  # the driver gone before rank 0 ever joins the rendezvous
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="watches the worker process through /proc")
+def test_a_worker_whose_driver_exits_before_the_rendezvous_exits_too(tiny_llama, tmp_path):
+    _, _, path = tiny_llama
+    script = tmp_path / "orphan.py"
+    script.write_text(_ORPHAN)
+    driver = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "rendezvous"), str(path)], stdout=subprocess.PIPE, text=True
+    )
+    worker = int(driver.stdout.readline())  # not to EOF: the worker holds the pipe too
+    driver.wait()
+    driver.stdout.close()
+    start = time.monotonic()
+    while _running(worker) and time.monotonic() - start < 60:  # it imports torch first (~2-5 s)
+        time.sleep(0.1)
+    if _running(worker):
+        os.kill(worker, signal.SIGKILL)
+        pytest.fail("the orphaned worker still waits in the rendezvous after 60 s")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
