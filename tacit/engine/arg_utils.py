@@ -295,13 +295,29 @@ class EngineArgs:
             metavar="PATH",
             help="recipe YAML (or its folder, e.g. recipes/smollm2-135m-cpu); flags given here override it",
         )
+        return cls.add_section_cli_args(parser, RECIPE_SECTIONS)
+
+    @classmethod
+    def add_section_cli_args(cls, parser: Any, sections: tuple[str, ...]) -> Any:
+        """The flags of the fields in these recipe sections (a parser or an argument group), as
+        add_cli_args adds them: `tacit predict --serve` takes the scheduler's this way."""
         for f in fields(cls):
             m = f.metadata
+            if m["section"] not in sections:
+                continue
             kwargs = dict(m["argparse"])
             if m["type"] is not None:
                 kwargs["type"] = m["type"]
             parser.add_argument(_flag(f), dest=f.name, default=None, help=_help(f, cli=True), **kwargs)
         return parser
+
+    @classmethod
+    def scheduler_config_from_cli(cls, args: argparse.Namespace, max_model_len: int | None = None) -> SchedulerConfig:
+        """The SchedulerConfig of the scheduler-section flags in args (add_section_cli_args), the
+        other engine fields at their defaults: how the engine itself would schedule."""
+        names = cls.recipe_sections()["scheduler"].values()
+        given = argparse.Namespace(**{n: getattr(args, n, None) for n in names})
+        return cls.from_cli_args(given).create_scheduler_config(max_model_len)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:

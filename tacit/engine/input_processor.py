@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tacit.sampling_params import SamplingParams
-from tacit.scheduling.request import Request
+from tacit.scheduling.request import Request, slo_targets
 from tacit.structured_output import StructuredOutputManager
 from tacit.tokenizer import Tokenizer
 
@@ -104,7 +104,4 @@ class InputProcessor:
 
     def _slo_targets(self, params: SamplingParams, priority: int) -> tuple[float | None, float | None]:
         """(TTFT, TPOT) targets in seconds: the request's own, else its priority class's."""
-        cls = self.slo_classes.get(priority, {})
-        ttft = params.ttft_slo_ms if params.ttft_slo_ms is not None else cls.get("ttft_ms")
-        tpot = params.tpot_slo_ms if params.tpot_slo_ms is not None else cls.get("tpot_ms")
-        return (None if ttft is None else ttft / 1000, None if tpot is None else tpot / 1000)
+        return slo_targets(self.slo_classes, priority, params.ttft_slo_ms, params.tpot_slo_ms)

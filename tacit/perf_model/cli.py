@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from tacit.engine.arg_utils import EngineArgs
 from tacit.perf_model.dtypes import KV_DTYPES, WEIGHT_DTYPES, normalize_dtype
 
 
@@ -29,9 +30,8 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--serve", action="store_true", help="simulate serving --workload (TTFT/TPOT/E2E percentiles)")
     sv.add_argument("--workload", default=None, help='JSONL: {"arrival_s", "input_len", "output_len", "priority"}')
     sv.add_argument("--slo", default=None, help="goodput bounds as tacit bench serve's, e.g. ttft:500,tpot:50 (ms)")
-    sv.add_argument("--max-num-seqs", type=int, default=None, help="scheduler default if unset")
-    sv.add_argument("--max-num-batched-tokens", type=int, default=None, help="scheduler default if unset")
-    sv.add_argument("--scheduling-policy", default="fcfs")
+    # The engine's own scheduler flags (policy, budgets, --slo-class, aging, ...), one definition.
+    EngineArgs.add_section_cli_args(sv, ("scheduler",))
     sv.add_argument("--kv-blocks", type=int, default=None, help="KV pool blocks (default: sized from memory)")
     sv.add_argument("--block-size", type=int, default=16)
     sv.add_argument("--memory-utilization", type=float, default=0.9, help="share of device memory the engine uses")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 
 from tacit.bench.serve import parse_slo
 from tacit.bench.workload_file import load_workload
 from tacit.config import SchedulerConfig
+from tacit.engine.arg_utils import EngineArgs
 from tacit.perf_model.dtypes import KV_DTYPES, WEIGHT_DTYPES, normalize_dtype
 from tacit.perf_model.efficiency import load_profile
 from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
@@ -25,12 +25,21 @@ def _choice(value: str, valid: tuple[str, ...], flag: str) -> str:
     return value
 
 
-def _scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
-    cfg = SchedulerConfig(policy=args.scheduling_policy)
-    if args.max_num_seqs is not None:
-        cfg = replace(cfg, max_num_seqs=args.max_num_seqs)
-    if args.max_num_batched_tokens is not None:
-        cfg = replace(cfg, max_num_batched_tokens=args.max_num_batched_tokens)
+def _scheduler_config(args: argparse.Namespace, longest: int) -> SchedulerConfig:
+    """The engine's SchedulerConfig from the same flags (longest: the workload's longest
+    request, standing in for max_model_len where --no-chunked-prefill raises the budget to it);
+    what the simulator cannot replay is refused by name rather than ignored."""
+    cfg = EngineArgs.scheduler_config_from_cli(args, max_model_len=longest)
+    if cfg.preemption_mode == "swap":
+        raise ValueError(
+            "--preemption-mode swap: the simulator holds no swap space and does not price its copies; "
+            "valid here: auto or recompute (both recompute a preempted request, as the engine does without swap)"
+        )
+    if args.cut_in_prefill_tokens is not None:
+        raise ValueError(
+            "--cut-in-prefill-tokens: the simulator does not replay cut-in prefills (an online-engine path "
+            "between two layers of a step); leave it unset"
+        )
     return cfg
 
 
@@ -55,7 +64,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.quantization_group_size,
         par,
     )
-    cfg = _scheduler_config(args)
+    cfg = _scheduler_config(args, max((w.input_len + w.output_len for w in workload), default=1))
     if args.kv_blocks is not None:
         if args.kv_blocks < 1:
             raise ValueError(f"--kv-blocks must be >= 1, got {args.kv_blocks}")

@@ -6,7 +6,9 @@ preemption as the engine) picks the step; a step-time function prices it (the ro
 model by default, tacit/perf_model/step_model.py); the clock advances by that; then the real
 `update_from_output()` gets one fake token per sampling row (ignore_eos, so each request ends
 at exactly its output_len). Requests arriving while a step runs join at the next step, as in
-the engine without cut-in (schedule_cut_in is an online-engine path and is not replayed).
+the engine without cut-in (schedule_cut_in is an online-engine path and is not replayed), and a
+preempted request recomputes (no swap space is simulated). A request's TTFT/TPOT targets come
+from its priority class (SchedulerConfig.slo_classes), as the engine's InputProcessor sets them.
 
 TTFT, TPOT and E2E follow `tacit bench serve`'s definitions (RequestResult), goodput its
 `--slo` bounds (meets): the numbers are comparable with a measured run of the same file.
@@ -28,7 +30,7 @@ from tacit.perf_model.step_model import Chunk, MixedStep, Pricing, mixed_step_se
 from tacit.sampling_params import SamplingParams
 from tacit.scheduling.errors import SLOUnattainableError
 from tacit.scheduling.policy import get_policy
-from tacit.scheduling.request import Request
+from tacit.scheduling.request import Request, slo_targets
 from tacit.scheduling.scheduler import Scheduler
 from tacit.scheduling.scheduler_output import SchedulerOutput, samples_this_step
 
@@ -120,6 +122,7 @@ def simulate(
             w = workload[i]
             params = SamplingParams(max_tokens=w.output_len, ignore_eos=True)
             req = Request(f"req-{i + 1}", [0] * w.input_len, params, w.output_len, w.priority, arrival_time=w.arrival_s)
+            req.ttft_slo, req.tpot_slo = slo_targets(config.slo_classes, w.priority)  # as the InputProcessor sets them
             try:
                 sched.add_request(req)
                 reqs[req.request_id] = req

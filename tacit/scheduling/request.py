@@ -90,3 +90,14 @@ class Request:
     def finish(self, reason: str, stop_reason: int | str | None = None) -> None:
         self.status = RequestStatus.FINISHED
         self.finish_reason, self.stop_reason = reason, stop_reason
+
+
+def slo_targets(
+    slo_classes: dict[int, dict[str, float]], priority: int, ttft_ms: float | None = None, tpot_ms: float | None = None
+) -> tuple[float | None, float | None]:
+    """(TTFT, TPOT) targets in seconds: the request's own (ttft_ms, tpot_ms), else its priority
+    class's (SchedulerConfig.slo_classes); None where neither sets one."""
+    cls = slo_classes.get(priority, {})
+    ttft = ttft_ms if ttft_ms is not None else cls.get("ttft_ms")
+    tpot = tpot_ms if tpot_ms is not None else cls.get("tpot_ms")
+    return (None if ttft is None else ttft / 1000, None if tpot is None else tpot / 1000)

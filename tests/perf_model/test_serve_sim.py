@@ -182,3 +182,51 @@ def test_priority_policy_from_the_workload_serves_the_urgent_request_first():
     prio = simulate(wl, _const(0.1), BIG, SchedulerConfig(max_num_seqs=1, policy="priority"))
     # results are in arrival order (file order on ties): the urgent one is the second
     assert fcfs.results[1].ttft == pytest.approx(0.4) and prio.results[1].ttft == pytest.approx(0.1)
+
+
+def _serve_argv(tmp_path, *flags, n=8, rate=1000.0, input_len=128, output_len=8) -> list[str]:
+    wl = tmp_path / "w.jsonl"
+    write_workload(make_workload(n, rate, "fixed", input_len, output_len), wl)
+    argv = ["predict", "--serve", "--model", "Llama-3.1-8B", "--hardware", "h200-sxm", "--workload", str(wl)]
+    return [*argv, "--json", str(tmp_path / "o.json"), *flags]
+
+
+def _serve(tmp_path, *flags, **workload):
+    from tacit.cli import main
+
+    assert main(_serve_argv(tmp_path, *flags, **workload)) == 0
+    return json.loads((tmp_path / "o.json").read_text())
+
+
+def test_cli_serve_slo_class_rejects_under_sla(tmp_path):
+    """--slo-class reaches the real scheduler: a 1 ms TTFT target for class 0 is one the sla
+    policy's admission control cannot meet once its cost model has seen a few steps (requests
+    every 10 ms, steps of a few ms)."""
+    plain = _serve(tmp_path, "--scheduling-policy", "sla", n=40, rate=100.0)
+    strict = _serve(tmp_path, "--scheduling-policy", "sla", "--slo-class", "0:ttft=1", n=40, rate=100.0)
+    assert plain["completed"] == 40 and plain["failed"] == 0
+    assert strict["failed"] > 0 and strict["completed"] + strict["failed"] == 40
+
+
+def test_cli_serve_without_chunked_prefill_prefills_a_long_prompt_whole(tmp_path):
+    chunked = _serve(tmp_path, n=1, input_len=5000, output_len=2)
+    whole = _serve(tmp_path, "--no-chunked-prefill", n=1, input_len=5000, output_len=2)
+    assert chunked["completed"] == whole["completed"] == 1
+    # 5000 prompt tokens: 10 steps of 512 (the long-prefill cap) then a decode, or one step then a decode
+    assert chunked["num_steps"] == 11 and whole["num_steps"] == 2
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--preemption-mode", "swap"], "--preemption-mode swap"),
+        (["--cut-in-prefill-tokens", "64"], "--cut-in-prefill-tokens"),
+        (["--scheduling-policy", "lifo"], "scheduling_policy='lifo' is not known"),
+    ],
+)
+def test_cli_serve_refuses_what_it_cannot_replay_naming_it(tmp_path, capsys, flags, message):
+    from tacit.cli import main
+
+    assert main(_serve_argv(tmp_path, *flags)) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "o.json").exists()
