@@ -31,7 +31,7 @@ import torch.distributed as dist
 from tacit.distributed.parallel_state import TensorParallel
 from tacit.engine.arg_utils import EngineArgs
 from tacit.engine.model_runner import ModelRunner
-from tacit.engine.step_channel import STOP, BroadcastChannel, PipeChannel, StepMessage
+from tacit.engine.step_channel import COLLECT_STATS, STOP, BroadcastChannel, PipeChannel, StepMessage
 from tacit.engine.worker import load_rank, pin_to_cores, rank_cores, spawned_worker, torchrun_rank, worker_main
 from tacit.loader import ModelSource
 from tacit.outputs import ModelRunnerOutput
@@ -58,6 +58,10 @@ class Executor(ABC):
     def shutdown(self) -> None:
         """Stop the workers (a no-op in one process)."""
 
+    def rank_stats(self) -> list[dict[str, float]]:
+        """Every rank's ModelRunner.rank_stats(), in rank order."""
+        return [self.runner.rank_stats()]
+
 
 class UniProcExecutor(Executor):
     def __init__(self, engine_args: EngineArgs, source: ModelSource, platform: Platform) -> None:
@@ -74,6 +78,7 @@ class MultiProcExecutor(Executor):
         self._sampled: tuple[list[str], list[int]] = ([], [])
         self._closed = False
         self._init_file: str | None = None
+        self.world_size = world_size
         launched = torchrun_rank()
         try:
             if launched is None:
@@ -148,6 +153,13 @@ class MultiProcExecutor(Executor):
         self._collective(lambda: self._send(msg))
         out = self._collective(lambda: self.runner.execute(scheduler_output, None))
         self._sampled = (list(out.req_ids), list(out.sampled_token_ids))
+        return out
+
+    def rank_stats(self) -> list[dict[str, float]]:
+        self.check_health()
+        self._collective(lambda: self._send(COLLECT_STATS))
+        out: list = [None] * self.world_size
+        self._collective(lambda: dist.gather_object(self.runner.rank_stats(), out, dst=0))
         return out
 
     def _send(self, msg: StepMessage) -> None:

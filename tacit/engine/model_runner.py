@@ -108,6 +108,7 @@ class ModelRunner:
         self.device = device
         self.block_size = config.cache.block_size
         self.sampler = Sampler()
+        self.execute_seconds = 0.0  # execute_s summed since load (rank_stats)
         kernels = None
         if device.type == "cpu" and config.model.dtype == torch.bfloat16:
             from tacit.kernels.cpu_kernels import load_cpu_kernels
@@ -375,6 +376,11 @@ class ModelRunner:
         metadata.grammar_rows = [row_of[rid] for rid in ids]
         metadata.grammar_bitmask = torch.from_numpy(scheduler_output.grammar_bitmask)
 
+    def rank_stats(self) -> dict[str, float]:
+        """This rank's totals since load: seconds in its steps (execute_s summed) and seconds of
+        them blocked in collectives. `tacit profile` compares the ranks' (Executor.rank_stats)."""
+        return {"execute_s": self.execute_seconds, "communication_s": sum(self.communication_seconds().values())}
+
     def communication_seconds(self) -> dict[str, float]:
         """Tensor parallel: {layer: seconds this rank blocked in its collectives} since load,
         the torch path's modules and the fused decode step's layers alike; {} in one process."""
@@ -441,4 +447,5 @@ class ModelRunner:
             self.requests[req_id].next_prompt_logprob = scored.start + len(scored.token_ids)
         out.prompt_logprobs = prompt_logprobs
         out.execute_s = time.perf_counter() - t0 - nested_s
+        self.execute_seconds += out.execute_s
         return out

@@ -28,9 +28,12 @@ class StepMessage:
     scheduler_output: SchedulerOutput | None
     sampled_req_ids: list[str]
     sampled_token_ids: list[int]
+    # Not a step: every worker answers with its ModelRunner.rank_stats() in a gather to rank 0.
+    collect_stats: bool = False
 
 
 STOP = StepMessage(None, [], [])
+COLLECT_STATS = StepMessage(None, [], [], collect_stats=True)
 
 
 class PipeChannel:

@@ -92,6 +92,9 @@ def worker_main(rank: int, world_size: int, engine_args: EngineArgs, channel: Pi
         runner = load_rank(engine_args, open_model(engine_args.model), platform, tp)
         while True:
             msg = channel.recv()
+            if msg.collect_stats:
+                dist.gather_object(runner.rank_stats(), None, dst=0)
+                continue
             if msg.scheduler_output is None:
                 break
             runner.append_sampled(msg.sampled_req_ids, msg.sampled_token_ids)

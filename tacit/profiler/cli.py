@@ -166,6 +166,11 @@ def _model_prediction(engine: Any, requests: list[WorkloadRequest], hardware: st
     )
 
 
+def rank_deltas(before: list[dict[str, float]], after: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Each rank's ModelRunner.rank_stats() over the profiled steps (after - before), by rank."""
+    return [{"rank": i, **{k: a[k] - b[k] for k in a}} for i, (b, a) in enumerate(zip(before, after))]
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     import torch
 
@@ -195,9 +200,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     engine = LLMEngine(engine_args=engine_args)
     try:
         _warm_up(engine, requests)
+        ranks_before = engine.executor.rank_stats()
         steps = []
         for r in range(repeats):
             steps += run_workload(engine, requests, seed=r)
+        ranks = rank_deltas(ranks_before, engine.executor.rank_stats())
         model = engine.model
         meta = {
             "model": {
@@ -212,6 +219,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                 "block_size": engine.config.cache.block_size,
             },
             "workload": {"requests": [asdict(r) for r in requests], "repeats": repeats},
+            "ranks": ranks,
         }
         if args.predicted is not None:
             meta["predicted_by"] = f"--predicted {args.predicted}"

@@ -137,10 +137,28 @@ def _communication(p: dict[str, Any]) -> str:
         return '<p class="note">No communication: one process (ModelRunner.communication_seconds() is empty).</p>'
     steps = max(len(p.get("steps", [])), 1)
     rows = [[ly, _ms(s), _ms(s / steps)] for ly, s in comm.items()]
-    return (
+    out = (
         '<p class="note">Seconds this rank (rank 0) blocked in collectives, per layer: exposed communication, '
         "waiting for the slowest rank included.</p>" + _table(["layer", "total ms", "ms per step"], rows)
     )
+    ranks = p.get("ranks") or []
+    if len(ranks) > 1:
+        per_rank = [
+            [
+                str(r["rank"]),
+                _ms(r["execute_s"] / steps),
+                _ms(r["communication_s"] / steps),
+                f"{100 * r['communication_s'] / r['execute_s']:.1f}%" if r["execute_s"] > 0 else "-",
+            ]
+            for r in ranks
+        ]
+        out += (
+            '<p class="note">Per rank, over the profiled steps: time in the model runner\'s steps and the part '
+            "blocked in collectives. A rank that waits much longer than the others is the faster one: it "
+            "waits for the slowest (uneven experts under expert parallelism, a busier core).</p>"
+            + _table(["rank", "step ms per step", "blocked ms per step", "blocked share"], per_rank)
+        )
+    return out
 
 
 def _predicted(p: dict[str, Any]) -> str:

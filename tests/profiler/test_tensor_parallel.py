@@ -1,5 +1,6 @@
 """Under --tensor-parallel-size 2 the report's communication section is filled from
-ModelRunner.communication_seconds(): per layer, rank 0's seconds blocked in collectives."""
+ModelRunner.communication_seconds(): per layer, rank 0's seconds blocked in collectives; and
+per rank, each rank's step time and the part of it blocked (Executor.rank_stats)."""
 
 import json
 
@@ -29,3 +30,8 @@ def test_tp2_fills_the_communication_section(tiny_llama, tmp_path, dtype):
         assert k["categories"]["host"]["p10"] >= 0
     html = (tmp_path / "report.html").read_text()
     assert "No communication" not in html and "blocked in collectives" in html
+    # every rank's own totals over the profiled steps, gathered from the worker too
+    assert [r["rank"] for r in p["ranks"]] == [0, 1]
+    for r in p["ranks"]:
+        assert r["execute_s"] > r["communication_s"] > 0
+    assert "blocked share" in html
