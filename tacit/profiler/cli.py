@@ -244,5 +244,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
             if k["categories"][c]["mean"] > 0
         )
         print(f"{kind}: {k['steps']} steps, median {k['step_s']['median'] * 1e3:.2f} ms ({cats} ms)")
+    if len(profile["ranks"]) > 1:
+        n = max(len(profile["steps"]), 1)
+        print(
+            "ranks: "
+            + "; ".join(
+                f"{r['rank']}: {r['execute_s'] / n * 1e3:.2f} ms a step, {r['communication_s'] / n * 1e3:.2f} blocked"
+                for r in profile["ranks"]
+            )
+        )
     print(f"wrote {out / 'profile.json'} and {out / 'report.html'}")
     return 0
