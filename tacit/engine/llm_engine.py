@@ -77,7 +77,10 @@ class LLMEngine:
         self.config, model_cfg = self.runner.config, self.runner.config.model
         num_blocks = self.runner.num_blocks
         swapper = None
-        if swap_space > 0:
+        # Not under tensor parallelism: the swapper copies this process's KV layers, rank 0's
+        # shard alone, and a resumed request read the other ranks' overwritten blocks (TP=2,
+        # 4 swaps: 4 of 5 requests' tokens differed from TP=1). auto recomputes there instead.
+        if swap_space > 0 and self.config.parallel.tensor_parallel_size == 1:
             swapper = KVSwapper(
                 kv_cache_layers(self.model),
                 num_blocks,
