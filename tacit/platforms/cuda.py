@@ -13,6 +13,9 @@ class CudaPlatform(Platform):
     def is_available(self) -> bool:
         return torch.cuda.is_available()
 
+    def device_count(self) -> int:
+        return torch.cuda.device_count()
+
     def free_memory_bytes(self) -> int:
-        free, _total = torch.cuda.mem_get_info()
+        free, _total = torch.cuda.mem_get_info(self.index)
         return int(free)

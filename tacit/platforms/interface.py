@@ -15,6 +15,11 @@ class Platform(ABC):
     name: str
     device_type: str
     dist_backend: str
+    index: int = 0  # which device of this kind ("cuda:1"); set by get_platform
+
+    def device_count(self) -> int:
+        """How many devices of this kind there are (indices 0 .. count - 1)."""
+        return 1
 
     @abstractmethod
     def is_available(self) -> bool: ...
@@ -22,7 +27,17 @@ class Platform(ABC):
     @abstractmethod
     def free_memory_bytes(self) -> int: ...
 
-    def device(self, index: int = 0) -> torch.device:
+    def set_index(self, index: int, asked: str) -> None:
+        """Use device `index` of this kind; asked: the device string, for the error."""
+        count = self.device_count()
+        if index >= count:
+            raise ValueError(
+                f"device={asked!r}: this machine has {count} {self.name} device(s); valid indices: 0-{count - 1}"
+            )
+        self.index = index
+
+    def device(self, index: int | None = None) -> torch.device:
+        index = self.index if index is None else index
         return torch.device(self.device_type, index) if self.device_type != "cpu" else torch.device("cpu")
 
     def default_dtype(self) -> torch.dtype:

@@ -1,6 +1,7 @@
 """tacit.platforms: get_platform picks a Platform for "cpu", "cuda" or "auto"."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -32,6 +33,29 @@ def test_cpu_free_memory_is_sane():
 
 def test_cpu_with_an_index_is_the_cpu_platform():
     assert isinstance(get_platform("cpu:0"), CpuPlatform)
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("cpu:1", "this machine has 1 cpu device(s); valid indices: 0-0"),
+        ("cpu:x", "the index after ':' must be a number, e.g. cpu:0"),
+        ("cpu:", "the index after ':' must be a number"),
+    ],
+)
+def test_a_device_index_is_honoured_or_refused_never_dropped(device, message):
+    with pytest.raises(ValueError, match=re.escape(f"device={device!r}: {message}")):
+        get_platform(device)
+
+
+def test_a_cuda_index_picks_that_device(monkeypatch):
+    """Without a GPU here: CUDA with two devices is simulated; "cuda:1" once became cuda:0."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert get_platform("cuda:1").device() == torch.device("cuda", 1)
+    assert get_platform("cuda").device() == torch.device("cuda", 0)
+    with pytest.raises(ValueError, match=r"device='cuda:2': this machine has 2 cuda device\(s\); valid indices: 0-1"):
+        get_platform("cuda:2")
 
 
 @no_cuda
