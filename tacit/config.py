@@ -364,14 +364,6 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.scheduler.preemption_mode == "swap" and not self.cache.swap_space:
             raise ValueError("preemption_mode='swap' needs swap_space > 0 (GiB of host memory for swapped KV)")
-        if self.scheduler.preemption_mode == "swap" and self.parallel.tensor_parallel_size > 1:
-            # The swapper copies the KV blocks of the process the scheduler runs in: rank 0's
-            # shard only; the other ranks' blocks would be overwritten under a swapped request.
-            raise ValueError(
-                f"preemption_mode='swap' is not supported with tensor_parallel_size="
-                f"{self.parallel.tensor_parallel_size}: only rank 0's KV shard would be swapped; "
-                "valid: auto or recompute (both recompute a preempted request under tensor parallelism)"
-            )
         if (
             not self.scheduler.enable_chunked_prefill
             and self.scheduler.max_num_batched_tokens < self.model.max_model_len

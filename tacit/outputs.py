@@ -67,6 +67,10 @@ class ModelRunnerOutput:
     # Seconds the runner spent on this step's own forward and sampling, not counting work run
     # between its layers (a cut-in prefill): what the step-cost model learns from.
     execute_s: float = 0.0
+    # KV blocks this runner copied for the step's swap_ops, and the seconds it took (the
+    # scheduler's copy-bandwidth estimate learns from them).
+    swap_blocks: int = 0
+    swap_s: float = 0.0
     # Requests with prompt_logprobs whose prefill chunk scored prompt tokens this step (any chunk,
     # sampling or not).
     prompt_logprobs: dict[str, RawPromptLogprobs] = field(default_factory=dict)

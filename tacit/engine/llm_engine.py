@@ -20,11 +20,11 @@ from tacit.engine.arg_utils import EngineArgs
 from tacit.engine.executor import make_executor
 from tacit.engine.input_processor import InputProcessor
 from tacit.engine.metrics import EngineSnapshot
-from tacit.engine.model_runner import ModelRunner, kv_cache_layers
+from tacit.engine.model_runner import ModelRunner
 from tacit.engine.output_processor import OutputProcessor
 from tacit.loader import ModelSource, open_model
 from tacit.memory.kv_cache_manager import KVCacheManager
-from tacit.memory.swap import KVSwapper
+from tacit.memory.swap import SwapSpace
 from tacit.outputs import RequestOutput
 from tacit.platforms import get_platform
 from tacit.sampling_params import SamplingParams
@@ -77,16 +77,12 @@ class LLMEngine:
         self.config, model_cfg = self.runner.config, self.runner.config.model
         num_blocks = self.runner.num_blocks
         swapper = None
-        # Not under tensor parallelism: the swapper copies this process's KV layers, rank 0's
-        # shard alone, and a resumed request read the other ranks' overwritten blocks (TP=2,
-        # 4 swaps: 4 of 5 requests' tokens differed from TP=1). auto recomputes there instead.
-        if swap_space > 0 and self.config.parallel.tensor_parallel_size == 1:
-            swapper = KVSwapper(
-                kv_cache_layers(self.model),
-                num_blocks,
-                block_size,
+        if swap_space > 0:
+            probe = min(num_blocks, 4)  # one timed copy: the first cost comparison's bandwidth
+            swapper = SwapSpace(
+                int(swap_space * (1 << 30)) // self.runner.bytes_per_block,
                 self.runner.bytes_per_block,
-                int(swap_space * (1 << 30)),
+                probe * self.runner.bytes_per_block / max(self.runner.swap_store.probe(probe), 1e-9),
             )
         kv = KVCacheManager(num_blocks, block_size)
         # The logits' width (vocab_size), which may exceed the tokenizer's: padding ids stay masked.

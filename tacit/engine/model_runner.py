@@ -35,6 +35,7 @@ from tacit.layers.linear import (
 )
 from tacit.layers.moe import select_moe_kernel, use_moe_kernel
 from tacit.layers.sampler import Sampler, SamplingMetadata
+from tacit.memory.swap import KVSwapStore
 from tacit.models.expert_streaming import stream_experts
 from tacit.outputs import ModelRunnerOutput, RawPromptLogprobs
 from tacit.scheduling.scheduler_output import SchedulerOutput, samples_this_step
@@ -139,6 +140,9 @@ class ModelRunner:
             m.set_attention_backend(self.attn_backend)
         dtype = self.kv_cache_dtype = parse_kv_cache_dtype(config.cache.cache_dtype, config.model.dtype)
         self.bytes_per_block = self.block_size * sum(m.kv_numel_per_token(dtype) for m in layers) * dtype.itemsize
+        # This rank's KV blocks in host memory while their request is swapped out (every rank
+        # holds its own shard; the scheduler's SwapOps say what to copy).
+        self.swap_store = KVSwapStore(layers) if config.cache.swap_space > 0 else None
         self.num_blocks = self._num_blocks(free_memory)
         if agree_num_blocks is not None:
             # Every rank's scheduler-side block ids index its own pool: all pools are one size.
@@ -414,8 +418,12 @@ class ModelRunner:
         the logits, whose collectives every rank joins, and stop there). Time spent inside
         between_layers (a cut-in runs another execute() there) is left out of execute_s."""
         update_request_states(self.requests, scheduler_output)
+        # Before the forward: a swapped-out request's blocks may be this step's new blocks.
+        swap_blocks, swap_s = (
+            self.swap_store.apply(scheduler_output.swap_ops) if scheduler_output.swap_ops else (0, 0.0)
+        )
         if scheduler_output.is_empty():
-            return ModelRunnerOutput()
+            return ModelRunnerOutput(swap_blocks=swap_blocks, swap_s=swap_s)
         t0 = time.perf_counter()
         nested_s = 0.0
         hook = None
@@ -447,5 +455,6 @@ class ModelRunner:
             self.requests[req_id].next_prompt_logprob = scored.start + len(scored.token_ids)
         out.prompt_logprobs = prompt_logprobs
         out.execute_s = time.perf_counter() - t0 - nested_s
+        out.swap_blocks, out.swap_s = swap_blocks, swap_s
         self.execute_seconds += out.execute_s
         return out

@@ -1,7 +1,7 @@
 """KVCacheLayer: what a layer declares to own a slice of the paged KV cache.
 
 The model runner sizes the pool from kv_numel_per_token, binds each layer's cache with
-allocate_kv_cache and its attention backend with set_attention_backend; the swapper copies
+allocate_kv_cache and its attention backend with set_attention_backend; a runner's KVSwapStore copies
 blocks along kv_block_dim. Layers are found by this interface, never by attribute names.
 """
 

@@ -1,4 +1,4 @@
-"""KVSwapper: a preempted request's KV blocks copied to host memory and back.
+"""Swap: a preempted request's KV blocks copied to host memory and back.
 
 Recompute throws a request's KV away and prefills it again on resume; swap keeps a copy in
 host memory and copies it back into whatever blocks are free then. Which is cheaper depends on
@@ -11,6 +11,14 @@ For the default model on this CPU swap wins ~15x: 23 KB of bf16 KV a token, copi
 block over 30 layers at the 1.3-2.1 GB/s measured (small copies, far below the 25 GB/s a big
 memcpy gets), is ~30 us a token out and back, against ~0.45 ms a token to prefill it again.
 
+Two halves, as vLLM splits them, so that data flows one way through a step:
+  SwapSpace (the scheduler's): the host space in blocks, who holds a copy, the copy bandwidth.
+      It decides; each decision is a SwapOp, plain data that travels in the SchedulerOutput.
+  KVSwapStore (each model runner's): carries the SwapOps out on its own KV layers before the
+      step's forward. Under tensor parallelism every rank swaps its own shard of the cache (the
+      copies once ran inside the scheduler, on rank 0's shard alone, and a swapped request
+      resumed over the other ranks' overwritten blocks).
+
 Every KVCacheLayer has its `kv_cache` swapped, whatever its shape ([2, num_blocks, block_size,
 Hkv, D] for Attention, [num_blocks, block_size, C] for DeepSeek's MLA), along the block axis
 the layer declares (kv_block_dim).
@@ -19,6 +27,7 @@ the layer declares (kv_block_dim).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -29,40 +38,29 @@ from tacit.layers.kv_cache import KVCacheLayer
 _BW_WEIGHT = 0.25
 
 
-class KVSwapper:
-    def __init__(
-        self, layers: list[KVCacheLayer], num_blocks: int, block_size: int, bytes_per_block: int, swap_space_bytes: int
-    ) -> None:
-        odd = [type(m).__name__ for m in layers if not isinstance(m, KVCacheLayer)]
-        if odd:
-            raise TypeError(f"KVSwapper swaps KVCacheLayer caches; {', '.join(odd)} does not declare the interface")
-        self.layers = layers
-        self.dims = [m.kv_block_dim for m in layers]
+@dataclass(frozen=True)
+class SwapOp:
+    """One copy for every runner to make before the step's forward, in order.
+    out: save these blocks of the request; in: restore its saved blocks into the first of these
+    (newly allocated) blocks; drop: forget its saved copy (aborted or finished while out)."""
+
+    kind: str  # "out" | "in" | "drop"
+    request_id: str
+    block_ids: tuple[int, ...] = ()
+
+
+class SwapSpace:
+    """The scheduler's side of swapping: no tensors, only accounting and the decisions' ops."""
+
+    def __init__(self, capacity_blocks: int, bytes_per_block: int, bytes_per_s: float) -> None:
+        self.capacity_blocks = capacity_blocks
         self.bytes_per_block = bytes_per_block
-        self.capacity_blocks = swap_space_bytes // bytes_per_block
+        self.bytes_per_s = bytes_per_s  # measured: KVSwapStore.probe at start, then every copy
         self.used_blocks = 0
-        self._stored: dict[str, list[torch.Tensor]] = {}
         self.num_swapped_out = 0
         self.num_swapped_in = 0
-        self.bytes_per_s = 0.0
-        self._probe(min(num_blocks, 4))
-
-    def _probe(self, n: int) -> None:
-        """One timed copy of n blocks, so the first cost comparison uses a measured bandwidth."""
-        self._copy_out(list(range(n)))
-
-    def _copy_out(self, blocks: list[int]) -> list[torch.Tensor]:
-        t0 = time.perf_counter()
-        out = []
-        for m, d in zip(self.layers, self.dims):
-            idx = torch.tensor(blocks, device=m.kv_cache.device)
-            out.append(m.kv_cache.index_select(d, idx).to("cpu"))
-        self._measured(len(blocks), time.perf_counter() - t0)
-        return out
-
-    def _measured(self, num_blocks: int, seconds: float) -> None:
-        bw = num_blocks * self.bytes_per_block / max(seconds, 1e-9)
-        self.bytes_per_s = bw if not self.bytes_per_s else (1 - _BW_WEIGHT) * self.bytes_per_s + _BW_WEIGHT * bw
+        self._held: dict[str, int] = {}  # request id -> blocks saved
+        self._ops: list[SwapOp] = []
 
     def cost_s(self, num_blocks: int) -> float:
         """Seconds to swap num_blocks out and back in, at the measured bandwidth."""
@@ -72,26 +70,81 @@ class KVSwapper:
         return self.used_blocks + num_blocks <= self.capacity_blocks
 
     def holds(self, request_id: str) -> bool:
-        return request_id in self._stored
+        return request_id in self._held
 
     def swap_out(self, request_id: str, blocks: list[int]) -> None:
-        self._stored[request_id] = self._copy_out(blocks)
+        """Before the blocks are freed: the step's runners copy them out before its forward
+        writes into any of them."""
+        self._held[request_id] = len(blocks)
+        self._ops.append(SwapOp("out", request_id, tuple(blocks)))
         self.used_blocks += len(blocks)
         self.num_swapped_out += 1
 
     def swap_in(self, request_id: str, blocks: list[int]) -> None:
-        """Copy its saved KV into `blocks` (newly allocated; at least as many as were saved)."""
-        saved = self._stored.pop(request_id)
-        n = saved[0].shape[self.dims[0]] if saved else 0
-        t0 = time.perf_counter()
-        for m, d, host in zip(self.layers, self.dims, saved):
-            idx = torch.tensor(blocks[:n], device=m.kv_cache.device)
-            m.kv_cache.index_copy_(d, idx, host.to(m.kv_cache.device))
-        self._measured(n, time.perf_counter() - t0)
+        """Its saved KV goes into `blocks` (newly allocated; at least as many as were saved)."""
+        n = self._held.pop(request_id)
+        self._ops.append(SwapOp("in", request_id, tuple(blocks[:n])))
         self.used_blocks -= n
         self.num_swapped_in += 1
 
     def drop(self, request_id: str) -> None:
-        saved = self._stored.pop(request_id, None)
-        if saved:
-            self.used_blocks -= saved[0].shape[self.dims[0]]
+        n = self._held.pop(request_id, None)
+        if n is not None:
+            self._ops.append(SwapOp("drop", request_id))
+            self.used_blocks -= n
+
+    def take_ops(self) -> list[SwapOp]:
+        """The ops decided since the last call, for the next SchedulerOutput."""
+        ops, self._ops = self._ops, []
+        return ops
+
+    def observe(self, num_blocks: int, seconds: float) -> None:
+        """A runner's copy of num_blocks took `seconds` (ModelRunnerOutput.swap_blocks/swap_s)."""
+        if num_blocks and seconds > 0:
+            bw = num_blocks * self.bytes_per_block / seconds
+            self.bytes_per_s = (1 - _BW_WEIGHT) * self.bytes_per_s + _BW_WEIGHT * bw
+
+
+class KVSwapStore:
+    """A runner's side of swapping: its KV layers' blocks in host memory, by request."""
+
+    def __init__(self, layers: list[KVCacheLayer]) -> None:
+        odd = [type(m).__name__ for m in layers if not isinstance(m, KVCacheLayer)]
+        if odd:
+            raise TypeError(f"KVSwapStore swaps KVCacheLayer caches; {', '.join(odd)} does not declare the interface")
+        self.layers = layers
+        self.dims = [m.kv_block_dim for m in layers]
+        self._stored: dict[str, list[torch.Tensor]] = {}
+
+    def _copy_out(self, blocks: tuple[int, ...] | list[int]) -> list[torch.Tensor]:
+        out = []
+        for m, d in zip(self.layers, self.dims):
+            idx = torch.tensor(blocks, device=m.kv_cache.device)
+            out.append(m.kv_cache.index_select(d, idx).to("cpu"))
+        return out
+
+    def probe(self, num_blocks: int) -> float:
+        """Seconds for one copy of num_blocks out (not kept): the bandwidth the first cost
+        comparison uses."""
+        t0 = time.perf_counter()
+        self._copy_out(list(range(num_blocks)))
+        return time.perf_counter() - t0
+
+    def apply(self, ops: list[SwapOp]) -> tuple[int, float]:
+        """Carry the ops out in order -> (blocks copied, seconds)."""
+        copied, t0 = 0, time.perf_counter()
+        for op in ops:
+            if op.kind == "out":
+                self._stored[op.request_id] = self._copy_out(op.block_ids)
+                copied += len(op.block_ids)
+            elif op.kind == "in":
+                saved = self._stored.pop(op.request_id)
+                for m, d, host in zip(self.layers, self.dims, saved):
+                    idx = torch.tensor(op.block_ids, device=m.kv_cache.device)
+                    m.kv_cache.index_copy_(d, idx, host.to(m.kv_cache.device))
+                copied += len(op.block_ids)
+            elif op.kind == "drop":
+                self._stored.pop(op.request_id, None)
+            else:
+                raise ValueError(f"unknown swap op {op.kind!r}; valid: out, in, drop")
+        return copied, time.perf_counter() - t0

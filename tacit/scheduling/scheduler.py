@@ -32,7 +32,7 @@ from typing import Callable, Iterable
 
 from tacit.config import SchedulerConfig
 from tacit.memory.kv_cache_manager import KVCacheManager
-from tacit.memory.swap import KVSwapper
+from tacit.memory.swap import SwapSpace
 from tacit.outputs import ModelRunnerOutput
 from tacit.scheduling.cost_model import StepCostModel
 from tacit.scheduling.length_predictor import OutputLengthPredictor
@@ -56,7 +56,7 @@ class Scheduler:
         kv: KVCacheManager,
         policy: SchedulingPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
-        swapper: KVSwapper | None = None,
+        swapper: SwapSpace | None = None,
         eos_token_ids: Iterable[int] = (),
         structured_output: StructuredOutputManager | None = None,
     ) -> None:
@@ -197,6 +197,8 @@ class Scheduler:
             preempted_req_ids=[r.request_id for r in preempted], finished_req_ids=self._finished_req_ids
         )
         self._finished_req_ids = []
+        if self.swapper is not None:
+            out.swap_ops = self.swapper.take_ops()
         for req, n, new_blocks in scheduled:
             out.num_scheduled_tokens[req.request_id] = n
             if new_blocks is None:
@@ -327,6 +329,8 @@ class Scheduler:
         """Advance every scheduled request by the tokens it computed, append what was sampled,
         finish (and free) requests that hit EOS, a stop token id or max_tokens (0: at the end of
         the prefill), pass on the prompt logprobs the runner scored."""
+        if self.swapper is not None:
+            self.swapper.observe(runner_output.swap_blocks, runner_output.swap_s)
         prefill_tokens = decodes = 0
         for req_id, n in scheduler_output.num_scheduled_tokens.items():
             req = self.requests.get(req_id)

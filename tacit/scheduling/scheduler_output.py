@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tacit.memory.swap import SwapOp
 from tacit.outputs import RawLogprobs, RawPromptLogprobs
 from tacit.sampling_params import SamplingParams
 
@@ -65,6 +66,9 @@ class SchedulerOutput:
     # of word w allows token 32 * w + j). None when no row this step is constrained.
     structured_output_request_ids: list[str] = field(default_factory=list)
     grammar_bitmask: np.ndarray | None = None
+    # KV copies to or from host memory that every rank's runner makes before the forward, in
+    # order (preemption by swap; tacit/memory/swap.py).
+    swap_ops: list[SwapOp] = field(default_factory=list)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -330,25 +330,22 @@ def test_a_killed_worker_is_reported_within_seconds(tiny_llama, dtype):
         llm.engine.shutdown()
 
 
-def test_preemption_under_tp_recomputes_and_keeps_tokens(tiny_llama):
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_preemption_under_tp_keeps_tokens(tiny_llama, mode):
     """A KV pool too small for five requests: preempted ones resume with the tokens TP=1 gives.
-    The swapper copies only the process it runs in (rank 0's shard), so under TP auto recomputes;
-    swapping gave other tokens for 4 of these 5 requests."""
+    Swapped, every rank copies its own KV shard out and back (the copies once ran on rank 0's
+    shard alone, and 4 of these 5 requests came back with other tokens)."""
     _, _, path = tiny_llama
     prompts = [[7 + i] * 30 for i in range(5)]
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     ref = [o.outputs[0].token_ids for o in LLM(str(path), dtype="float32").generate(prompts, params)]
-    llm = LLM(str(path), dtype="float32", num_kv_blocks=16, block_size=8, tensor_parallel_size=2)
+    llm = LLM(str(path), dtype="float32", num_kv_blocks=16, block_size=8, tensor_parallel_size=2, preemption_mode=mode)
     try:
         out = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         s = llm.engine.scheduler
-        assert s.num_preemptions > 0 and s.swapper is None
+        assert s.num_preemptions > 0
+        assert s.swapper.num_swapped_out == (s.num_preemptions if mode == "swap" else 0)
+        assert s.swapper.used_blocks == 0
     finally:
         llm.engine.shutdown()
     assert out == ref
-
-
-def test_swap_preemption_under_tp_is_refused_naming_it(tiny_llama):
-    _, _, path = tiny_llama
-    with pytest.raises(ValueError, match=r"preemption_mode='swap' is not supported with tensor_parallel_size=2"):
-        LLM(str(path), dtype="float32", tensor_parallel_size=2, preemption_mode="swap")

@@ -11,7 +11,7 @@ from tacit.engine.llm_engine import LLMEngine
 from tacit.engine.metrics import ServingMetrics
 from tacit.layers.kv_cache import KVCacheLayer
 from tacit.memory.kv_cache_manager import KVCacheManager
-from tacit.memory.swap import KVSwapper
+from tacit.memory.swap import KVSwapStore, SwapSpace
 from tacit.scheduling.policy import get_policy
 from tacit.scheduling.scheduler import Scheduler
 
@@ -89,39 +89,50 @@ def test_kv_layers_declare_their_block_axis():
     attn = Attention(num_heads=4, head_dim=16, num_kv_heads=2, scale=1.0)
     attn.allocate_kv_cache(2, 16, torch.float32, torch.device("cpu"))  # [2, 2, 16, 2, 16]: ambiguous by shape
     assert attn.kv_block_dim == 1 and FakeMLA(10, 4).kv_block_dim == 0
-    sw = KVSwapper([attn], 2, 16, bytes_per_block=2 * 16 * 2 * 16 * 4, swap_space_bytes=1 << 20)
+    space, store = SwapSpace(16, 2 * 16 * 2 * 16 * 4, 1e9), KVSwapStore([attn])
     before = attn.kv_cache[:, 1].clone()
-    sw.swap_out("r", [1])
+    space.swap_out("r", [1])
+    store.apply(space.take_ops())
     attn.kv_cache.zero_()
-    sw.swap_in("r", [0])
+    space.swap_in("r", [0])
+    store.apply(space.take_ops())
     assert torch.equal(attn.kv_cache[:, 0], before)
     undeclared = nn.Module()
     undeclared.kv_cache = torch.zeros(4, 4, 3)
     with pytest.raises(TypeError, match="does not declare the interface"):
-        KVSwapper([undeclared], 4, 4, bytes_per_block=48, swap_space_bytes=1 << 20)
+        KVSwapStore([undeclared])
 
 
 def test_swap_round_trip_restores_blocks_and_accounts_space():
+    """The scheduler's SwapSpace decides and accounts; the runner's KVSwapStore copies, in the
+    order of the ops it is handed."""
     layer = FakeMLA(8, 2)
-    sw = KVSwapper([layer], 8, 2, bytes_per_block=2 * 3 * 4, swap_space_bytes=3 * 24)
-    assert sw.bytes_per_s > 0 and sw.capacity_blocks == 3
+    space, store = SwapSpace(3, 2 * 3 * 4, 1e9), KVSwapStore([layer])
+    assert store.probe(2) > 0
     before = layer.kv_cache[[1, 4]].clone()
-    sw.swap_out("r", [1, 4])
-    assert sw.holds("r") and sw.used_blocks == 2 and not sw.has_room(2)
+    space.swap_out("r", [1, 4])
+    assert space.holds("r") and space.used_blocks == 2 and not space.has_room(2)
+    assert store.apply(space.take_ops())[0] == 2 and space.take_ops() == []
     layer.kv_cache.zero_()
-    sw.swap_in("r", [6, 2, 7])
-    assert torch.equal(layer.kv_cache[[6, 2]], before) and sw.used_blocks == 0
-    sw.swap_out("a", [0])
-    sw.drop("a")  # an abort while swapped gives the space back
-    assert sw.used_blocks == 0 and not sw.holds("a")
+    space.swap_in("r", [6, 2, 7])
+    ops = space.take_ops()
+    assert [(o.kind, o.block_ids) for o in ops] == [("in", (6, 2))]  # only as many as were saved
+    store.apply(ops)
+    assert torch.equal(layer.kv_cache[[6, 2]], before) and space.used_blocks == 0 and not store._stored
+    space.swap_out("a", [0])
+    space.drop("a")  # an abort while swapped gives the space back, and the runner its copy
+    assert space.used_blocks == 0 and not space.holds("a")
+    store.apply(space.take_ops())
+    assert not store._stored
+    space.drop("never-swapped")  # nothing to say
+    assert space.take_ops() == []
 
 
 def test_auto_mode_picks_the_cheaper_preemption():
     def victim_after(per_token_s: float, bytes_per_s: float) -> tuple[int, int]:
         kv = KVCacheManager(num_blocks=8, block_size=4)
         s = Scheduler(SchedulerConfig(max_num_seqs=1, policy="priority"), kv, get_policy("priority"), clock=FakeClock())
-        s.swapper = KVSwapper([FakeMLA(8, 4)], 8, 4, bytes_per_block=1 << 20, swap_space_bytes=1 << 30)
-        s.swapper.bytes_per_s = bytes_per_s
+        s.swapper = SwapSpace(1 << 10, 1 << 20, bytes_per_s)
         for _ in range(3):
             s.cost.observe(100, 0, per_token_s * 100)
         low = make_req("low", 12, priority=5)
