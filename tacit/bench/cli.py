@@ -1,4 +1,5 @@
-"""`tacit bench hw | latency | attention | comm | throughput | serve`: print a table, optionally write JSON."""
+"""`tacit bench hw | latency | attention | comm | throughput | serve`: print a table, optionally write JSON.
+`tacit bench` alone runs `tacit bench latency` on the default model."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ PEERS = ["transformers", "llama.cpp"]
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="measure this machine and tacit (see docs/benchmarks.md)")
-    bsub = b.add_subparsers(dest="bench", required=True)
+    bsub = b.add_subparsers(dest="bench")
     hw = bsub.add_parser("hw", help="memory bandwidth and matmul FLOP/s of this machine")
     hw.add_argument("--json", default=None)
     hw.set_defaults(func=cmd_hw)
@@ -32,6 +33,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     lat.add_argument("--json", default=None)
     lat.add_argument("--plot", default=None, help="PNG: decode tok/s against batch size")
     lat.set_defaults(func=cmd_latency)
+    # `tacit bench` alone: the latency table on the default model, with latency's own defaults.
+    b.set_defaults(func=lambda args: cmd_latency(lat.parse_args([])))
     at = bsub.add_parser("attention", help="decode attention alone, per KV cache dtype (C++ kernels)")
     at.add_argument("--model", default=None, help="whose attention shape (default: the embedded model)")
     at.add_argument("--context", type=int, default=4096, help="tokens of context per row")

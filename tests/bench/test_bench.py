@@ -228,3 +228,18 @@ def test_table_shows_every_column_and_a_dash_where_a_peer_has_none():
     head, tacit, peer = text.splitlines()
     assert head.split() == ["engine", "tok_s", "comm_share"]
     assert tacit.split() == ["tacit", "2.000", "0.100"] and peer.split() == ["llama.cpp", "1.500", "-"]
+
+
+def test_bare_bench_runs_the_latency_table_with_its_defaults(monkeypatch):
+    """`tacit bench` with no subcommand runs `tacit bench latency` on the default model."""
+    import tacit.bench.cli as bench_cli
+    from tacit.cli import main
+
+    seen = []
+    monkeypatch.setattr(bench_cli, "cmd_latency", lambda args: seen.append(args) or 0)
+    assert main(["bench"]) == 0
+    (args,) = seen
+    assert (args.model, args.batch_sizes, args.input_len, args.output_len, args.peer) == (None, "1,4,16", 128, 64, [])
+    seen.clear()
+    assert main(["bench", "latency", "--batch-sizes", "1"]) == 0  # a subcommand still wins
+    assert seen[0].batch_sizes == "1"
