@@ -35,6 +35,13 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--kv-blocks", type=int, default=None, help="KV pool blocks (default: sized from memory)")
     sv.add_argument("--block-size", type=int, default=16)
     sv.add_argument("--memory-utilization", type=float, default=0.9, help="share of device memory the engine uses")
+    sv.add_argument("--swap-space", type=float, default=0.0, help="GiB of host memory for swapped KV (0: recompute)")
+    sv.add_argument(
+        "--swap-bandwidth",
+        type=float,
+        default=None,
+        help="GB/s of a KV copy to host and back (e.g. PCIe); with --swap-space",
+    )
     p.set_defaults(func=cmd_predict)
 
 

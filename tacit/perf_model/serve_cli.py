@@ -10,8 +10,10 @@ from tacit.bench.serve import parse_slo
 from tacit.bench.workload_file import load_workload
 from tacit.config import SchedulerConfig
 from tacit.engine.arg_utils import EngineArgs
+from tacit.memory.swap import SwapSpace
 from tacit.perf_model.dtypes import KV_DTYPES, WEIGHT_DTYPES, normalize_dtype
 from tacit.perf_model.efficiency import load_profile
+from tacit.perf_model.memory import kv_bytes_per_token
 from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
 from tacit.perf_model.operators import Parallel
 from tacit.perf_model.serve_sim import KVPool, kv_pool_from_memory, roofline_pricer, simulate, summarize
@@ -28,19 +30,28 @@ def _choice(value: str, valid: tuple[str, ...], flag: str) -> str:
 def _scheduler_config(args: argparse.Namespace, longest: int) -> SchedulerConfig:
     """The engine's SchedulerConfig from the same flags (longest: the workload's longest
     request, standing in for max_model_len where --no-chunked-prefill raises the budget to it);
-    what the simulator cannot replay is refused by name rather than ignored."""
+    what the simulator cannot replay (cut-in) is refused by name rather than ignored."""
     cfg = EngineArgs.scheduler_config_from_cli(args, max_model_len=longest)
-    if cfg.preemption_mode == "swap":
-        raise ValueError(
-            "--preemption-mode swap: the simulator holds no swap space and does not price its copies; "
-            "valid here: auto or recompute (both recompute a preempted request, as the engine does without swap)"
-        )
+    if cfg.preemption_mode == "swap" and not args.swap_space:
+        raise ValueError("--preemption-mode swap needs --swap-space GiB (and --swap-bandwidth GB/s)")
     if args.cut_in_prefill_tokens is not None:
         raise ValueError(
             "--cut-in-prefill-tokens: the simulator does not replay cut-in prefills (an online-engine path "
             "between two layers of a step); leave it unset"
         )
     return cfg
+
+
+def _swap_space(args: argparse.Namespace, pricing: Pricing, pool: KVPool) -> SwapSpace | None:
+    """--swap-space GiB at --swap-bandwidth GB/s, in blocks of the pool's size; None without."""
+    if args.swap_space < 0 or (args.swap_bandwidth is not None and args.swap_bandwidth <= 0):
+        raise ValueError(f"--swap-space {args.swap_space} and --swap-bandwidth {args.swap_bandwidth} must be positive")
+    if not args.swap_space:
+        return None
+    if args.swap_bandwidth is None:
+        raise ValueError("--swap-space needs --swap-bandwidth GB/s: the host copy speed the swaps are priced at")
+    block_bytes = pool.block_size * kv_bytes_per_token(pricing.shape, pricing.parallel, pricing.kv_dtype)
+    return SwapSpace(int(args.swap_space * (1 << 30)) // block_bytes, block_bytes, args.swap_bandwidth * 1e9)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -71,7 +82,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         pool = KVPool(args.kv_blocks, args.block_size)
     else:
         pool = kv_pool_from_memory(pricing, cfg.max_num_batched_tokens, args.memory_utilization, args.block_size)
-    sim = simulate(workload, roofline_pricer(pricing), pool, cfg)
+    sim = simulate(workload, roofline_pricer(pricing), pool, cfg, _swap_space(args, pricing, pool))
     out = summarize(sim, slo)
     out["kv_pool"] = {"blocks": pool.num_blocks, "block_size": pool.block_size, "tokens": pool.capacity_tokens}
     print(
@@ -82,7 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"  KV pool     {pool.num_blocks} blocks x {pool.block_size} = {pool.capacity_tokens} tokens per device")
     print(
         f"  completed   {out['completed']} (failed/rejected {out['failed']}) in {out['duration_s']:.2f} s simulated, "
-        f"{out['num_steps']} steps, {out['num_preemptions']} preemptions, busy {100 * out['busy_fraction']:.0f}%"
+        f"{out['num_steps']} steps, {out['num_preemptions']} preemptions ({out['num_swapped_out']} by swap), busy {100 * out['busy_fraction']:.0f}%"
     )
     print(f"  throughput  {out['request_throughput']:.2f} req/s, {out['output_tok_s']:.1f} output tok/s")
     if slo:

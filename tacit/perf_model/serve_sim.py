@@ -6,9 +6,11 @@ preemption as the engine) picks the step; a step-time function prices it (the ro
 model by default, tacit/perf_model/step_model.py); the clock advances by that; then the real
 `update_from_output()` gets one fake token per sampling row (ignore_eos, so each request ends
 at exactly its output_len). Requests arriving while a step runs join at the next step, as in
-the engine without cut-in (schedule_cut_in is an online-engine path and is not replayed), and a
-preempted request recomputes (no swap space is simulated). A request's TTFT/TPOT targets come
-from its priority class (SchedulerConfig.slo_classes), as the engine's InputProcessor sets them.
+the engine without cut-in (schedule_cut_in is an online-engine path and is not replayed). With
+a swap space (the scheduler's own SwapSpace, which holds no tensors), preemption may swap as the
+engine's does, and each step's SwapOps add their blocks' bytes over the host copy bandwidth to
+the step. A request's TTFT/TPOT targets come from its priority class (SchedulerConfig.
+slo_classes), as the engine's InputProcessor sets them.
 
 TTFT, TPOT and E2E follow `tacit bench serve`'s definitions (RequestResult), goodput its
 `--slo` bounds (meets): the numbers are comparable with a measured run of the same file.
@@ -24,6 +26,7 @@ from tacit.bench.serve import RequestResult, _stats, meets
 from tacit.bench.workload_file import WorkloadRequest
 from tacit.config import SchedulerConfig
 from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.memory.swap import SwapSpace
 from tacit.outputs import ModelRunnerOutput
 from tacit.perf_model.memory import device_memory, kv_bytes_per_token
 from tacit.perf_model.step_model import Chunk, MixedStep, Pricing, mixed_step_seconds
@@ -83,6 +86,8 @@ class SimResult:
     rejected: list[str]
     busy_s: float  # clock time spent in steps (the rest: idle, waiting for arrivals)
     tokens_per_step: float
+    num_swapped_out: int = 0  # preemptions that swapped (the rest recomputed)
+    swap_s: float = 0.0  # clock time of the swaps' copies
 
 
 def _step_of(out: SchedulerOutput, reqs: dict[str, Request]) -> MixedStep:
@@ -100,9 +105,11 @@ def simulate(
     price: StepPricer,
     pool: KVPool,
     config: SchedulerConfig | None = None,
+    swap: SwapSpace | None = None,
 ) -> SimResult:
     """Run the workload to completion; every request that the policy (config.policy) admits
-    finishes. Results come in arrival order (file order among equal arrival times)."""
+    finishes. Results come in arrival order (file order among equal arrival times). swap: the
+    host swap space (its bytes_per_s is the copy bandwidth, and stays so); None: recompute."""
     config = config or SchedulerConfig()
     for i, w in enumerate(workload, 1):
         if w.input_len + w.output_len > pool.capacity_tokens:  # the engine's InputProcessor refuses these
@@ -111,11 +118,13 @@ def simulate(
                 f"KV pool's {pool.capacity_tokens} ({pool.num_blocks} blocks of {pool.block_size})"
             )
     clock = SimClock()
-    sched = Scheduler(config, KVCacheManager(pool.num_blocks, pool.block_size), get_policy(config.policy), clock=clock)
+    sched = Scheduler(
+        config, KVCacheManager(pool.num_blocks, pool.block_size), get_policy(config.policy), clock=clock, swapper=swap
+    )
     order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_s)  # stable: file order on ties
     reqs: dict[str, Request] = {}
     rejected: list[str] = []
-    nxt, steps, busy, tokens = 0, 0, 0.0, 0
+    nxt, steps, busy, tokens, swap_s = 0, 0, 0.0, 0, 0.0
     while nxt < len(order) or sched.has_unfinished_requests():
         while nxt < len(order) and workload[order[nxt]].arrival_s <= clock.now:
             i = order[nxt]
@@ -130,6 +139,11 @@ def simulate(
                 rejected.append(req.request_id)
             nxt += 1
         out = sched.schedule()
+        copied = sum(len(op.block_ids) for op in out.swap_ops)  # drops carry no blocks
+        copy_s = copied * swap.bytes_per_block / swap.bytes_per_s if copied else 0.0
+        clock.now += copy_s  # before the forward, as the runners copy
+        busy += copy_s
+        swap_s += copy_s
         if not out.num_scheduled_tokens:
             if nxt < len(order):  # idle until the next arrival
                 clock.now = max(clock.now, workload[order[nxt]].arrival_s)
@@ -146,11 +160,19 @@ def simulate(
         tokens += step.tokens
         sampled = [rid for rid, c in zip(out.num_scheduled_tokens, step.chunks) if c.samples]
         runner = ModelRunnerOutput(
-            req_ids=sampled, sampled_token_ids=[FAKE_TOKEN] * len(sampled), logprobs=[None] * len(sampled), execute_s=dt
+            req_ids=sampled,
+            sampled_token_ids=[FAKE_TOKEN] * len(sampled),
+            logprobs=[None] * len(sampled),
+            execute_s=dt,
+            swap_blocks=copied,
+            swap_s=copy_s,
         )
         sched.update_from_output(out, runner)
     results = [_result(r) for r in reqs.values()]
-    return SimResult(results, clock.now, steps, sched.num_preemptions, rejected, busy, tokens / max(steps, 1))
+    swapped = swap.num_swapped_out if swap is not None else 0
+    return SimResult(
+        results, clock.now, steps, sched.num_preemptions, rejected, busy, tokens / max(steps, 1), swapped, swap_s
+    )
 
 
 def _result(r: Request) -> RequestResult:
@@ -182,6 +204,8 @@ def summarize(sim: SimResult, slo: dict[str, float]) -> dict:
         "e2e_ms": _stats([r.e2e for r in ok]),
         "num_steps": sim.num_steps,
         "num_preemptions": sim.num_preemptions,
+        "num_swapped_out": sim.num_swapped_out,
+        "swap_s": sim.swap_s,
         "busy_fraction": sim.busy_s / duration,
         "mean_tokens_per_step": sim.tokens_per_step,
     }

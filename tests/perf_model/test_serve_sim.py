@@ -219,7 +219,8 @@ def test_cli_serve_without_chunked_prefill_prefills_a_long_prompt_whole(tmp_path
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--preemption-mode", "swap"], "--preemption-mode swap"),
+        (["--preemption-mode", "swap"], "--preemption-mode swap needs --swap-space GiB"),
+        (["--swap-space", "1"], "--swap-space needs --swap-bandwidth GB/s"),
         (["--cut-in-prefill-tokens", "64"], "--cut-in-prefill-tokens"),
         (["--scheduling-policy", "lifo"], "scheduling_policy='lifo' is not known"),
     ],
@@ -230,3 +231,21 @@ def test_cli_serve_refuses_what_it_cannot_replay_naming_it(tmp_path, capsys, fla
     assert main(_serve_argv(tmp_path, *flags)) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "o.json").exists()
+
+
+def test_cli_serve_swaps_when_given_a_swap_space_and_prices_the_copies(tmp_path):
+    """A KV pool of 64 blocks for 16 requests of 512 + 256 tokens: preemptions. With a swap
+    space they swap (the scheduler's own SwapSpace decides), and a slower host link makes the
+    same run longer by exactly the copies' time."""
+    common = ["--kv-blocks", "64", "--max-num-seqs", "16", "--preemption-mode"]
+    work = {"n": 16, "input_len": 512, "output_len": 256}
+    recompute = _serve(tmp_path, *common, "recompute", **work)
+    fast = _serve(tmp_path, *common, "swap", "--swap-space", "64", "--swap-bandwidth", "50", **work)
+    slow = _serve(tmp_path, *common, "swap", "--swap-space", "64", "--swap-bandwidth", "0.5", **work)
+    assert recompute["num_preemptions"] > 0 and recompute["num_swapped_out"] == 0
+    for run in (fast, slow):
+        assert run["completed"] == 16 and run["num_swapped_out"] == run["num_preemptions"] > 0
+    # same decisions (swap mode always swaps), so the same steps: the copies are the difference
+    assert fast["num_steps"] == slow["num_steps"] and fast["num_swapped_out"] == slow["num_swapped_out"]
+    assert slow["swap_s"] == pytest.approx(100 * fast["swap_s"])
+    assert slow["duration_s"] - fast["duration_s"] == pytest.approx(slow["swap_s"] - fast["swap_s"], rel=1e-6)
