@@ -75,6 +75,44 @@ inline __m512 score_tile(const u16* q, const u16* const* krow, int64_t d) {
   return reduce16x16(acc);
 }
 
+// Scores of 4 query heads against 16 key rows, 4 keys at a time: each 32-column chunk of a K row
+// and of a query feeds 4 vdpbf16ps (acc[4h + t] for head h, key t), so the loads per product
+// fall from one (score_tile: every head reloads the K chunk) to a half. A Zen 4 core loads one
+// zmm and issues one vdpbf16ps a cycle (231 GFLOP/s measured), so score_tile is load-bound: MLA's
+// 16 heads x 576 columns x 4k keys (latents in L3, one thread) scored and softmaxed in 0.62 ms
+// (~120 GFLOP/s); this tile 0.46-0.54 ms. Only the tail chunk uses masked loads (all-masked
+// loads cost ~15% more here). out[h][16] gets head h's 16 scores times `scale`, masked to mk.
+inline void score_tile_4heads(const u16* q, int64_t d, const u16* const* krow, float* out, int64_t out_stride,
+                              __mmask16 mk, __m512 scale) {
+  __m512 by_group[4];  // lane 4h + t: head h, key 4g + t
+  for (int g = 0; g < 4; ++g) {
+    __m512 acc[16];
+    unroll<16>([&](auto i) { acc[i] = _mm512_setzero_ps(); });
+    const u16* const* kg = krow + 4 * g;
+    auto chunk = [&](int64_t c0, auto load) {
+      __m512bh kc[4], qc[4];
+      unroll<4>([&](auto t) { kc[t] = (__m512bh)load(kg[t] + c0); });
+      unroll<4>([&](auto h) { qc[h] = (__m512bh)load(q + h * d + c0); });
+      unroll<16>([&](auto i) { acc[i] = _mm512_dpbf16_ps(acc[i], qc[i / 4], kc[i % 4]); });
+    };
+    int64_t c0 = 0;
+    for (; c0 + 32 <= d; c0 += 32) chunk(c0, [](const u16* p) { return _mm512_loadu_si512(p); });
+    if (c0 < d) {  // masked loads only for the tail: zero lanes add nothing, no load crosses the head
+      const __mmask32 m = low_bits32(d - c0);
+      chunk(c0, [m](const u16* p) { return _mm512_maskz_loadu_epi16(m, p); });
+    }
+    by_group[g] = reduce16x16(acc);
+  }
+  // A 4x4 transpose of 128-bit lanes: head h's lane of every group, in key order.
+  const __m512 t0 = _mm512_shuffle_f32x4(by_group[0], by_group[1], 0x44),
+               t1 = _mm512_shuffle_f32x4(by_group[2], by_group[3], 0x44),
+               t2 = _mm512_shuffle_f32x4(by_group[0], by_group[1], 0xEE),
+               t3 = _mm512_shuffle_f32x4(by_group[2], by_group[3], 0xEE);
+  const __m512 per_head[4] = {_mm512_shuffle_f32x4(t0, t1, 0x88), _mm512_shuffle_f32x4(t0, t1, 0xDD),
+                              _mm512_shuffle_f32x4(t2, t3, 0x88), _mm512_shuffle_f32x4(t2, t3, 0xDD)};
+  for (int h = 0; h < 4; ++h) _mm512_mask_storeu_ps(out + h * out_stride, mk, _mm512_mul_ps(per_head[h], scale));
+}
+
 // p[0..n) <- bf16(exp(s - max)), zero-padded to even n; returns the fp32 sum of the unrounded
 // exps. Any NaN score makes the max NaN, so the whole row comes out NaN, as torch's does.
 float softmax_rounded(const float* s, u16* p, int64_t n) {
@@ -228,14 +266,21 @@ void decode_attention(const u16* q, int64_t q_stride, const int64_t* positions, 
         prefetch_row(kv.k + offs[j + t + kPrefetchKeys], d * 2);
       }
       const __mmask16 mk = nk == kTile ? 0xffff : static_cast<__mmask16>((1u << nk) - 1u);
-      for (int64_t h = 0; h < heads; ++h)
+      int64_t h = 0;
+      for (; h + 4 <= heads; h += 4) score_tile_4heads(qg + h * d, d, krow, scores + h * ctx + j, ctx, mk, vscale);
+      for (; h < heads; ++h)
         _mm512_mask_storeu_ps(scores + h * ctx + j, mk, _mm512_mul_ps(score_tile(qg + h * d, krow, d), vscale));
     }
     for (int64_t h = 0; h < heads; ++h)
       sc.sums[h] = softmax_rounded(scores + h * ctx, sc.probs.data() + h * p_stride, ctx);
 
-    for (int64_t col = 0; col < dv; col += 128) {  // 4 words of 32 columns per pass at most
-      const int64_t width = std::min<int64_t>(128, dv - col), nw = (width + 31) / 32;
+    // Each pass re-reads the V rows once per block of heads, and every block unpacks each V pair
+    // anew: 128 columns hold 2 heads a block, 64 columns 5. With 8+ heads (MLA's 16, or 8 a thread
+    // at batch 1) the 64-column passes win; 32 columns (8 heads a block, 16 strided passes over
+    // the rows) took twice as long.
+    const int64_t pass_cols = heads >= 8 ? 64 : 128;
+    for (int64_t col = 0; col < dv; col += pass_cols) {
+      const int64_t width = std::min<int64_t>(pass_cols, dv - col), nw = (width + 31) / 32;
       const PvArgs a{sc.probs.data(), p_stride, sc.sums.data(), ctx, kv.v + col, sc.zeros.data() + col, offs,
                      out + (r * num_heads + first_head) * dv + col, dv, low_bits32(width - 32 * (nw - 1))};
       switch (nw) {
