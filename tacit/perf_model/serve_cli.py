@@ -30,15 +30,10 @@ def _choice(value: str, valid: tuple[str, ...], flag: str) -> str:
 def _scheduler_config(args: argparse.Namespace, longest: int) -> SchedulerConfig:
     """The engine's SchedulerConfig from the same flags (longest: the workload's longest
     request, standing in for max_model_len where --no-chunked-prefill raises the budget to it);
-    what the simulator cannot replay (cut-in) is refused by name rather than ignored."""
+    what the simulator cannot replay is refused by name rather than ignored."""
     cfg = EngineArgs.scheduler_config_from_cli(args, max_model_len=longest)
     if cfg.preemption_mode == "swap" and not args.swap_space:
         raise ValueError("--preemption-mode swap needs --swap-space GiB (and --swap-bandwidth GB/s)")
-    if args.cut_in_prefill_tokens is not None:
-        raise ValueError(
-            "--cut-in-prefill-tokens: the simulator does not replay cut-in prefills (an online-engine path "
-            "between two layers of a step); leave it unset"
-        )
     return cfg
 
 
@@ -82,7 +77,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         pool = KVPool(args.kv_blocks, args.block_size)
     else:
         pool = kv_pool_from_memory(pricing, cfg.max_num_batched_tokens, args.memory_utilization, args.block_size)
-    sim = simulate(workload, roofline_pricer(pricing), pool, cfg, _swap_space(args, pricing, pool))
+    # Layer boundaries where urgent prompts cut in; none across ranks, as the multi-process
+    # executor runs every step whole (engine/executor.py).
+    boundaries = pricing.shape.num_layers if par.tp == 1 else 1
+    sim = simulate(workload, roofline_pricer(pricing), pool, cfg, _swap_space(args, pricing, pool), boundaries)
     out = summarize(sim, slo)
     out["kv_pool"] = {"blocks": pool.num_blocks, "block_size": pool.block_size, "tokens": pool.capacity_tokens}
     print(
@@ -93,7 +91,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"  KV pool     {pool.num_blocks} blocks x {pool.block_size} = {pool.capacity_tokens} tokens per device")
     print(
         f"  completed   {out['completed']} (failed/rejected {out['failed']}) in {out['duration_s']:.2f} s simulated, "
-        f"{out['num_steps']} steps, {out['num_preemptions']} preemptions ({out['num_swapped_out']} by swap), busy {100 * out['busy_fraction']:.0f}%"
+        f"{out['num_steps']} steps, {out['num_preemptions']} preemptions ({out['num_swapped_out']} by swap), {out['num_cut_ins']} cut-ins, busy {100 * out['busy_fraction']:.0f}%"
     )
     print(f"  throughput  {out['request_throughput']:.2f} req/s, {out['output_tok_s']:.1f} output tok/s")
     if slo:

@@ -5,8 +5,13 @@ No model runs. Requests from a workload file arrive at their times; each step th
 preemption as the engine) picks the step; a step-time function prices it (the roofline step
 model by default, tacit/perf_model/step_model.py); the clock advances by that; then the real
 `update_from_output()` gets one fake token per sampling row (ignore_eos, so each request ends
-at exactly its output_len). Requests arriving while a step runs join at the next step, as in
-the engine without cut-in (schedule_cut_in is an online-engine path and is not replayed). With
+at exactly its output_len). Requests arriving while a step runs join at the next step, unless
+they may cut in: as the online engine does between two decoder layers of the step in flight,
+the simulator stops the step at the first layer boundary after an arrival (the step's time
+split evenly over num_layers), asks the real `schedule_cut_in()`, prices and completes that
+prefill there, and resumes the step, which ends that much later (tacit serve's path on every
+backend; on this CPU the fused C++ decode of fewer than 8 rows runs as one call, with no
+boundary, engine/model_runner.py _CUT_IN_MIN_ROWS). With
 a swap space (the scheduler's own SwapSpace, which holds no tensors), preemption may swap as the
 engine's does, and each step's SwapOps add their blocks' bytes over the host copy bandwidth to
 the step. A request's TTFT/TPOT targets come from its priority class (SchedulerConfig.
@@ -88,6 +93,7 @@ class SimResult:
     tokens_per_step: float
     num_swapped_out: int = 0  # preemptions that swapped (the rest recomputed)
     swap_s: float = 0.0  # clock time of the swaps' copies
+    num_cut_ins: int = 0  # requests prefilled inside another step (their forwards count as steps)
 
 
 def _step_of(out: SchedulerOutput, reqs: dict[str, Request]) -> MixedStep:
@@ -106,10 +112,13 @@ def simulate(
     pool: KVPool,
     config: SchedulerConfig | None = None,
     swap: SwapSpace | None = None,
+    num_layers: int = 1,
 ) -> SimResult:
     """Run the workload to completion; every request that the policy (config.policy) admits
     finishes. Results come in arrival order (file order among equal arrival times). swap: the
-    host swap space (its bytes_per_s is the copy bandwidth, and stays so); None: recompute."""
+    host swap space (its bytes_per_s is the copy bandwidth, and stays so); None: recompute.
+    num_layers: the model's decoder layers, whose boundaries are where requests may cut in
+    (config.cut_in_prefill_tokens; 1: no boundary, no cut-in)."""
     config = config or SchedulerConfig()
     for i, w in enumerate(workload, 1):
         if w.input_len + w.output_len > pool.capacity_tokens:  # the engine's InputProcessor refuses these
@@ -125,7 +134,10 @@ def simulate(
     reqs: dict[str, Request] = {}
     rejected: list[str] = []
     nxt, steps, busy, tokens, swap_s = 0, 0, 0.0, 0, 0.0
-    while nxt < len(order) or sched.has_unfinished_requests():
+
+    def admit() -> None:
+        """Hand the scheduler every request that has arrived by now."""
+        nonlocal nxt
         while nxt < len(order) and workload[order[nxt]].arrival_s <= clock.now:
             i = order[nxt]
             w = workload[i]
@@ -138,6 +150,22 @@ def simulate(
             except SLOUnattainableError:
                 rejected.append(req.request_id)
             nxt += 1
+
+    def run(out: SchedulerOutput, dt: float, copied: int = 0, copy_s: float = 0.0) -> None:
+        """The runner's answer to `out`, a forward of dt seconds that the clock has passed."""
+        sampled = [rid for rid, c in zip(out.num_scheduled_tokens, _step_of(out, reqs).chunks) if c.samples]
+        runner = ModelRunnerOutput(
+            req_ids=sampled,
+            sampled_token_ids=[FAKE_TOKEN] * len(sampled),
+            logprobs=[None] * len(sampled),
+            execute_s=dt,
+            swap_blocks=copied,
+            swap_s=copy_s,
+        )
+        sched.update_from_output(out, runner)
+
+    while nxt < len(order) or sched.has_unfinished_requests():
+        admit()
         out = sched.schedule()
         copied = sum(len(op.block_ids) for op in out.swap_ops)  # drops carry no blocks
         copy_s = copied * swap.bytes_per_block / swap.bytes_per_s if copied else 0.0
@@ -154,24 +182,44 @@ def simulate(
             break
         step = _step_of(out, reqs)
         dt = price(step)
-        clock.now += dt
-        busy += dt
+        start = clock.now
         steps += 1
         tokens += step.tokens
-        sampled = [rid for rid, c in zip(out.num_scheduled_tokens, step.chunks) if c.samples]
-        runner = ModelRunnerOutput(
-            req_ids=sampled,
-            sampled_token_ids=[FAKE_TOKEN] * len(sampled),
-            logprobs=[None] * len(sampled),
-            execute_s=dt,
-            swap_blocks=copied,
-            swap_s=copy_s,
-        )
-        sched.update_from_output(out, runner)
+        # Layer boundaries inside the step: the first one after an arrival takes it in, and the
+        # requests schedule_cut_in() picks prefill there, pausing the step for their forward.
+        paused = 0.0
+        for layer in range(1, num_layers if config.cut_in_prefill_tokens else 1):
+            boundary = start + paused + dt * layer / num_layers
+            if nxt == len(order) or workload[order[nxt]].arrival_s > boundary:
+                continue
+            clock.now = boundary
+            admit()
+            cut_in = sched.schedule_cut_in()
+            if not cut_in.num_scheduled_tokens:
+                continue
+            cut_step = _step_of(cut_in, reqs)
+            cut_dt = price(cut_step)
+            clock.now += cut_dt
+            paused += cut_dt
+            steps += 1
+            tokens += cut_step.tokens
+            run(cut_in, cut_dt)
+        clock.now = start + dt + paused
+        busy += dt + paused
+        run(out, dt, copied, copy_s)
     results = [_result(r) for r in reqs.values()]
     swapped = swap.num_swapped_out if swap is not None else 0
     return SimResult(
-        results, clock.now, steps, sched.num_preemptions, rejected, busy, tokens / max(steps, 1), swapped, swap_s
+        results,
+        clock.now,
+        steps,
+        sched.num_preemptions,
+        rejected,
+        busy,
+        tokens / max(steps, 1),
+        swapped,
+        swap_s,
+        sched.num_cut_ins,
     )
 
 
@@ -204,6 +252,7 @@ def summarize(sim: SimResult, slo: dict[str, float]) -> dict:
         "e2e_ms": _stats([r.e2e for r in ok]),
         "num_steps": sim.num_steps,
         "num_preemptions": sim.num_preemptions,
+        "num_cut_ins": sim.num_cut_ins,
         "num_swapped_out": sim.num_swapped_out,
         "swap_s": sim.swap_s,
         "busy_fraction": sim.busy_s / duration,

@@ -184,6 +184,33 @@ def test_priority_policy_from_the_workload_serves_the_urgent_request_first():
     assert fcfs.results[1].ttft == pytest.approx(0.4) and prio.results[1].ttft == pytest.approx(0.1)
 
 
+def test_urgent_arrival_cuts_in_at_the_next_layer_boundary():
+    # A (priority 1) prefills 0 -> 0.1 s over 4 layers; B (priority 0, more urgent) arrives at
+    # 0.04 s. The boundary at 0.05 s takes B in and prefills it there (0.05 -> 0.15: TTFT 0.11 s);
+    # A's step resumes and ends at 0.2 s. Then both decode: 0.2 -> 0.3 -> 0.4.
+    wl = [WorkloadRequest(0.0, 4, 3, priority=1), WorkloadRequest(0.04, 4, 3, priority=0)]
+    cfg = SchedulerConfig(policy="priority")
+    sim = simulate(wl, _const(0.1), BIG, cfg, num_layers=4)
+    a, b = sim.results
+    assert (b.ttft, b.e2e) == (pytest.approx(0.11), pytest.approx(0.36))
+    assert (a.ttft, a.e2e) == (pytest.approx(0.2), pytest.approx(0.4))
+    assert sim.num_cut_ins == 1 and sim.num_steps == 4 and summarize(sim, {})["num_cut_ins"] == 1
+    # Without cut-in (0 tokens, fcfs, or no layer boundary) B waits for A's step: TTFT 0.16 s.
+    for waits in (
+        simulate(wl, _const(0.1), BIG, SchedulerConfig(policy="priority", cut_in_prefill_tokens=0), num_layers=4),
+        simulate(wl, _const(0.1), BIG, SchedulerConfig(), num_layers=4),
+        simulate(wl, _const(0.1), BIG, cfg, num_layers=1),
+    ):
+        assert waits.results[1].ttft == pytest.approx(0.16) and waits.num_cut_ins == 0
+
+
+def test_cut_in_only_for_prompts_within_its_budget():
+    # B's 300-token prompt is over cut_in_prefill_tokens (256): it waits for A's step to end.
+    wl = [WorkloadRequest(0.0, 4, 3, priority=1), WorkloadRequest(0.04, 300, 3, priority=0)]
+    sim = simulate(wl, _const(0.1), BIG, SchedulerConfig(policy="priority"), num_layers=4)
+    assert sim.num_cut_ins == 0 and sim.results[1].ttft == pytest.approx(0.16)
+
+
 def _serve_argv(tmp_path, *flags, n=8, rate=1000.0, input_len=128, output_len=8) -> list[str]:
     wl = tmp_path / "w.jsonl"
     write_workload(make_workload(n, rate, "fixed", input_len, output_len), wl)
@@ -216,12 +243,32 @@ def test_cli_serve_without_chunked_prefill_prefills_a_long_prompt_whole(tmp_path
     assert chunked["num_steps"] == 11 and whole["num_steps"] == 2
 
 
+def test_cli_serve_replays_cut_in_with_the_engine_flag(tmp_path):
+    """Four priority-1 prompts of 4096 tokens prefill in 512-token chunks; a priority-0 prompt of
+    64 arriving 1 ms in cuts into the step in flight by default (256 tokens), and waits for it
+    with --cut-in-prefill-tokens 0 (its TTFT: test_urgent_arrival_cuts_in_at_the_next_layer_boundary)."""
+    wl = [WorkloadRequest(0.0, 4096, 16, priority=1) for _ in range(4)] + [WorkloadRequest(0.001, 64, 16, priority=0)]
+    write_workload(wl, tmp_path / "urgent.jsonl")
+
+    def serve(*flags):
+        from tacit.cli import main
+
+        argv = ["predict", "--serve", "--model", "Llama-3.1-8B", "--hardware", "h200-sxm", "--workload"]
+        argv += [str(tmp_path / "urgent.jsonl"), "--scheduling-policy", "priority", "--json", str(tmp_path / "o.json")]
+        assert main([*argv, *flags]) == 0
+        return json.loads((tmp_path / "o.json").read_text())
+
+    cut, wait = serve(), serve("--cut-in-prefill-tokens", "0")
+    assert cut["num_cut_ins"] == 1 and wait["num_cut_ins"] == 0
+    assert cut["completed"] == wait["completed"] == 5
+    assert cut["num_steps"] == wait["num_steps"] + 1  # the cut-in's own forward
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
         (["--preemption-mode", "swap"], "--preemption-mode swap needs --swap-space GiB"),
         (["--swap-space", "1"], "--swap-space needs --swap-bandwidth GB/s"),
-        (["--cut-in-prefill-tokens", "64"], "--cut-in-prefill-tokens"),
         (["--scheduling-policy", "lifo"], "scheduling_policy='lifo' is not known"),
     ],
 )
