@@ -80,6 +80,8 @@ class MultiProcExecutor(Executor):
         self._init_file: str | None = None
         self.world_size = world_size
         launched = torchrun_rank()
+        # Rank 0's device, and the refusal of too few devices before any worker starts.
+        platform.bind_local_rank(*((0, world_size) if launched is None else launched[2:]))
         try:
             if launched is None:
                 self._spawn_workers(engine_args, world_size)
@@ -202,7 +204,7 @@ def make_executor(engine_args: EngineArgs, source: ModelSource, platform: Platfo
         if rank > 0:
             pin_to_cores(rank_cores(local_rank, local_world))
             dist.init_process_group("gloo", init_method="env://")
-            worker_main(rank, world, engine_args, BroadcastChannel())
+            worker_main(rank, world, engine_args, BroadcastChannel(), (local_rank, local_world))
             raise SystemExit(0)
     if world_size == 1:
         return UniProcExecutor(engine_args, source, platform)

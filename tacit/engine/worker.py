@@ -52,13 +52,17 @@ def agree_num_blocks(num_blocks: int) -> int:
 def make_communicator(platform: Platform) -> Communicator:
     """The tensor-parallel group's communicator: shared memory for CPU ranks on one host (a
     16 KB all-reduce in ~7 us against gloo's ~1 ms here; `tacit bench comm`), else
-    torch.distributed (NCCL on GPUs, gloo across hosts or where the shm module cannot build)."""
+    torch.distributed: gloo across hosts or where the shm module cannot build, and on an
+    accelerator a group of the platform's own backend (NCCL), beside the gloo world group that
+    carries the engine's control messages (block counts, per-rank stats) as CPU tensors.
+    Every rank calls it (new_group is collective)."""
     if platform.device_type == "cpu":
         try:
             return ShmCommunicator()
         except RuntimeError as e:
             print(f"tacit: {e}; tensor parallelism falls back to torch.distributed (gloo)", file=sys.stderr)
-    return TorchCommunicator()
+        return TorchCommunicator()
+    return TorchCommunicator(dist.new_group(backend=platform.dist_backend))
 
 
 def load_rank(engine_args: EngineArgs, source: ModelSource, platform: Platform, tp: TensorParallel) -> ModelRunner:
@@ -83,11 +87,19 @@ def torchrun_rank() -> tuple[int, int, int, int] | None:
     return int(env["RANK"]), world, int(env.get("LOCAL_RANK", env["RANK"])), int(env.get("LOCAL_WORLD_SIZE", world))
 
 
-def worker_main(rank: int, world_size: int, engine_args: EngineArgs, channel: PipeChannel | BroadcastChannel) -> None:
+def worker_main(
+    rank: int,
+    world_size: int,
+    engine_args: EngineArgs,
+    channel: PipeChannel | BroadcastChannel,
+    local: tuple[int, int] | None = None,
+) -> None:
     """A worker's life once it joined the group: load its shard, then run steps until told to
-    stop (or the driver is gone)."""
+    stop (or the driver is gone). local: (local rank, ranks on this host), default (rank,
+    world_size): which of this host's devices is its own."""
     try:
         platform = get_platform(engine_args.device)
+        platform.bind_local_rank(*(local or (rank, world_size)))
         tp = TensorParallel(rank, world_size, engine_args.expert_parallel)
         runner = load_rank(engine_args, open_model(engine_args.model), platform, tp)
         while True:

@@ -28,6 +28,9 @@ class CpuPlatform(Platform):
     def is_available(self) -> bool:
         return True
 
+    def bind_local_rank(self, local_rank: int, local_world: int) -> None:
+        """CPU ranks share the one device and split its cores instead (engine/worker.py pin_to_cores)."""
+
     def free_memory_bytes(self) -> int:
         try:
             with open("/proc/meminfo") as f:

@@ -16,6 +16,10 @@ class CudaPlatform(Platform):
     def device_count(self) -> int:
         return torch.cuda.device_count()
 
+    def select(self) -> None:
+        # NCCL builds each rank's communicator on the current device, not the tensors' own.
+        torch.cuda.set_device(self.index)
+
     def free_memory_bytes(self) -> int:
         free, _total = torch.cuda.mem_get_info(self.index)
         return int(free)

@@ -36,6 +36,22 @@ class Platform(ABC):
             )
         self.index = index
 
+    def bind_local_rank(self, local_rank: int, local_world: int) -> None:
+        """Make this process one of `local_world` ranks on this host, each on its own device,
+        counted from the one asked for ("cuda:2" with 2 ranks: cuda:2 and cuda:3). Refused,
+        naming both numbers, when the host has too few; the driver calls it before it spawns."""
+        count, first = self.device_count(), self.index
+        if first + local_world > count:
+            raise ValueError(
+                f"{local_world} ranks on this host need {local_world} {self.name} devices from index {first}; "
+                f"this machine has {count} (indices 0-{count - 1})"
+            )
+        self.index = first + local_rank
+        self.select()
+
+    def select(self) -> None:
+        """Make self.index this process's current device (where the platform has such a notion)."""
+
     def device(self, index: int | None = None) -> torch.device:
         index = self.index if index is None else index
         return torch.device(self.device_type, index) if self.device_type != "cpu" else torch.device("cpu")

@@ -67,3 +67,24 @@ def _bad_split(rank: int, world: int) -> str:
 def test_all_to_all_refuses_splits_that_do_not_cover_the_rows():
     msgs = run_on_ranks(_bad_split, 2)
     assert all("input_split_sizes=[1, 1]" in m and "4 rows" in m for m in msgs)
+
+
+def _accelerator_communicator(rank: int, world: int) -> tuple:
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from tacit.engine.worker import make_communicator
+
+    # An accelerator platform as make_communicator sees it (device type, backend); gloo stands in
+    # for NCCL so that this runs on CPU.
+    comm = make_communicator(SimpleNamespace(device_type="npu", dist_backend="gloo"))
+    t = torch.tensor([rank + 1.0])
+    comm.all_reduce(t)
+    return comm.group is not None and comm.group is not dist.group.WORLD, dist.get_backend(comm.group), t.item()
+
+
+def test_accelerator_ranks_communicate_on_a_group_of_their_platforms_backend():
+    """On GPUs the collectives go through an NCCL group of their own, not the gloo world group
+    (which carries the engine's CPU-side control messages)."""
+    assert run_on_ranks(_accelerator_communicator, 2) == [(True, "gloo", 3.0)] * 2

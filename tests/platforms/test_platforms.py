@@ -58,6 +58,29 @@ def test_a_cuda_index_picks_that_device(monkeypatch):
         get_platform("cuda:2")
 
 
+def test_tensor_parallel_ranks_each_take_their_own_cuda_device(monkeypatch):
+    """Simulated 4-GPU host: local rank r of a group started from "cuda:1" runs on cuda:(1 + r)
+    and makes it current (NCCL builds on the current device); every rank on one device index
+    was the first version's behaviour. Too few devices is refused naming both numbers."""
+    current = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    for local_rank in (0, 1, 2):
+        platform = get_platform("cuda:1")
+        platform.bind_local_rank(local_rank, 3)
+        assert platform.device() == torch.device("cuda", 1 + local_rank)
+    assert current == [1, 2, 3]
+    with pytest.raises(ValueError, match=r"4 ranks on this host need 4 cuda devices from index 1; this machine has 4"):
+        get_platform("cuda:1").bind_local_rank(0, 4)
+
+
+def test_cpu_ranks_share_the_cpu_device():
+    platform = get_platform("cpu")
+    platform.bind_local_rank(1, 2)  # they split the cores instead (engine/worker.py pin_to_cores)
+    assert platform.device() == torch.device("cpu")
+
+
 @no_cuda
 def test_auto_without_cuda_is_cpu():
     assert isinstance(get_platform("auto"), CpuPlatform)
