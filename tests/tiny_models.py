@@ -153,9 +153,11 @@ def make_config(arch: str, vocab: int):
             decoder_sparse_step=2,
             mlp_only_layers=[],
         )
-    if arch in ("deepseek_v3", "deepseek_v3_qlora"):
+    if arch in ("deepseek_v3", "deepseek_v3_qlora", "deepseek_v3_wide"):
         kw.update(num_key_value_heads=4, num_hidden_layers=3)
         extra = dict(q_lora_rank=24) if arch == "deepseek_v3_qlora" else dict(q_lora_rank=None)
+        # wide: value heads of 32, so the absorbed products run csrc/head_bmm.cpp (N a multiple of 32)
+        extra["v_head_dim"] = 32 if arch == "deepseek_v3_wide" else 16
         if arch == "deepseek_v3_qlora":
             extra["rope_scaling"] = {
                 "rope_type": "yarn",
@@ -178,7 +180,6 @@ def make_config(arch: str, vocab: int):
             kv_lora_rank=32,
             qk_rope_head_dim=8,
             qk_nope_head_dim=16,
-            v_head_dim=16,
             first_k_dense_replace=1,
             norm_topk_prob=True,
             **extra,

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from tacit.kernels.ggml_quant import BF16
+from tacit.kernels.moe_kernel import ExpertWeights
 
 
 @dataclass
@@ -126,6 +127,119 @@ def bind_llama_decoder(
         if w.moe is not None:
             m = w.moe
             decoder.add_moe(m.router, m.w13, m.w13_type, m.w2, m.w2_type, m.top_k, m.renormalize, m.expert_slots)
+    return decoder
+
+
+@dataclass
+class GroupedMoEWeights:
+    """DeepSeek-V3's MoE MLP: float32 router [E, hidden] and correction bias [E], sigmoid scores,
+    group-limited top-k, scaled; the routed stacks and the shared expert (a stack of one, or None)."""
+
+    router: torch.Tensor
+    correction_bias: torch.Tensor
+    routed: ExpertWeights
+    shared: ExpertWeights | None
+    top_k: int
+    renormalize: bool
+    groups: int
+    topk_groups: int
+    scaling: float
+
+
+@dataclass
+class MLALayerWeights:
+    """One MLA decoder layer (DeepSeek-V3, Kimi-K2): q_a/q_a_norm None for a plain q_proj (in
+    q_b); w_uk [H, nope, rank] and w_uv_t [H, rank, v] absorbed from kv_b_proj; the latent cache
+    [blocks, block_size, rank + rope] bf16 or kv_quant.py's int8 rows. The MLP: dense gate_up/down,
+    or moe."""
+
+    input_norm: torch.Tensor
+    q_a: torch.Tensor | None
+    q_a_type: int
+    q_a_norm: torch.Tensor | None
+    q_b: torch.Tensor
+    q_b_type: int
+    kv_a: torch.Tensor
+    kv_a_type: int
+    kv_a_norm: torch.Tensor
+    w_uk: torch.Tensor
+    w_uv_t: torch.Tensor
+    o_proj: torch.Tensor
+    o_type: int
+    post_attention_norm: torch.Tensor
+    latent_cache: torch.Tensor
+    gate_up: list[torch.Tensor] | None = None
+    down: torch.Tensor | None = None
+    gate_up_types: list[int] = field(default_factory=lambda: [BF16])
+    down_type: int = BF16
+    moe: GroupedMoEWeights | None = None
+
+
+def _stack(e: ExpertWeights) -> tuple[torch.Tensor, int, torch.Tensor, int]:
+    """(w13, its type, w2, its type) as the C++ decoder takes a stack: BF16 for a bf16 one."""
+    return e.w13, BF16 if e.w13_type is None else e.w13_type, e.w2, BF16 if e.w2_type is None else e.w2_type
+
+
+def bind_mla_decoder(
+    kernels: ModuleType,
+    embed: torch.Tensor,
+    embed_type: int,
+    final_norm: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_heads: int,
+    intermediate: int,
+    eps: float,
+    scale: float,
+    block_size: int,
+    layers: list[MLALayerWeights],
+) -> Any:
+    """The C++ LlamaDecoder over an MLA model's tensors (shared, not copied): its MLA layers
+    (csrc/llama_decode.cpp mla_attention) and grouped-routing MoE. cos/sin [max_positions, rope
+    / 2]: the decoder's head_dim is the rotary width, its one kv head the latent."""
+    rope = cos.shape[1] * 2
+    decoder = kernels.LlamaDecoder(
+        embed,
+        embed_type,
+        final_norm.shape[0],
+        final_norm,
+        cos.contiguous(),
+        sin.contiguous(),
+        num_heads,
+        1,
+        rope,
+        intermediate,
+        eps,
+        scale,
+        block_size,
+    )
+    empty = torch.empty(0)
+    for w in layers:
+        decoder.add_mla_layer(
+            w.input_norm,
+            w.q_a,
+            w.q_a_type,
+            w.q_a_norm,
+            w.q_b,
+            w.q_b_type,
+            w.kv_a,
+            w.kv_a_type,
+            w.kv_a_norm,
+            w.w_uk,
+            w.w_uv_t,
+            w.o_proj,
+            w.o_type,
+            w.post_attention_norm,
+            w.gate_up,
+            w.down,
+            w.gate_up_types,
+            w.down_type,
+            w.latent_cache,
+        )
+        if w.moe is not None:
+            m, shared = w.moe, w.moe.shared or ExpertWeights(empty, empty)
+            routing = (m.top_k, m.renormalize, m.groups, m.topk_groups, m.scaling)
+            decoder.add_grouped_moe(m.router, m.correction_bias, *_stack(m.routed), *routing, *_stack(shared))
     return decoder
 
 

@@ -228,6 +228,42 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
+    def fused_decoder_unsupported_reason(self) -> str | None:
+        """Why kernels/cpu_fused_decode.py cannot run this model's decode step, or None if it can
+        (the architectures that have one override this and _bind_fused_decoder)."""
+        return f"{type(self).__name__} has no fused decode step"
+
+    def _bind_fused_decoder(self, kernels: ModuleType, block_size: int, max_positions: int) -> Any:
+        raise NotImplementedError
+
+    def fused_mlp_unsupported_reason(self, mlp: nn.Module) -> str | None:
+        """Why the fused step cannot run this layer's MLP (the models with other MLPs override)."""
+        if type(mlp) is not LlamaMLP:
+            return "not a dense Llama MLP"
+        if mlp.gate_up_proj.bias is not None or mlp.down_proj.bias is not None:
+            return "MLP biases"
+        return None
+
+    def fused_mlp_weights(self, mlp: nn.Module) -> dict[str, Any]:
+        """The DecoderLayerWeights fields of this layer's MLP."""
+        gate_up, gate_up_types = weight_parts(mlp.gate_up_proj)
+        return dict(
+            gate_up=gate_up,
+            down=mlp.down_proj.weight.data,
+            gate_up_types=gate_up_types,
+            down_type=ggml_or_bf16(mlp.down_proj),
+        )
+
+    def build_fused_decoder(self, kernels: ModuleType | None, block_size: int, max_positions: int) -> Any | None:
+        """The C++ decode step bound to this model's weights and KV caches, or None if it cannot run it."""
+        if kernels is None or self.fused_decoder_unsupported_reason() is not None:
+            return None
+        try:
+            return self._bind_fused_decoder(kernels, block_size, max_positions)
+        except (ValueError, RuntimeError) as e:  # a shape the kernel does not take: the torch path still runs it
+            print(f"tacit: fused decode step unavailable for this model ({e}); using the torch path", file=sys.stderr)
+            return None
+
     def weight_hook(self, name: str, tensor: torch.Tensor) -> str | None:
         """HF's separate q/k/v and gate/up tensors go into their slice of the merged layer."""
         if not hasattr(self, "_shards"):
@@ -330,34 +366,6 @@ class LlamaForCausalLM(CausalLM):
         if any(p.dtype not in (torch.bfloat16, torch.uint8) for p in self.parameters()):
             return "weights are not bf16"
         return None
-
-    def fused_mlp_unsupported_reason(self, mlp: nn.Module) -> str | None:
-        """Why the fused step cannot run this layer's MLP (the models with other MLPs override)."""
-        if type(mlp) is not LlamaMLP:
-            return "not a dense Llama MLP"
-        if mlp.gate_up_proj.bias is not None or mlp.down_proj.bias is not None:
-            return "MLP biases"
-        return None
-
-    def fused_mlp_weights(self, mlp: nn.Module) -> dict[str, Any]:
-        """The DecoderLayerWeights fields of this layer's MLP."""
-        gate_up, gate_up_types = weight_parts(mlp.gate_up_proj)
-        return dict(
-            gate_up=gate_up,
-            down=mlp.down_proj.weight.data,
-            gate_up_types=gate_up_types,
-            down_type=ggml_or_bf16(mlp.down_proj),
-        )
-
-    def build_fused_decoder(self, kernels: ModuleType | None, block_size: int, max_positions: int) -> Any | None:
-        """The C++ decode step bound to this model's weights and KV caches, or None if it cannot run it."""
-        if kernels is None or self.fused_decoder_unsupported_reason() is not None:
-            return None
-        try:
-            return self._bind_fused_decoder(kernels, block_size, max_positions)
-        except (ValueError, RuntimeError) as e:  # a shape the kernel does not take: the torch path still runs it
-            print(f"tacit: fused decode step unavailable for this model ({e}); using the torch path", file=sys.stderr)
-            return None
 
     def _bind_fused_decoder(self, kernels: ModuleType, block_size: int, max_positions: int) -> Any:
         lm = self.model

@@ -86,6 +86,10 @@ def scheduled_rows(engine):
         ("qwen3_moe", 1),
         ("qwen3_moe", 9),
         ("qwen3_moe_nonorm", 4),
+        ("deepseek_v3", 1),
+        ("deepseek_v3", 9),
+        ("deepseek_v3_qlora", 4),
+        ("deepseek_v3_wide", 3),
     ],
 )
 def test_fused_decode_matches_torch_path(tiny_model_factory, arch, rows):
@@ -132,10 +136,10 @@ def test_one_token_prefill_chunk_rides_the_fused_step_without_sampling(tiny_mode
 
 
 def test_models_the_fused_decoder_does_not_run_keep_the_torch_path(tiny_model_factory):
-    _, _, path = tiny_model_factory("deepseek_v3")
-    assert LLM(str(path), dtype="bfloat16").engine.runner.fused_decode is None
-    _, _, path = tiny_model_factory("llama")
-    assert LLM(str(path), dtype="float32").engine.runner.fused_decode is None
+    for arch in ("deepseek_v3", "llama"):  # float32: the fused step is bf16 only
+        _, _, path = tiny_model_factory(arch)
+        engine = LLM(str(path), dtype="float32").engine
+        assert engine.runner.fused_decode is None and engine.model.fused_decoder_unsupported_reason() is not None
 
 
 def test_layer_by_layer_step_equals_one_call_and_lets_a_cut_in_run(tiny_model_factory):

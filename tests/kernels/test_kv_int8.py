@@ -257,7 +257,7 @@ def test_kernel_quantizer_is_bit_for_bit_the_torch_one():
 
 
 @needs_kernels
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "deepseek_v3_qlora"])
 def test_fused_decoder_on_int8_kv_matches_the_torch_path(tiny_model_factory, arch):
     from tests.kernels.test_fused_decode import step_both_ways
 
@@ -417,6 +417,8 @@ def test_tiny_deepseek_on_int8_latents_runs_the_kernel_and_keeps_its_tokens(tiny
     monkeypatch.setattr(absorbed, "decode_kernel", switched)
     path = str(tiny_model_factory("deepseek_v3")[2])
     engine = LLM(path, dtype="bfloat16", block_size=4, kv_cache_dtype="int8").engine
+    # The torch path's decodes (the fused C++ step calls the same kernel: the fused-decoder test above).
+    engine.runner.fused_decode = None
     for i, p in enumerate([[5, 6, 7, 8], list(range(10, 40)), [9] * 17]):
         engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), request_id=str(i))
     runner, steps, rows_close = engine.runner, 0, []

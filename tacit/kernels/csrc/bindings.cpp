@@ -40,6 +40,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           int64_t, int64_t, int64_t, double, double, int64_t>())
       .def("add_layer", &tacit::LlamaDecoder::add_layer)
       .def("add_moe", &tacit::LlamaDecoder::add_moe)
+      .def("add_mla_layer", &tacit::LlamaDecoder::add_mla_layer)
+      .def("add_grouped_moe", &tacit::LlamaDecoder::add_grouped_moe)
       .def("forward", &tacit::LlamaDecoder::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("embed", &tacit::LlamaDecoder::embed)
       .def("run_layers", &tacit::LlamaDecoder::run_layers, pybind11::call_guard<pybind11::gil_scoped_release>())

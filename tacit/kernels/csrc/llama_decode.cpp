@@ -32,6 +32,12 @@
 #include "ggml_gemv.h"
 
 namespace tacit {
+
+// csrc/decode_attention_op.cpp and csrc/head_bmm.cpp: MLA's absorbed decode, as the torch path calls them.
+torch::Tensor mla_decode_attention(torch::Tensor q, torch::Tensor latent_cache, torch::Tensor positions,
+                                   torch::Tensor block_tables, double scale, int64_t v_dim);
+torch::Tensor head_bmm_bf16(torch::Tensor x, torch::Tensor w);
+
 namespace {
 
 using u16 = uint16_t;
@@ -87,6 +93,20 @@ void rotate_neox(u16* x, const u16* cos, const u16* sin, int64_t half) {
     x[i] = float_to_bf16(round_bf16(x1 * c) - round_bf16(x2 * s));
     x[i + half] = float_to_bf16(round_bf16(x2 * c) + round_bf16(x1 * s));
   }
+}
+
+// DeepSeek's pairwise rotary on one head in place: (x0, x1), (x2, x3)... rotated, written out
+// de-interleaved (layers/rotary.py rotate_interleaved), each product and sum rounded.
+void rotate_interleaved(u16* x, const u16* cos, const u16* sin, int64_t half) {
+  u16 out[256];
+  TORCH_CHECK(half <= 128, "rotary width above 256");
+  for (int64_t i = 0; i < half; ++i) {
+    const float x1 = bf16_to_float(x[2 * i]), x2 = bf16_to_float(x[2 * i + 1]);
+    const float c = bf16_to_float(cos[i]), s = bf16_to_float(sin[i]);
+    out[i] = float_to_bf16(round_bf16(x1 * c) - round_bf16(x2 * s));
+    out[i + half] = float_to_bf16(round_bf16(x2 * c) + round_bf16(x1 * s));
+  }
+  std::memcpy(x, out, 2 * half * sizeof(u16));
 }
 
 // Up to this many rows, a GGML weight is multiplied 8 rows a pass by the block kernel rather than
@@ -172,15 +192,25 @@ std::tuple<torch::Tensor, torch::Tensor> moe_mlp_route(const LlamaLayerWeights& 
   return moe_route(logits, std::nullopt, w.top_k, false, w.renormalize, 1, 1, 1.0);
 }
 
-// The routed experts' weighted sum -> out_f32 [m, hidden] (bf16 values).
+// DeepSeek-V3's routing as models/deepseek_v3.py runs it: F.linear(x.float(), weight.float()) (the
+// same ATen call, so the same float32 logits), then fused_moe.cpp's grouped sigmoid top-k.
+std::tuple<torch::Tensor, torch::Tensor> grouped_moe_route(const LlamaLayerWeights& w, const u16* normed, int m) {
+  const int64_t h = w.router_f32.size(1);
+  auto x = torch::from_blob(const_cast<u16*>(normed), {m, h}, torch::dtype(torch::kBFloat16)).to(torch::kFloat32);
+  auto logits = torch::linear(x, w.router_f32).contiguous();
+  return moe_route(logits, w.correction_bias, w.top_k, true, w.renormalize, w.groups, w.topk_groups, w.scaling);
+}
+
+// The routed experts' weighted sum (+ the shared expert, when fused) -> out_f32 [m, hidden] (bf16 values).
 void moe_mlp_experts(const LlamaLayerWeights& w, const u16* normed, const torch::Tensor& weights,
                      const torch::Tensor& ids, float* out_f32, int m) {
-  const int64_t h = w.router.size(1);
+  const int64_t h = w.router_f32.defined() ? w.router_f32.size(1) : w.router.size(1);
   auto x = torch::from_blob(const_cast<u16*>(normed), {m, h}, torch::dtype(torch::kBFloat16));
-  std::optional<torch::Tensor> slots;
+  std::optional<torch::Tensor> slots, shared_w13, shared_w2;
   if (w.expert_slots) slots = w.expert_slots(ids, x);
+  if (w.shared_w13.defined()) shared_w13 = w.shared_w13, shared_w2 = w.shared_w2;
   auto y = moe_experts(x, weights, ids, w.experts_w13, w.experts_w13_type, w.experts_w2, w.experts_w2_type,
-                       std::nullopt, kBf16, std::nullopt, kBf16, slots);
+                       shared_w13, w.shared_w13_type, shared_w2, w.shared_w2_type, slots);
   torch::from_blob(out_f32, {m, h}, torch::dtype(torch::kFloat32)).copy_(y);
 }
 
@@ -208,6 +238,90 @@ class PhaseClock {
   std::vector<double>* seconds_;
   Clock::time_point last_;
 };
+
+// What one step's MLA attention needs besides the layer's weights.
+struct MlaStep {
+  const int64_t* pos;
+  const torch::Tensor& positions;
+  const torch::Tensor& block_tables;
+  const u16 *cos, *sin;  // [max_positions, rope / 2]
+  int64_t heads, block_size;
+  float eps, scale;
+};
+
+// One layer's MLA attention for m decode rows, op for op as models/deepseek_v3.py MLAAttention
+// and the absorbed backend (kernels/absorbed_mla_attention.py) run it: the query (q_a, its norm,
+// q_b), the latent and rotary key (kv_a, the latent's norm), the interleaved rotary, the cache
+// row written, then q_nope absorbed through W_UK, attention over the latent rows in place, and
+// W_UV: normed [m, hidden] -> attn [m, heads * v] (o_proj's input). scratch: reused bf16 space.
+void mla_attention(const MlaWeights& a, const MlaStep& st, const u16* normed, float* f32, std::vector<u16>& scratch,
+                   u16* attn, int m, PhaseClock& clock, int64_t l) {
+  const int64_t heads = st.heads, rank = a.rank, rope = a.rope, nope = a.nope, hd = nope + rope;
+  const int64_t qw = heads * hd, kvw = rank + rope, qa = a.q_a.defined() ? a.q_a_norm.size(0) : 0;
+  scratch.resize(static_cast<size_t>(m) * (qa + qw + kvw));
+  u16* q_low = scratch.data();
+  u16* q = q_low + m * qa;
+  u16* kv = q + m * qw;
+  if (qa) {
+    project(a.q_a, torch::Tensor(), normed, f32, m);
+    for (int r = 0; r < m; ++r) round_out(f32 + r * qa, nullptr, q_low + r * qa, qa);
+    clock.mark(l, kPhaseGemm);
+    for (int r = 0; r < m; ++r) rms_norm(q_low + r * qa, bf16_ptr(a.q_a_norm), q_low + r * qa, qa, st.eps);
+    clock.mark(l, kPhaseNorm);
+  }
+  project(a.q_b, torch::Tensor(), qa ? q_low : normed, f32, m);
+  for (int r = 0; r < m; ++r) round_out(f32 + r * qw, nullptr, q + r * qw, qw);
+  project(a.kv_a, torch::Tensor(), normed, f32, m);
+  for (int r = 0; r < m; ++r) round_out(f32 + r * kvw, nullptr, kv + r * kvw, kvw);
+  clock.mark(l, kPhaseGemm);
+  for (int r = 0; r < m; ++r) rms_norm(kv + r * kvw, bf16_ptr(a.kv_a_norm), kv + r * kvw, rank, st.eps);
+  clock.mark(l, kPhaseNorm);
+
+  const int64_t width = st.block_tables.size(1), bs = st.block_size;
+  const int64_t* tables = st.block_tables.data_ptr<int64_t>();
+  const bool int8_cache = a.latent_cache.scalar_type() == torch::kInt8;
+  for (int r = 0; r < m; ++r) {
+    const u16* cos = st.cos + st.pos[r] * (rope / 2);
+    const u16* sin = st.sin + st.pos[r] * (rope / 2);
+    for (int64_t head = 0; head < heads; ++head) rotate_interleaved(q + r * qw + head * hd + nope, cos, sin, rope / 2);
+    u16* row = kv + r * kvw;
+    rotate_interleaved(row + rank, cos, sin, rope / 2);
+    const int64_t slot = tables[r * width + st.pos[r] / bs] * bs + st.pos[r] % bs;
+    if (int8_cache) {  // kernels/kv_quant.py pack_rows, latent then rotary key: values, then the fp32 scale
+      int8_t* out = a.latent_cache.data_ptr<int8_t>() + slot * (kvw + 8);
+      float scale;
+      quantize_kv_row(row, rank, out, &scale, false);
+      std::memcpy(out + rank, &scale, sizeof(scale));
+      quantize_kv_row(row + rank, rope, out + rank + 4, &scale, false);
+      std::memcpy(out + rank + 4 + rope, &scale, sizeof(scale));
+    } else {
+      std::memcpy(reinterpret_cast<u16*>(a.latent_cache.data_ptr<at::BFloat16>()) + slot * kvw, row,
+                  kvw * sizeof(u16));
+    }
+  }
+  // The per-head products as absorbed_attend runs them: csrc/head_bmm.cpp where its shapes fit,
+  // else torch.bmm over the heads.
+  auto per_head = [&](const torch::Tensor& x, const torch::Tensor& w) {
+    return a.head_bmm ? head_bmm_bf16(x, w) : torch::bmm(x.transpose(0, 1), w).transpose(0, 1);
+  };
+  auto qt = torch::from_blob(q, {m, heads, hd}, torch::dtype(torch::kBFloat16));
+  auto q_abs = torch::cat({per_head(qt.narrow(2, 0, nope), a.w_uk), qt.narrow(2, nope, rope)}, 2);
+  auto o_latent = mla_decode_attention(q_abs, a.latent_cache, st.positions, st.block_tables, st.scale, rank);
+  auto out = per_head(o_latent, a.w_uv_t).contiguous();  // [m, heads, v]
+  std::memcpy(attn, out.data_ptr<at::BFloat16>(), out.numel() * sizeof(u16));
+  clock.mark(l, kPhaseAttention);
+}
+
+// A sparse MLP's expert stacks and top-k (shapes and types are checked per call by moe_experts).
+void set_experts(LlamaLayerWeights& w, const torch::Tensor& w13, int64_t w13_type, const torch::Tensor& w2,
+                 int64_t w2_type, int64_t top_k, bool renormalize) {
+  w.experts_w13 = w13;
+  w.experts_w2 = w2;
+  w.experts_w13_type = static_cast<int>(w13_type);
+  w.experts_w2_type = static_cast<int>(w2_type);
+  w.top_k = top_k;
+  w.renormalize = renormalize;
+}
 
 torch::Tensor checked(const torch::Tensor& t, const char* what, std::vector<int64_t> shape) {
   TORCH_CHECK(t.scalar_type() == torch::kBFloat16 && t.is_contiguous() && t.device().is_cpu(), what,
@@ -269,6 +383,17 @@ Projection checked_projection(const std::vector<torch::Tensor>& parts, const std
   return p;
 }
 
+void LlamaDecoder::set_dense_mlp(LlamaLayerWeights& w, const std::optional<std::vector<torch::Tensor>>& gate_up,
+                                 const std::optional<torch::Tensor>& down, const std::vector<int64_t>& gate_up_types,
+                                 int64_t down_type) const {
+  TORCH_CHECK(gate_up.has_value() == down.has_value(), "gate_up and down come together (neither: an MoE layer)");
+  if (gate_up) {
+    w.gate_up = checked_projection(*gate_up, gate_up_types, "gate_up_proj", 2 * intermediate_, hidden_);
+    w.down = checked_weight(*down, down_type, "down_proj", hidden_, intermediate_);
+  }
+  w.down_type = static_cast<int>(down_type);
+}
+
 void LlamaDecoder::add_layer(torch::Tensor input_norm, std::vector<torch::Tensor> qkv,
                              std::optional<torch::Tensor> qkv_bias, std::optional<torch::Tensor> q_norm,
                              std::optional<torch::Tensor> k_norm, torch::Tensor o_proj,
@@ -277,6 +402,7 @@ void LlamaDecoder::add_layer(torch::Tensor input_norm, std::vector<torch::Tensor
                              torch::Tensor kv_cache, std::vector<int64_t> qkv_types, int64_t o_type,
                              std::vector<int64_t> gate_up_types, int64_t down_type) {
   const int64_t q = num_heads_ * head_dim_, kv = num_kv_heads_ * head_dim_, h = hidden_;
+  TORCH_CHECK(layers_.empty() || !layers_[0].mla.defined(), "add_layer after add_mla_layer: one attention kind a model");
   LlamaLayerWeights w;
   w.input_norm = checked(input_norm, "input_layernorm", {h});
   w.qkv = checked_projection(qkv, qkv_types, "qkv_proj", q + 2 * kv, h);
@@ -289,13 +415,8 @@ void LlamaDecoder::add_layer(torch::Tensor input_norm, std::vector<torch::Tensor
   w.o_proj = checked_weight(o_proj, o_type, "o_proj", h, q);
   if (o_bias) w.o_bias = checked(*o_bias, "o_proj.bias", {h});
   w.post_norm = checked(post_norm, "post_attention_layernorm", {h});
-  TORCH_CHECK(gate_up.has_value() == down.has_value(), "gate_up and down come together (neither: an MoE layer)");
-  if (gate_up) {
-    w.gate_up = checked_projection(*gate_up, gate_up_types, "gate_up_proj", 2 * intermediate_, h);
-    w.down = checked_weight(*down, down_type, "down_proj", h, intermediate_);
-  }
+  set_dense_mlp(w, gate_up, down, gate_up_types, down_type);
   w.o_type = static_cast<int>(o_type);
-  w.down_type = static_cast<int>(down_type);
   if (kv_cache.scalar_type() == torch::kInt8) {  // kernels/kv_quant.py: [2, blocks, Hkv, bs * (D + 4)]
     TORCH_CHECK(kv_cache.is_contiguous() && kv_cache.device().is_cpu(), "kv_cache: must be a contiguous CPU tensor");
     TORCH_CHECK(kv_cache.dim() == 4 && kv_cache.size(0) == 2 && kv_cache.size(2) == num_kv_heads_ &&
@@ -324,13 +445,93 @@ void LlamaDecoder::add_moe(torch::Tensor router, torch::Tensor w13, int64_t w13_
   TORCH_CHECK(w13.dim() == 3 && w2.dim() == 3 && w13.size(0) == rows && w2.size(0) == rows,
               "experts: w13 and w2 must be [", rows, ", rows, cols]");
   TORCH_CHECK(top_k >= 1 && top_k <= experts, "top_k must be in 1..", experts);
-  w.experts_w13 = w13;  // shapes and types are checked per call by moe_experts
-  w.experts_w2 = w2;
-  w.experts_w13_type = static_cast<int>(w13_type);
-  w.experts_w2_type = static_cast<int>(w2_type);
-  w.top_k = top_k;
-  w.renormalize = renormalize;
+  set_experts(w, w13, w13_type, w2, w2_type, top_k, renormalize);
   if (expert_slots) w.expert_slots = *expert_slots;
+}
+
+void LlamaDecoder::add_mla_layer(torch::Tensor input_norm, std::optional<torch::Tensor> q_a, int64_t q_a_type,
+                                 std::optional<torch::Tensor> q_a_norm, torch::Tensor q_b, int64_t q_b_type,
+                                 torch::Tensor kv_a, int64_t kv_a_type, torch::Tensor kv_a_norm, torch::Tensor w_uk,
+                                 torch::Tensor w_uv_t, torch::Tensor o_proj, int64_t o_type, torch::Tensor post_norm,
+                                 std::optional<std::vector<torch::Tensor>> gate_up, std::optional<torch::Tensor> down,
+                                 std::vector<int64_t> gate_up_types, int64_t down_type, torch::Tensor latent_cache) {
+  TORCH_CHECK(layers_.empty() || layers_[0].mla.defined(), "add_mla_layer after add_layer: one attention kind a model");
+  TORCH_CHECK(num_kv_heads_ == 1, "an MLA decoder is built with num_kv_heads 1 (every head attends the latent)");
+  const int64_t h = hidden_, heads = num_heads_, rope = head_dim_;
+  TORCH_CHECK(w_uk.dim() == 3 && w_uv_t.dim() == 3 && w_uk.size(0) == heads && w_uv_t.size(0) == heads,
+              "w_uk [heads, nope, rank] and w_uv_t [heads, rank, v] for ", heads, " heads");
+  const int64_t nope = w_uk.size(1), rank = w_uk.size(2), v = w_uv_t.size(2);
+  LlamaLayerWeights w;
+  MlaWeights& a = w.mla;
+  a.rank = rank, a.rope = rope, a.nope = nope, a.v_dim = v;
+  w.input_norm = checked(input_norm, "input_layernorm", {h});
+  TORCH_CHECK(q_a.has_value() == q_a_norm.has_value(), "q_a_proj and q_a_layernorm come together");
+  int64_t q_in = h;
+  if (q_a) {
+    q_in = q_a_norm->size(0);
+    a.q_a = checked_projection({*q_a}, {q_a_type}, "q_a_proj", q_in, h);
+    a.q_a_norm = checked(*q_a_norm, "q_a_layernorm", {q_in});
+  }
+  a.q_b = checked_projection({q_b}, {q_b_type}, q_a ? "q_b_proj" : "q_proj", heads * (nope + rope), q_in);
+  a.kv_a = checked_projection({kv_a}, {kv_a_type}, "kv_a_proj_with_mqa", rank + rope, h);
+  a.kv_a_norm = checked(kv_a_norm, "kv_a_layernorm", {rank});
+  a.w_uk = checked(w_uk, "w_uk", {heads, nope, rank});
+  a.w_uv_t = checked(w_uv_t, "w_uv_t", {heads, rank, v});
+  a.head_bmm = nope % 2 == 0 && rank % 32 == 0 && rank % 2 == 0 && v % 32 == 0;  // absorbed_mla_attention._head_bmm_fits
+  w.o_proj = checked_weight(o_proj, o_type, "o_proj", h, heads * v);
+  w.o_type = static_cast<int>(o_type);
+  w.post_norm = checked(post_norm, "post_attention_layernorm", {h});
+  set_dense_mlp(w, gate_up, down, gate_up_types, down_type);
+  const bool int8_cache = latent_cache.scalar_type() == torch::kInt8;
+  TORCH_CHECK((int8_cache || latent_cache.scalar_type() == torch::kBFloat16) && latent_cache.dim() == 3 &&
+                  latent_cache.is_contiguous() && latent_cache.device().is_cpu() &&
+                  latent_cache.size(1) == block_size_ && latent_cache.size(2) == rank + rope + (int8_cache ? 8 : 0),
+              "latent cache: contiguous CPU [blocks, ", block_size_, ", ", rank + rope, "] bf16 or [.., ",
+              rank + rope + 8, "] int8, got ", latent_cache.scalar_type(), " ", latent_cache.sizes());
+  TORCH_CHECK(layers_.empty() || (layers_[0].mla.latent_cache.scalar_type() == latent_cache.scalar_type() &&
+                                  layers_[0].mla.latent_cache.size(0) == latent_cache.size(0)),
+              "every layer's latent cache must have the same dtype and blocks");
+  a.latent_cache = latent_cache;
+  layers_.push_back(std::move(w));
+}
+
+void LlamaDecoder::add_grouped_moe(torch::Tensor router_f32, torch::Tensor correction_bias, torch::Tensor w13,
+                                   int64_t w13_type, torch::Tensor w2, int64_t w2_type, int64_t top_k,
+                                   bool renormalize, int64_t groups, int64_t topk_groups, double scaling,
+                                   torch::Tensor shared_w13, int64_t shared_w13_type, torch::Tensor shared_w2,
+                                   int64_t shared_w2_type) {
+  TORCH_CHECK(!layers_.empty() && !layers_.back().gate_up.defined() && !layers_.back().moe(),
+              "add_grouped_moe follows a layer added with no gate_up and down");
+  LlamaLayerWeights& w = layers_.back();
+  const int64_t experts = router_f32.size(0);
+  TORCH_CHECK(router_f32.scalar_type() == torch::kFloat32 && router_f32.is_contiguous() &&
+                  router_f32.sizes().vec() == std::vector<int64_t>({experts, hidden_}),
+              "router: contiguous float32 [experts, ", hidden_, "]");
+  TORCH_CHECK(correction_bias.scalar_type() == torch::kFloat32 && correction_bias.is_contiguous() &&
+                  correction_bias.numel() == experts,
+              "correction bias: contiguous float32 [", experts, "]");
+  TORCH_CHECK(w13.dim() == 3 && w2.dim() == 3 && w13.size(0) == experts && w2.size(0) == experts,
+              "experts: w13 and w2 must be [", experts, ", rows, cols]");
+  TORCH_CHECK(top_k >= 1 && top_k <= experts && groups >= 1 && experts % groups == 0 && topk_groups >= 1 &&
+                  topk_groups <= groups,
+              "routing: top_k ", top_k, ", groups ", groups, ", topk_groups ", topk_groups, " for ", experts,
+              " experts");
+  w.router_f32 = router_f32;
+  w.correction_bias = correction_bias;
+  set_experts(w, w13, w13_type, w2, w2_type, top_k, renormalize);
+  w.groups = groups;
+  w.topk_groups = topk_groups;
+  w.scaling = scaling;
+  if (shared_w13.defined() && shared_w13.numel()) {
+    w.shared_w13 = shared_w13;
+    w.shared_w2 = shared_w2;
+    w.shared_w13_type = static_cast<int>(shared_w13_type);
+    w.shared_w2_type = static_cast<int>(shared_w2_type);
+  }
+}
+
+int64_t LlamaDecoder::num_blocks() const {
+  return layers_[0].mla.defined() ? layers_[0].mla.latent_cache.size(0) : layers_[0].kv_cache.size(1);
 }
 
 void LlamaDecoder::check_rows(const torch::Tensor& positions, const torch::Tensor& block_tables, int64_t m) const {
@@ -346,7 +547,7 @@ void LlamaDecoder::check_rows(const torch::Tensor& positions, const torch::Tenso
     TORCH_CHECK(pos[r] >= 0 && pos[r] < max_positions_, "position ", pos[r], " beyond the rotary table");
     TORCH_CHECK((pos[r] + block_size_) / block_size_ <= width, "block table too narrow for position ", pos[r]);
     for (int64_t b = 0; b <= pos[r] / block_size_; ++b)
-      TORCH_CHECK(tables[r * width + b] >= 0 && tables[r * width + b] < layers_[0].kv_cache.size(1),
+      TORCH_CHECK(tables[r * width + b] >= 0 && tables[r * width + b] < num_blocks(),
                   "block id ", tables[r * width + b], " outside the KV pool");
   }
 }
@@ -378,67 +579,78 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
               num_layers(), ")");
   const int m = static_cast<int>(x.size(0));
   check_rows(positions, block_tables, m);
-  int64_t experts = 0;
-  for (int64_t l = begin; l < end; ++l) {
-    TORCH_CHECK(layers_[l].moe() || layers_[l].gate_up.defined(), "layer ", l, " has no MLP (add_moe missing)");
-    if (layers_[l].moe()) experts = std::max(experts, layers_[l].router.size(0));
-  }
   const int64_t h = hidden_, d = head_dim_, hq = num_heads_, hkv = num_kv_heads_, inter = intermediate_;
+  int64_t experts = 0, widest = 0, attn_width = hq * d;  // f32's row: the widest projection output
+  for (int64_t l = begin; l < end; ++l) {
+    const LlamaLayerWeights& w = layers_[l];
+    TORCH_CHECK(w.moe() || w.gate_up.defined(), "layer ", l, " has no MLP (add_moe missing)");
+    if (w.moe()) experts = std::max(experts, w.router_f32.defined() ? w.router_f32.size(0) : w.router.size(0));
+    if (w.mla.defined()) {
+      const MlaWeights& a = w.mla;
+      widest = std::max({widest, hq * (a.nope + a.rope), a.rank + a.rope, a.q_a.defined() ? a.q_a_norm.size(0) : 0});
+      attn_width = std::max(attn_width, hq * a.v_dim);
+    }
+  }
   const int64_t qkv_n = (hq + 2 * hkv) * d, width = block_tables.size(1);
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   u16* xs = reinterpret_cast<u16*>(x.data_ptr<at::BFloat16>());
 
-  std::vector<u16> normed(m * h), qkv(m * qkv_n), attn(m * hq * d), act(m * inter);
-  std::vector<float> f32(m * std::max({qkv_n, 2 * inter, h, experts}));
+  std::vector<u16> normed(m * h), qkv(m * qkv_n), attn(m * attn_width), act(m * inter), mla_scratch;
+  std::vector<float> f32(m * std::max({qkv_n, 2 * inter, h, experts, widest}));
   const u16* cos = bf16_ptr(cos_);
   const u16* sin = bf16_ptr(sin_);
+  const MlaStep mla_step{pos, positions, block_tables, cos, sin, hq, block_size_, eps_, scale_};
 
   PhaseClock clock(&phase_s_, phase_timing_);
   for (int64_t l = begin; l < end; ++l) {
     const LlamaLayerWeights& w = layers_[l];
     for (int r = 0; r < m; ++r) rms_norm(xs + r * h, bf16_ptr(w.input_norm), normed.data() + r * h, h, eps_);
     clock.mark(l, kPhaseNorm);
-    const u16* qkv_bias = bf16_ptr(project(w.qkv, w.qkv_bias, normed.data(), f32.data(), m));
-    clock.mark(l, kPhaseGemm);
-    const bool int8_kv = w.kv_cache.scalar_type() == torch::kInt8;
-    const int64_t cache_half = w.kv_cache.numel() / 2;
-    // Rounding the qkv output, q/k norms, rotary and the KV write count as attention: the per-head
-    // work that feeds it (O(heads * head_dim) a row against the GEMV's O(hidden * qkv width)).
-    for (int r = 0; r < m; ++r) {
-      u16* x = qkv.data() + r * qkv_n;
-      round_out(f32.data() + r * qkv_n, qkv_bias, x, qkv_n);
-      for (int64_t head = 0; head < hq + hkv; ++head) {
-        u16* v = x + head * d;
-        if (w.q_norm.defined()) rms_norm(v, bf16_ptr(head < hq ? w.q_norm : w.k_norm), v, d, eps_);
-        rotate_neox(v, cos + pos[r] * (d / 2), sin + pos[r] * (d / 2), d / 2);
-      }
-      const int64_t slot = tables[r * width + pos[r] / block_size_] * block_size_ + pos[r] % block_size_;
-      if (int8_kv) {  // per (block, head): block_size rows of d values, then block_size fp32 scales
-        int8_t* cache = w.kv_cache.data_ptr<int8_t>();
-        const int64_t run = block_size_ * (d + 4), block = slot / block_size_, s = slot % block_size_;
-        for (int64_t g = 0; g < hkv; ++g)
-          for (int half = 0; half < 2; ++half) {
-            int8_t* base = cache + half * cache_half + (block * hkv + g) * run;
-            quantize_kv_row(x + (hq + half * hkv + g) * d, d, base + s * d,
-                            reinterpret_cast<float*>(base + block_size_ * d + s * 4), half == 0);
-          }
-      } else {
-        u16* cache = reinterpret_cast<u16*>(w.kv_cache.data_ptr<at::BFloat16>());
-        std::memcpy(cache + slot * hkv * d, x + hq * d, hkv * d * sizeof(u16));
-        std::memcpy(cache + cache_half + slot * hkv * d, x + (hq + hkv) * d, hkv * d * sizeof(u16));
-      }
-    }
-    if (int8_kv) {
-      const int8_t* cache = w.kv_cache.data_ptr<int8_t>();
-      const PagedKVInt8 paged{cache, cache + cache_half, block_size_, hkv, d};
-      decode_attention_int8(qkv.data(), qkv_n, pos, tables, width, paged, hq, scale_, attn.data(), m);
+    if (w.mla.defined()) {
+      mla_attention(w.mla, mla_step, normed.data(), f32.data(), mla_scratch, attn.data(), m, clock, l);
     } else {
-      const u16* cache = reinterpret_cast<const u16*>(w.kv_cache.data_ptr<at::BFloat16>());
-      const PagedKV paged{cache, cache + cache_half, block_size_, hkv, d};
-      decode_attention(qkv.data(), qkv_n, pos, tables, width, paged, hq, scale_, attn.data(), m);
+      const u16* qkv_bias = bf16_ptr(project(w.qkv, w.qkv_bias, normed.data(), f32.data(), m));
+      clock.mark(l, kPhaseGemm);
+      const bool int8_kv = w.kv_cache.scalar_type() == torch::kInt8;
+      const int64_t cache_half = w.kv_cache.numel() / 2;
+      // Rounding the qkv output, q/k norms, rotary and the KV write count as attention: the per-head
+      // work that feeds it (O(heads * head_dim) a row against the GEMV's O(hidden * qkv width)).
+      for (int r = 0; r < m; ++r) {
+        u16* x = qkv.data() + r * qkv_n;
+        round_out(f32.data() + r * qkv_n, qkv_bias, x, qkv_n);
+        for (int64_t head = 0; head < hq + hkv; ++head) {
+          u16* v = x + head * d;
+          if (w.q_norm.defined()) rms_norm(v, bf16_ptr(head < hq ? w.q_norm : w.k_norm), v, d, eps_);
+          rotate_neox(v, cos + pos[r] * (d / 2), sin + pos[r] * (d / 2), d / 2);
+        }
+        const int64_t slot = tables[r * width + pos[r] / block_size_] * block_size_ + pos[r] % block_size_;
+        if (int8_kv) {  // per (block, head): block_size rows of d values, then block_size fp32 scales
+          int8_t* cache = w.kv_cache.data_ptr<int8_t>();
+          const int64_t run = block_size_ * (d + 4), block = slot / block_size_, s = slot % block_size_;
+          for (int64_t g = 0; g < hkv; ++g)
+            for (int half = 0; half < 2; ++half) {
+              int8_t* base = cache + half * cache_half + (block * hkv + g) * run;
+              quantize_kv_row(x + (hq + half * hkv + g) * d, d, base + s * d,
+                              reinterpret_cast<float*>(base + block_size_ * d + s * 4), half == 0);
+            }
+        } else {
+          u16* cache = reinterpret_cast<u16*>(w.kv_cache.data_ptr<at::BFloat16>());
+          std::memcpy(cache + slot * hkv * d, x + hq * d, hkv * d * sizeof(u16));
+          std::memcpy(cache + cache_half + slot * hkv * d, x + (hq + hkv) * d, hkv * d * sizeof(u16));
+        }
+      }
+      if (int8_kv) {
+        const int8_t* cache = w.kv_cache.data_ptr<int8_t>();
+        const PagedKVInt8 paged{cache, cache + cache_half, block_size_, hkv, d};
+        decode_attention_int8(qkv.data(), qkv_n, pos, tables, width, paged, hq, scale_, attn.data(), m);
+      } else {
+        const u16* cache = reinterpret_cast<const u16*>(w.kv_cache.data_ptr<at::BFloat16>());
+        const PagedKV paged{cache, cache + cache_half, block_size_, hkv, d};
+        decode_attention(qkv.data(), qkv_n, pos, tables, width, paged, hq, scale_, attn.data(), m);
+      }
+      clock.mark(l, kPhaseAttention);
     }
-    clock.mark(l, kPhaseAttention);
     // Under tensor parallelism the bias is added once, after the ranks' partial sums are.
     const torch::Tensor& o_bias_in = all_reduce_ ? torch::Tensor() : w.o_bias;
     const u16* o_bias = bf16_ptr(project(w.o_proj, w.o_type, o_bias_in, attn.data(), f32.data(), m));
@@ -453,7 +665,8 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
     for (int r = 0; r < m; ++r) rms_norm(xs + r * h, bf16_ptr(w.post_norm), normed.data() + r * h, h, eps_);
     clock.mark(l, kPhaseNorm);
     if (w.moe()) {
-      auto [weights, ids] = moe_mlp_route(w, normed.data(), f32.data(), m);
+      auto [weights, ids] = w.router_f32.defined() ? grouped_moe_route(w, normed.data(), m)
+                                                   : moe_mlp_route(w, normed.data(), f32.data(), m);
       clock.mark(l, kPhaseMoeRouting);
       moe_mlp_experts(w, normed.data(), weights, ids, f32.data(), m);
       clock.mark(l, kPhaseExperts);

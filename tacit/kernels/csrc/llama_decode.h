@@ -24,6 +24,19 @@ struct Projection {
   bool defined() const { return !parts.empty(); }
 };
 
+// MLA attention (DeepSeek-V3, Kimi-K2) in place of q/k/v: the query through q_a, its norm and
+// q_b (or one q_proj, q_a undefined), the latent and the rotary key through kv_a and the latent's
+// norm, cached as one row [rank + rope] per token (bf16, or kernels/kv_quant.py's int8 rows);
+// decode attends over the latent with the absorbed per-head weights w_uk [H, nope, rank] and
+// w_uv_t [H, rank, v] (kernels/absorbed_mla_attention.py).
+struct MlaWeights {
+  Projection q_a, q_b, kv_a;
+  torch::Tensor q_a_norm, kv_a_norm, w_uk, w_uv_t, latent_cache;
+  int64_t rank = 0, rope = 0, nope = 0, v_dim = 0;
+  bool head_bmm = false;  // the absorbed products through csrc/head_bmm.cpp (its shapes), else torch.bmm
+  bool defined() const { return kv_a.defined(); }
+};
+
 struct LlamaLayerWeights {
   torch::Tensor input_norm, qkv_bias, q_norm, k_norm, o_proj, o_bias, post_norm, down, kv_cache;
   Projection qkv, gate_up;
@@ -39,6 +52,13 @@ struct LlamaLayerWeights {
   // rows, it makes those experts resident in the cache the stacks above are, and returns the
   // expert -> slot table (it runs Python: it takes the GIL).
   std::function<torch::Tensor(torch::Tensor, torch::Tensor)> expert_slots;
+  // DeepSeek-V3's routing instead (router_f32 defined): float32 router [E, hidden], sigmoid with
+  // the correction bias, group-limited top-k, scaled; its shared expert fused into the experts call.
+  torch::Tensor router_f32, correction_bias, shared_w13, shared_w2;
+  int shared_w13_type = kBf16, shared_w2_type = kBf16;
+  int64_t groups = 1, topk_groups = 1;
+  double scaling = 1.0;
+  MlaWeights mla;
   bool moe() const { return top_k > 0; }
 };
 
@@ -67,6 +87,20 @@ class LlamaDecoder {
   void add_moe(torch::Tensor router, torch::Tensor w13, int64_t w13_type, torch::Tensor w2, int64_t w2_type,
                int64_t top_k, bool renormalize,
                std::optional<std::function<torch::Tensor(torch::Tensor, torch::Tensor)>> expert_slots);
+  // An MLA decoder layer (the decoder was built with head_dim = the rotary width, num_kv_heads
+  // 1): q_a/q_a_norm absent for a plain q_proj (given as q_b); gate_up/down absent for an MoE
+  // layer (add_grouped_moe follows).
+  void add_mla_layer(torch::Tensor input_norm, std::optional<torch::Tensor> q_a, int64_t q_a_type,
+                     std::optional<torch::Tensor> q_a_norm, torch::Tensor q_b, int64_t q_b_type, torch::Tensor kv_a,
+                     int64_t kv_a_type, torch::Tensor kv_a_norm, torch::Tensor w_uk, torch::Tensor w_uv_t,
+                     torch::Tensor o_proj, int64_t o_type, torch::Tensor post_norm,
+                     std::optional<std::vector<torch::Tensor>> gate_up, std::optional<torch::Tensor> down,
+                     std::vector<int64_t> gate_up_types, int64_t down_type, torch::Tensor latent_cache);
+  // The last added layer's MLP is DeepSeek-V3's MoE (see LlamaLayerWeights::router_f32).
+  void add_grouped_moe(torch::Tensor router_f32, torch::Tensor correction_bias, torch::Tensor w13, int64_t w13_type,
+                       torch::Tensor w2, int64_t w2_type, int64_t top_k, bool renormalize, int64_t groups,
+                       int64_t topk_groups, double scaling, torch::Tensor shared_w13, int64_t shared_w13_type,
+                       torch::Tensor shared_w2, int64_t shared_w2_type);
   // token_ids [m], positions [m] (the token's index in its sequence; the context is
   // positions + 1 tokens), block_tables [m, B] -> final-normed hidden states [m, hidden] bf16.
   torch::Tensor forward(torch::Tensor token_ids, torch::Tensor positions, torch::Tensor block_tables);
@@ -96,6 +130,11 @@ class LlamaDecoder {
 
  private:
   void check_rows(const torch::Tensor& positions, const torch::Tensor& block_tables, int64_t m) const;
+  int64_t num_blocks() const;  // in the KV pool (every layer's cache has as many)
+  // A dense MLP's gate_up and down into w (neither: an MoE layer, added next).
+  void set_dense_mlp(LlamaLayerWeights& w, const std::optional<std::vector<torch::Tensor>>& gate_up,
+                     const std::optional<torch::Tensor>& down, const std::vector<int64_t>& gate_up_types,
+                     int64_t down_type) const;
 
   torch::Tensor embed_, final_norm_, cos_, sin_;
   int64_t hidden_, num_heads_, num_kv_heads_, head_dim_, intermediate_, block_size_, max_positions_;
