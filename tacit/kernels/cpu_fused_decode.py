@@ -144,6 +144,8 @@ class GroupedMoEWeights:
     groups: int
     topk_groups: int
     scaling: float
+    # An expert-parallel rank's expert -> slot table callback (MoELayerWeights.expert_slots).
+    expert_slots: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass
@@ -239,7 +241,9 @@ def bind_mla_decoder(
         if w.moe is not None:
             m, shared = w.moe, w.moe.shared or ExpertWeights(empty, empty)
             routing = (m.top_k, m.renormalize, m.groups, m.topk_groups, m.scaling)
-            decoder.add_grouped_moe(m.router, m.correction_bias, *_stack(m.routed), *routing, *_stack(shared))
+            decoder.add_grouped_moe(
+                m.router, m.correction_bias, *_stack(m.routed), *routing, *_stack(shared), m.expert_slots
+            )
     return decoder
 
 

@@ -16,11 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from tacit.config import ModelConfig
+from tacit.distributed.communicator import Communicator
 from tacit.distributed.parallel_state import SINGLE, TensorParallel
 from tacit.forward_context import get_attention_metadata
 from tacit.kernels.absorbed_mla_attention import AbsorbedMLAAttentionBackend, absorbed_weights
 from tacit.kernels.attention_backend import AttentionBackend
-from tacit.kernels.cpu_fused_decode import GroupedMoEWeights, MLALayerWeights, bind_mla_decoder
+from tacit.kernels.cpu_fused_decode import GroupedMoEWeights, MLALayerWeights, ShardedDecoder, bind_mla_decoder
 from tacit.kernels.ggml_quant import BF16
 from tacit.kernels.kv_quant import kv_row_width
 from tacit.kernels.moe_kernel import ExpertWeights
@@ -35,7 +36,7 @@ from tacit.layers.moe import FusedMoE
 from tacit.layers.norm import RMSNorm
 from tacit.layers.rotary import RotaryEmbedding, yarn_mscale
 from tacit.models.llama import CausalLM, LlamaDecoderLayer, LlamaMLP, LlamaModel
-from tacit.models.qwen3_moe import load_expert_tensor
+from tacit.models.qwen3_moe import load_expert_tensor, static_slots
 
 
 class MLAAttention(nn.Module, KVCacheLayer):
@@ -181,6 +182,7 @@ class DeepseekV3ForCausalLM(CausalLM):
     def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.tp = tp
+        self.comm: Communicator | None = None  # the fused decode step's all-reduce (tensor parallel)
         hf = cfg.hf
         first_dense = int(hf.get("first_k_dense_replace") or 0)
 
@@ -207,8 +209,8 @@ class DeepseekV3ForCausalLM(CausalLM):
     # ---- the fused C++ decode step (kernels/cpu_fused_decode.py bind_mla_decoder) ----
 
     def fused_decoder_unsupported_reason(self) -> str | None:
-        if self.tp.size > 1:
-            return "tensor parallel (the fused MLA step runs on one rank)"
+        if self.tp.size > 1 and (self.comm is None or self.comm.c_all_reduce_f32() is None):
+            return f"tensor parallel over a communicator with no C all-reduce ({getattr(self.comm, 'name', None)})"
         if not self.model.rotary.interleaved:
             return "half-split rotary (the fused MLA step rotates DeepSeek's interleaved pairs)"
         for i, layer in enumerate(self.model.layers):
@@ -266,6 +268,7 @@ class DeepseekV3ForCausalLM(CausalLM):
             groups=routing.num_groups,
             topk_groups=routing.topk_groups,
             scaling=routing.scaling,
+            expert_slots=static_slots(mlp.experts.expert_slots()),
         )
         return dict(moe=moe)
 
@@ -309,7 +312,7 @@ class DeepseekV3ForCausalLM(CausalLM):
             )
 
         table = lm.embed_tokens
-        return bind_mla_decoder(
+        decoder = bind_mla_decoder(
             kernels,
             table.weight.data,
             table.ggml_type if isinstance(table, GGMLEmbedding) else BF16,
@@ -323,3 +326,7 @@ class DeepseekV3ForCausalLM(CausalLM):
             block_size,
             [mla_layer(layer) for layer in layers],
         )
+        if self.tp.size == 1:
+            return decoder
+        decoder.set_all_reduce(*self.comm.c_all_reduce_f32())
+        return ShardedDecoder(decoder, table)

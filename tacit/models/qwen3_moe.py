@@ -96,11 +96,11 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
             w2_type=BF16 if stacks.w2_type is None else stacks.w2_type,
             top_k=routing.top_k,
             renormalize=routing.renormalize,
-            expert_slots=experts.acquire_streamed if experts.streamed else _static_slots(experts.expert_slots()),
+            expert_slots=experts.acquire_streamed if experts.streamed else static_slots(experts.expert_slots()),
         )
         return dict(gate_up=None, down=None, moe=moe)
 
 
-def _static_slots(slots: torch.Tensor | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+def static_slots(slots: torch.Tensor | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
     """The fused step's slot callback for an expert-parallel rank: the same table every step."""
     return None if slots is None else (lambda ids, x: slots)

@@ -230,11 +230,22 @@ def test_sizes_that_do_not_divide_are_refused(tiny_llama, tiny_model_factory):
 
 
 @pytest.mark.skipif(load_cpu_kernels() is None, reason="no AVX512-BF16 CPU kernels: no fused decode step")
-@pytest.mark.parametrize("arch, expert_parallel", [("llama", False), ("qwen3_moe", False), ("qwen3_moe", True)])
+@pytest.mark.parametrize(
+    "arch, expert_parallel",
+    [
+        ("llama", False),
+        ("qwen3_moe", False),
+        ("qwen3_moe", True),
+        ("deepseek_v3_qlora", False),
+        ("deepseek_v3_qlora", True),
+    ],
+)
 def test_tp2_fused_decode_step_all_reduces_in_cpp(tiny_model_factory, arch, expert_parallel):
     """bf16: each rank's decode steps run in the C++ decoder, which calls the shared-memory
     all-reduce itself after o_proj and the MLP or MoE layer (float32 partial sums: only the
-    order of the sums differs from one rank's)."""
+    order of the sums differs from one rank's). DeepSeek in its q-LoRA shape: the plain-q tiny
+    shape at EP=2 meets a router near-tie in one step of one prompt (one logprob 0.63 off for
+    that step, the tokens unchanged; see test_kv_int8's note on this model's routing)."""
     model, _, path = tiny_model_factory(arch)
     prompts = prompts_for(model.config.vocab_size)
     ref = LLM(str(path), dtype="bfloat16").generate(prompts, GREEDY)

@@ -499,7 +499,8 @@ void LlamaDecoder::add_grouped_moe(torch::Tensor router_f32, torch::Tensor corre
                                    int64_t w13_type, torch::Tensor w2, int64_t w2_type, int64_t top_k,
                                    bool renormalize, int64_t groups, int64_t topk_groups, double scaling,
                                    torch::Tensor shared_w13, int64_t shared_w13_type, torch::Tensor shared_w2,
-                                   int64_t shared_w2_type) {
+                                   int64_t shared_w2_type,
+                                   std::optional<std::function<torch::Tensor(torch::Tensor, torch::Tensor)>> expert_slots) {
   TORCH_CHECK(!layers_.empty() && !layers_.back().gate_up.defined() && !layers_.back().moe(),
               "add_grouped_moe follows a layer added with no gate_up and down");
   LlamaLayerWeights& w = layers_.back();
@@ -510,8 +511,9 @@ void LlamaDecoder::add_grouped_moe(torch::Tensor router_f32, torch::Tensor corre
   TORCH_CHECK(correction_bias.scalar_type() == torch::kFloat32 && correction_bias.is_contiguous() &&
                   correction_bias.numel() == experts,
               "correction bias: contiguous float32 [", experts, "]");
-  TORCH_CHECK(w13.dim() == 3 && w2.dim() == 3 && w13.size(0) == experts && w2.size(0) == experts,
-              "experts: w13 and w2 must be [", experts, ", rows, cols]");
+  const int64_t rows = expert_slots ? w13.size(0) : experts;  // an expert-parallel rank: its share
+  TORCH_CHECK(w13.dim() == 3 && w2.dim() == 3 && w13.size(0) == rows && w2.size(0) == rows,
+              "experts: w13 and w2 must be [", rows, ", rows, cols]");
   TORCH_CHECK(top_k >= 1 && top_k <= experts && groups >= 1 && experts % groups == 0 && topk_groups >= 1 &&
                   topk_groups <= groups,
               "routing: top_k ", top_k, ", groups ", groups, ", topk_groups ", topk_groups, " for ", experts,
@@ -519,6 +521,7 @@ void LlamaDecoder::add_grouped_moe(torch::Tensor router_f32, torch::Tensor corre
   w.router_f32 = router_f32;
   w.correction_bias = correction_bias;
   set_experts(w, w13, w13_type, w2, w2_type, top_k, renormalize);
+  if (expert_slots) w.expert_slots = *expert_slots;
   w.groups = groups;
   w.topk_groups = topk_groups;
   w.scaling = scaling;

@@ -96,11 +96,13 @@ class LlamaDecoder {
                      torch::Tensor o_proj, int64_t o_type, torch::Tensor post_norm,
                      std::optional<std::vector<torch::Tensor>> gate_up, std::optional<torch::Tensor> down,
                      std::vector<int64_t> gate_up_types, int64_t down_type, torch::Tensor latent_cache);
-  // The last added layer's MLP is DeepSeek-V3's MoE (see LlamaLayerWeights::router_f32).
+  // The last added layer's MLP is DeepSeek-V3's MoE (see LlamaLayerWeights::router_f32);
+  // expert_slots as add_moe's (an expert-parallel rank's table: its stacks hold its experts).
   void add_grouped_moe(torch::Tensor router_f32, torch::Tensor correction_bias, torch::Tensor w13, int64_t w13_type,
                        torch::Tensor w2, int64_t w2_type, int64_t top_k, bool renormalize, int64_t groups,
                        int64_t topk_groups, double scaling, torch::Tensor shared_w13, int64_t shared_w13_type,
-                       torch::Tensor shared_w2, int64_t shared_w2_type);
+                       torch::Tensor shared_w2, int64_t shared_w2_type,
+                       std::optional<std::function<torch::Tensor(torch::Tensor, torch::Tensor)>> expert_slots);
   // token_ids [m], positions [m] (the token's index in its sequence; the context is
   // positions + 1 tokens), block_tables [m, B] -> final-normed hidden states [m, hidden] bf16.
   torch::Tensor forward(torch::Tensor token_ids, torch::Tensor positions, torch::Tensor block_tables);
