@@ -181,8 +181,9 @@ def fit(repeats: int = 5) -> dict:
         "op_overhead_s": 0.0,
         "step_overhead_s": step,
         "layer_overhead_s": layer,
-        # tacit's fused C++ decode step covers Llama/Qwen dense and Qwen3-MoE; DeepSeek-V3 decodes on torch
-        "torch_decode_architectures": ["DeepseekV3ForCausalLM"],
+        # tacit's fused C++ decode step covers Llama/Qwen dense, Qwen3-MoE and DeepSeek-V3 (MLA
+        # layers): no architecture's bf16 decode runs the torch path on this CPU any more
+        "torch_decode_architectures": [],
         "reduce_bytes": 4,  # tacit's CPU ranks all-reduce in float32
     }
     # Last: these subtract the step's other operators as the profile so far predicts them
