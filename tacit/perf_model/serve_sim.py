@@ -151,9 +151,10 @@ def simulate(
                 rejected.append(req.request_id)
             nxt += 1
 
-    def run(out: SchedulerOutput, dt: float, copied: int = 0, copy_s: float = 0.0) -> None:
-        """The runner's answer to `out`, a forward of dt seconds that the clock has passed."""
-        sampled = [rid for rid, c in zip(out.num_scheduled_tokens, _step_of(out, reqs).chunks) if c.samples]
+    def run(out: SchedulerOutput, step: MixedStep, dt: float, copied: int = 0, copy_s: float = 0.0) -> None:
+        """The runner's answer to `out` (priced as `step` when it was scheduled), a forward of dt
+        seconds that the clock has passed."""
+        sampled = [rid for rid, c in zip(out.num_scheduled_tokens, step.chunks) if c.samples]
         runner = ModelRunnerOutput(
             req_ids=sampled,
             sampled_token_ids=[FAKE_TOKEN] * len(sampled),
@@ -203,10 +204,10 @@ def simulate(
             paused += cut_dt
             steps += 1
             tokens += cut_step.tokens
-            run(cut_in, cut_dt)
+            run(cut_in, cut_step, cut_dt)
         clock.now = start + dt + paused
         busy += dt + paused
-        run(out, dt, copied, copy_s)
+        run(out, step, dt, copied, copy_s)
     results = [_result(r) for r in reqs.values()]
     swapped = swap.num_swapped_out if swap is not None else 0
     return SimResult(
