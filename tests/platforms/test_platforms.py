@@ -75,6 +75,19 @@ def test_tensor_parallel_ranks_each_take_their_own_cuda_device(monkeypatch):
         get_platform("cuda:1").bind_local_rank(0, 4)
 
 
+def test_too_few_cuda_devices_are_refused_before_any_worker_starts(monkeypatch):
+    from tacit.engine.executor import MultiProcExecutor
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+    spawned = []
+    monkeypatch.setattr(MultiProcExecutor, "_spawn_workers", lambda self, *args: spawned.append(args))
+    with pytest.raises(ValueError, match=r"3 ranks on this host need 3 cuda devices from index 0; this machine has 2"):
+        MultiProcExecutor(None, None, get_platform("cuda"), 3)
+    assert not spawned
+
+
 def test_cpu_ranks_share_the_cpu_device():
     platform = get_platform("cpu")
     platform.bind_local_rank(1, 2)  # they split the cores instead (engine/worker.py pin_to_cores)
