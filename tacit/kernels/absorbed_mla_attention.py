@@ -181,7 +181,7 @@ def absorbed_attend(
     w_uk, w_uv_t = absorbed_weights(kv_b_proj, dims)
     q_nope, q_pe = q.split([dims.nope, dims.rope], dim=-1)
     kernels = decode_kernel(q, kv_cache, g)
-    if kernels is not None and _head_bmm_fits(w_uk) and _head_bmm_fits(w_uv_t):
+    if kernels is not None and head_bmm_fits(w_uk, w_uv_t):
         # per-head bf16 products from csrc/head_bmm.cpp: torch.bmm streamed these weights at ~15
         # GB/s for a few tokens (random:deepseek-v3-1b: 1.6 of 8.9 ms a decoded token)
         q_latent = kernels.head_bmm_bf16(q_nope, w_uk)  # [Tg, H, rank]
@@ -200,9 +200,9 @@ def absorbed_attend(
     return torch.bmm(o_latent.transpose(0, 1), w_uv_t).transpose(0, 1)
 
 
-def _head_bmm_fits(w: torch.Tensor) -> bool:
+def head_bmm_fits(*weights: torch.Tensor) -> bool:
     """csrc/head_bmm.cpp takes [H, K, N] bf16 weights with K even and N a multiple of 32."""
-    return w.dtype == torch.bfloat16 and w.shape[1] % 2 == 0 and w.shape[2] % 32 == 0
+    return all(w.dtype == torch.bfloat16 and w.shape[1] % 2 == 0 and w.shape[2] % 32 == 0 for w in weights)
 
 
 @register_attention_backend("absorbed_mla")

@@ -170,6 +170,7 @@ class MLALayerWeights:
     o_type: int
     post_attention_norm: torch.Tensor
     latent_cache: torch.Tensor
+    head_bmm: bool  # the absorbed products through csrc/head_bmm.cpp, as the torch path picks
     gate_up: list[torch.Tensor] | None = None
     down: torch.Tensor | None = None
     gate_up_types: list[int] = field(default_factory=lambda: [BF16])
@@ -237,6 +238,7 @@ def bind_mla_decoder(
             w.gate_up_types,
             w.down_type,
             w.latent_cache,
+            w.head_bmm,
         )
         if w.moe is not None:
             m, shared = w.moe, w.moe.shared or ExpertWeights(empty, empty)

@@ -19,7 +19,7 @@ from tacit.config import ModelConfig
 from tacit.distributed.communicator import Communicator
 from tacit.distributed.parallel_state import SINGLE, TensorParallel
 from tacit.forward_context import get_attention_metadata
-from tacit.kernels.absorbed_mla_attention import AbsorbedMLAAttentionBackend, absorbed_weights
+from tacit.kernels.absorbed_mla_attention import AbsorbedMLAAttentionBackend, absorbed_weights, head_bmm_fits
 from tacit.kernels.attention_backend import AttentionBackend
 from tacit.kernels.cpu_fused_decode import GroupedMoEWeights, MLALayerWeights, ShardedDecoder, bind_mla_decoder
 from tacit.kernels.ggml_quant import BF16
@@ -209,8 +209,9 @@ class DeepseekV3ForCausalLM(CausalLM):
     # ---- the fused C++ decode step (kernels/cpu_fused_decode.py bind_mla_decoder) ----
 
     def fused_decoder_unsupported_reason(self) -> str | None:
-        if self.tp.size > 1 and (self.comm is None or self.comm.c_all_reduce_f32() is None):
-            return f"tensor parallel over a communicator with no C all-reduce ({getattr(self.comm, 'name', None)})"
+        reason = self.fused_tensor_parallel_reason()
+        if reason is not None:
+            return reason
         if not self.model.rotary.interleaved:
             return "half-split rotary (the fused MLA step rotates DeepSeek's interleaved pairs)"
         for i, layer in enumerate(self.model.layers):
@@ -308,6 +309,7 @@ class DeepseekV3ForCausalLM(CausalLM):
                 o_type=ggml_or_bf16(a.o_proj),
                 post_attention_norm=layer.post_attention_layernorm.weight.data,
                 latent_cache=a.kv_cache,
+                head_bmm=head_bmm_fits(w_uk, w_uv_t),
                 **mlp,
             )
 

@@ -236,6 +236,13 @@ class CausalLM(nn.Module):
     def _bind_fused_decoder(self, kernels: ModuleType, block_size: int, max_positions: int) -> Any:
         raise NotImplementedError
 
+    def fused_tensor_parallel_reason(self) -> str | None:
+        """Under tensor parallelism the fused step all-reduces in C++: it needs the communicator's
+        C all-reduce (the models that fuse set self.tp and self.comm)."""
+        if self.tp.size > 1 and (self.comm is None or self.comm.c_all_reduce_f32() is None):
+            return f"tensor parallel over a communicator with no C all-reduce ({getattr(self.comm, 'name', None)})"
+        return None
+
     def fused_mlp_unsupported_reason(self, mlp: nn.Module) -> str | None:
         """Why the fused step cannot run this layer's MLP (the models with other MLPs override)."""
         if type(mlp) is not LlamaMLP:
@@ -343,8 +350,9 @@ class LlamaForCausalLM(CausalLM):
 
     def fused_decoder_unsupported_reason(self) -> str | None:
         """Why kernels/cpu_fused_decode.py cannot run this model's decode step, or None if it can."""
-        if self.tp.size > 1 and (self.comm is None or self.comm.c_all_reduce_f32() is None):
-            return f"tensor parallel over a communicator with no C all-reduce ({getattr(self.comm, 'name', None)})"
+        reason = self.fused_tensor_parallel_reason()
+        if reason is not None:
+            return reason
         if self.model.rotary.interleaved:
             return "interleaved rotary"
         for i, layer in enumerate(self.model.layers):

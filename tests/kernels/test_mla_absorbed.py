@@ -181,11 +181,11 @@ def test_head_bmm_projections_match_torch_bmm(always_absorbed, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "RANK", 64)
     monkeypatch.setattr(sys.modules[__name__], "VDIM", 32)
     fits = []
-    real = absorbed._head_bmm_fits
-    monkeypatch.setattr(absorbed, "_head_bmm_fits", lambda w: fits.append(real(w)) or fits[-1])
+    real = absorbed.head_bmm_fits
+    monkeypatch.setattr(absorbed, "head_bmm_fits", lambda *w: fits.append(real(*w)) or fits[-1])
     got = run(AbsorbedMLAAttentionBackend(), DECODE, torch.bfloat16, dtype=torch.bfloat16)
     assert fits and all(fits), "head_bmm never ran"
-    monkeypatch.setattr(absorbed, "_head_bmm_fits", lambda w: False)
+    monkeypatch.setattr(absorbed, "head_bmm_fits", lambda *w: False)
     want = run(AbsorbedMLAAttentionBackend(), DECODE, torch.bfloat16, dtype=torch.bfloat16)
     assert got.shape == want.shape == (len(DECODE), HEADS, 32)
     torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=2**-7)

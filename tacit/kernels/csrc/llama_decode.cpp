@@ -454,7 +454,8 @@ void LlamaDecoder::add_mla_layer(torch::Tensor input_norm, std::optional<torch::
                                  torch::Tensor kv_a, int64_t kv_a_type, torch::Tensor kv_a_norm, torch::Tensor w_uk,
                                  torch::Tensor w_uv_t, torch::Tensor o_proj, int64_t o_type, torch::Tensor post_norm,
                                  std::optional<std::vector<torch::Tensor>> gate_up, std::optional<torch::Tensor> down,
-                                 std::vector<int64_t> gate_up_types, int64_t down_type, torch::Tensor latent_cache) {
+                                 std::vector<int64_t> gate_up_types, int64_t down_type, torch::Tensor latent_cache,
+                                 bool head_bmm) {
   TORCH_CHECK(layers_.empty() || layers_[0].mla.defined(), "add_mla_layer after add_layer: one attention kind a model");
   TORCH_CHECK(num_kv_heads_ == 1, "an MLA decoder is built with num_kv_heads 1 (every head attends the latent)");
   const int64_t h = hidden_, heads = num_heads_, rope = head_dim_;
@@ -477,7 +478,7 @@ void LlamaDecoder::add_mla_layer(torch::Tensor input_norm, std::optional<torch::
   a.kv_a_norm = checked(kv_a_norm, "kv_a_layernorm", {rank});
   a.w_uk = checked(w_uk, "w_uk", {heads, nope, rank});
   a.w_uv_t = checked(w_uv_t, "w_uv_t", {heads, rank, v});
-  a.head_bmm = nope % 2 == 0 && rank % 32 == 0 && rank % 2 == 0 && v % 32 == 0;  // absorbed_mla_attention._head_bmm_fits
+  a.head_bmm = head_bmm;
   w.o_proj = checked_weight(o_proj, o_type, "o_proj", h, heads * v);
   w.o_type = static_cast<int>(o_type);
   w.post_norm = checked(post_norm, "post_attention_layernorm", {h});

@@ -89,13 +89,15 @@ class LlamaDecoder {
                std::optional<std::function<torch::Tensor(torch::Tensor, torch::Tensor)>> expert_slots);
   // An MLA decoder layer (the decoder was built with head_dim = the rotary width, num_kv_heads
   // 1): q_a/q_a_norm absent for a plain q_proj (given as q_b); gate_up/down absent for an MoE
-  // layer (add_grouped_moe follows).
+  // layer (add_grouped_moe follows). head_bmm: the absorbed products through csrc/head_bmm.cpp
+  // (absorbed_mla_attention.head_bmm_fits), else torch.bmm, as the torch path picks.
   void add_mla_layer(torch::Tensor input_norm, std::optional<torch::Tensor> q_a, int64_t q_a_type,
                      std::optional<torch::Tensor> q_a_norm, torch::Tensor q_b, int64_t q_b_type, torch::Tensor kv_a,
                      int64_t kv_a_type, torch::Tensor kv_a_norm, torch::Tensor w_uk, torch::Tensor w_uv_t,
                      torch::Tensor o_proj, int64_t o_type, torch::Tensor post_norm,
                      std::optional<std::vector<torch::Tensor>> gate_up, std::optional<torch::Tensor> down,
-                     std::vector<int64_t> gate_up_types, int64_t down_type, torch::Tensor latent_cache);
+                     std::vector<int64_t> gate_up_types, int64_t down_type, torch::Tensor latent_cache,
+                     bool head_bmm);
   // The last added layer's MLP is DeepSeek-V3's MoE (see LlamaLayerWeights::router_f32);
   // expert_slots as add_moe's (an expert-parallel rank's table: its stacks hold its experts).
   void add_grouped_moe(torch::Tensor router_f32, torch::Tensor correction_bias, torch::Tensor w13, int64_t w13_type,
