@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from tacit.kernels.kv_quant import parse_kv_cache_dtype
-from tacit.kernels.weight_quant import INT4_GROUP_SIZES
+from tacit.kernels.weight_quant import GROUP_SIZES
 from tacit.model_config_checks import check_architecture_numbers
 from tacit.scheduling.policy import POLICIES  # the package import registers every policy
 
@@ -33,16 +33,17 @@ QUANTIZATIONS = ("auto", "gguf", "none", "int8", "int4")
 HF_QUANTIZATIONS = ("int8", "int4")
 
 
-def check_quantization(value: str, group_size: int = INT4_GROUP_SIZES[0]) -> None:
+def check_quantization(value: str, group_size: int | None = None) -> None:
     if value not in QUANTIZATIONS:
         raise ValueError(
             f"quantization={value!r} is not supported; valid: {', '.join(QUANTIZATIONS)} "
             f"(auto|gguf|none: a GGUF's quantized weights; int8|int4: quantize a Hugging Face checkpoint at load)"
         )
-    if group_size not in INT4_GROUP_SIZES or isinstance(group_size, bool):
+    if group_size is not None and (group_size not in GROUP_SIZES or isinstance(group_size, bool)):
         raise ValueError(
             f"quantization_group_size={group_size!r} is not supported; valid: "
-            f"{', '.join(map(str, INT4_GROUP_SIZES))} (values per int4 scale and min)"
+            f"{', '.join(map(str, GROUP_SIZES))} (values of a row per int4 scale and min or per int8 scale), "
+            f"or unset (int4: 32; int8: one scale per output channel)"
         )
 
 
@@ -117,8 +118,9 @@ class ModelConfig:
     # "none" dequantizes them at load (models/build.py keeps_ggml_weights). "int8" / "int4"
     # quantize a Hugging Face checkpoint's linear weights at load (models/quantize_at_load.py).
     quantization: str = "auto"
-    # Values of a row per int4 scale and min (32, 64 or 128); int4 only.
-    quantization_group_size: int = 32
+    # Values of a row per int4 scale and min or per int8 scale (32, 64 or 128); None: int4 groups
+    # of 32, int8 one scale per output channel (quantize_at_load.group_size_of).
+    quantization_group_size: int | None = None
     # {fnmatch pattern over HF module names: none | int8 | int4}, first match wins: a type per
     # layer of a Hugging Face checkpoint quantized at load, over `quantization`'s.
     quantization_overrides: dict[str, str] = field(default_factory=dict)

@@ -8,6 +8,8 @@ implementation of a quantized matmul, whichever checkpoint the blocks came from.
 
   int8, per output channel, symmetric: d = max|row| / 127, q = round(w / d) in -127..127.
        Stored as Q8_0 blocks in which every 32-value block of a row carries the row's d.
+       With a group size (32, 64 or 128 values of a row), d = max|group| / 127 instead: group
+       32 is llama.cpp's Q8_0 exactly, at the same 8.5 bits (the blocks store a scale anyway).
   int4, group-wise (g = 32, 64 or 128 values of a row), asymmetric: d = (max - min) / 15,
        m = min, q = round((w - m) / d) in 0..15, w ~ d * q + m. Stored as Q4_1 blocks in which
        every 32-value block of a group carries the group's d and m.
@@ -33,7 +35,7 @@ from tacit.kernels.ggml_quant import GGML_TYPES, QK, GGMLTensor
 
 Q4_1, Q8_0 = 3, 8
 assert GGML_TYPES[Q4_1].name == "Q4_1" and GGML_TYPES[Q8_0].name == "Q8_0"
-INT4_GROUP_SIZES = (32, 64, 128)
+GROUP_SIZES = (32, 64, 128)  # values of a row per int4 scale and min, or per int8 scale
 
 
 def _fp16_up(x: torch.Tensor) -> torch.Tensor:
@@ -63,19 +65,38 @@ def _finite_fp16(d: torch.Tensor, what: str) -> None:
 def int8_per_channel_params(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float [rows, cols] -> (q int8 [rows, cols], d float16 [rows]): w ~ d * q."""
     _check_matrix(w, QK, "int8")
-    w = w.float()
-    d = _fp16_up(w.abs().amax(dim=1) / 127)
-    _finite_fp16(d, "int8")
-    df = d.float().unsqueeze(1)
-    q = torch.where(df > 0, torch.round(w / torch.where(df > 0, df, 1.0)), 0.0)
+    q, d = _int8_params(w.float().unsqueeze(1), "int8")
+    return q.reshape(w.shape), d.squeeze(1)
+
+
+def int8_groupwise_params(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float [rows, cols] -> (q int8 [rows, cols], d float16 [rows, cols / group]): w ~ d * q,
+    d that of the value's group."""
+    _check_group_size(group, "int8")
+    _check_matrix(w, group, "int8")
+    rows, cols = w.shape
+    q, d = _int8_params(w.float().reshape(rows, cols // group, group), "int8")
+    return q.reshape(rows, cols), d
+
+
+def _int8_params(g: torch.Tensor, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """float [rows, groups, n] -> (q int8 [rows, groups, n], d float16 [rows, groups])."""
+    d = _fp16_up(g.abs().amax(dim=2) / 127)
+    _finite_fp16(d, what)
+    df = d.float().unsqueeze(2)
+    q = torch.where(df > 0, torch.round(g / torch.where(df > 0, df, 1.0)), 0.0)
     return q.clamp_(-127, 127).to(torch.int8), d
+
+
+def _check_group_size(group: int, what: str) -> None:
+    if group not in GROUP_SIZES:
+        raise ValueError(f"{what} group size {group} is not supported; valid: {', '.join(map(str, GROUP_SIZES))}")
 
 
 def int4_groupwise_params(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """float [rows, cols] -> (q uint8 0..15 [rows, cols], d, m float16 [rows, cols / group]):
     w ~ d * q + m, d and m those of the value's group."""
-    if group not in INT4_GROUP_SIZES:
-        raise ValueError(f"int4 group size {group} is not supported; valid: {', '.join(map(str, INT4_GROUP_SIZES))}")
+    _check_group_size(group, "int4")
     _check_matrix(w, group, "int4")
     rows, cols = w.shape
     g = w.float().reshape(rows, cols // group, group)
@@ -95,10 +116,12 @@ def _fp16_bytes(x: torch.Tensor) -> torch.Tensor:
 
 
 def pack_q8_0(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """q int8 [rows, cols], d float16 [rows] -> uint8 [rows, cols / 32 * 34] Q8_0 blocks."""
+    """q int8 [rows, cols], d float16 [rows] (one scale a row) or [rows, groups] -> uint8
+    [rows, cols / 32 * 34] Q8_0 blocks, each block of a group carrying the group's d."""
     rows, cols = q.shape
     nb = cols // QK
-    scale = _fp16_bytes(d).unsqueeze(1).expand(rows, nb, 2)
+    d = d.reshape(rows, -1)
+    scale = _fp16_bytes(d).repeat_interleave(nb // d.shape[1], dim=1)
     blocks = torch.cat([scale, q.contiguous().view(torch.uint8).reshape(rows, nb, QK)], dim=2)
     return blocks.reshape(rows, nb * 34)
 
@@ -119,6 +142,12 @@ def pack_q4_1(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> torch.Tensor
 def quantize_int8_per_channel(w: torch.Tensor) -> GGMLTensor:
     """float [rows, cols] (cols a multiple of 32) -> per-output-channel int8 as Q8_0 blocks."""
     q, d = int8_per_channel_params(w)
+    return GGMLTensor(pack_q8_0(q, d), Q8_0, tuple(w.shape))
+
+
+def quantize_int8_groupwise(w: torch.Tensor, group: int) -> GGMLTensor:
+    """float [rows, cols] (cols a multiple of group) -> group-wise symmetric int8 as Q8_0 blocks."""
+    q, d = int8_groupwise_params(w, group)
     return GGMLTensor(pack_q8_0(q, d), Q8_0, tuple(w.shape))
 
 

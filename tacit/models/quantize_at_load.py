@@ -34,10 +34,11 @@ from torch import nn
 from tacit.config import HF_QUANTIZATIONS, ModelConfig
 from tacit.kernels.ggml_quant import QK, GGMLTensor
 from tacit.kernels.weight_quant import (
-    INT4_GROUP_SIZES,
+    GROUP_SIZES,
     Q4_1,
     Q8_0,
     quantize_int4_groupwise,
+    quantize_int8_groupwise,
     quantize_int8_per_channel,
 )
 from tacit.layers.linear import LinearBase, checkpoint_weight_names
@@ -45,6 +46,15 @@ from tacit.layers.moe import FusedMoE, expert_weight_names
 
 _KEPT = ("lm_head",)  # see the module docstring
 _TYPES = {"int8": Q8_0, "int4": Q4_1}
+INT4_DEFAULT_GROUP = 32
+
+
+def group_size_of(qtype: str, group: int | None) -> int | None:
+    """Values per scale of a type under cfg.quantization_group_size: unset, int4 takes groups of
+    32 and int8 one scale per output channel (None); set, both take that group."""
+    if group is None and qtype == "int4":
+        return INT4_DEFAULT_GROUP
+    return group
 
 
 def _matches(module: str, pattern: str) -> bool:
@@ -109,14 +119,14 @@ def _check_groups(layers: list[tuple[str, LinearBase]], qtype: str, group: int) 
     if not ragged:
         return
     shown = ", ".join(ragged[:4]) + (f" and {len(ragged) - 4} more" if len(ragged) > 4 else "")
-    if qtype == "int8":
+    if qtype == "int8" and group == QK:
         raise ValueError(
             f"quantization='int8' stores each row as 32-value Q8_0 blocks; {shown}: inputs not a multiple of 32"
         )
-    fits = [g for g in INT4_GROUP_SIZES if all(m.in_features % g == 0 for _, m in layers)]
+    fits = [g for g in GROUP_SIZES if all(m.in_features % g == 0 for _, m in layers)]
     raise ValueError(
-        f"quantization='int4' with quantization_group_size={group}: {shown}: inputs not a multiple of {group}; "
-        f"valid group sizes: {', '.join(map(str, INT4_GROUP_SIZES))}, one that divides every quantized "
+        f"quantization={qtype!r} with quantization_group_size={group}: {shown}: inputs not a multiple of {group}; "
+        f"valid group sizes: {', '.join(map(str, GROUP_SIZES))}, one that divides every quantized "
         f"layer's inputs" + (f" (here: {', '.join(map(str, fits))})" if fits else " (none does here)")
     )
 
@@ -128,7 +138,8 @@ def quantization_plan(model: nn.Module, cfg: ModelConfig) -> dict[str, int]:
     pattern that matches nothing, an override of a layer the model reads directly and a layer
     whose inputs are not whole groups are ValueErrors naming them, before anything is allocated."""
     layers = _layer_types(model, cfg)
-    for qtype, group in (("int8", QK), ("int4", cfg.quantization_group_size)):
+    for qtype in ("int8", "int4"):
+        group = group_size_of(qtype, cfg.quantization_group_size) or QK  # per channel: whole Q8_0 blocks
         _check_groups([row for name, m, t in layers if t == qtype for row in _matrices(name, m)], qtype, group)
     return {n: _TYPES[t] for name, m, t in layers if t != "none" for n in _weight_names(name, m)}
 
@@ -152,7 +163,7 @@ def _weight_names(name: str, m: nn.Module) -> list[str]:
 def quantized_as_loaded(
     tensors: Iterator[tuple[str, torch.Tensor | GGMLTensor]],
     plan: dict[str, int],
-    group: int,
+    group: int | None,
     head_from_embedding: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor | GGMLTensor]]:
     """The checkpoint's tensors, those named in `plan` quantized one at a time as they stream by.
@@ -170,10 +181,12 @@ def quantized_as_loaded(
         yield name, tensor
 
 
-def _quantized(name: str, tensor: torch.Tensor, ggml_type: int, group: int) -> GGMLTensor:
+def _quantized(name: str, tensor: torch.Tensor, ggml_type: int, group: int | None) -> GGMLTensor:
+    """group: cfg.quantization_group_size (group_size_of says what unset means per type)."""
     try:
         if ggml_type == Q8_0:
-            return quantize_int8_per_channel(tensor)
-        return quantize_int4_groupwise(tensor, group)
+            g = group_size_of("int8", group)
+            return quantize_int8_per_channel(tensor) if g is None else quantize_int8_groupwise(tensor, g)
+        return quantize_int4_groupwise(tensor, group_size_of("int4", group))
     except ValueError as e:
         raise ValueError(f"checkpoint tensor {name!r}: {e}") from None

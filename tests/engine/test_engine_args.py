@@ -79,11 +79,12 @@ def test_quantization_knobs_are_flags_and_keywords():
     args = build_parser().parse_args(["serve", "--quantization", "int4", "--quantization-group-size", "64"])
     a = EngineArgs.from_cli_args(args)
     assert (a.quantization, a.quantization_group_size) == ("int4", 64)
-    assert (EngineArgs().quantization, EngineArgs().quantization_group_size) == ("auto", 32)
+    assert (EngineArgs().quantization, EngineArgs().quantization_group_size) == ("auto", None)
     a = EngineArgs.from_kwargs(quantization="int8", quantization_group_size=128)
     assert (a.quantization, a.quantization_group_size) == ("int8", 128)
     helps = {a.dest: a.help for a in _subparser("generate")._actions}
     assert "int8 | int4" in helps["quantization"] and "32 | 64 | 128" in helps["quantization_group_size"]
+    assert "int4 32, int8 one scale per output channel" in helps["quantization_group_size"]
     with pytest.raises(ValueError, match="quantization_group_size=48 is not supported; valid: 32, 64, 128"):
         EngineArgs(quantization="int4", quantization_group_size=48).check()
 

@@ -14,9 +14,11 @@ from tacit.kernels.weight_quant import (
     Q4_1,
     Q8_0,
     int4_groupwise_params,
+    int8_groupwise_params,
     int8_per_channel_params,
     pack_q4_1,
     quantize_int4_groupwise,
+    quantize_int8_groupwise,
     quantize_int8_per_channel,
 )
 
@@ -44,6 +46,43 @@ def test_int8_round_trip_is_the_per_channel_formula(shape):
     scale = w.abs().amax(dim=1) / 127
     assert (d.float() >= scale).all() and (d.float() <= scale * (1 + 2**-10)).all()
     assert ((got - w).abs() <= d.float().unsqueeze(1) / 2 * (1 + 1e-6)).all()
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s[1] % 128 == 0] + [(5, 128), (2, 256)])
+def test_int8_group_round_trip_is_the_group_wise_formula(shape, group):
+    w = weights(shape, seed=group)
+    w[-1, -group:] *= 0.1  # a quiet last group: its own scale, ~10x finer than the row's
+    t = quantize_int8_groupwise(w, group)
+    assert t.ggml_type == Q8_0 and t.shape == shape
+    q, d = int8_groupwise_params(w, group)
+    assert d.shape == (shape[0], shape[1] // group) and int(q.abs().max()) <= 127
+    scale = d.float().repeat_interleave(group, 1)
+    got = dequantize(t.data, Q8_0, shape[1])
+    assert torch.equal(got, q.float() * scale)
+    # d = max|group| / 127 rounded up to fp16: every element within half its group's step
+    want_d = w.reshape(shape[0], -1, group).abs().amax(2) / 127
+    assert (d.float() >= want_d).all() and (d.float() <= want_d * (1 + 2**-10)).all()
+    assert ((got - w).abs() <= scale / 2 * (1 + 1e-6)).all()
+    if shape[1] > group:  # the quiet group is rounded on its own finer grid, not on the row's
+        quiet = (got - w)[-1, -group:].abs().max()
+        assert quiet < (quantize_int8_per_channel(w).dequantize() - w)[-1, -group:].abs().max() / 4
+
+
+def test_int8_group_32_is_llama_cpp_q8_0():
+    """Group 32 is GGML's own Q8_0: the gguf package's quantizer writes the same blocks (its
+    scale is max|block| / 127 in fp16 as well; it rounds the scale to nearest where tacit rounds
+    up, so codes may differ by one step where that matters; the values agree within a step)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize as gguf_quantize
+
+    w = weights((6, 256))
+    theirs = torch.from_numpy(gguf_quantize(w.numpy(), GGMLQuantizationType.Q8_0).copy())
+    ours = quantize_int8_groupwise(w, 32)
+    step = int8_groupwise_params(w, 32)[1].float().repeat_interleave(32, 1)
+    assert theirs.shape == ours.data.shape
+    diff = (dequantize(theirs, Q8_0, 256) - ours.dequantize()).abs()
+    assert (diff <= step * (1 + 1e-3)).all()
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])
@@ -105,6 +144,8 @@ def test_sizes_per_weight():
     w = weights((4, 256))
     assert quantize_int8_per_channel(w).data.numel() * 8 / w.numel() == 8.5
     for g in (32, 64, 128):
+        assert quantize_int8_groupwise(w, g).data.numel() * 8 / w.numel() == 8.5
+    for g in (32, 64, 128):
         assert quantize_int4_groupwise(w, g).data.numel() * 8 / w.numel() == 5.0
     assert GGML_TYPES[Q8_0].block_bytes == 34 and GGML_TYPES[Q4_1].block_bytes == 20
 
@@ -116,6 +157,10 @@ def test_bad_inputs_are_value_errors():
         quantize_int4_groupwise(weights((2, 80)), 64)
     with pytest.raises(ValueError, match="int8: rows of 40 values are not whole groups of 32"):
         quantize_int8_per_channel(weights((2, 40)))
+    with pytest.raises(ValueError, match="int8: rows of 96 values are not whole groups of 64"):
+        quantize_int8_groupwise(weights((2, 96)), 64)
+    with pytest.raises(ValueError, match="int8 group size 16 is not supported; valid: 32, 64, 128"):
+        quantize_int8_groupwise(weights((2, 96)), 16)
     with pytest.raises(ValueError, match="too large for an fp16 scale"):
         quantize_int8_per_channel(torch.full((1, 32), 1e7))
     with pytest.raises(ValueError, match="2-D"):

@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from tacit import LLM, SamplingParams
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16, load_cpu_kernels
-from tacit.kernels.weight_quant import quantize_int4_groupwise, quantize_int8_per_channel
+from tacit.kernels.weight_quant import quantize_int4_groupwise, quantize_int8_groupwise, quantize_int8_per_channel
 from tacit.layers.ggml_linear_method import GGMLLinearMethod
 from tacit.loader.gguf_writer import export_hf_to_gguf
 
@@ -64,19 +64,26 @@ def copy_model_dir(src: Path, dst: Path) -> Path:
     return dst
 
 
-def dequantized_dir(src: Path, dst: Path, quantization: str, group: int = 32) -> Path:
+def quantize(t: torch.Tensor, quantization: str, group: int | None):
+    """The formula each --quantization / --quantization-group-size names (unset group: int8 per
+    output channel, int4 groups of 32)."""
+    if quantization == "int4":
+        return quantize_int4_groupwise(t, group or 32)
+    return quantize_int8_per_channel(t) if group is None else quantize_int8_groupwise(t, group)
+
+
+def dequantized_dir(src: Path, dst: Path, quantization: str, group: int | None = None) -> Path:
     """The checkpoint with its linear weights (not lm_head) replaced by dequantize(quantize(w))."""
     copy_model_dir(src, dst)
     tensors = load_file(str(src / "model.safetensors"))
     for name, t in tensors.items():
         if name.rsplit(".", 2)[-2] in LINEARS and name.endswith(".weight"):
-            q = quantize_int8_per_channel(t) if quantization == "int8" else quantize_int4_groupwise(t, group)
-            tensors[name] = q.dequantize(t.dtype)
+            tensors[name] = quantize(t, quantization, group).dequantize(t.dtype)
     save_file(tensors, str(dst / "model.safetensors"))
     return dst
 
 
-CASES = [("int8", 32, "Q8_0"), ("int4", 32, "Q4_1"), ("int4", 64, "Q4_1")]
+CASES = [("int8", None, "Q8_0"), ("int8", 32, "Q8_0"), ("int4", None, "Q4_1"), ("int4", 64, "Q4_1")]
 
 
 @pytest.mark.parametrize("quantization,group,type_name", CASES)
@@ -91,6 +98,11 @@ def test_linear_layers_run_exactly_their_own_quantization(tiny_llama_dir, tmp_pa
     ref_outs, ref = run(dequantized_dir(tiny_llama_dir, tmp_path / "deq", quantization, group), dtype="float32")
     assert ggml_layers(ref) == {}
     assert_same_tokens_and_logprobs(outs, ref_outs)
+    # per channel and per group are different formulas: the other's weights are not these
+    if quantization == "int8":
+        t = load_file(str(tiny_llama_dir / "model.safetensors"))["model.layers.0.mlp.down_proj.weight"]
+        other = quantize(t, "int8", 32 if group is None else None).data
+        assert not torch.equal(quantize(t, "int8", group).data, other)
     # and the quantization changed something: int4 moves the logprobs of the unquantized model
     if quantization == "int4":
         plain = run(tiny_llama_dir, dtype="float32")[0]

@@ -162,26 +162,24 @@ def test_merged_shards_need_one_type(tiny_llama_dir):
         LLM(str(tiny_llama_dir), dtype="float32", quantization="int4", quantization_overrides={"*.v_proj": "int8"})
 
 
-def test_int4_overrides_check_the_group_size_per_layer(tiny_llama_dir):
-    """Group 128: down_proj reads 128 values and may be int4; o_proj reads 64 and may not."""
+@pytest.mark.parametrize("qtype", ["int4", "int8"])
+def test_overrides_check_the_group_size_per_layer(tiny_llama_dir, qtype):
+    """Group 128 (int4's scale and min, or int8's scale): down_proj reads 128 values and may be
+    quantized; o_proj reads 64 and may not."""
     _, llm = run(
-        tiny_llama_dir,
-        dtype="float32",
-        quantization_group_size=128,
-        quantization_overrides={"*.down_proj": "int4", "*.o_proj": "int8"},
+        tiny_llama_dir, dtype="float32", quantization_group_size=128, quantization_overrides={"*.down_proj": qtype}
     )
-    assert set(ggml_layers(llm)) == {
-        f"model.layers.{i}.{m}" for i in (0, 1) for m in ("mlp.down_proj", "self_attn.o_proj")
-    }
+    assert set(ggml_layers(llm)) == {f"model.layers.{i}.mlp.down_proj" for i in (0, 1)}
     with pytest.raises(
         ValueError,
-        match=r"quantization_group_size=128: model.layers.0.self_attn.o_proj \(64 inputs\), .*\(here: 32, 64\)",
+        match=rf"quantization='{qtype}' with quantization_group_size=128: model.layers.0.self_attn.o_proj "
+        r"\(64 inputs\), .*\(here: 32, 64\)",
     ):
         LLM(
             str(tiny_llama_dir),
             dtype="float32",
             quantization_group_size=128,
-            quantization_overrides={"*.o_proj": "int4"},
+            quantization_overrides={"*.o_proj": qtype},
         )
 
 
