@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,26 @@ class ModelShape:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     qk_norm: bool = False  # Qwen3: an RMSNorm per head on q and k
+    # How alike one sequence's tokens route: measured (tokens, independent draws) points, where
+    # T tokens of one sequence read as many distinct experts as `draws` tokens routed at random
+    # (perf_model/routing.py measures them). Empty: every token routes independently, the
+    # assumption for a trained router with its load balancing. A random model's tokens route
+    # alike: 32 tokens of one prompt read 36 of random:qwen3-moe-2b's 128 experts a layer, as
+    # many as 5 independent tokens, where 32 independent ones read 112.
+    routing_draws: tuple[tuple[float, float], ...] = ()
+
+    def sequence_draws(self, tokens: float) -> float:
+        """Independent routing draws `tokens` of one sequence equal: log-log interpolation of
+        routing_draws (through 1 token = 1 draw), the last segment's slope beyond it, never
+        more than the tokens."""
+        if not self.routing_draws or tokens <= 1:
+            return tokens
+        points = [(1.0, 1.0), *sorted(self.routing_draws)]
+        for (t0, d0), (t1, d1) in zip(points, points[1:]):
+            if tokens <= t1 or (t1, d1) == points[-1]:
+                slope = math.log(d1 / d0) / math.log(t1 / t0)
+                return min(tokens, d0 * (tokens / t0) ** slope)
+        return tokens
 
     @property
     def is_moe(self) -> bool:

@@ -158,13 +158,18 @@ def _mla_ops(s: ModelShape, step: StepShape, hq: int, wdt: str, kvdt: str, group
     return ops
 
 
-def expected_distinct_experts(experts: int, top_k: int, tokens: float) -> float:
-    """Experts a step of `tokens` reads when each picks top_k of `experts` uniformly:
-    E * (1 - (1 - k/E)^B). One token reads k; many tokens read all E."""
-    return experts * (1 - (1 - top_k / experts) ** tokens)
+def expected_distinct_experts(experts: int, top_k: int, draws: float) -> float:
+    """Experts a step reads when `draws` tokens each pick top_k of `experts` uniformly:
+    E * (1 - (1 - k/E)^B). One token reads k; many tokens read all E. A step's draws are its
+    sequences' ModelShape.sequence_draws (its tokens, when every token routes independently)."""
+    return experts * (1 - (1 - top_k / experts) ** draws)
 
 
-def mlp_ops(s: ModelShape, step: StepShape, par: Parallel, wdt: str, group: int) -> list[Op]:
+def mlp_ops(
+    s: ModelShape, step: StepShape, par: Parallel, wdt: str, group: int, draws: float | None = None
+) -> list[Op]:
+    """draws: the step's independent routing draws; default step.batch sequences of
+    step.new_tokens each (mixed steps pass the sum over their chunks)."""
     m, h, ops = step.tokens, s.hidden_size, []
     dense_layers = s.num_dense_layers if s.is_moe else s.num_layers
     if dense_layers:
@@ -183,7 +188,9 @@ def mlp_ops(s: ModelShape, step: StepShape, par: Parallel, wdt: str, group: int)
         local_experts, inter, pairs = e / par.tp, s.moe_intermediate_size, m * k / par.tp
     else:  # each rank holds every expert's 1/N of the features
         local_experts, inter, pairs = e, s.moe_intermediate_size / par.tp, m * k
-    distinct = expected_distinct_experts(e, k, m) * local_experts / e
+    if draws is None:
+        draws = step.batch * s.sequence_draws(step.new_tokens)
+    distinct = expected_distinct_experts(e, k, draws) * local_experts / e
     per_expert = 3 * h * inter * weight_bytes_per_value(wdt, group)
     flops = 2 * pairs * 3 * h * inter
     acts = pairs * (2 * h + 3 * inter) * ACT

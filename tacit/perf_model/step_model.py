@@ -112,7 +112,9 @@ def mixed_step_times(p: Pricing, step: MixedStep) -> tuple[float, list[OpTime]]:
     times: list[OpTime] = []
     proj = attention_ops(s, whole, par, p.weight_dtype, p.kv_dtype, p.group_size)
     shared = [op for op in proj if op.name in _TOKEN_GEMMS]
-    shared += mlp_ops(s, whole, par, p.weight_dtype, p.group_size)
+    # experts read: each chunk's tokens route alike (ModelShape.sequence_draws), chunks independently
+    draws = sum(s.sequence_draws(c.new_tokens) for c in step.chunks)
+    shared += mlp_ops(s, whole, par, p.weight_dtype, p.group_size, draws)
     shared += elementwise_ops(s, whole, par)
     sampled = step.sampled_rows
     if sampled:
