@@ -1,13 +1,17 @@
 // bf16 weight x (1..8 rows of activations) for decode on x86 CPUs with AVX512-BF16.
 //
 // Decode streams every weight once per token, so the kernel's only job is to keep the
-// memory bus busy: weight rows are split across threads, each thread walks 4 weight rows at
-// a time so each load of an activation feeds 4 vdpbf16ps, and with up to 8 activation rows
-// (a batch of 8 decodes) each weight byte is read once for all of them; past 4 rows it walks
-// 2 weight rows at a time so the accumulators still fit in registers. Prefetching 8 rows
-// ahead overlaps DRAM latency with the math. Past 8 rows the math, not memory, limits it
-// (12 rows: 18.4 ms against oneDNN's 16.3 ms for SmolLM2's layer weights; the script is in
-// docs/benchmarks.md), so callers switch to oneDNN there.
+// memory bus busy: weight rows are split across threads and each thread reads its rows as one
+// sequential stream, a whole row at a time, with up to 8 activation rows (a batch of 8
+// decodes) multiplied against each weight load so each weight byte is read once for all of
+// them. Why one row at a time: the earlier kernel walked 4 weight rows side by side (4
+// interleaved streams, a software prefetch 8 rows ahead) and streamed 22-27 GB/s on this
+// Zen 4 host where one sequential stream reached 30-36 GB/s with 2 threads (rows of 384, 576
+// and 1024 values, 2.1 GB cycled so every pass comes from DRAM; at 2048 they tie), as
+// llama.cpp's vec_dot_bf16 does. Independent accumulators along the row (4 at one activation
+// row, 2 at two) keep the dot products from waiting on vdpbf16ps's latency. Past 8 rows the
+// math, not memory, limits it (12 rows: 18.4 ms against oneDNN's 16.3 ms for SmolLM2's layer
+// weights; the script is in docs/benchmarks.md), so callers switch to oneDNN there.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 #include <omp.h>
@@ -19,40 +23,41 @@
 namespace tacit {
 namespace {
 
-// R weight rows x M activation rows: each weight load feeds M vdpbf16ps and each activation
-// load feeds R, with R * M accumulators kept in registers (at most 16 of the 32 zmm).
-template <int R, int M>
-inline void tile_kernel(const uint16_t* w, const uint16_t* x, float* y, int64_t n, int64_t r, int64_t k) {
-  const int64_t k32 = k - k % 32;
-  __m512 acc[R][M];
-  for (int j = 0; j < R; ++j)
-    for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
-  const uint16_t* wr = w + r * k;
-  for (int64_t i = 0; i < k32; i += 32) {
-    for (int j = 0; j < R; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr + (8 + j) * k + i), _MM_HINT_T0);
-    __m512bh wv[R];
-    for (int j = 0; j < R; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(wr + j * k + i);
-    for (int m = 0; m < M; ++m) {
-      __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * k + i);
-      for (int j = 0; j < R; ++j) acc[j][m] = _mm512_dpbf16_ps(acc[j][m], wv[j], xv);
+// One weight row x M activation rows, U accumulators per activation row along the row
+// (each covering every U-th 32-value chunk), summed at the end.
+template <int M, int U>
+inline void row_kernel(const uint16_t* wr, const uint16_t* x, float* y, int64_t n, int64_t r, int64_t k) {
+  const int64_t step = 32 * U, kU = k - k % step, k32 = k - k % 32;
+  __m512 acc[U][M];
+  for (int u = 0; u < U; ++u)
+    for (int m = 0; m < M; ++m) acc[u][m] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i < kU; i += step) {
+    for (int u = 0; u < U; ++u) {
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(wr + i + 32 * u);
+      for (int m = 0; m < M; ++m)
+        acc[u][m] = _mm512_dpbf16_ps(acc[u][m], wv, (__m512bh)_mm512_loadu_si512(x + m * k + i + 32 * u));
     }
   }
-  for (int j = 0; j < R; ++j) {
-    for (int m = 0; m < M; ++m) {
-      float s = _mm512_reduce_add_ps(acc[j][m]);
-      for (int64_t i = k32; i < k; ++i) s += bf16_to_float(wr[j * k + i]) * bf16_to_float(x[m * k + i]);
-      y[m * n + r + j] = s;
-    }
+  for (; i < k32; i += 32) {
+    const __m512bh wv = (__m512bh)_mm512_loadu_si512(wr + i);
+    for (int m = 0; m < M; ++m)
+      acc[0][m] = _mm512_dpbf16_ps(acc[0][m], wv, (__m512bh)_mm512_loadu_si512(x + m * k + i));
+  }
+  for (int m = 0; m < M; ++m) {
+    __m512 sum = acc[0][m];
+    for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[u][m]);
+    float s = _mm512_reduce_add_ps(sum);
+    for (int64_t j = k32; j < k; ++j) s += bf16_to_float(wr[j]) * bf16_to_float(x[m * k + j]);
+    y[m * n + r] = s;
   }
 }
 
 template <int M>
 void rows_kernel(const uint16_t* w, const uint16_t* x, float* y, int64_t n, int64_t row_begin, int64_t row_end,
                  int64_t k) {
-  constexpr int R = M <= 4 ? 4 : 2;
-  int64_t r = row_begin;
-  for (; r + R <= row_end; r += R) tile_kernel<R, M>(w, x, y, n, r, k);
-  for (; r < row_end; ++r) tile_kernel<1, M>(w, x, y, n, r, k);
+  constexpr int U = M == 1 ? 4 : (M == 2 ? 2 : 1);
+  for (int64_t r = row_begin; r < row_end; ++r) row_kernel<M, U>(w + r * k, x, y, n, r, k);
 }
 
 template <int... Ms>
@@ -68,7 +73,7 @@ void gemv_bf16(const uint16_t* w, const uint16_t* x, float* y, int64_t n, int64_
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    // Chunks are multiples of 4 rows so the 4-row inner kernel covers almost everything.
+    // Each thread one contiguous run of rows (a multiple of 4): one sequential stream.
     const int64_t per = ((n + nt - 1) / nt + 3) / 4 * 4;
     const int64_t begin = std::min<int64_t>(n, t * per), end = std::min<int64_t>(n, begin + per);
     if (begin < end) dispatch_rows<1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
