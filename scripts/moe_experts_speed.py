@@ -3,7 +3,8 @@
 random:qwen3-moe-2b's experts (128 x [768, 1024] gate/up and [1024, 384] down, bf16, a 302 MB
 stack: beyond the caches) through `moe_experts` for B tokens, each call routed to fresh random
 distinct experts so the weights come from DRAM; then `gemm_bf16_skinny` over one matrix of the
-same bytes per call, cycled through six copies. Prints the median of 60 calls as GB/s.
+same bytes per call for the same B activation rows (B <= 8), cycled through six copies. Prints
+the median of 60 calls as GB/s.
 
     python scripts/moe_experts_speed.py [B]
 """
@@ -55,10 +56,10 @@ def main() -> None:
     moe_bytes = np.mean([len(set(r.flatten().tolist())) for r in routes]) * 3 * INTER * H * 2
     rows = TOP_K * 3 * INTER * H // 1024
     big = torch.randn(6 * rows, 1024).bfloat16()
-    gemv_s = median_seconds(lambda i: k.gemm_bf16_skinny(big[(i % 6) * rows : (i % 6 + 1) * rows], x[:1]))
+    gemv_s = median_seconds(lambda i: k.gemm_bf16_skinny(big[(i % 6) * rows : (i % 6 + 1) * rows], x))
     gemv_bytes = rows * 1024 * 2
     print(f"experts, {batch} token(s): {moe_s * 1e3:.3f} ms, {moe_bytes / moe_s / 1e9:.1f} GB/s")
-    print(f"bf16 GEMV, same bytes:  {gemv_s * 1e3:.3f} ms, {gemv_bytes / gemv_s / 1e9:.1f} GB/s")
+    print(f"bf16 GEMV, {batch} row(s), same bytes: {gemv_s * 1e3:.3f} ms, {gemv_bytes / gemv_s / 1e9:.1f} GB/s")
 
 
 if __name__ == "__main__":
