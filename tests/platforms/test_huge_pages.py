@@ -38,7 +38,8 @@ def probe(env_value: str | None) -> tuple[str, int]:
 @pytest.mark.skipif(thp_mode() not in ("madvise", "always"), reason="this kernel gives no transparent huge pages")
 def test_a_large_tensor_lands_in_huge_pages_after_import():
     value, kb = probe(None)
-    assert value == "1" and kb >= 32 << 10  # most of the 64 MB in 2 MB pages
+    # at least one 2 MB page (a fragmented host may not give all 32; off, madvise mode gives none)
+    assert value == "1" and kb >= 2 << 10
 
 
 def test_the_users_setting_wins():
