@@ -50,11 +50,11 @@ class ModelShape:
         if not self.routing_draws or tokens <= 1:
             return tokens
         points = [(1.0, 1.0), *sorted(self.routing_draws)]
-        for (t0, d0), (t1, d1) in zip(points, points[1:]):
-            if tokens <= t1 or (t1, d1) == points[-1]:
-                slope = math.log(d1 / d0) / math.log(t1 / t0)
-                return min(tokens, d0 * (tokens / t0) ** slope)
-        return tokens
+        # the first segment that reaches `tokens`, else the last one
+        i = next((i for i in range(1, len(points)) if tokens <= points[i][0]), len(points) - 1)
+        (t0, d0), (t1, d1) = points[i - 1], points[i]
+        slope = math.log(d1 / d0) / math.log(t1 / t0)
+        return min(tokens, d0 * (tokens / t0) ** slope)
 
     @property
     def is_moe(self) -> bool:

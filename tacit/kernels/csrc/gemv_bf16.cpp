@@ -73,8 +73,9 @@ void gemv_bf16(const uint16_t* w, const uint16_t* x, float* y, int64_t n, int64_
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    // Each thread one contiguous run of rows (a multiple of 4): one sequential stream.
-    const int64_t per = ((n + nt - 1) / nt + 3) / 4 * 4;
+    // Each thread one contiguous run of rows, one sequential stream; runs of 16 rows each, so
+    // two threads' outputs meet on a cache-line boundary of y (a 64-byte-aligned y and n).
+    const int64_t per = ((n + nt - 1) / nt + 15) / 16 * 16;
     const int64_t begin = std::min<int64_t>(n, t * per), end = std::min<int64_t>(n, begin + per);
     if (begin < end) dispatch_rows<1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
   }

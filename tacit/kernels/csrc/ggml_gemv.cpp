@@ -3,9 +3,11 @@
 // Decode is memory-bound: a Q4_1 weight streams at 20 bytes per 32 values against bf16's 64,
 // so the kernel's job is to turn each block into bf16 in registers fast enough to keep up.
 // Each block is dequantized in fp32 (d * q + m, the gguf package's arithmetic), rounded to
-// bf16 (the same bf16 weight a dequantized model holds) and fed to vdpbf16ps, as
-// gemv_bf16.cpp does for bf16 weights: R weight rows x M activation rows per pass, so each
-// dequantized block feeds M dot products and each activation load feeds R.
+// bf16 (the same bf16 weight a dequantized model holds) and fed to vdpbf16ps: R weight rows x
+// M activation rows per pass, so each dequantized block feeds M dot products and each
+// activation load feeds R. (gemv_bf16.cpp reads one bf16 row at a time instead: with no
+// unpacking to share, a single sequential stream is what keeps its bandwidth up. Here one row
+// at a time measured no faster: the unpacking, not the access pattern, bounds these types.)
 // Error against the fp32 oracle (dequantize, matmul): the weight's bf16 rounding, |dw| <=
 // 2^-9 |w|, plus fp32 summation and the output's bf16 rounding. That is the path at 5-8 rows
 // (Q4_0/Q4_1/Q5_0/Q8_0), for FP8, and with int8 activations off; 1-4 rows of the GGML types (and
@@ -207,7 +209,7 @@ inline void tile_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n
     for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
   const uint8_t* wr = w + r * rb;
   for (int64_t b = 0; b < nb; ++b) {
-    // One prefetch per 64-byte line, 8 rows ahead (as gemv_bf16.cpp) to overlap DRAM latency.
+    // One prefetch per 64-byte line, 8 rows ahead, to overlap DRAM latency.
     if ((b * bb) % 64 < bb)
       for (int j = 0; j < R; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr + (8 + j) * rb + b * bb), _MM_HINT_T0);
     __m512bh wv[R];
@@ -468,7 +470,7 @@ inline void vnni_tile(const uint8_t* w, const QuantizedRows& xq, float* y, int64
       __m512 scales[R];
       for (int j = 0; j < R; ++j) {
         const uint8_t* block = wr + j * rb + s * bb;
-        for (int64_t line = 0; line < bb; line += 64)  // 8 rows ahead, as gemv_bf16.cpp
+        for (int64_t line = 0; line < bb; line += 64)  // 8 rows ahead
           _mm_prefetch(reinterpret_cast<const char*>(block + 8 * rb + line), _MM_HINT_T0);
         scales[j] = T == kQ6_K ? q6_k_scales(block) : q4_k_scales(block);
       }
