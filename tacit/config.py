@@ -209,17 +209,31 @@ class ParallelConfig:
     # while the other computes (engine/two_batch_overlap.py). Off by default: on a CPU whose
     # ranks have one core each, the transfer and the other half's compute share that core.
     two_batch_overlap: bool = False
+    # Attention data-parallel (SGLang's --enable-dp-attention): each rank holds the whole attention
+    # and serves its own requests with its own KV pool, so MLA's latent cache is split by request
+    # instead of copied on every rank; the MLPs stay split and run on all ranks' tokens, gathered
+    # (layers/data_parallel.py).
+    data_parallel_attention: bool = False
 
     def __post_init__(self) -> None:
         n = self.tensor_parallel_size
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"tensor_parallel_size={n!r} is invalid: must be an integer >= 1")
-        for flag in ("expert_parallel", "two_batch_overlap"):
+        for flag in ("expert_parallel", "two_batch_overlap", "data_parallel_attention"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag}={getattr(self, flag)!r} is invalid: must be true or false")
         if self.two_batch_overlap and n == 1:
             raise ValueError(
                 "two_batch_overlap=true needs tensor_parallel_size >= 2: one process has no communication to overlap"
+            )
+        if self.data_parallel_attention and n == 1:
+            raise ValueError(
+                "data_parallel_attention=true needs tensor_parallel_size >= 2: it spreads requests over the ranks"
+            )
+        if self.data_parallel_attention and self.two_batch_overlap:
+            raise ValueError(
+                "data_parallel_attention and two_batch_overlap cannot be combined: each rank's step is already "
+                "its own requests; pick one"
             )
 
 
@@ -364,6 +378,11 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     def __post_init__(self) -> None:
+        if self.scheduler.preemption_mode == "swap" and self.parallel.data_parallel_attention:
+            raise ValueError(
+                "preemption_mode='swap' with data_parallel_attention: a resumed request may land on another rank's "
+                "KV pool, so preemption recomputes there; use preemption_mode 'auto' or 'recompute'"
+            )
         if self.scheduler.preemption_mode == "swap" and not self.cache.swap_space:
             raise ValueError("preemption_mode='swap' needs swap_space > 0 (GiB of host memory for swapped KV)")
         if (

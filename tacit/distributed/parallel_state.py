@@ -13,15 +13,29 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class TensorParallel:
     """rank of size; expert_parallel: MoE layers hold 1/size of the experts, whole, instead of
-    1/size of every expert's intermediate features (attention and dense MLPs split as always)."""
+    1/size of every expert's intermediate features (attention and dense MLPs split as always);
+    data_parallel_attention: attention, embedding and head whole on every rank (`attention`),
+    each rank attending over its own requests, the MLPs split over all ranks' tokens."""
 
     rank: int = 0
     size: int = 1
     expert_parallel: bool = False
+    data_parallel_attention: bool = False
 
     def __post_init__(self) -> None:
         if self.size < 1 or not 0 <= self.rank < self.size:
             raise ValueError(f"tensor-parallel rank {self.rank} of size {self.size} is invalid")
+
+    @property
+    def attention(self) -> "TensorParallel":
+        """How the attention layers, the embedding and the head split: like everything else, or
+        not at all under data-parallel attention (each rank holds them whole)."""
+        return SINGLE if self.data_parallel_attention else self
+
+    @property
+    def data_parallel(self) -> bool:
+        """Whether this rank attends over its own requests only (data-parallel attention)."""
+        return self.data_parallel_attention and self.size > 1
 
     def split(self, total: int, what: str) -> int:
         """This rank's share of `total` (heads, rows, experts), refusing a size that does not divide it."""

@@ -174,6 +174,15 @@ class EngineArgs:
         action="store_const",
         const=True,
     )
+    data_parallel_attention: bool = knob(
+        _config_default(ParallelConfig, "data_parallel_attention"),
+        "parallel",
+        "tensor parallel: each rank runs the whole attention for its own requests with its own KV pool (MLA's "
+        "latent cache split by request, not copied), the MLPs split as before over all ranks' tokens gathered; "
+        "SGLang's --enable-dp-attention",
+        action="store_const",
+        const=True,
+    )
     # ---- cache ----
     block_size: int = knob(_config_default(CacheConfig, "block_size"), "cache", "tokens per KV block", type=int)
     num_kv_blocks: int | None = knob(
@@ -381,6 +390,7 @@ class EngineArgs:
             tensor_parallel_size=self.tensor_parallel_size,
             expert_parallel=self.expert_parallel,
             two_batch_overlap=self.two_batch_overlap,
+            data_parallel_attention=self.data_parallel_attention,
         )
 
     def create_cache_config(self) -> CacheConfig:
@@ -388,7 +398,9 @@ class EngineArgs:
             block_size=self.block_size,
             num_kv_blocks=self.num_kv_blocks,
             kv_cache_memory=self.kv_cache_memory,
-            swap_space=self.swap_space,
+            # Data-parallel attention preempts by recompute: a resumed request may land on another
+            # rank's pool than the one whose host copy it left (README, "Not supported yet").
+            swap_space=0 if self.data_parallel_attention else self.swap_space,
             cache_dtype=self.kv_cache_dtype,
         )
 

@@ -90,7 +90,7 @@ class MultiProcExecutor(Executor):
                 pin_to_cores(rank_cores(local_rank, local_world))
                 dist.init_process_group("gloo", init_method="env://")
                 self.channel = BroadcastChannel()
-            tp = TensorParallel(0, world_size, engine_args.expert_parallel)
+            tp = TensorParallel(0, world_size, engine_args.expert_parallel, engine_args.data_parallel_attention)
             self.runner = self._collective(lambda: load_rank(engine_args, source, platform, tp))
         except BaseException:
             self.shutdown()

@@ -84,7 +84,11 @@ class LLMEngine:
                 self.runner.bytes_per_block,
                 probe * self.runner.bytes_per_block / max(self.runner.swap_store.probe(probe), 1e-9),
             )
-        kv = KVCacheManager(num_blocks, block_size)
+        parallel = self.config.parallel
+        # Data-parallel attention: one pool of num_blocks per rank, each request in one of them.
+        kv = KVCacheManager(
+            num_blocks, block_size, parallel.tensor_parallel_size if parallel.data_parallel_attention else 1
+        )
         # The logits' width (vocab_size), which may exceed the tokenizer's: padding ids stay masked.
         structured_output = StructuredOutputManager(self.tokenizer, model_cfg.hf["vocab_size"], model_cfg.eos_token_ids)
         self.scheduler = Scheduler(

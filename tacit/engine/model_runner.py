@@ -22,9 +22,10 @@ from tacit.distributed.communicator import Communicator
 from tacit.engine.prompt_logprobs import prompt_tokens_to_score, score_prompt_tokens
 from tacit.engine.request_state import CachedRequestState, update_request_states
 from tacit.engine.two_batch_overlap import run_two_batches, split_point
-from tacit.forward_context import set_forward_context
+from tacit.forward_context import DataParallelMetadata, set_forward_context
 from tacit.kernels.kv_quant import parse_kv_cache_dtype
 from tacit.layers.attention_selector import select_attention_backend
+from tacit.layers.data_parallel import gather_tokens
 from tacit.layers.kv_cache import KVCacheLayer
 from tacit.layers.linear import (
     communication_seconds,
@@ -124,6 +125,8 @@ class ModelRunner:
             use_communicator(model, comm)
         # Torch-path steps of 2+ requests run as two overlapping micro-batches (tensor parallel).
         self.two_batch_overlap = config.parallel.two_batch_overlap and comm is not None
+        # Data-parallel attention: this rank runs only the rows of the requests placed on it.
+        self.data_parallel = config.parallel.data_parallel_attention and comm is not None
         # MoE experts read from the checkpoint through a cache, when they do not all fit.
         self.expert_cache = None
         if config.model.expert_cache_memory is not None:
@@ -345,6 +348,42 @@ class ModelRunner:
         hidden = torch.cat([dec_hidden, pre_hidden.to(dec_hidden.dtype)])[torch.tensor(order, dtype=torch.long)]
         return [index[i] for i in order], hidden, prompt_logprobs
 
+    def _data_parallel_part(self, rows: Rows) -> tuple[list[int], torch.Tensor | None, PromptScores]:
+        """Data-parallel attention: this rank's forward over the rows of its own requests (none is
+        fine: its layers still join every MLP's collectives), then every rank's sampling rows'
+        logits all-gathered, in the step's row order. Every rank derives each rank's token and
+        sampling counts from the same rows, so they agree on the collectives without asking."""
+        comm = self.comm
+        counts, sampling_counts = [0] * comm.world_size, [0] * comm.world_size
+        for r, n in rows:
+            counts[r.dp_rank] += n
+            sampling_counts[r.dp_rank] += _samples(r, n)
+        own = [i for i, (r, _) in enumerate(rows) if r.dp_rank == comm.rank]
+        own_rows = [rows[i] for i in own]
+        model = self.model
+        built = self._build(own_rows) if own_rows else None
+        if built is None:
+            empty = torch.empty(0, dtype=torch.long, device=self.device)
+            ids, positions, meta = empty, empty, None
+        else:
+            ids, positions, meta = built.input_ids, built.positions, built.meta
+        with set_forward_context(meta, DataParallelMetadata(tuple(counts))):
+            state = model.begin_forward(ids, positions)
+            model.forward_layers(state, 0, model.num_layers)
+            hidden = model.end_forward(state)
+        prompt_logprobs: PromptScores = {}
+        local_hidden = hidden[:0]
+        if built is not None:
+            _, local_hidden, prompt_logprobs = self._torch_outputs(own_rows, built, hidden)
+        sampling = [i for i, (r, n) in enumerate(rows) if _samples(r, n)]
+        if not sampling:
+            return [], None, prompt_logprobs
+        gathered = gather_tokens(model.compute_logits(local_hidden), tuple(sampling_counts), comm)
+        # gathered holds rank 0's sampling rows, then rank 1's, ..., each in step order.
+        by_rank = sorted(sampling, key=lambda i: rows[i][0].dp_rank)
+        position = {row: p for p, row in enumerate(by_rank)}
+        return sampling, gathered[torch.tensor([position[i] for i in sampling])], prompt_logprobs
+
     def rows(self, scheduler_output: SchedulerOutput) -> Rows:
         return [(self.requests[rid], n) for rid, n in scheduler_output.num_scheduled_tokens.items()]
 
@@ -357,6 +396,8 @@ class ModelRunner:
         every decoder-layer boundary."""
         if not rows:
             return [], None, {}
+        if self.data_parallel:
+            return self._data_parallel_part(rows)
         if self._uses_fused_decode(rows):
             samples, hidden, prompt_logprobs = self._fused_part(rows, between_layers)
         elif self._splits_mixed_step(rows):

@@ -29,6 +29,8 @@ class CachedRequestState:
     # The first prompt token whose logprob is not yet out (prompt_logprobs; token 0 has none). It
     # too outlives a preemption, so a prompt recomputed from scratch is not scored twice.
     next_prompt_logprob: int = 1
+    # Data-parallel attention: the rank whose KV pool holds block_ids and that runs its tokens.
+    dp_rank: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -59,6 +61,7 @@ def update_request_states(states: dict[str, CachedRequestState], out: SchedulerO
             new.num_computed_tokens,
             generator,
             next_prompt_logprob,
+            new.dp_rank,
         )
     for cached in out.scheduled_cached_reqs:
         state = states[cached.req_id]

@@ -100,7 +100,7 @@ def worker_main(
     try:
         platform = get_platform(engine_args.device)
         platform.bind_local_rank(*(local or (rank, world_size)))
-        tp = TensorParallel(rank, world_size, engine_args.expert_parallel)
+        tp = TensorParallel(rank, world_size, engine_args.expert_parallel, engine_args.data_parallel_attention)
         runner = load_rank(engine_args, open_model(engine_args.model), platform, tp)
         while True:
             msg = channel.recv()

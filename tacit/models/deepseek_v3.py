@@ -46,7 +46,9 @@ class MLAAttention(nn.Module, KVCacheLayer):
     def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
         """With tensor parallelism each rank holds 1/N of the heads (q, kv_b_proj rows, o_proj
         columns); the latent projections are whole on every rank, so each rank caches the same
-        latent: the cache is not split (one latent serves all heads)."""
+        latent: the cache is not split (one latent serves all heads). Under data-parallel
+        attention the model passes tp.attention (SINGLE): each rank holds every head and caches
+        only its own requests' latents, the cache split by request."""
         super().__init__()
         hf = cfg.hf
         hidden, full_heads = hf["hidden_size"], hf["num_attention_heads"]
@@ -192,16 +194,16 @@ class DeepseekV3ForCausalLM(CausalLM):
                 if i >= first_dense and hf.get("n_routed_experts")
                 else LlamaMLP(hf["hidden_size"], hf["intermediate_size"], tp=tp)
             )
-            return LlamaDecoderLayer(cfg, MLAAttention(cfg, tp), mlp)
+            return LlamaDecoderLayer(cfg, MLAAttention(cfg, tp.attention), mlp, tp)
 
         self.model = LlamaModel(
             cfg,
             make_layer,
             rotary_dim=hf["qk_rope_head_dim"],
             interleaved_rope=bool(hf.get("rope_interleave", True)),
-            tp=tp,
+            tp=tp.attention,
         )
-        self._init_head(cfg, tp)
+        self._init_head(cfg, tp.attention)
 
     def weight_hook(self, name: str, tensor: torch.Tensor) -> str | None:
         return load_expert_tensor(self, name, tensor) or super().weight_hook(name, tensor)

@@ -22,6 +22,7 @@ from tacit.kernels.cpu_fused_decode import DecoderLayerWeights, ShardedDecoder, 
 from tacit.kernels.ggml_quant import BF16, GGMLTensor
 from tacit.kernels.torch_attention import TorchAttentionBackend
 from tacit.layers.attention import Attention
+from tacit.layers.data_parallel import data_parallel_mlp
 from tacit.layers.embedding import GGMLEmbedding
 from tacit.layers.ggml_linear_method import ggml_or_bf16, weight_parts
 from tacit.layers.linear import (
@@ -98,7 +99,9 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, attn: nn.Module, mlp: nn.Module) -> None:
+    def __init__(self, cfg: ModelConfig, attn: nn.Module, mlp: nn.Module, tp: TensorParallel = SINGLE) -> None:
+        """tp: the model's split; under data-parallel attention (tp.data_parallel) attn is whole
+        and this rank's own, mlp split, and the layer gathers every rank's tokens for it."""
         super().__init__()
         eps = cfg.get("rms_norm_eps", 1e-6)
         self.self_attn, self.mlp = attn, mlp
@@ -106,11 +109,19 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hf["hidden_size"], eps)
         # Two-micro-batch steps all-reduce this layer's partial sums themselves (stages()):
         # seconds they blocked, and seconds they travelled while the other micro-batch computed.
+        # Data-parallel attention: seconds its gathers and scatters blocked.
         self.comm_seconds = self.comm_hidden_seconds = 0.0
+        self.data_parallel = tp.data_parallel
+        if self.data_parallel:
+            self.tp, self.comm = tp, None  # use_communicator binds comm (it reads tp.size)
 
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rotary, cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        if not self.data_parallel:
+            x = x + self.self_attn(self.input_layernorm(x), rotary, cos, sin)
+            return x + self.mlp(self.post_attention_layernorm(x))
+        if len(x):  # a rank with no requests this step attends over nothing but joins the MLP
+            x = x + self.self_attn(self.input_layernorm(x), rotary, cos, sin)
+        return x + data_parallel_mlp(self.mlp, self.post_attention_layernorm(x), self)
 
     def stages(
         self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor
@@ -239,6 +250,8 @@ class CausalLM(nn.Module):
     def fused_tensor_parallel_reason(self) -> str | None:
         """Under tensor parallelism the fused step all-reduces in C++: it needs the communicator's
         C all-reduce (the models that fuse set self.tp and self.comm)."""
+        if self.tp.data_parallel:
+            return "data-parallel attention (the torch path gathers every rank's tokens around each MLP)"
         if self.tp.size > 1 and (self.comm is None or self.comm.c_all_reduce_f32() is None):
             return f"tensor parallel over a communicator with no C all-reduce ({getattr(self.comm, 'name', None)})"
         return None
@@ -338,11 +351,11 @@ class LlamaForCausalLM(CausalLM):
         o_bias = bias and not self.qkv_bias_default
 
         def make_layer(i: int) -> nn.Module:
-            attn = LlamaAttention(cfg, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=self.qk_norm, tp=tp)
-            return LlamaDecoderLayer(cfg, attn, self.make_mlp(cfg, i))
+            attn = LlamaAttention(cfg, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=self.qk_norm, tp=tp.attention)
+            return LlamaDecoderLayer(cfg, attn, self.make_mlp(cfg, i), tp)
 
-        self.model = LlamaModel(cfg, make_layer, rotary_dim=cfg.head_dim, tp=tp)
-        self._init_head(cfg, tp)
+        self.model = LlamaModel(cfg, make_layer, rotary_dim=cfg.head_dim, tp=tp.attention)
+        self._init_head(cfg, tp.attention)
 
     def make_mlp(self, cfg: ModelConfig, layer_idx: int) -> nn.Module:
         bias = bool(cfg.hf.get("mlp_bias", False))

@@ -183,6 +183,17 @@ class Scheduler:
         cap = self.config.long_prefill_token_threshold
         return min(n, cap) if cap and self.config.enable_chunked_prefill else n
 
+    def _place(self, req: Request) -> None:
+        """Data-parallel attention: a request whose prompt logprobs are scored lives on rank 0,
+        the rank whose runner output the engine reads (the others' rows are gathered to it only
+        as the logits that sample)."""
+        if (
+            self.kv.num_pools > 1
+            and req.params.prompt_logprobs is not None
+            and not self.kv.num_blocks_of(req.request_id)
+        ):
+            self.kv.place(req.request_id, 0)
+
     def _start(self, req: Request) -> None:
         self.waiting.remove(req)
         req.status = RequestStatus.RUNNING
@@ -210,6 +221,7 @@ class Scheduler:
                         req.params,
                         self.kv.get_block_ids(req.request_id),
                         req.num_computed_tokens,
+                        self.kv.pool_of(req.request_id),
                     )
                 )
             else:
@@ -248,6 +260,7 @@ class Scheduler:
             n = req.num_tokens
             if n > budget or not self.may_cut_in(req):
                 continue
+            self._place(req)
             if self.kv.allocate_slots(req.request_id, 0, n) is None:
                 break
             self._start(req)
@@ -285,8 +298,11 @@ class Scheduler:
             long_slots -= long
             new_blocks = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n)
             while new_blocks is None:
-                # Only requests not yet given slots this step are candidates (they sit at i and after).
-                victim = self._pick_victim(self.running[i:])
+                # Only requests not yet given slots this step are candidates (they sit at i and
+                # after), and only those whose blocks share req's pool (data-parallel attention).
+                victim = self._pick_victim(
+                    [r for r in self.running[i:] if self.kv.same_pool(r.request_id, req.request_id)]
+                )
                 self._preempt(victim, preempted)
                 if victim is req:
                     break
@@ -311,6 +327,7 @@ class Scheduler:
             long = self._is_long(req)
             if n < req.num_tokens - req.num_computed_tokens and not chunked:
                 break
+            self._place(req)
             if self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n) is None:
                 break
             if self.swapper is not None and self.swapper.holds(req.request_id):

@@ -39,6 +39,9 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
+    # Data-parallel attention: the rank that attends over it, in whose KV pool block_ids lie
+    # (always 0 otherwise). A request resumed after a preemption may come back on another.
+    dp_rank: int = 0
 
 
 @dataclass(frozen=True)

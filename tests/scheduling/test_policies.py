@@ -32,7 +32,7 @@ def test_priority_preempts_when_blocks_are_short():
     run_step(s)
     s.add_request(make_req("urgent", 8, priority=1))
     assert run_step(s) == ["urgent"]
-    assert s.waiting[0].request_id == "low" and kv.pool.num_free_blocks == 2
+    assert s.waiting[0].request_id == "low" and kv.num_free_blocks == 2
 
 
 def test_priority_does_not_preempt_when_it_would_not_help():
