@@ -378,7 +378,11 @@ class ModelRunner:
         sampling = [i for i, (r, n) in enumerate(rows) if _samples(r, n)]
         if not sampling:
             return [], None, prompt_logprobs
-        gathered = gather_tokens(model.compute_logits(local_hidden), tuple(sampling_counts), comm)
+        # float32 on every rank: a GGML head's kernel returns float32 where a bf16 one returns bf16,
+        # and the gather moves bytes.
+        vocab = self.config.model.hf["vocab_size"]
+        local = model.compute_logits(local_hidden).float() if len(local_hidden) else torch.empty((0, vocab))
+        gathered = gather_tokens(local.to(self.device), tuple(sampling_counts), comm)
         # gathered holds rank 0's sampling rows, then rank 1's, ..., each in step order.
         by_rank = sorted(sampling, key=lambda i: rows[i][0].dp_rank)
         position = {row: p for p, row in enumerate(by_rank)}

@@ -41,7 +41,7 @@ class CpuBf16GemvLinearMethod(UnquantizedLinearMethod):
             raise ValueError(f"{self.name} takes bf16 CPU weights; this layer's are {w.dtype} on {w.device}")
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0] <= _KERNEL_ROWS:
+        if x.dim() == 2 and 0 < x.shape[0] <= _KERNEL_ROWS:  # no rows: the kernel takes 1-8
             out = self.kernels.gemm_bf16_skinny(layer.weight, x.contiguous())
             return out + bias if bias is not None else out
         return super().apply(layer, x, bias)

@@ -69,7 +69,7 @@ class GGMLLinearMethod(LinearMethod):
         return _dequantized(layer.weight, self.ggml_type, layer.in_features, dtype, self.kernels)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self.kernels is not None and x.dim() == 2 and x.shape[0] <= _CHUNKED_ROWS and x.dtype == torch.bfloat16:
+        if self.kernels is not None and x.dim() == 2 and 0 < x.shape[0] <= _CHUNKED_ROWS and x.dtype == torch.bfloat16:
             out = _skinny(self.kernels, layer.weight, self.ggml_type, x.contiguous())
             return out + bias if bias is not None else out
         return dense_matmul(self.dequantized(layer, x.dtype), x, bias)
@@ -136,7 +136,7 @@ class MixedGGMLLinearMethod(GGMLLinearMethod):
         return torch.cat([_dequantized(w, t, layer.in_features, dtype, self.kernels) for w, t in self.segments(layer)])
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self.kernels is not None and x.dim() == 2 and x.shape[0] <= _CHUNKED_ROWS and x.dtype == torch.bfloat16:
+        if self.kernels is not None and x.dim() == 2 and 0 < x.shape[0] <= _CHUNKED_ROWS and x.dtype == torch.bfloat16:
             x = x.contiguous()
             out = torch.cat([_skinny(self.kernels, w, t, x) for w, t in self.segments(layer)], dim=1)
             return out + bias if bias is not None else out
