@@ -97,6 +97,9 @@ class KVCacheManager:
     def num_free_blocks(self) -> int:
         return sum(p.num_free_blocks for p in self.pools)
 
+    def num_free_blocks_in(self, pool: int) -> int:
+        return self.pools[pool].num_free_blocks
+
     @property
     def num_used_blocks(self) -> int:
         return sum(p.num_used_blocks for p in self.pools)

@@ -46,6 +46,7 @@ from tacit.scheduling.scheduler_output import (
     SchedulerStats,
     samples_this_step,
 )
+from tacit.scheduling.step_budget import StepBudget
 from tacit.structured_output import StructuredOutputManager
 
 
@@ -183,16 +184,18 @@ class Scheduler:
         cap = self.config.long_prefill_token_threshold
         return min(n, cap) if cap and self.config.enable_chunked_prefill else n
 
-    def _place(self, req: Request) -> None:
-        """Data-parallel attention: a request whose prompt logprobs are scored lives on rank 0,
-        the rank whose runner output the engine reads (the others' rows are gathered to it only
-        as the logits that sample)."""
-        if (
-            self.kv.num_pools > 1
-            and req.params.prompt_logprobs is not None
-            and not self.kv.num_blocks_of(req.request_id)
-        ):
-            self.kv.place(req.request_id, 0)
+    def _place(self, req: Request, budget: StepBudget) -> int:
+        """The pool (data-parallel attention's rank) of a request about to be scheduled. One not
+        yet holding blocks goes to the pool with the most of this step's budget left, then the
+        most free blocks; one whose prompt logprobs are scored to rank 0's, the rank whose runner
+        output the engine reads (the others' rows reach it only as the logits that sample)."""
+        kv, rid = self.kv, req.request_id
+        if kv.num_pools > 1 and not kv.num_blocks_of(rid):
+            if req.params.prompt_logprobs is not None:
+                kv.place(rid, 0)
+            else:
+                kv.place(rid, max(range(kv.num_pools), key=lambda p: (budget.of(p), kv.num_free_blocks_in(p), -p)))
+        return kv.pool_of(rid)
 
     def _start(self, req: Request) -> None:
         self.waiting.remove(req)
@@ -260,7 +263,6 @@ class Scheduler:
             n = req.num_tokens
             if n > budget or not self.may_cut_in(req):
                 continue
-            self._place(req)
             if self.kv.allocate_slots(req.request_id, 0, n) is None:
                 break
             self._start(req)
@@ -278,7 +280,7 @@ class Scheduler:
         self.now = self.clock()
         scheduled: list[tuple[Request, int, list[int] | None]] = []
         preempted: list[Request] = []
-        budget = self.policy.token_budget(self.config.max_num_batched_tokens, self.view)
+        budget = StepBudget(self.policy.token_budget(self.config.max_num_batched_tokens, self.view), self.kv.num_pools)
         chunked = self.config.enable_chunked_prefill
         self._trim_running(preempted)
         self._make_room_for_urgent(preempted)
@@ -288,11 +290,12 @@ class Scheduler:
         long_slots = self.config.max_long_partial_prefills
 
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and budget.total > 0:
             req = self.running[i]
-            n = self._chunk(req, budget)
+            pool = self.kv.pool_of(req.request_id)
+            n = self._chunk(req, budget.of(pool))
             long = self._is_long(req)
-            if (not chunked and n < req.num_tokens - req.num_computed_tokens) or (long and not long_slots):
+            if not n or (not chunked and n < req.num_tokens - req.num_computed_tokens) or (long and not long_slots):
                 i += 1
                 continue
             long_slots -= long
@@ -309,32 +312,32 @@ class Scheduler:
                 new_blocks = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n)
             if new_blocks is not None:
                 scheduled.append((req, n, new_blocks))
-                budget -= n
+                budget.spend(pool, n)
                 i += 1
 
         # Admitting new work in a step that ran out of blocks would just thrash the pool; after
         # a priority preemption, admitting is the point.
         while (
             self.waiting
-            and budget > 0
+            and budget.total > 0
             and len(self.running) < self.config.max_num_seqs
             and (urgent_preemption or not preempted)
         ):
             req = self._next_waiting(short_only=not long_slots)
             if req is None:
                 break
-            n = self._chunk(req, budget)
+            pool = self._place(req, budget)
+            n = self._chunk(req, budget.of(pool))
             long = self._is_long(req)
-            if n < req.num_tokens - req.num_computed_tokens and not chunked:
+            if not n or (n < req.num_tokens - req.num_computed_tokens and not chunked):
                 break
-            self._place(req)
             if self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n) is None:
                 break
             if self.swapper is not None and self.swapper.holds(req.request_id):
                 self.swapper.swap_in(req.request_id, self.kv.get_block_ids(req.request_id))
             self._start(req)
             scheduled.append((req, n, None))
-            budget -= n
+            budget.spend(pool, n)
             long_slots -= long
         return self._output(scheduled, preempted)
 

@@ -1,0 +1,67 @@
+"""The scheduler under data-parallel attention: one KV pool per rank, each rank its share of a
+step's token budget, each request placed where there is room and budget."""
+
+import pytest
+
+from tacit.config import SchedulerConfig
+from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.sampling_params import SamplingParams
+from tacit.scheduling.scheduler import Scheduler
+from tacit.scheduling.step_budget import StepBudget
+from tests.scheduling.helpers import advance, make_req, run_step
+
+
+def scheduler(num_blocks: int = 64, budget: int = 64, pools: int = 2) -> Scheduler:
+    config = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=16)
+    return Scheduler(config, KVCacheManager(num_blocks, block_size=16, num_pools=pools))
+
+
+def test_step_budget_splits_evenly_and_refuses_overspending():
+    b = StepBudget(65, 2)
+    assert b.left == [33, 32] and b.total == 65
+    b.spend(1, 32)
+    assert b.of(1) == 0 and b.total == 33
+    assert StepBudget(64).left == [64]
+    with pytest.raises(RuntimeError, match="pool 0 spends 34 tokens with 33 left"):
+        b.spend(0, 34)
+
+
+def test_two_long_prompts_prefill_side_by_side_on_both_ranks():
+    """With one shared budget the first prompt took all 64 tokens of a step on rank 0 while
+    rank 1 idled; split, each rank prefills its own prompt's 32-token chunk."""
+    s = scheduler()
+    s.add_request(make_req("a", 100))
+    s.add_request(make_req("b", 100))
+    out = s.schedule()
+    assert out.num_scheduled_tokens == {"a": 32, "b": 32}
+    assert sorted(r.dp_rank for r in out.scheduled_new_reqs) == [0, 1]
+
+
+def test_short_requests_alternate_ranks_and_decodes_stay_where_they_are():
+    s = scheduler()
+    for i in range(4):
+        s.add_request(make_req(f"r{i}", 8, max_tokens=4))
+    out = s.schedule()
+    ranks = {r.req_id: r.dp_rank for r in out.scheduled_new_reqs}
+    assert sorted(ranks.values()) == [0, 0, 1, 1]
+    advance(s, out)
+    for _ in range(3):
+        run_step(s)
+        assert all(s.kv.pool_of(rid) == rank for rid, rank in ranks.items() if rid in s.requests)
+
+
+def test_a_request_scoring_its_prompt_goes_to_rank_0():
+    s = scheduler()
+    s.add_request(make_req("first", 8))
+    r = make_req("scored", 8)
+    r.params = SamplingParams(max_tokens=2, prompt_logprobs=1)
+    s.add_request(r)
+    out = s.schedule()
+    assert {d.req_id: d.dp_rank for d in out.scheduled_new_reqs}["scored"] == 0
+
+
+def test_one_pool_keeps_one_budget():
+    s = scheduler(pools=1)
+    s.add_request(make_req("a", 100))
+    s.add_request(make_req("b", 100))
+    assert s.schedule().num_scheduled_tokens == {"a": 64}
