@@ -14,8 +14,8 @@ from dataclasses import dataclass
 class TensorParallel:
     """rank of size; expert_parallel: MoE layers hold 1/size of the experts, whole, instead of
     1/size of every expert's intermediate features (attention and dense MLPs split as always);
-    data_parallel_attention: attention, embedding and head whole on every rank (`attention`),
-    each rank attending over its own requests, the MLPs split over all ranks' tokens."""
+    data_parallel_attention: attention whole on every rank (`attention`), each rank attending
+    over its own requests; the MLPs, the embedding and the head split over all ranks' tokens."""
 
     rank: int = 0
     size: int = 1
@@ -28,8 +28,8 @@ class TensorParallel:
 
     @property
     def attention(self) -> "TensorParallel":
-        """How the attention layers, the embedding and the head split: like everything else, or
-        not at all under data-parallel attention (each rank holds them whole)."""
+        """How the attention layers split: like everything else, or not at all under
+        data-parallel attention (each rank holds them whole)."""
         return SINGLE if self.data_parallel_attention else self
 
     @property

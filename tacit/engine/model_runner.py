@@ -316,23 +316,25 @@ class ModelRunner:
     ) -> tuple[list[int], torch.Tensor, PromptScores]:
         """The sampling rows' final hidden states and the prompt logprobs of the rows that score."""
         samples, sample_rows, scored = built.samples, built.sample_rows, built.scored
-        model = self.model
-        prompt_logprobs = {}
-        vocab_size = self.config.model.hf["vocab_size"]
-        sink = self.full_prompt_logprobs
-        for i, first, end, row in scored:
-            r = rows[i][0]
-            full = None if sink is None else (lambda start, lp, rid=r.req_id: sink(rid, start, lp))
-            prompt_logprobs[r.req_id] = score_prompt_tokens(
-                model.compute_logits,
-                hidden[row : row + end - first],
-                r.token_ids[first:end],
-                first,
-                r.sampling_params.prompt_logprobs,
-                vocab_size,
-                full,
-            )
+        prompt_logprobs = {
+            rows[i][0].req_id: self._score_prompt(rows[i][0], first, end, hidden[row : row + end - first])
+            for i, first, end, row in scored
+        }
         return samples, hidden[sample_rows], prompt_logprobs
+
+    def _score_prompt(self, r: CachedRequestState, first: int, end: int, hidden: torch.Tensor) -> RawPromptLogprobs:
+        """r's prompt tokens [first, end) scored from the hidden states of the positions before them."""
+        sink = self.full_prompt_logprobs
+        full = None if sink is None else (lambda start, lp: sink(r.req_id, start, lp))
+        return score_prompt_tokens(
+            self.model.compute_logits,
+            hidden,
+            r.token_ids[first:end],
+            first,
+            r.sampling_params.prompt_logprobs,
+            self.config.model.hf["vocab_size"],
+            full,
+        )
 
     def _split_part(
         self, rows: Rows, between_layers: Callable[[], None] | None
@@ -350,43 +352,57 @@ class ModelRunner:
 
     def _data_parallel_part(self, rows: Rows) -> tuple[list[int], torch.Tensor | None, PromptScores]:
         """Data-parallel attention: this rank's forward over the rows of its own requests (none is
-        fine: its layers still join every MLP's collectives), then every rank's sampling rows'
-        logits all-gathered, in the step's row order. Every rank derives each rank's token and
-        sampling counts from the same rows, so they agree on the collectives without asking."""
-        comm = self.comm
-        counts, sampling_counts = [0] * comm.world_size, [0] * comm.world_size
+        fine: its layers still join every collective), then the hidden states that reach the
+        head — every rank's sampling rows, and the prompt rows some request scores — all-gathered,
+        so every rank runs the (vocabulary-split) head over the same rows, as under tensor
+        parallelism. Every rank derives each rank's counts from the same rows: no collective is
+        spent agreeing on them."""
+        comm, model = self.comm, self.model
+        world = comm.world_size
+        counts = [0] * world
         for r, n in rows:
             counts[r.dp_rank] += n
-            sampling_counts[r.dp_rank] += _samples(r, n)
-        own = [i for i, (r, _) in enumerate(rows) if r.dp_rank == comm.rank]
-        own_rows = [rows[i] for i in own]
-        model = self.model
-        built = self._build(own_rows) if own_rows else None
+        own = [(r, n) for r, n in rows if r.dp_rank == comm.rank]
+        built = self._build(own) if own else None
         if built is None:
             empty = torch.empty(0, dtype=torch.long, device=self.device)
             ids, positions, meta = empty, empty, None
         else:
             ids, positions, meta = built.input_ids, built.positions, built.meta
-        with set_forward_context(meta, DataParallelMetadata(tuple(counts))):
+        dp = DataParallelMetadata(tuple(counts))
+        with set_forward_context(meta, dp):
             state = model.begin_forward(ids, positions)
             model.forward_layers(state, 0, model.num_layers)
             hidden = model.end_forward(state)
+        # Rows in rank order (each rank's in step order, as its own batch has them).
+        by_rank = sorted(range(len(rows)), key=lambda i: rows[i][0].dp_rank)
+        sampling = [i for i in by_rank if _samples(*rows[i])]
+        scored = [(i, *_prompt_tokens_scored(*rows[i])) for i in by_rank]
+        scored = [(i, first, end) for i, first, end in scored if first < end]
+        sampling_counts, scored_counts = [0] * world, [0] * world
+        for i in sampling:
+            sampling_counts[rows[i][0].dp_rank] += 1
+        for i, first, end in scored:
+            scored_counts[rows[i][0].dp_rank] += end - first
         prompt_logprobs: PromptScores = {}
-        local_hidden = hidden[:0]
-        if built is not None:
-            _, local_hidden, prompt_logprobs = self._torch_outputs(own_rows, built, hidden)
-        sampling = [i for i, (r, n) in enumerate(rows) if _samples(r, n)]
+        if scored:
+            mine = [hidden[row : row + end - first] for _, first, end, row in built.scored] if built else []
+            local = torch.cat(mine) if mine else hidden[:0]
+            everyone = gather_tokens(local, tuple(scored_counts), comm)
+            offset = 0
+            for i, first, end in scored:
+                prompt_logprobs[rows[i][0].req_id] = self._score_prompt(
+                    rows[i][0], first, end, everyone[offset : offset + end - first]
+                )
+                offset += end - first
         if not sampling:
             return [], None, prompt_logprobs
-        # float32 on every rank: a GGML head's kernel returns float32 where a bf16 one returns bf16,
-        # and the gather moves bytes.
-        vocab = self.config.model.hf["vocab_size"]
-        local = model.compute_logits(local_hidden).float() if len(local_hidden) else torch.empty((0, vocab))
-        gathered = gather_tokens(local.to(self.device), tuple(sampling_counts), comm)
-        # gathered holds rank 0's sampling rows, then rank 1's, ..., each in step order.
-        by_rank = sorted(sampling, key=lambda i: rows[i][0].dp_rank)
-        position = {row: p for p, row in enumerate(by_rank)}
-        return sampling, gathered[torch.tensor([position[i] for i in sampling])], prompt_logprobs
+        local = hidden[built.sample_rows] if built is not None else hidden[:0]
+        everyone = gather_tokens(local, tuple(sampling_counts), comm)
+        step_order = sorted(sampling)
+        position = {row: p for p, row in enumerate(sampling)}
+        in_step_order = everyone[torch.tensor([position[i] for i in step_order])]
+        return step_order, model.compute_logits(in_step_order), prompt_logprobs
 
     def rows(self, scheduler_output: SchedulerOutput) -> Rows:
         return [(self.requests[rid], n) for rid, n in scheduler_output.num_scheduled_tokens.items()]

@@ -1,7 +1,9 @@
 """The token-embedding table split over tensor-parallel ranks by vocabulary rows.
 
 Rank r holds rows [r * V / N, (r + 1) * V / N); a lookup takes the ids in its range, zeroes the
-rest, and one all-reduce sums the ranks' rows into every token's embedding. A vocabulary that
+rest, and one all-reduce sums the ranks' rows into every token's embedding (under data-parallel
+attention, where each rank brings other ids, an all-gather of the ids and a reduce-scatter of
+the rows). A vocabulary that
 does not divide by N stays whole on every rank (replicated, no communication), as does its head.
 """
 
@@ -12,6 +14,8 @@ from torch import nn
 
 from tacit.distributed.communicator import Communicator, exposed
 from tacit.distributed.parallel_state import SINGLE, TensorParallel
+from tacit.forward_context import get_dp_metadata
+from tacit.layers.data_parallel import gather_tokens, scatter_sums
 
 
 def vocab_is_sharded(vocab_size: int, tp: TensorParallel) -> bool:
@@ -32,12 +36,23 @@ class VocabParallelEmbedding(nn.Embedding):
     def checkpoint_shards(self, name: str) -> dict[str, tuple[int, int, int]]:
         return {f"{name}.weight": (0, self.vocab_start, self.num_embeddings)}
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if not self.sharded:
-            return super().forward(ids)
+    def _rows_in_range(self, ids: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of the ids' embeddings, zeros for ids outside its slice."""
         local = ids - self.vocab_start
         outside = (local < 0) | (local >= self.num_embeddings)
         out = super().forward(local.masked_fill(outside, 0))
-        out.masked_fill_(outside.unsqueeze(-1), 0)
+        return out.masked_fill_(outside.unsqueeze(-1), 0)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if not self.sharded:
+            return super().forward(ids)
+        if self.tp.data_parallel:
+            # Each rank brings its own requests' ids: every rank looks up all of them in its
+            # slice and takes back the sums of its own (layers/data_parallel.py).
+            counts = get_dp_metadata().num_tokens_across_dp
+            everyone = exposed(self, lambda: gather_tokens(ids, counts, self.comm))
+            partial = self._rows_in_range(everyone)
+            return exposed(self, lambda: scatter_sums(partial, counts, self.comm))
+        out = self._rows_in_range(ids)
         exposed(self, lambda: self.comm.all_reduce(out))
         return out

@@ -7,9 +7,9 @@ request starts from zero). The block ids it hands out travel to the model runner
 SchedulerOutput; the runner never reads this object.
 
 Under data-parallel attention each rank holds its own pool of num_blocks blocks and attends only
-over its own requests: the manager keeps num_pools pools, places each request in one (the one
-with the most free blocks, when it first gets blocks, unless the scheduler placed it) and hands
-out block ids local to that pool; pool_of(request) tells the runners which rank holds it.
+over its own requests: the manager keeps num_pools pools, places each request in one (the
+scheduler's choice, or else the one with the most free blocks when it first gets blocks) and
+hands out block ids local to that pool; pool_of(request) tells the runners which rank holds it.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ class KVCacheManager:
         return len(self.pools)
 
     def place(self, request_id: str, pool: int) -> None:
-        """Put a request that holds no blocks yet in `pool` (the scheduler keeps requests whose
-        prompt logprobs only rank 0 scores there)."""
+        """Put a request that holds no blocks yet in `pool` (the scheduler's choice, from how much
+        of the step's budget each pool has left)."""
         if self._block_ids.get(request_id):
             raise RuntimeError(f"request {request_id} already holds blocks in pool {self._pool_of[request_id]}")
         if not 0 <= pool < len(self.pools):

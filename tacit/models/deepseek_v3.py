@@ -201,9 +201,9 @@ class DeepseekV3ForCausalLM(CausalLM):
             make_layer,
             rotary_dim=hf["qk_rope_head_dim"],
             interleaved_rope=bool(hf.get("rope_interleave", True)),
-            tp=tp.attention,
+            tp=tp,
         )
-        self._init_head(cfg, tp.attention)
+        self._init_head(cfg, tp)
 
     def weight_hook(self, name: str, tensor: torch.Tensor) -> str | None:
         return load_expert_tensor(self, name, tensor) or super().weight_hook(name, tensor)

@@ -354,8 +354,8 @@ class LlamaForCausalLM(CausalLM):
             attn = LlamaAttention(cfg, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=self.qk_norm, tp=tp.attention)
             return LlamaDecoderLayer(cfg, attn, self.make_mlp(cfg, i), tp)
 
-        self.model = LlamaModel(cfg, make_layer, rotary_dim=cfg.head_dim, tp=tp.attention)
-        self._init_head(cfg, tp.attention)
+        self.model = LlamaModel(cfg, make_layer, rotary_dim=cfg.head_dim, tp=tp)
+        self._init_head(cfg, tp)
 
     def make_mlp(self, cfg: ModelConfig, layer_idx: int) -> nn.Module:
         bias = bool(cfg.hf.get("mlp_bias", False))

@@ -185,16 +185,12 @@ class Scheduler:
         return min(n, cap) if cap and self.config.enable_chunked_prefill else n
 
     def _place(self, req: Request, budget: StepBudget) -> int:
-        """The pool (data-parallel attention's rank) of a request about to be scheduled. One not
+        """The pool (data-parallel attention's rank) of a request about to be scheduled: one not
         yet holding blocks goes to the pool with the most of this step's budget left, then the
-        most free blocks; one whose prompt logprobs are scored to rank 0's, the rank whose runner
-        output the engine reads (the others' rows reach it only as the logits that sample)."""
+        most free blocks."""
         kv, rid = self.kv, req.request_id
         if kv.num_pools > 1 and not kv.num_blocks_of(rid):
-            if req.params.prompt_logprobs is not None:
-                kv.place(rid, 0)
-            else:
-                kv.place(rid, max(range(kv.num_pools), key=lambda p: (budget.of(p), kv.num_free_blocks_in(p), -p)))
+            kv.place(rid, max(range(kv.num_pools), key=lambda p: (budget.of(p), kv.num_free_blocks_in(p), -p)))
         return kv.pool_of(rid)
 
     def _start(self, req: Request) -> None:

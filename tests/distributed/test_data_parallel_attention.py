@@ -15,16 +15,19 @@ from tests.distributed.test_tensor_parallel import GREEDY, assert_same, prompts_
 DP = dict(tensor_parallel_size=2, data_parallel_attention=True)
 
 
-def run_dp(path, prompts, params, dtype="float32", **kwargs):
-    """(the outputs, the driver's runner's per-request ranks, its engine) of a two-rank run."""
+def run_dp(path, prompts, params, dtype="float32", rank_of=None, **kwargs):
+    """(the outputs, the ranks the driver's runner saw requests on, its engine) of a two-rank
+    run; rank_of, if given, gets {request id: rank}."""
     llm = LLM(str(path), dtype=dtype, **DP, **kwargs)
     engine = llm.engine
     runner, ranks = engine.runner, set()
     execute = runner.execute
+    rank_of = {} if rank_of is None else rank_of
 
     def execute_noting_ranks(*args, **kw):
         out = execute(*args, **kw)
-        ranks.update(s.dp_rank for s in runner.requests.values())
+        rank_of.update({s.req_id: s.dp_rank for s in runner.requests.values()})
+        ranks.update(rank_of.values())
         return out
 
     runner.execute = execute_noting_ranks
@@ -48,18 +51,20 @@ def test_dp_attention_matches_tp1(tiny_model_factory, arch, expert_parallel):
     got, ranks, engine = run_dp(path, prompts, GREEDY, max_num_batched_tokens=64, expert_parallel=expert_parallel)
     assert_same(ref, got)
     assert ranks == {0, 1}  # the requests were spread over both ranks' pools
-    # Attention whole on each rank (the tiny models have 4 heads); the MLPs still split.
+    # Attention whole on each rank (the tiny models have 4 heads); the MLPs, the embedding and
+    # the head still split.
     assert engine.model.model.layers[0].self_attn.num_heads == 4
-    assert not engine.model.model.embed_tokens.sharded
+    assert engine.model.model.embed_tokens.sharded
     moe = [m for m in engine.model.modules() if isinstance(m, FusedMoE)]
     for m in moe:
         assert m.w13.shape[0] == (m.num_experts // 2 if expert_parallel else m.num_experts)
     # One pool per rank: the scheduler places requests in twice the blocks one rank holds.
     kv = engine.scheduler.kv
     assert kv.num_pools == 2 and kv.num_blocks == 2 * engine.runner.num_blocks
-    # Each decoder layer counts the seconds its gathers and scatters blocked.
+    # Each decoder layer, the embedding and the head count the seconds their collectives blocked.
     comm = engine.runner.communication_seconds()
     assert all(comm[f"model.layers.{i}"] > 0 for i in range(model.config.num_hidden_layers))
+    assert comm["model.embed_tokens"] > 0 and comm["lm_head"] > 0
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -77,19 +82,21 @@ def test_a_rank_with_no_requests_still_joins_the_mlps(tiny_model_factory, dtype)
 
 
 def test_prompt_logprobs_and_seeded_sampling(tiny_model_factory):
-    """A request scoring its prompt is placed on rank 0 (whose output the engine reads) and
-    scores what one process scores; seeded sampling over the gathered logits draws the same."""
+    """Requests scoring their prompts on either rank score what one process scores (every rank
+    takes the scored rows through the vocabulary-split head); seeded sampling draws the same."""
     model, _, path = tiny_model_factory("deepseek_v3")
-    prompts = prompts_for(model.config.vocab_size)
-    params = [
+    short, *longer = prompts_for(model.config.vocab_size)
+    prompts = longer[:2] + [short] + longer[2:]  # 7 and 45 prompt tokens to score
+    params = [  # the first two start in one step, so they go to different ranks
         SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=2),
-        SamplingParams(temperature=0.8, seed=11, max_tokens=8, ignore_eos=True),
         SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=1),
+        SamplingParams(temperature=0.8, seed=11, max_tokens=8, ignore_eos=True),
         SamplingParams(temperature=1.0, seed=5, max_tokens=8, ignore_eos=True),
     ]
     ref = LLM(str(path), dtype="float32").generate(prompts, params)
-    got, ranks, _ = run_dp(path, prompts, params, expert_parallel=True)
-    assert ranks == {0, 1}
+    rank_of = {}
+    got, ranks, _ = run_dp(path, prompts, params, rank_of=rank_of, expert_parallel=True)
+    assert {rank_of[o.request_id] for o, p in zip(got, params) if p.prompt_logprobs} == {0, 1}
     for a, b in zip(ref, got):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         if a.prompt_logprobs is None:

@@ -5,7 +5,6 @@ import pytest
 
 from tacit.config import SchedulerConfig
 from tacit.memory.kv_cache_manager import KVCacheManager
-from tacit.sampling_params import SamplingParams
 from tacit.scheduling.scheduler import Scheduler
 from tacit.scheduling.step_budget import StepBudget
 from tests.scheduling.helpers import advance, make_req, run_step
@@ -48,16 +47,6 @@ def test_short_requests_alternate_ranks_and_decodes_stay_where_they_are():
     for _ in range(3):
         run_step(s)
         assert all(s.kv.pool_of(rid) == rank for rid, rank in ranks.items() if rid in s.requests)
-
-
-def test_a_request_scoring_its_prompt_goes_to_rank_0():
-    s = scheduler()
-    s.add_request(make_req("first", 8))
-    r = make_req("scored", 8)
-    r.params = SamplingParams(max_tokens=2, prompt_logprobs=1)
-    s.add_request(r)
-    out = s.schedule()
-    assert {d.req_id: d.dp_rank for d in out.scheduled_new_reqs}["scored"] == 0
 
 
 def test_one_pool_keeps_one_budget():
