@@ -17,6 +17,12 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hardware", default="this-cpu", help="a tacit.platforms.specs name (see the error for the list)")
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--expert-parallel", action="store_true", help="MoE experts split whole across the TP devices")
+    p.add_argument(
+        "--data-parallel-attention",
+        action="store_true",
+        help="attention whole on each TP device over 1/N of the sequences (their KV only); MLPs, experts, "
+        "embedding and head split as before",
+    )
     p.add_argument("--quantization", default="bf16", help=f"weights: {' | '.join(WEIGHT_DTYPES)} (none/auto: bf16)")
     p.add_argument("--quantization-group-size", type=int, default=32, help="int4 values per scale: 32 | 64 | 128")
     p.add_argument("--kv-cache-dtype", default="bf16", help=f"{' | '.join(KV_DTYPES)} (auto: bf16)")
@@ -69,6 +75,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise ValueError("--model is required (a config.json, a recipes/configs name, or random:NAME)")
     if args.tensor_parallel_size < 1:
         raise ValueError(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
+    if args.data_parallel_attention and args.tensor_parallel_size < 2:
+        raise ValueError("--data-parallel-attention needs --tensor-parallel-size >= 2: it spreads sequences over them")
     wdt = _check_choice(normalize_dtype(args.quantization), WEIGHT_DTYPES, "--quantization")
     kvdt = _check_choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype")
     spec = get_hardware_spec(args.hardware)  # before the model: a bad name fails fast
@@ -80,12 +88,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
         wdt,
         kvdt,
         args.quantization_group_size,
-        Parallel(args.tensor_parallel_size, args.expert_parallel),
+        Parallel(args.tensor_parallel_size, args.expert_parallel, args.data_parallel_attention),
     )
     pred = predict(shape, spec, work)
     out = pred.as_json()
     print(
-        f"{args.model} on {spec.name} ({spec.description}), TP={work.parallel.tp}{' EP' if work.parallel.ep else ''}, "
+        f"{args.model} on {spec.name} ({spec.description}), TP={work.parallel.tp}{' EP' if work.parallel.ep else ''}"
+        f"{' DP-attention' if work.parallel.dp_attention else ''}, "
         f"weights {wdt}, KV {kvdt}, batch {work.batch}, input {work.input_len}, output {work.output_len}"
     )
     print(f"  TTFT        {out['ttft_ms']:.2f} ms")

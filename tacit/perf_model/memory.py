@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from tacit.perf_model.dtypes import kv_bytes_per_row, weight_bytes_per_value
 from tacit.perf_model.model_shape import ModelShape
-from tacit.perf_model.operators import ACT, Parallel
+from tacit.perf_model.operators import ACT, Parallel, StepShape
 
 
 @dataclass(frozen=True)
@@ -25,15 +25,15 @@ def weight_bytes(s: ModelShape, par: Parallel, wdt: str, group: int = 32) -> flo
     """Per device. Quantized: the linear layers and experts (tacit's --quantization set); kept
     bf16: embeddings, lm_head, norms, MoE routers, MLA's kv_b_proj."""
     q, n, h = weight_bytes_per_value(wdt, group), par.tp, s.hidden_size
-    L = s.num_layers
+    L, na = s.num_layers, par.attention_tp  # attention whole on each device under DP attention
     if s.is_mla:
-        hq = max(1, s.num_heads // n)
+        hq = max(1, s.num_heads // na)
         qk = s.qk_nope_head_dim + s.qk_rope_head_dim
         q_params = s.q_lora_rank * (h + hq * qk) if s.q_lora_rank else h * hq * qk
         attn = q_params + h * (s.kv_lora_rank + s.qk_rope_head_dim) + hq * s.v_head_dim * h
         kept = s.kv_lora_rank * hq * (s.qk_nope_head_dim + s.v_head_dim)
     else:
-        hq, hkv = max(1, s.num_heads // n), max(1, s.num_kv_heads // n)
+        hq, hkv = max(1, s.num_heads // na), max(1, s.num_kv_heads // na)
         attn = h * (hq + 2 * hkv) * s.head_dim + hq * s.head_dim * h
         kept = 0
     dense_layers = s.num_dense_layers if s.is_moe else L
@@ -49,17 +49,20 @@ def weight_bytes(s: ModelShape, par: Parallel, wdt: str, group: int = 32) -> flo
 
 
 def kv_bytes_per_token(s: ModelShape, par: Parallel, kvdt: str) -> float:
-    """Every layer's cache row for one token on one device (MLA: the whole latent on each rank)."""
+    """Every layer's cache row for one token on the device that holds it (MLA: the whole latent;
+    under data-parallel attention, every KV head of the device's own sequences)."""
     if s.is_mla:
         return s.num_layers * kv_bytes_per_row(kvdt, s.kv_lora_rank + s.qk_rope_head_dim)
-    hkv = max(1, s.num_kv_heads // par.tp)
+    hkv = max(1, s.num_kv_heads // par.attention_tp)
     return s.num_layers * 2 * hkv * kv_bytes_per_row(kvdt, s.head_dim)
 
 
 def device_memory(
     s: ModelShape, par: Parallel, wdt: str, kvdt: str, batch: int, input_len: int, output_len: int, group: int = 32
 ) -> Memory:
-    kv = batch * (input_len + output_len) * kv_bytes_per_token(s, par, kvdt)
+    # Under data-parallel attention a device holds only its own sequences' KV.
+    sequences = par.attention_step(StepShape(batch, 1, 0)).batch
+    kv = sequences * (input_len + output_len) * kv_bytes_per_token(s, par, kvdt)
     # the prefill of the whole batch is the widest step: hidden state, q/k/v, the MLP's widest
     # intermediate (MoE: every token's k expert rows), and float32 logits of the sampled rows
     tokens = batch * input_len

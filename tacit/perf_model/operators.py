@@ -3,7 +3,9 @@
 A step is `batch` sequences, each adding `new_tokens` to `context` tokens already cached
 (decode: new_tokens=1; a whole-prompt prefill: context=0). Counts are per device under tensor
 parallelism of `tp` (heads, features and vocabulary split; MLA's latent cache whole on every
-rank, as tacit keeps it) and, with `ep`, experts split whole across the same ranks.
+rank, as tacit keeps it) and, with `ep`, experts split whole across the same ranks; with
+`dp_attention` the ranks split the sequences instead of the heads for attention (each holds
+every head and 1/tp of the sequences' KV; tacit's --data-parallel-attention).
 Weights are read once per step per device (the roofline's assumption; the fitted GEMM
 efficiency absorbs a kernel that re-reads them in row chunks).
 """
@@ -78,6 +80,19 @@ class StepShape:
 class Parallel:
     tp: int = 1
     ep: bool = False
+    dp_attention: bool = False
+
+    @property
+    def attention_tp(self) -> int:
+        """Ranks the attention heads split over: 1 under data-parallel attention."""
+        return 1 if self.dp_attention else self.tp
+
+    def attention_step(self, step: "StepShape") -> "StepShape":
+        """The sequences one device attends over: a 1/tp share under data-parallel attention
+        (the busiest device's, rounded up; one prompt stays on one device)."""
+        if not self.dp_attention:
+            return step
+        return replace(step, batch=-(-step.batch // self.tp))
 
 
 def _gemm(name: str, cls: str, rows: float, k: float, n: float, wdtype: str, group: int, times: int) -> Op:
@@ -93,11 +108,12 @@ def _local(count: int, tp: int) -> int:
 
 
 def attention_ops(s: ModelShape, step: StepShape, par: Parallel, wdt: str, kvdt: str, group: int) -> list[Op]:
+    step = par.attention_step(step)
     L, m, h = s.num_layers, step.tokens, s.hidden_size
-    hq = _local(s.num_heads, par.tp)
+    hq = _local(s.num_heads, par.attention_tp)
     if s.is_mla:
         return _mla_ops(s, step, hq, wdt, kvdt, group)
-    d, hkv = s.head_dim, _local(s.num_kv_heads, par.tp)
+    d, hkv = s.head_dim, _local(s.num_kv_heads, par.attention_tp)
     ops = [
         _gemm("qkv_proj", "attn_proj", m, h, (hq + 2 * hkv) * d, wdt, group, L),
         _gemm("o_proj", "attn_proj", m, hq * d, h, wdt, group, L),
@@ -259,11 +275,44 @@ def communication_ops(s: ModelShape, step: StepShape, par: Parallel, sampled_row
     """Tensor parallel: an all-reduce of the hidden state after attention and after the MLP in
     every layer (`reduce_bytes` per value: tacit's CPU ranks sum in float32) and an all-gather of
     the logits. Expert parallel: the MoE layer's all-reduce becomes an all-to-all dispatch of each
-    token's hidden state to its k experts' ranks and the combine back."""
+    token's hidden state to its k experts' ranks and the combine back. Data-parallel attention:
+    no attention all-reduce; every layer's MLP all-gathers the ranks' tokens and reduce-scatters
+    the sums back (tacit's layers/data_parallel.py), the embedding reduce-scatters its rows, and
+    the sampled rows' hidden states are gathered before the head."""
     n = par.tp
     if n == 1:
         return []
     m, h, L = step.tokens, s.hidden_size, s.num_layers
+    if par.dp_attention:
+        return [
+            Op(
+                "mlp_all_gather",
+                "communication",
+                0,
+                L * m * h * ACT,
+                launches=L,
+                collective="all_gather",
+                participants=n,
+            ),
+            Op(
+                "mlp_reduce_scatter",
+                "communication",
+                0,
+                (L + 1) * m * h * reduce_bytes,
+                launches=L + 1,
+                collective="reduce_scatter",
+                participants=n,
+            ),
+            Op(
+                "head_all_gather",
+                "communication",
+                0,
+                sampled_rows * (h * ACT + s.vocab_size * 4),
+                launches=2,
+                collective="all_gather",
+                participants=n,
+            ),
+        ]
     message = m * h * reduce_bytes
     moe_layers = s.num_moe_layers if par.ep else 0
     ops = [

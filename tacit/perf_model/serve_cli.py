@@ -58,6 +58,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     workload = load_workload(args.workload)  # bad lines fail before anything is sized
     spec = get_hardware_spec(args.hardware)
     shape = shape_from_hf(load_hf_config(args.model))
+    if args.data_parallel_attention:
+        raise ValueError(
+            "--serve does not model --data-parallel-attention: its simulator keeps one KV pool for all "
+            "sequences; predict one step without --serve"
+        )
     par = Parallel(args.tensor_parallel_size, args.expert_parallel)
     if shape.is_moe and par.ep and shape.num_experts % par.tp:
         raise ValueError(f"expert parallel over {par.tp} devices needs the {shape.num_experts} experts to divide")

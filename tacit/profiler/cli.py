@@ -151,7 +151,9 @@ def _model_prediction(engine: Any, requests: list[WorkloadRequest], hardware: st
 
     cfg = engine.config
     hf = cfg.model.hf
-    parallel = Parallel(cfg.parallel.tensor_parallel_size, cfg.parallel.expert_parallel)
+    parallel = Parallel(
+        cfg.parallel.tensor_parallel_size, cfg.parallel.expert_parallel, cfg.parallel.data_parallel_attention
+    )
     kv = cfg.cache.cache_dtype
     kv_dtype = normalize_dtype(str(cfg.model.dtype).removeprefix("torch.") if kv == "auto" else kv)
     return predicted_categories(

@@ -145,6 +145,39 @@ def test_tensor_parallel_splits_heads_and_adds_all_reduces():
     assert "all_reduce" not in one
 
 
+def test_data_parallel_attention_splits_sequences_not_heads():
+    """Each of 2 devices attends with all 4 heads over 2 of the 4 sequences: half the latent
+    reads of tensor parallelism (every sequence on every device), the same attention FLOPs a
+    device, the attention weights whole; the MLP gathers and scatters instead of all-reducing."""
+    s = shape_from_hf(MLA)
+    step = StepShape(batch=4, new_tokens=1, context=9)
+    tp = _by_name(step_ops(s, step, Parallel(tp=2), reduce_bytes=2))
+    dp = _by_name(step_ops(s, step, Parallel(tp=2, dp_attention=True), reduce_bytes=2))
+    assert dp["attention_latent"].flops == tp["attention_latent"].flops  # 4 heads x 2 seqs = 2 heads x 4
+    # latent read (sequences x 10 keys x 80 bytes) + written (rows x 80) + q and out (rows x
+    # heads x 2 x 32 x 2 bytes): TP reads all 4 sequences' latents on each device, DP its 2
+    assert tp["attention_latent"].bytes == 4 * 10 * 80 + 4 * 80 + 4 * 2 * 2 * 32 * 2
+    assert dp["attention_latent"].bytes == 2 * 10 * 80 + 2 * 80 + 2 * 4 * 2 * 32 * 2
+    assert dp["o_proj"].flops == 2 * tp["o_proj"].flops / 2  # all heads, half the rows
+    assert "all_reduce" not in dp and dp["mlp_all_gather"].bytes == 1 * 4 * 64 * 2
+    assert dp["mlp_reduce_scatter"].launches == 2  # the layer's MLP and the embedding
+    par = Parallel(tp=2, dp_attention=True)
+    assert weight_bytes(s, par, "bf16") > weight_bytes(s, Parallel(tp=2), "bf16")  # attention whole
+    dense = shape_from_hf(DENSE)  # GQA: every KV head of a device's own sequences
+    assert kv_bytes_per_token(dense, par, "bf16") == 2 * kv_bytes_per_token(dense, Parallel(tp=2), "bf16")
+
+
+def test_data_parallel_attention_memory_holds_a_share_of_the_sequences():
+    from tacit.perf_model.memory import device_memory
+
+    s = shape_from_hf(MLA)
+    tp = device_memory(s, Parallel(tp=4), "bf16", "bf16", batch=8, input_len=100, output_len=28)
+    dp = device_memory(s, Parallel(tp=4, dp_attention=True), "bf16", "bf16", batch=8, input_len=100, output_len=28)
+    assert tp.kv_cache == 8 * 128 * 80 and dp.kv_cache == 2 * 128 * 80
+    odd = device_memory(s, Parallel(tp=4, dp_attention=True), "bf16", "bf16", batch=5, input_len=100, output_len=28)
+    assert odd.kv_cache == 2 * 128 * 80  # the busiest device holds ceil(5 / 4) sequences
+
+
 def test_elementwise_and_sampler_bytes():
     s = shape_from_hf(MOE)  # Qwen3-MoE: per-head q/k norms
     ops = _by_name(step_ops(s, StepShape(batch=2, new_tokens=1, context=10)))
