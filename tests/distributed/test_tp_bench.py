@@ -4,6 +4,7 @@ import pytest
 
 from tacit import LLM
 from tacit.bench.peers.tacit_engine import TacitBench
+from tests.kernels.test_kv_int8 import needs_kernels
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -27,3 +28,19 @@ def test_one_process_reports_no_communication(tiny_llama):
     _, _, path = tiny_llama
     res = TacitBench(LLM(str(path), dtype="float32").engine).latency([[5, 6, 7]], 3)
     assert not {"comm_share", "prefill_comm_share", "prefill_comm_hidden"} & set(res)
+
+
+@needs_kernels
+def test_fused_decode_shares_split_at_the_first_token(tiny_llama):
+    """bf16: decode steps run in C++, but a vocabulary-split embedding all-reduces in the torch
+    path every step; that time belongs to the decode share, not the prefill's (it once pushed
+    the prefill share above 1 on a 64-token run)."""
+    _, _, path = tiny_llama
+    llm = LLM(str(path), dtype="bfloat16", tensor_parallel_size=2)
+    try:
+        bench = TacitBench(llm.engine)
+        res = bench.latency([[5, 6, 7, 8] * 8], 48)
+        assert llm.engine.model.model.embed_tokens.sharded
+    finally:
+        llm.engine.shutdown()
+    assert 0 < res["comm_share"] < 1 and 0 < res["prefill_comm_share"] < 1

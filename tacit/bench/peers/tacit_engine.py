@@ -12,21 +12,23 @@ class TacitBench(BenchEngine):
     def __init__(self, engine) -> None:
         self.engine = engine
 
-    def _run(self, requests: list[tuple[list[int], int]]) -> tuple[float, float]:
-        """(seconds to the last request's first token, total seconds)."""
+    def _run(self, requests: list[tuple[list[int], int]]) -> tuple[float, float, tuple[float, float] | None]:
+        """(seconds to the last request's first token, total seconds, _torch_comm_seconds() at that
+        first token: the prefill's share, before decode steps add their embedding all-reduces)."""
         e = self.engine
         t0 = time.perf_counter()
         for prompt, n in requests:
             e.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
         seen: set[str] = set()
-        t_first = None
+        t_first, comm_at_first = None, None
         while e.has_unfinished_requests():
             for out in e.step():
                 if out.request_id not in seen:
                     seen.add(out.request_id)
                     if len(seen) == len(requests):
                         t_first = time.perf_counter()
-        return t_first - t0, time.perf_counter() - t0
+                        comm_at_first = self._torch_comm_seconds()
+        return t_first - t0, time.perf_counter() - t0, comm_at_first
 
     def _all_reduce_seconds(self) -> float | None:
         """Rank 0's seconds inside the fused decode step's all-reduce so far (tensor parallel), or None."""
@@ -43,20 +45,25 @@ class TacitBench(BenchEngine):
 
     def latency(self, prompts: list[list[int]], output_len: int) -> dict[str, float]:
         comm_before, torch_before = self._all_reduce_seconds(), self._torch_comm_seconds()
-        ttft, total = self._run([(p, output_len) for p in prompts])
+        ttft, total, comm_at_first = self._run([(p, output_len) for p in prompts])
         out = {"ttft_s": ttft, "decode_tok_s": len(prompts) * (output_len - 1) / (total - ttft)}
         if comm_before is not None:
-            # Prefill runs the torch path: the C++ all-reduce time is all decode-phase time.
-            out["comm_share"] = (self._all_reduce_seconds() - comm_before) / (total - ttft)
+            # Prefill runs the torch path: the C++ all-reduce time is all decode-phase time, and
+            # so is the torch path's after the first token (a split vocabulary's embedding lookup).
+            decode_torch = self._torch_comm_seconds()[0] - comm_at_first[0]
+            out["comm_share"] = (self._all_reduce_seconds() - comm_before + decode_torch) / (total - ttft)
         if torch_before is not None:
-            # The torch path's steps are the prefill (bf16 decodes run in C++); under fp32 the
-            # decodes join them and the shares cover the whole run.
-            exposed, hidden = (after - before for after, before in zip(self._torch_comm_seconds(), torch_before))
+            # With a fused decode step the torch path runs the prefill (and, under a split
+            # vocabulary, each decode's embedding lookup): the share counts up to the first token.
+            # Without one (float32, data-parallel attention) every step is the torch path's and
+            # the shares cover the whole run.
+            end = comm_at_first if comm_before is not None else self._torch_comm_seconds()
+            exposed, hidden = (after - before for after, before in zip(end, torch_before))
             phase = ttft if comm_before is not None else total
             out["prefill_comm_share"] = exposed / phase
             out["prefill_comm_hidden"] = hidden / (hidden + exposed) if hidden + exposed else 0.0
         return out
 
     def throughput(self, requests: list[tuple[list[int], int]]) -> dict[str, float]:
-        _, total = self._run(requests)
+        _, total, _ = self._run(requests)
         return throughput_result(total, requests)
