@@ -50,7 +50,7 @@ class TacitBench(BenchEngine):
         if comm_before is not None:
             # Prefill runs the torch path: the C++ all-reduce time is all decode-phase time, and
             # so is the torch path's after the first token (a split vocabulary's embedding lookup).
-            decode_torch = self._torch_comm_seconds()[0] - comm_at_first[0]
+            decode_torch = 0.0 if comm_at_first is None else self._torch_comm_seconds()[0] - comm_at_first[0]
             out["comm_share"] = (self._all_reduce_seconds() - comm_before + decode_torch) / (total - ttft)
         if torch_before is not None:
             # With a fused decode step the torch path runs the prefill (and, under a split
