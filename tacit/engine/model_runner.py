@@ -241,12 +241,14 @@ class ModelRunner:
         bs = self.block_size
         positions = [r.num_computed_tokens for r, _ in rows]
         token_ids = [r.token_ids[p] for (r, _), p in zip(rows, positions)]
-        width = max(positions) // bs + 1
+        width = max(positions, default=0) // bs + 1  # no rows: a data-parallel rank with none
         tables = []
         for r, _ in rows:
             t = r.block_ids[:width]
             tables.append(t + [0] * (width - len(t)))
-        ids, pos, tables = torch.tensor(token_ids), torch.tensor(positions), torch.tensor(tables)
+        ids = torch.tensor(token_ids, dtype=torch.long)
+        pos = torch.tensor(positions, dtype=torch.long)
+        tables = torch.tensor(tables, dtype=torch.long).reshape(len(rows), width)
         fused = self.fused_decode
         if len(rows) < _CUT_IN_MIN_ROWS:
             between_layers = None  # a short step runs as one call: a boundary costs more than it saves
@@ -363,17 +365,27 @@ class ModelRunner:
         for r, n in rows:
             counts[r.dp_rank] += n
         own = [(r, n) for r, n in rows if r.dp_rank == comm.rank]
-        built = self._build(own) if own else None
-        if built is None:
-            empty = torch.empty(0, dtype=torch.long, device=self.device)
-            ids, positions, meta = empty, empty, None
-        else:
-            ids, positions, meta = built.input_ids, built.positions, built.meta
         dp = DataParallelMetadata(tuple(counts))
-        with set_forward_context(meta, dp):
-            state = model.begin_forward(ids, positions)
-            model.forward_layers(state, 0, model.num_layers)
-            hidden = model.end_forward(state)
+        built = None
+        if self.fused_decode is not None and all(_fusable(r, n) for r, n in rows):
+            # A decode-only step (every rank sees the same rows, so all take this path): the C++
+            # decoder, told where this rank's rows sit among everyone's.
+            self.fused_decode.set_data_parallel_rows(sum(counts[: comm.rank]), sum(counts))
+            with set_forward_context(None, dp):  # the vocabulary-split embedding gathers the ids
+                hidden = self._fused_decode_hidden(own, None)
+            local = hidden[[j for j, (r, n) in enumerate(own) if _samples(r, n)]]
+        else:
+            built = self._build(own) if own else None
+            if built is None:
+                empty = torch.empty(0, dtype=torch.long, device=self.device)
+                ids, positions, meta = empty, empty, None
+            else:
+                ids, positions, meta = built.input_ids, built.positions, built.meta
+            with set_forward_context(meta, dp):
+                state = model.begin_forward(ids, positions)
+                model.forward_layers(state, 0, model.num_layers)
+                hidden = model.end_forward(state)
+            local = hidden[built.sample_rows] if built is not None else hidden[:0]
         # Rows in rank order (each rank's in step order, as its own batch has them).
         by_rank = sorted(range(len(rows)), key=lambda i: rows[i][0].dp_rank)
         sampling = [i for i in by_rank if _samples(*rows[i])]
@@ -387,8 +399,7 @@ class ModelRunner:
         prompt_logprobs: PromptScores = {}
         if scored:
             mine = [hidden[row : row + end - first] for _, first, end, row in built.scored] if built else []
-            local = torch.cat(mine) if mine else hidden[:0]
-            everyone = gather_tokens(local, tuple(scored_counts), comm)
+            everyone = gather_tokens(torch.cat(mine) if mine else hidden[:0], tuple(scored_counts), comm)
             offset = 0
             for i, first, end in scored:
                 prompt_logprobs[rows[i][0].req_id] = self._score_prompt(
@@ -397,8 +408,7 @@ class ModelRunner:
                 offset += end - first
         if not sampling:
             return [], None, prompt_logprobs
-        local = hidden[built.sample_rows] if built is not None else hidden[:0]
-        everyone = gather_tokens(local, tuple(sampling_counts), comm)
+        everyone = gather_tokens(local.contiguous(), tuple(sampling_counts), comm)  # this rank's sampling rows
         step_order = sorted(sampling)
         position = {row: p for p, row in enumerate(sampling)}
         in_step_order = everyone[torch.tensor([position[i] for i in step_order])]

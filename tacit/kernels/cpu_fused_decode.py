@@ -252,11 +252,20 @@ def bind_mla_decoder(
 class ShardedDecoder:
     """A tensor-parallel rank's fused decoder: its layers hold the rank's heads and features and
     all-reduce in C++ (LlamaDecoder.set_all_reduce); the token embedding is the rank's slice of
-    the vocabulary, looked up by the model's vocab-parallel table (which all-reduces itself)."""
+    the vocabulary, looked up by the model's vocab-parallel table (which all-reduces itself).
+    data_parallel: the attention is whole and runs this rank's own rows, the MLPs every rank's
+    (set_data_parallel_rows before each step; the embedding reads the forward context)."""
 
-    def __init__(self, decoder: Any, embed: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def __init__(
+        self, decoder: Any, embed: Callable[[torch.Tensor], torch.Tensor], data_parallel: bool = False
+    ) -> None:
         self.decoder, self._embed = decoder, embed
         self.num_layers = decoder.num_layers
+        self.data_parallel = data_parallel
+
+    def set_data_parallel_rows(self, offset: int, total: int) -> None:
+        """This step's rows of this rank begin at `offset` among every rank's `total`."""
+        self.decoder.set_data_parallel_rows(offset, total)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self._embed(token_ids).to(torch.bfloat16).contiguous()
@@ -286,6 +295,8 @@ class ShardedDecoder:
         return self.decoder.phase_seconds
 
     def communication_seconds(self) -> dict[str, float]:
-        """{"fused.layers.{i}.self_attn" / ".mlp": seconds} of the all-reduce after each."""
+        """{"fused.layers.{i}.self_attn" / ".mlp": seconds} of the all-reduce after each; under
+        data-parallel attention ".mlp_gather" (the rows gathered before the MLP) and ".mlp"."""
         per = self.decoder.all_reduce_seconds_per_layer
-        return {f"fused.layers.{i // 2}.{'mlp' if i % 2 else 'self_attn'}": s for i, s in enumerate(per)}
+        first = "mlp_gather" if self.data_parallel else "self_attn"
+        return {f"fused.layers.{i // 2}.{'mlp' if i % 2 else first}": s for i, s in enumerate(per)}

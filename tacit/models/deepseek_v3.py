@@ -333,4 +333,4 @@ class DeepseekV3ForCausalLM(CausalLM):
         if self.tp.size == 1:
             return decoder
         decoder.set_all_reduce(*self.comm.c_all_reduce_f32())
-        return ShardedDecoder(decoder, table)
+        return ShardedDecoder(decoder, table, self.tp.data_parallel)

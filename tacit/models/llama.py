@@ -250,8 +250,6 @@ class CausalLM(nn.Module):
     def fused_tensor_parallel_reason(self) -> str | None:
         """Under tensor parallelism the fused step all-reduces in C++: it needs the communicator's
         C all-reduce (the models that fuse set self.tp and self.comm)."""
-        if self.tp.data_parallel:
-            return "data-parallel attention (the torch path gathers every rank's tokens around each MLP)"
         if self.tp.size > 1 and (self.comm is None or self.comm.c_all_reduce_f32() is None):
             return f"tensor parallel over a communicator with no C all-reduce ({getattr(self.comm, 'name', None)})"
         return None
@@ -445,7 +443,7 @@ class LlamaForCausalLM(CausalLM):
         if self.tp.size == 1:
             return decoder
         decoder.set_all_reduce(*self.comm.c_all_reduce_f32())
-        return ShardedDecoder(decoder, table)
+        return ShardedDecoder(decoder, table, self.tp.data_parallel)
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):

@@ -47,6 +47,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("run_layers", &tacit::LlamaDecoder::run_layers, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("final_norm", &tacit::LlamaDecoder::final_norm)
       .def("set_all_reduce", &tacit::LlamaDecoder::set_all_reduce)
+      .def("set_data_parallel_rows", &tacit::LlamaDecoder::set_data_parallel_rows)
       .def_property_readonly("all_reduce_seconds", &tacit::LlamaDecoder::all_reduce_seconds)
       .def_property_readonly("all_reduce_seconds_per_layer", &tacit::LlamaDecoder::all_reduce_seconds_per_layer)
       .def("set_phase_timing", &tacit::LlamaDecoder::set_phase_timing)

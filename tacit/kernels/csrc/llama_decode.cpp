@@ -542,7 +542,9 @@ void LlamaDecoder::check_rows(const torch::Tensor& positions, const torch::Tenso
   TORCH_CHECK(positions.scalar_type() == torch::kLong && block_tables.scalar_type() == torch::kLong,
               "positions and block_tables must be int64");
   TORCH_CHECK(positions.is_contiguous() && block_tables.is_contiguous(), "positions and block_tables must be contiguous");
-  TORCH_CHECK(m >= 1 && positions.size(0) == m && block_tables.dim() == 2 && block_tables.size(0) == m,
+  // A data-parallel rank may bring no rows of its own (it still joins the MLPs' collectives).
+  TORCH_CHECK(m >= (dp_total_ > 0 ? 0 : 1) && positions.size(0) == m && block_tables.dim() == 2 &&
+                  block_tables.size(0) == m,
               "decode rows need matching positions and block tables");
   const int64_t width = block_tables.size(1);
   const int64_t* pos = positions.data_ptr<int64_t>();
@@ -599,9 +601,14 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   u16* xs = reinterpret_cast<u16*>(x.data_ptr<at::BFloat16>());
+  // Data-parallel attention: the MLPs run on every rank's `big` rows, this rank's at dp_offset_.
+  const bool dp = dp_total_ > 0;
+  TORCH_CHECK(!dp || (all_reduce_ && dp_offset_ >= 0 && dp_offset_ + m <= dp_total_),
+              "data-parallel rows: ", m, " rows at ", dp_offset_, " of ", dp_total_, " (and an all-reduce) expected");
+  const int64_t big = dp ? dp_total_ : m;
 
-  std::vector<u16> normed(m * h), qkv(m * qkv_n), attn(m * attn_width), act(m * inter), mla_scratch;
-  std::vector<float> f32(m * std::max({qkv_n, 2 * inter, h, experts, widest}));
+  std::vector<u16> normed(big * h), qkv(m * qkv_n), attn(m * attn_width), act(big * inter), mla_scratch;
+  std::vector<float> f32(big * std::max({qkv_n, 2 * inter, h, experts, widest}));
   const u16* cos = bf16_ptr(cos_);
   const u16* sin = bf16_ptr(sin_);
   const MlaStep mla_step{pos, positions, block_tables, cos, sin, hq, block_size_, eps_, scale_};
@@ -611,7 +618,9 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
     const LlamaLayerWeights& w = layers_[l];
     for (int r = 0; r < m; ++r) rms_norm(xs + r * h, bf16_ptr(w.input_norm), normed.data() + r * h, h, eps_);
     clock.mark(l, kPhaseNorm);
-    if (w.mla.defined()) {
+    if (m == 0) {
+      // A data-parallel rank with no requests this step: no attention, only the MLP's collectives.
+    } else if (w.mla.defined()) {
       mla_attention(w.mla, mla_step, normed.data(), f32.data(), mla_scratch, attn.data(), m, clock, l);
     } else {
       const u16* qkv_bias = bf16_ptr(project(w.qkv, w.qkv_bias, normed.data(), f32.data(), m));
@@ -655,41 +664,56 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
       }
       clock.mark(l, kPhaseAttention);
     }
-    // Under tensor parallelism the bias is added once, after the ranks' partial sums are.
-    const torch::Tensor& o_bias_in = all_reduce_ ? torch::Tensor() : w.o_bias;
-    const u16* o_bias = bf16_ptr(project(w.o_proj, w.o_type, o_bias_in, attn.data(), f32.data(), m));
-    clock.mark(l, kPhaseGemm);
-    if (all_reduce_) {
-      reduce(f32.data(), m * h, 2 * l);
-      clock.skip();
-      o_bias = bf16_ptr(w.o_bias);
+    if (m > 0) {
+      // Under tensor parallelism the bias is added once, after the ranks' partial sums are (under
+      // data-parallel attention the projection is whole: nothing to sum).
+      const bool split = all_reduce_ && !dp;
+      const torch::Tensor& o_bias_in = split ? torch::Tensor() : w.o_bias;
+      const u16* o_bias = bf16_ptr(project(w.o_proj, w.o_type, o_bias_in, attn.data(), f32.data(), m));
+      clock.mark(l, kPhaseGemm);
+      if (split) {
+        reduce(f32.data(), m * h, 2 * l);
+        clock.skip();
+        o_bias = bf16_ptr(w.o_bias);
+      }
+      // The residual add goes with the norm after it: both one elementwise pass over x.
+      for (int r = 0; r < m; ++r) residual_add(xs + r * h, f32.data() + r * h, o_bias, h);
+      for (int r = 0; r < m; ++r) rms_norm(xs + r * h, bf16_ptr(w.post_norm), normed.data() + r * h, h, eps_);
+      clock.mark(l, kPhaseNorm);
     }
-    // The residual add goes with the norm after it: both one elementwise pass over x.
-    for (int r = 0; r < m; ++r) residual_add(xs + r * h, f32.data() + r * h, o_bias, h);
-    for (int r = 0; r < m; ++r) rms_norm(xs + r * h, bf16_ptr(w.post_norm), normed.data() + r * h, h, eps_);
-    clock.mark(l, kPhaseNorm);
+    if (dp) {
+      // Every rank's normed rows, gathered: each rank writes its own rows, zeros elsewhere, and the
+      // sum is exact. The MLP input is the rounded bf16 it was on its own rank.
+      std::fill(f32.begin(), f32.begin() + big * h, 0.0f);
+      for (int64_t i = 0; i < m * h; ++i) f32[dp_offset_ * h + i] = bf16_to_float(normed[i]);
+      reduce(f32.data(), big * h, 2 * l);
+      clock.skip();
+      for (int64_t i = 0; i < big * h; ++i) normed[i] = float_to_bf16(f32[i]);
+    }
     if (w.moe()) {
-      auto [weights, ids] = w.router_f32.defined() ? grouped_moe_route(w, normed.data(), m)
-                                                   : moe_mlp_route(w, normed.data(), f32.data(), m);
+      auto [weights, ids] = w.router_f32.defined() ? grouped_moe_route(w, normed.data(), big)
+                                                   : moe_mlp_route(w, normed.data(), f32.data(), big);
       clock.mark(l, kPhaseMoeRouting);
-      moe_mlp_experts(w, normed.data(), weights, ids, f32.data(), m);
+      moe_mlp_experts(w, normed.data(), weights, ids, f32.data(), big);
       clock.mark(l, kPhaseExperts);
     } else {
       // silu(gate) * up counts as GEMM: the epilogue between the two GEMVs (O(intermediate) a row).
-      project(w.gate_up, torch::Tensor(), normed.data(), f32.data(), m);
-      for (int r = 0; r < m; ++r) {
+      project(w.gate_up, torch::Tensor(), normed.data(), f32.data(), big);
+      for (int r = 0; r < big; ++r) {
         const float* gate_up = f32.data() + r * 2 * inter;
         silu_mul(gate_up, gate_up + inter, act.data() + r * inter, inter);
       }
-      project(w.down, w.down_type, torch::Tensor(), act.data(), f32.data(), m);
+      project(w.down, w.down_type, torch::Tensor(), act.data(), f32.data(), big);
       clock.mark(l, kPhaseGemm);
     }
     if (all_reduce_) {
-      reduce(f32.data(), m * h, 2 * l + 1);
+      reduce(f32.data(), big * h, 2 * l + 1);
       clock.skip();
     }
-    // The MLP's residual add goes with the MLP that produced it (its output's epilogue).
-    for (int r = 0; r < m; ++r) residual_add(xs + r * h, f32.data() + r * h, nullptr, h);
+    // The MLP's residual add goes with the MLP that produced it (its output's epilogue); under
+    // data-parallel attention this rank's rows of the summed output.
+    const float* mine = f32.data() + (dp ? dp_offset_ * h : 0);
+    for (int r = 0; r < m; ++r) residual_add(xs + r * h, mine + r * h, nullptr, h);
     clock.mark(l, w.moe() ? kPhaseExperts : kPhaseGemm);
   }
 }
@@ -708,6 +732,12 @@ void LlamaDecoder::set_all_reduce(int64_t fn, int64_t ctx) {
   all_reduce_ = reinterpret_cast<AllReduceFn>(fn);
   all_reduce_ctx_ = reinterpret_cast<void*>(ctx);
   layer_reduce_s_.assign(2 * layers_.size(), 0.0);
+}
+
+void LlamaDecoder::set_data_parallel_rows(int64_t offset, int64_t total) {
+  TORCH_CHECK(offset >= 0 && total >= 0 && offset <= total, "set_data_parallel_rows: offset ", offset, " of ", total);
+  dp_offset_ = offset;
+  dp_total_ = total;
 }
 
 double LlamaDecoder::all_reduce_seconds() const {

@@ -118,6 +118,12 @@ class LlamaDecoder {
   // o_proj and down_proj partial sums (float32) go through all_reduce before the residual add.
   // fn and ctx are the addresses of an AllReduceFn and its context.
   void set_all_reduce(int64_t fn, int64_t ctx);
+  // Data-parallel attention (tacit/layers/data_parallel.py): this rank's attention is whole and
+  // runs its own `rows` of x, which sit at `offset` among the `total` rows of every rank; each
+  // MLP runs on all `total` rows, gathered (an all-reduce of zero-padded float32 rows, exact: one
+  // rank writes each row) and its split partial sums all-reduced, this rank keeping its rows.
+  // total 0 turns it off. Set before each run_layers call.
+  void set_data_parallel_rows(int64_t offset, int64_t total);
   // Seconds this rank spent inside the all-reduces (waiting for the slowest rank included: the
   // communication a step exposes) since the decoder was built: in all, and per layer as
   // [after attention, after the MLP] pairs.
@@ -148,6 +154,7 @@ class LlamaDecoder {
   AllReduceFn all_reduce_ = nullptr;
   void* all_reduce_ctx_ = nullptr;
   std::vector<double> layer_reduce_s_;  // 2 per layer
+  int64_t dp_offset_ = 0, dp_total_ = 0;  // set_data_parallel_rows
   bool phase_timing_ = false;
   std::vector<double> phase_s_;  // kNumPhases per layer while phase_timing_
   void reduce(float* data, int64_t numel, int64_t slot);
