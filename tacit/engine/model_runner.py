@@ -352,6 +352,35 @@ class ModelRunner:
         hidden = torch.cat([dec_hidden, pre_hidden.to(dec_hidden.dtype)])[torch.tensor(order, dtype=torch.long)]
         return [index[i] for i in order], hidden, prompt_logprobs
 
+    def _data_parallel_forward(self, rows: Rows) -> tuple[torch.Tensor, torch.Tensor, TorchInputs | None]:
+        """This rank's final hidden states of its own rows, those of its sampling rows, and the
+        torch path's inputs (None on the C++ path or with no rows of its own)."""
+        comm = self.comm
+        counts = [0] * comm.world_size
+        for r, n in rows:
+            counts[r.dp_rank] += n
+        own = [(r, n) for r, n in rows if r.dp_rank == comm.rank]
+        dp = DataParallelMetadata(tuple(counts))
+        if self.fused_decode is not None and all(_fusable(r, n) for r, n in rows):
+            # A decode-only step (every rank sees the same rows, so all take this path): the C++
+            # decoder, told where this rank's rows sit among everyone's.
+            self.fused_decode.set_data_parallel_rows(sum(counts[: comm.rank]), sum(counts))
+            with set_forward_context(None, dp):  # the vocabulary-split embedding gathers the ids
+                hidden = self._fused_decode_hidden(own, None)
+            return hidden, hidden[[j for j, (r, n) in enumerate(own) if _samples(r, n)]], None
+        built = self._build(own) if own else None
+        if built is None:
+            empty = torch.empty(0, dtype=torch.long, device=self.device)
+            ids, positions, meta = empty, empty, None
+        else:
+            ids, positions, meta = built.input_ids, built.positions, built.meta
+        model = self.model
+        with set_forward_context(meta, dp):
+            state = model.begin_forward(ids, positions)
+            model.forward_layers(state, 0, model.num_layers)
+            hidden = model.end_forward(state)
+        return hidden, hidden[built.sample_rows] if built is not None else hidden[:0], built
+
     def _data_parallel_part(self, rows: Rows) -> tuple[list[int], torch.Tensor | None, PromptScores]:
         """Data-parallel attention: this rank's forward over the rows of its own requests (none is
         fine: its layers still join every collective), then the hidden states that reach the
@@ -361,31 +390,7 @@ class ModelRunner:
         spent agreeing on them."""
         comm, model = self.comm, self.model
         world = comm.world_size
-        counts = [0] * world
-        for r, n in rows:
-            counts[r.dp_rank] += n
-        own = [(r, n) for r, n in rows if r.dp_rank == comm.rank]
-        dp = DataParallelMetadata(tuple(counts))
-        built = None
-        if self.fused_decode is not None and all(_fusable(r, n) for r, n in rows):
-            # A decode-only step (every rank sees the same rows, so all take this path): the C++
-            # decoder, told where this rank's rows sit among everyone's.
-            self.fused_decode.set_data_parallel_rows(sum(counts[: comm.rank]), sum(counts))
-            with set_forward_context(None, dp):  # the vocabulary-split embedding gathers the ids
-                hidden = self._fused_decode_hidden(own, None)
-            local = hidden[[j for j, (r, n) in enumerate(own) if _samples(r, n)]]
-        else:
-            built = self._build(own) if own else None
-            if built is None:
-                empty = torch.empty(0, dtype=torch.long, device=self.device)
-                ids, positions, meta = empty, empty, None
-            else:
-                ids, positions, meta = built.input_ids, built.positions, built.meta
-            with set_forward_context(meta, dp):
-                state = model.begin_forward(ids, positions)
-                model.forward_layers(state, 0, model.num_layers)
-                hidden = model.end_forward(state)
-            local = hidden[built.sample_rows] if built is not None else hidden[:0]
+        hidden, local, built = self._data_parallel_forward(rows)
         # Rows in rank order (each rank's in step order, as its own batch has them).
         by_rank = sorted(range(len(rows)), key=lambda i: rows[i][0].dp_rank)
         sampling = [i for i in by_rank if _samples(*rows[i])]
@@ -408,7 +413,7 @@ class ModelRunner:
                 offset += end - first
         if not sampling:
             return [], None, prompt_logprobs
-        everyone = gather_tokens(local.contiguous(), tuple(sampling_counts), comm)  # this rank's sampling rows
+        everyone = gather_tokens(local.contiguous(), tuple(sampling_counts), comm)  # in rank order
         step_order = sorted(sampling)
         position = {row: p for p, row in enumerate(sampling)}
         in_step_order = everyone[torch.tensor([position[i] for i in step_order])]
