@@ -100,7 +100,7 @@ class LLMEngine:
             structured_output=structured_output,
         )
         self.max_model_len = model_cfg.max_model_len
-        self.num_kv_blocks = num_blocks
+        self.num_kv_blocks = kv.num_blocks  # every rank's pool under data-parallel attention
         self.input_processor = InputProcessor(
             self.tokenizer,
             model_cfg.hf["vocab_size"],

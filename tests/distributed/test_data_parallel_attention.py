@@ -61,7 +61,7 @@ def test_dp_attention_matches_tp1(tiny_model_factory, arch, expert_parallel):
         assert m.w13.shape[0] == (m.num_experts // 2 if expert_parallel else m.num_experts)
     # One pool per rank: the scheduler places requests in twice the blocks one rank holds.
     kv = engine.scheduler.kv
-    assert kv.num_pools == 2 and kv.num_blocks == 2 * engine.runner.num_blocks
+    assert kv.num_pools == 2 and kv.num_blocks == engine.num_kv_blocks == 2 * engine.runner.num_blocks
     # Each decoder layer, the embedding and the head count the seconds their collectives blocked.
     comm = engine.runner.communication_seconds()
     assert all(comm[f"model.layers.{i}"] > 0 for i in range(model.config.num_hidden_layers))
