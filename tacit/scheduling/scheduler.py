@@ -184,13 +184,19 @@ class Scheduler:
         cap = self.config.long_prefill_token_threshold
         return min(n, cap) if cap and self.config.enable_chunked_prefill else n
 
-    def _place(self, req: Request, budget: StepBudget) -> int:
+    def _place(self, req: Request, budget: StepBudget, long: bool) -> int:
         """The pool (data-parallel attention's rank) of a request about to be scheduled: one not
-        yet holding blocks goes to the pool with the most of this step's budget left, then the
-        most free blocks."""
+        yet holding blocks goes to a pool with a long-prefill slot left if it is long, then the
+        most of this step's budget left, then the most free blocks."""
         kv, rid = self.kv, req.request_id
         if kv.num_pools > 1 and not kv.num_blocks_of(rid):
-            kv.place(rid, max(range(kv.num_pools), key=lambda p: (budget.of(p), kv.num_free_blocks_in(p), -p)))
+            kv.place(
+                rid,
+                max(
+                    range(kv.num_pools),
+                    key=lambda p: (long and budget.long_left[p] > 0, budget.of(p), kv.num_free_blocks_in(p), -p),
+                ),
+            )
         return kv.pool_of(rid)
 
     def _start(self, req: Request) -> None:
@@ -276,14 +282,17 @@ class Scheduler:
         self.now = self.clock()
         scheduled: list[tuple[Request, int, list[int] | None]] = []
         preempted: list[Request] = []
-        budget = StepBudget(self.policy.token_budget(self.config.max_num_batched_tokens, self.view), self.kv.num_pools)
+        # Long prompts prefilling this step: at most max_long_partial_prefills of them (a pool), so
+        # a burst of long prompts cannot fill the whole token budget between two decodes.
+        budget = StepBudget(
+            self.policy.token_budget(self.config.max_num_batched_tokens, self.view),
+            self.kv.num_pools,
+            self.config.max_long_partial_prefills,
+        )
         chunked = self.config.enable_chunked_prefill
         self._trim_running(preempted)
         self._make_room_for_urgent(preempted)
         urgent_preemption = bool(preempted)
-        # Long prompts prefilling this step: at most max_long_partial_prefills of them, so a burst
-        # of long prompts cannot fill the whole token budget between two decodes.
-        long_slots = self.config.max_long_partial_prefills
 
         i = 0
         while i < len(self.running) and budget.total > 0:
@@ -291,10 +300,13 @@ class Scheduler:
             pool = self.kv.pool_of(req.request_id)
             n = self._chunk(req, budget.of(pool))
             long = self._is_long(req)
-            if not n or (not chunked and n < req.num_tokens - req.num_computed_tokens) or (long and not long_slots):
+            if (
+                not n
+                or (not chunked and n < req.num_tokens - req.num_computed_tokens)
+                or (long and not budget.take_long_slot(pool))
+            ):
                 i += 1
                 continue
-            long_slots -= long
             new_blocks = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n)
             while new_blocks is None:
                 # Only requests not yet given slots this step are candidates (they sit at i and
@@ -319,13 +331,15 @@ class Scheduler:
             and len(self.running) < self.config.max_num_seqs
             and (urgent_preemption or not preempted)
         ):
-            req = self._next_waiting(short_only=not long_slots)
+            req = self._next_waiting(short_only=not budget.any_long_slot)
             if req is None:
                 break
-            pool = self._place(req, budget)
-            n = self._chunk(req, budget.of(pool))
             long = self._is_long(req)
+            pool = self._place(req, budget, long)
+            n = self._chunk(req, budget.of(pool))
             if not n or (n < req.num_tokens - req.num_computed_tokens and not chunked):
+                break
+            if long and not budget.take_long_slot(pool):
                 break
             if self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n) is None:
                 break
@@ -334,7 +348,6 @@ class Scheduler:
             self._start(req)
             scheduled.append((req, n, None))
             budget.spend(pool, n)
-            long_slots -= long
         return self._output(scheduled, preempted)
 
     # ---- after the step ---------------------------------------------------------------------
