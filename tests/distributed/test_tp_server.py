@@ -35,12 +35,15 @@ def worker_pids(pid: int) -> list[int]:
     return out
 
 
-def test_tp2_server_answers_then_exits_when_its_worker_dies(tiny_llama):
+@pytest.mark.parametrize("extra", [[], ["--data-parallel-attention"]])
+def test_tp2_server_answers_then_exits_when_its_worker_dies(tiny_llama, extra):
+    """Also under data-parallel attention, where the one request lives on rank 0 and the killed
+    worker (rank 1) had none: it still joined every step's collectives."""
     _, _, path = tiny_llama
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "tacit.cli", "serve", "--model", str(path), "--port", str(port)]
-    cmd += ["--dtype", "float32", "--tensor-parallel-size", "2"]
+    cmd += ["--dtype", "float32", "--tensor-parallel-size", "2", *extra]
     proc = subprocess.Popen(
         cmd,
         env=dict(os.environ, PYTHONPATH=str(REPO)),
