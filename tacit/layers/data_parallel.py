@@ -18,6 +18,8 @@ collectives take equal shapes, so each rank pads its rows to the largest count.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
@@ -52,11 +54,12 @@ def scatter_sums(y: torch.Tensor, counts: tuple[int, ...], comm: Communicator) -
     return comm.reduce_scatter(padded.contiguous())[: counts[comm.rank]]
 
 
-def data_parallel_mlp(mlp: nn.Module, x: torch.Tensor, owner: nn.Module) -> torch.Tensor:
-    """mlp (split over the ranks, taking reduce=False) applied to this rank's rows x, its input
-    being every rank's rows: gathered, run, summed and scattered back. owner: the module whose
-    .comm joins the ranks and whose comm_seconds counts the time blocked in the collectives."""
+def over_every_rank(share: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, owner: nn.Module) -> torch.Tensor:
+    """This rank's rows of a split layer applied to every rank's rows: x (this rank's rows, ids
+    or hidden states) gathered, share (this rank's part of the layer: partial sums) run on all of
+    them, the sums scattered back. The MLPs use it, and the vocabulary-split embedding. owner:
+    the module whose .comm joins the ranks and whose comm_seconds counts the time blocked."""
     counts = get_dp_metadata().num_tokens_across_dp
     everyone = exposed(owner, lambda: gather_tokens(x, counts, owner.comm))
-    partial = mlp(everyone, reduce=False)
+    partial = share(everyone)
     return exposed(owner, lambda: scatter_sums(partial, counts, owner.comm))

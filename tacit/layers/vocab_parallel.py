@@ -14,8 +14,7 @@ from torch import nn
 
 from tacit.distributed.communicator import Communicator, exposed
 from tacit.distributed.parallel_state import SINGLE, TensorParallel
-from tacit.forward_context import get_dp_metadata
-from tacit.layers.data_parallel import gather_tokens, scatter_sums
+from tacit.layers.data_parallel import over_every_rank
 
 
 def vocab_is_sharded(vocab_size: int, tp: TensorParallel) -> bool:
@@ -49,10 +48,7 @@ class VocabParallelEmbedding(nn.Embedding):
         if self.tp.data_parallel:
             # Each rank brings its own requests' ids: every rank looks up all of them in its
             # slice and takes back the sums of its own (layers/data_parallel.py).
-            counts = get_dp_metadata().num_tokens_across_dp
-            everyone = exposed(self, lambda: gather_tokens(ids, counts, self.comm))
-            partial = self._rows_in_range(everyone)
-            return exposed(self, lambda: scatter_sums(partial, counts, self.comm))
+            return over_every_rank(self._rows_in_range, ids, self)
         out = self._rows_in_range(ids)
         exposed(self, lambda: self.comm.all_reduce(out))
         return out

@@ -22,7 +22,7 @@ from tacit.kernels.cpu_fused_decode import DecoderLayerWeights, ShardedDecoder, 
 from tacit.kernels.ggml_quant import BF16, GGMLTensor
 from tacit.kernels.torch_attention import TorchAttentionBackend
 from tacit.layers.attention import Attention
-from tacit.layers.data_parallel import data_parallel_mlp
+from tacit.layers.data_parallel import over_every_rank
 from tacit.layers.embedding import GGMLEmbedding
 from tacit.layers.ggml_linear_method import ggml_or_bf16, weight_parts
 from tacit.layers.linear import (
@@ -121,7 +121,7 @@ class LlamaDecoderLayer(nn.Module):
             return x + self.mlp(self.post_attention_layernorm(x))
         if len(x):  # a rank with no requests this step attends over nothing but joins the MLP
             x = x + self.self_attn(self.input_layernorm(x), rotary, cos, sin)
-        return x + data_parallel_mlp(self.mlp, self.post_attention_layernorm(x), self)
+        return x + over_every_rank(lambda h: self.mlp(h, reduce=False), self.post_attention_layernorm(x), self)
 
     def stages(
         self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor

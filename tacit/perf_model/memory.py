@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from tacit.perf_model.dtypes import kv_bytes_per_row, weight_bytes_per_value
 from tacit.perf_model.model_shape import ModelShape
-from tacit.perf_model.operators import ACT, Parallel, StepShape
+from tacit.perf_model.operators import ACT, Parallel
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,7 @@ def device_memory(
     s: ModelShape, par: Parallel, wdt: str, kvdt: str, batch: int, input_len: int, output_len: int, group: int = 32
 ) -> Memory:
     # Under data-parallel attention a device holds only its own sequences' KV.
-    sequences = par.attention_step(StepShape(batch, 1, 0)).batch
-    kv = sequences * (input_len + output_len) * kv_bytes_per_token(s, par, kvdt)
+    kv = par.sequences_per_device(batch) * (input_len + output_len) * kv_bytes_per_token(s, par, kvdt)
     # the prefill of the whole batch is the widest step: hidden state, q/k/v, the MLP's widest
     # intermediate (MoE: every token's k expert rows), and float32 logits of the sampled rows
     tokens = batch * input_len

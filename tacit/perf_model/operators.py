@@ -87,12 +87,13 @@ class Parallel:
         """Ranks the attention heads split over: 1 under data-parallel attention."""
         return 1 if self.dp_attention else self.tp
 
+    def sequences_per_device(self, batch: int) -> int:
+        """The sequences one device attends over (and caches): a 1/tp share under data-parallel
+        attention (the busiest device's, rounded up; one prompt stays on one device)."""
+        return -(-batch // self.tp) if self.dp_attention else batch
+
     def attention_step(self, step: "StepShape") -> "StepShape":
-        """The sequences one device attends over: a 1/tp share under data-parallel attention
-        (the busiest device's, rounded up; one prompt stays on one device)."""
-        if not self.dp_attention:
-            return step
-        return replace(step, batch=-(-step.batch // self.tp))
+        return replace(step, batch=self.sequences_per_device(step.batch))
 
 
 def _gemm(name: str, cls: str, rows: float, k: float, n: float, wdtype: str, group: int, times: int) -> Op:
