@@ -11,7 +11,7 @@
 // Error against the fp32 oracle (dequantize, matmul): the weight's bf16 rounding, |dw| <=
 // 2^-9 |w|, plus fp32 summation and the output's bf16 rounding. That is the path at 5-8 rows
 // (Q4_0/Q4_1/Q5_0/Q8_0), for FP8, and with int8 activations off; 1-4 rows of the GGML types (and
-// 5-8 of the K-quants) take the int8 dot products further down.
+// 5-8 of the K-quants) take the int8 dot products further down (Q4_0 / Q4_1: ggml_q4_groups.h).
 #include "ggml_gemv.h"
 
 #include <ATen/Parallel.h>
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bf16_common.h"
+#include "ggml_q4_groups.h"
 
 namespace tacit {
 
@@ -252,32 +253,31 @@ inline void tile_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n
 // "chunk") per vpdpbusd, then one conversion and one FMA per activation row. The error this adds
 // against the fp32 oracle is the activations' rounding, at most max|x_block| / 254 per value.
 //
-// vpdpbusd multiplies unsigned by signed bytes, so a weight code c stored with an offset o (Q4_0's
-// q - 8, Q5_0's q - 16, Q6_K's q - 32, Q8_0's signed bytes flipped to c + 128) enters as c and the
-// dot product starts from -o * sum(x) instead of 0.
+// vpdpbusd multiplies unsigned by signed bytes, so a weight code c stored with an offset o (Q5_0's
+// q - 16, Q6_K's q - 32, Q8_0's signed bytes flipped to c + 128) enters as c and the dot product
+// starts from -o * sum(x) instead of 0.
 //
-// Lane order (int32 lane l of a chunk sums 4 activations): Q4_0 / Q4_1 / Q5_0 pair two 32-value blocks
-// A, B as [A lo nibbles (values 0-15), B lo, A hi (values 16-31), B hi], the order two 16-byte
-// loads unpack to, and store the activations in that order (lane l is block A's for l in 0-3 and
-// 8-11); the others keep the natural order (lanes 0-7 the chunk's first 32 values, 8-15 the rest),
-// which is how Q8_0 blocks, Q4_K/Q5_K sub-block pairs (low nibbles, then high) and Q6_K's 64-value
-// pieces lie in memory.
+// Q4_0 and Q4_1 take four blocks a step instead (ggml_q4_groups.h). Lane order here (int32 lane l
+// of a chunk sums 4 activations): Q5_0 pairs two 32-value blocks A, B as [A lo nibbles (values
+// 0-15), B lo, A hi (values 16-31), B hi], the order two 16-byte loads unpack to, and stores the
+// activations in that order (lane l is block A's for l in 0-3 and 8-11); the others keep the
+// natural order (lanes 0-7 the chunk's first 32 values, 8-15 the rest), which is how Q8_0 blocks,
+// Q4_K/Q5_K sub-block pairs (low nibbles, then high) and Q6_K's 64-value pieces lie in memory.
 enum class Lanes { kPairs, kNatural };
 
 template <int T>
 constexpr bool kHasInt8Path =
     T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ8_0 || T == kQ4_K || T == kQ5_K || T == kQ6_K;
 template <int T>
-constexpr Lanes kLanesOf = T == kQ4_0 || T == kQ4_1 || T == kQ5_0 ? Lanes::kPairs : Lanes::kNatural;
+constexpr Lanes kLanesOf = T == kQ5_0 ? Lanes::kPairs : Lanes::kNatural;
 // log2 of the code offset o above (0: none)
 template <int T>
-constexpr int kOffsetShift = T == kQ4_0 ? 3 : T == kQ5_0 ? 4 : T == kQ6_K ? 5 : T == kQ8_0 ? 7 : 0;
+constexpr int kOffsetShift = T == kQ5_0 ? 4 : T == kQ6_K ? 5 : T == kQ8_0 ? 7 : 0;
 
 struct QuantizedRows {
   const int8_t* q;          // [M][chunks * 64] int8, in the lane order above
   const float* scale;       // [M][chunks * 16]: lane l's block's dx
-  const float* sum;         // [M][chunks * 16]: dx * the sum of lane l's 4 values (Q4_1 only: its m term)
-  const __m512i* lane_sum;  // [M][chunks]: the sum of lane l's 4 int8 values (types with a code offset, Q4_1)
+  const __m512i* lane_sum;  // [M][chunks]: the sum of lane l's 4 int8 values (types with a code offset)
   const float* block_sum;   // [M][blocks]: dx * the sum of a block's 32 int8 values (Q4_K/Q5_K only: their mins)
   int64_t chunks, blocks;
 };
@@ -289,14 +289,13 @@ constexpr int kPairLane[16] = {0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1}; 
 template <int T>
 inline QuantizedRows quantize_activations(const uint16_t* x, int m, int64_t k) {
   constexpr Lanes L = kLanesOf<T>;
-  constexpr bool kBlockSums = T == kQ4_K || T == kQ5_K, kLaneSums = kOffsetShift<T> > 0 || T == kQ4_1;
+  constexpr bool kBlockSums = T == kQ4_K || T == kQ5_K, kLaneSums = kOffsetShift<T> > 0;
   thread_local std::vector<int8_t> q;
-  thread_local std::vector<float> scale, sum, block_sum;
+  thread_local std::vector<float> scale, block_sum;
   thread_local std::vector<__m512i> lane_sum;
   const int64_t nb = k / 32, chunks = (nb + 1) / 2;
   q.assign(m * chunks * 64, 0);
   scale.assign(m * chunks * 16, 0.0f);
-  sum.resize(m * chunks * 16);
   block_sum.resize(8 + m * nb);  // 8 in front: K-quant mins load a block's sums into lanes 8-15
   lane_sum.resize(m * chunks);
   for (int r = 0; r < m; ++r) {
@@ -320,15 +319,10 @@ inline QuantizedRows quantize_activations(const uint16_t* x, int m, int64_t k) {
     }
     for (int64_t p = 0; kLaneSums && p < chunks; ++p) {
       const __m512i xq = _mm512_loadu_si512(q.data() + (r * chunks + p) * 64);
-      const __m512i ls = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), xq);
-      lane_sum[r * chunks + p] = ls;
-      if constexpr (T == kQ4_1) {
-        const __m512 dx = _mm512_loadu_ps(scale.data() + (r * chunks + p) * 16);
-        _mm512_storeu_ps(sum.data() + (r * chunks + p) * 16, _mm512_mul_ps(dx, _mm512_cvtepi32_ps(ls)));
-      }
+      lane_sum[r * chunks + p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), xq);
     }
   }
-  return {q.data(), scale.data(), sum.data(), lane_sum.data(), block_sum.data() + 8, chunks, nb};
+  return {q.data(), scale.data(), lane_sum.data(), block_sum.data() + 8, chunks, nb};
 }
 
 // Two fp16 values (block A's, block B's) spread over the lanes of their blocks.
@@ -352,25 +346,22 @@ inline __m512i q8_0_chunk(const uint8_t* a, const uint8_t* b) {
   return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80)));
 }
 
-// Q4_0 / Q4_1 / Q5_0 blocks a, b: their nibbles in pair order (Q5_0: + 16 where its qh bit is set).
-template <int T>
-inline __m512i q4_chunk(const uint8_t* a, const uint8_t* b) {
-  constexpr int qs = T == kQ4_1 ? 4 : T == kQ5_0 ? 6 : 2;
+// Q5_0 blocks a, b: their nibbles in pair order, + 16 where its qh bit is set.
+inline __m512i q5_0_chunk(const uint8_t* a, const uint8_t* b) {
+  constexpr int qs = 6;
   const __m256i mask = _mm256_set1_epi8(0x0F);
   const __m256i both =
       _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + qs))),
                               _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + qs)), 1);
   const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(both, mask)),
                                        _mm256_and_si256(_mm256_srli_epi16(both, 4), mask), 1);
-  if constexpr (T == kQ5_0) {  // byte order [A 0-15, B 0-15, A 16-31, B 16-31]: qh bits to match
-    uint32_t ha, hb;
-    std::memcpy(&ha, a + 2, 4);
-    std::memcpy(&hb, b + 2, 4);
-    const __mmask64 fifth = static_cast<uint64_t>(ha & 0xFFFF) | (static_cast<uint64_t>(hb & 0xFFFF) << 16) |
-                            (static_cast<uint64_t>(ha >> 16) << 32) | (static_cast<uint64_t>(hb >> 16) << 48);
-    return _mm512_or_si512(q, _mm512_maskz_mov_epi8(fifth, _mm512_set1_epi8(0x10)));
-  }
-  return q;
+  // byte order [A 0-15, B 0-15, A 16-31, B 16-31]: qh bits to match
+  uint32_t ha, hb;
+  std::memcpy(&ha, a + 2, 4);
+  std::memcpy(&hb, b + 2, 4);
+  const __mmask64 fifth = static_cast<uint64_t>(ha & 0xFFFF) | (static_cast<uint64_t>(hb & 0xFFFF) << 16) |
+                          (static_cast<uint64_t>(ha >> 16) << 32) | (static_cast<uint64_t>(hb >> 16) << 48);
+  return _mm512_or_si512(q, _mm512_maskz_mov_epi8(fifth, _mm512_set1_epi8(0x10)));
 }
 
 // Q4_K (Q5_K) super-block b's sub-blocks 2c and 2c+1 (values 64c..64c+63): the low then the high
@@ -446,25 +437,22 @@ inline void vnni_tile(const uint8_t* w, const QuantizedRows& xq, float* y, int64
   for (int j = 0; j < R; ++j)
     for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
   const uint8_t* wr = w + r * rb;
-  // One chunk of 64 weights per row j: its codes, and its weight scale per lane (Q4_1: its mins).
-  const auto multiply = [&](int64_t p, const __m512i* wq, const __m512* d, const __m512* mn) {
+  // One chunk of 64 weights per row j: its codes, and its weight scale per lane.
+  const auto multiply = [&](int64_t p, const __m512i* wq, const __m512* d) {
     for (int m = 0; m < M; ++m) {
       const int64_t at = m * xq.chunks + p;
       const __m512i x8 = _mm512_loadu_si512(xq.q + at * 64);
       const __m512 dx = _mm512_loadu_ps(xq.scale + at * 16);
       __m512i start = _mm512_setzero_si512();
       if constexpr (kOffsetShift<T> > 0) start = _mm512_sub_epi32(start, _mm512_slli_epi32(xq.lane_sum[at], kOffsetShift<T>));
-      __m512 xsum;
-      if constexpr (T == kQ4_1) xsum = _mm512_loadu_ps(xq.sum + at * 16);
       for (int j = 0; j < R; ++j) {
         const __m512i dot = _mm512_dpbusd_epi32(start, wq[j], x8);
         acc[j][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d[j], dx), acc[j][m]);
-        if constexpr (T == kQ4_1) acc[j][m] = _mm512_fmadd_ps(mn[j], xsum, acc[j][m]);
       }
     }
   };
   __m512i wq[R];
-  __m512 d[R], mn[R];
+  __m512 d[R];
   if constexpr (kSuper) {
     for (int64_t s = 0; s < k / 256; ++s) {
       __m512 scales[R];
@@ -481,7 +469,7 @@ inline void vnni_tile(const uint8_t* w, const QuantizedRows& xq, float* y, int64
           wq[j] = T == kQ6_K ? q6_k_chunk(block, c) : q4_k_chunk<T == kQ5_K>(block, c);
           d[j] = _mm512_permutexvar_ps(index, scales[j]);
         }
-        multiply(s * 4 + c, wq, d, mn);
+        multiply(s * 4 + c, wq, d);
       }
       if constexpr (T != kQ6_K) {  // - dmin * m_s * sum(x of sub-block s): lanes 8-15 of scales
         for (int m = 0; m < M; ++m) {
@@ -499,14 +487,10 @@ inline void vnni_tile(const uint8_t* w, const QuantizedRows& xq, float* y, int64
       for (int j = 0; j < R; ++j) {
         const uint8_t* ba = wr + j * rb + a * bb;
         const uint8_t* bl = b < nb ? ba + bb : kZeroBlock;
-        if constexpr (T == kQ8_0)
-          wq[j] = q8_0_chunk(ba, bl);
-        else
-          wq[j] = q4_chunk<T>(ba, bl);
+        wq[j] = T == kQ8_0 ? q8_0_chunk(ba, bl) : q5_0_chunk(ba, bl);
         d[j] = pair_lanes<kLanesOf<T>>(ba, bl);
-        if constexpr (T == kQ4_1) mn[j] = pair_lanes<kLanesOf<T>>(ba + 2, bl + 2);
       }
-      multiply(p, wq, d, mn);
+      multiply(p, wq, d);
     }
   }
   for (int j = 0; j < R; ++j)
@@ -516,7 +500,11 @@ inline void vnni_tile(const uint8_t* w, const QuantizedRows& xq, float* y, int64
 template <int T, int M>
 void vnni_rows(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64_t begin, int64_t end, int64_t k) {
   const QuantizedRows xq = quantize_activations<T>(x, M, k);
-  constexpr int R = 4;
+  // One activation row: one weight row at a time, one sequential stream a thread. The default
+  // model's Q8_0 head (49152 x 576, 30 MB), two threads, from DRAM: 32.9-34.7 GB/s where 4 rows
+  // side by side streamed 18.5. 2-4 activation rows keep 4 weight rows a pass, each activation
+  // load feeding 4 of them: 128 x 4096 Q8_0 x 4 rows in L2, one thread, 18.0 GB/s against 8.4.
+  constexpr int R = M == 1 ? 1 : 4;
   int64_t r = begin;
   for (; r + R <= end; r += R) vnni_tile<T, R, M>(w, xq, y, n, r, k);
   for (; r < end; ++r) vnni_tile<T, 1, M>(w, xq, y, n, r, k);
@@ -528,7 +516,9 @@ void rows_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64
   // per two blocks, so 8 rows (2 x 8 accumulators, spilling) ran 3x slower than unpacking to
   // bf16. 4096 x 4096 Q4_0, two threads, int8 against bf16: 0.14 / 0.32 ms at 1 row, 0.31 /
   // 0.41 at 4, 1.75 / 0.56 at 8 (Q4_1: 0.18 / 0.32, 0.40 / 0.41, 1.51 / 0.56).
-  if constexpr (kHasInt8Path<T> && M <= 4) {
+  if constexpr ((T == kQ4_0 || T == kQ4_1) && M <= 4) {
+    if (use_int8_activations()) return q4_groups::group_rows<T, M>(w, x, y, n, begin, end, k);
+  } else if constexpr (kHasInt8Path<T> && M <= 4) {
     if (use_int8_activations()) return vnni_rows<T, M>(w, x, y, n, begin, end, k);
   }
   // 5-8 rows of a K-quant: two int8 passes (4 rows, then the rest) read the weight twice and
