@@ -204,3 +204,39 @@ def test_env_var_turns_int8_activations_off_at_load(env, expected):
     env = {k: v for k, v in os.environ.items() if k != "TACIT_GGML_BF16_ACTIVATIONS"} | env
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.stdout.strip().splitlines()[-1] == expected, out.stderr
+
+
+_GUARD_PAGE_SCRIPT = """
+import ctypes, mmap, sys
+import torch
+from tacit.kernels.cpu_kernels import load_cpu_kernels
+from tacit.kernels.ggml_quant import GGML_TYPES, row_bytes
+
+kernels, page = load_cpu_kernels(), mmap.PAGESIZE
+libc = ctypes.CDLL(None, use_errno=True)
+region = mmap.mmap(-1, 3 * page)
+base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+assert libc.mprotect(ctypes.c_void_p(base + 2 * page), page, 0) == 0  # PROT_NONE: reading it faults
+for ggml_type in sorted(GGML_TYPES):
+    values = GGML_TYPES[ggml_type].block_values
+    for k in sorted({values, 3 * values}):
+        n, rb = 3, row_bytes(ggml_type, k)
+        start = 2 * page - n * rb  # the weight's last byte is the guard page's neighbour
+        weight = torch.frombuffer(region, dtype=torch.uint8, count=n * rb, offset=start).view(n, rb)
+        weight.zero_()
+        for m in (1, 4, 5):
+            out = kernels.gemm_ggml_skinny(weight, ggml_type, torch.ones(m, k, dtype=torch.bfloat16))
+            assert torch.equal(out, torch.zeros(m, n, dtype=torch.bfloat16)), (ggml_type, k, m)
+print("ok")
+"""
+
+
+def test_kernels_never_read_past_the_last_row():
+    """Each type's weight flush against an unreadable page, at 1, 4 and 5 activation rows, with
+    k one block and three (a short last group of ggml_q4_groups.h's four blocks; its masked loads
+    must not touch the bytes past the row): a read past the last row would kill the process."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _GUARD_PAGE_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "ok", out.stderr[-2000:]

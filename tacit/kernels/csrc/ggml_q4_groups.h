@@ -14,13 +14,14 @@
 //   share its scale), one conversion, one product of the weight and activation scales, one FMA
 //   (Q4_1: one more for m * the block's activation sum).
 // One thread, weights in L2, one activation row: 1536 x 576 Q4_1 17-20 GB/s against the pairwise
-// kernel's 14-16 (16 against 13.8 with 4 rows side by side, before the masked tail below).
+// kernel's 14-16.
 // The arithmetic is the pairwise kernel's (the same int8 rounding of the activations, exact
 // integer dot products), summed in another order.
 #pragma once
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -33,7 +34,6 @@ template <int T>
 constexpr int64_t kBlockBytes = T == 3 ? 20 : 18;
 template <int T>
 constexpr int kCodesAt = T == 3 ? 4 : 2;
-constexpr int64_t kGroupValues = 128;
 
 // Activation rows rounded to int8 per 32-value block (max|x| / 127, round half to even), laid out
 // for the groups: group g's 128 bytes hold block 4g+s's values 0-15 at 16s and 16-31 at 64 + 16s.
