@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bf16_common.h"
+#include "ggml_int8_activations.h"
 #include "ggml_q4_groups.h"
 
 namespace tacit {
@@ -300,13 +301,8 @@ inline QuantizedRows quantize_activations(const uint16_t* x, int m, int64_t k) {
   lane_sum.resize(m * chunks);
   for (int r = 0; r < m; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
-      const __m512 lo = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r * k + b * 32)));
-      const __m512 hi =
-          _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r * k + b * 32 + 16)));
-      const float amax = std::max(_mm512_reduce_max_ps(_mm512_abs_ps(lo)), _mm512_reduce_max_ps(_mm512_abs_ps(hi)));
-      const float dx = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(inv)));  // round half to even
-      const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(inv)));
+      __m512i qlo, qhi;
+      const float dx = round_block_to_int8(x + r * k + b * 32, qlo, qhi);
       const int64_t chunk = b / 2, side = b % 2;
       int8_t* dst = q.data() + (r * chunks + chunk) * 64 + side * (L == Lanes::kPairs ? 16 : 32);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtsepi32_epi8(qlo));

@@ -21,11 +21,11 @@
 
 #include <immintrin.h>
 
-#include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstring>
 #include <vector>
+
+#include "ggml_int8_activations.h"
 
 namespace tacit::q4_groups {
 
@@ -35,7 +35,7 @@ constexpr int64_t kBlockBytes = T == 3 ? 20 : 18;
 template <int T>
 constexpr int kCodesAt = T == 3 ? 4 : 2;
 
-// Activation rows rounded to int8 per 32-value block (max|x| / 127, round half to even), laid out
+// Activation rows rounded to int8 per 32-value block (ggml_int8_activations.h), laid out
 // for the groups: group g's 128 bytes hold block 4g+s's values 0-15 at 16s and 16-31 at 64 + 16s.
 struct GroupRows {
   const int8_t* q;        // [M][groups][128]
@@ -57,17 +57,12 @@ inline GroupRows quantize_for_groups(const uint16_t* x, int m, int64_t k) {
   start.resize(m * groups);
   for (int r = 0; r < m; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
-      const uint16_t* xb = x + r * k + b * 32;
-      const __m512 lo = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb)));
-      const __m512 hi = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 16)));
-      const float amax = std::max(_mm512_reduce_max_ps(_mm512_abs_ps(lo)), _mm512_reduce_max_ps(_mm512_abs_ps(hi)));
-      const float dx = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      __m512i lo, hi;
+      const float dx = round_block_to_int8(x + r * k + b * 32, lo, hi);
       const int64_t g = r * groups + b / 4, s = b % 4;
       int8_t* dst = q.data() + g * 128 + 16 * s;
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst),
-                       _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(inv)))));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 64),
-                       _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(inv)))));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtsepi32_epi8(lo));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 64), _mm512_cvtsepi32_epi8(hi));
       for (int l = 0; l < 4; ++l) scale[g * 16 + 4 * s + l] = dx;
     }
     for (int64_t g = r * groups; g < (r + 1) * groups; ++g) {
