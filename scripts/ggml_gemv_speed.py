@@ -1,7 +1,10 @@
 """Time csrc/ggml_gemv.cpp on one GGML type per run: int8 activations (the default for 1-4 decode
 rows, and K-quants' 5-8) against the bf16 unpack, best of 5 x 60 calls.
 
-    python scripts/ggml_gemv_speed.py [--n 5632] [--k 2048] [--threads 2] [--rows 1,4,8] Q8_0 Q4_K Q6_K
+    python scripts/ggml_gemv_speed.py [--n 5632] [--k 2048] [--threads 2] [--rows 1,4,8] [--from-dram] Q8_0 Q4_K Q6_K
+
+--from-dram cycles the calls through copies of the weight that together exceed the last-level
+cache (256 MB), as a decode step streams its layers, and adds each time's GB/s.
 
 Weights are random blocks with small finite fp16 scales (the speed does not depend on their
 values); the machine should be otherwise quiet.
@@ -43,12 +46,12 @@ def random_blocks(type_name: str, n: int, k: int) -> torch.Tensor:
 
 
 def best_ms(fn, calls: int = 60) -> float:
-    fn()
+    fn(0)
     best = float("inf")
     for _ in range(5):
         start = time.perf_counter()
-        for _ in range(calls):
-            fn()
+        for i in range(calls):
+            fn(i)
         best = min(best, (time.perf_counter() - start) / calls)
     return best * 1e3
 
@@ -60,6 +63,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default="1,4,8")
+    ap.add_argument("--from-dram", action="store_true", help="cycle through 256 MB of copies of the weight")
     args = ap.parse_args()
     kernels = load_cpu_kernels()
     if kernels is None:
@@ -68,6 +72,7 @@ def main() -> None:
     print(f"{args.n} x {args.k}, {args.threads} threads: ms per call, int8 activations / bf16 unpack")
     for name in args.types:
         w = random_blocks(name, args.n, args.k)
+        copies = [w] + [w.clone() for _ in range(-(-256_000_000 // w.numel()) - 1 if args.from_dram else 0)]
         ggml_type = next(t for t, info in GGML_TYPES.items() if info.name == name)
         cells = []
         for m in (int(r) for r in args.rows.split(",")):
@@ -75,9 +80,14 @@ def main() -> None:
             times = []
             for int8 in (True, False):
                 kernels.set_ggml_int8_activations(int8)
-                times.append(best_ms(lambda w=w, t=ggml_type, x=x: kernels.gemm_ggml_skinny(w, t, x)))
+                times.append(
+                    best_ms(lambda i, ws=copies, t=ggml_type, x=x: kernels.gemm_ggml_skinny(ws[i % len(ws)], t, x))
+                )
             kernels.set_ggml_int8_activations(True)
-            cells.append(f"{m} rows {times[0]:.3f} / {times[1]:.3f}")
+            rates = (
+                f" ({w.numel() / times[0] / 1e6:.1f} / {w.numel() / times[1] / 1e6:.1f} GB/s)" if args.from_dram else ""
+            )
+            cells.append(f"{m} rows {times[0]:.3f} / {times[1]:.3f}{rates}")
         print(f"{name:5} {w.numel() / 1e6:6.2f} MB: " + " | ".join(cells), flush=True)
 
 

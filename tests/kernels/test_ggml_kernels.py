@@ -92,34 +92,35 @@ def test_gemv_matches_oracle_at_1_to_8_rows(ggml_type, n, k, bf16_ggml_activatio
         assert within_bound(y, x, w_ref), f"{GGML_TYPES[ggml_type].name} m={m}"
 
 
-def int8_activation_bound(x: torch.Tensor, w_ref: torch.Tensor) -> torch.Tensor:
-    """What rounding each 32-value block of x to int8 (scale max|x_block| / 127) may add: half a
-    step, max|x_block| / 254, per value, times |w|; plus the output's bf16 rounding."""
+def int8_activation_bound(x: torch.Tensor, w_ref: torch.Tensor, block: int) -> torch.Tensor:
+    """What rounding each block of x to int8 (scale max|x_block| / 127) may add: half a step,
+    max|x_block| / 254, per value, times |w|; plus the output's bf16 rounding."""
     m, k = x.shape
-    step = x.float().abs().reshape(m, k // 32, 32).amax(dim=2).repeat_interleave(32, dim=1) / 254
+    step = x.float().abs().reshape(m, k // block, block).amax(dim=2).repeat_interleave(block, dim=1) / 254
     ref = x.float() @ w_ref.T
     return step @ w_ref.abs().T * 1.01 + ref.abs() * 2**-8 + 1e-5
 
 
-def int8_rounded(x: torch.Tensor) -> torch.Tensor:
-    """x as the int8 path sees it: each 32-value block q * dx, dx = max|x_block| / 127 and
+def int8_rounded(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x as the int8 path sees it: each block q * dx, dx = max|x_block| / 127 and
     q = x * (127 / max|x_block|) rounded half to even (a true division: torch's `127.0 / t` is
     a reciprocal times 127, an ulp off, which moved ties like 63.5 to 63)."""
     m, k = x.shape
-    blocks = x.float().reshape(m, k // 32, 32)
+    blocks = x.float().reshape(m, k // block, block)
     amax = blocks.abs().amax(dim=2, keepdim=True)
     inv = torch.where(amax > 0, torch.div(torch.full_like(amax, 127.0), amax), torch.zeros_like(amax))
     return (torch.round(blocks * inv) * (amax / 127.0)).reshape(m, k)
 
 
-INT8_TYPES = [2, 3, 6, 8, Q4_K, Q5_K, Q6_K]  # csrc/ggml_gemv.cpp kHasInt8Path
+INT8_TYPES = [2, 3, 6, 8, Q4_K, Q5_K, Q6_K]  # csrc/ggml_gemv.cpp rows_kernel
 
 
 @pytest.mark.parametrize("ggml_type, n, k", type_shapes(INT8_TYPES))
 def test_decode_rows_round_activations_to_int8_per_block(ggml_type, n, k, bf16_ggml_activations):
-    """Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants with 1-4 rows take llama.cpp's arithmetic by default
-    (activations as int8 per 32-value block, vpdpbusd); the fixture switched them to the bf16
-    path, compared here with the default."""
+    """Q4_0, Q4_1, Q5_0, Q8_0 with 1-4 rows and the K-quants with 1-8 take llama.cpp's arithmetic
+    by default (activations as int8 per 32-value block, q8_0; the K-quants per 256-value
+    super-block, q8_K); the fixture switched them to the bf16 path, compared here with the default."""
+    block = 256 if ggml_type in _K_SCALES else 32
     kernels = load_cpu_kernels()
     blocks, w_ref = quantized(ggml_type, n, k, seed=n + k)
     g = torch.Generator().manual_seed(n * k)
@@ -133,11 +134,11 @@ def test_decode_rows_round_activations_to_int8_per_block(ggml_type, n, k, bf16_g
             int8 = kernels.gemm_ggml_skinny(blocks, ggml_type, x).float()
         finally:
             kernels.set_ggml_int8_activations(False)
-        assert ((int8 - ref).abs() <= int8_activation_bound(x, w_ref)).all(), f"m={m}"
-        int8_rows = m <= 4 or ggml_type in _K_SCALES  # K-quants: 5-8 rows as two int8 passes
+        assert ((int8 - ref).abs() <= int8_activation_bound(x, w_ref, block)).all(), f"m={m}"
+        int8_rows = m <= 4 or ggml_type in _K_SCALES
         if int8_rows:  # and that is all it does: the exact product of the rounded activations, up to
             # the output's bf16 rounding and fp32 sums (a wrong lane, scale or min term is far off)
-            xr = int8_rounded(x).double()
+            xr = int8_rounded(x, block).double()
             exact = xr @ w_ref.double().T
             slack = exact.abs() * 2**-8 + (xr.abs() @ w_ref.double().abs().T) * 1e-6
             assert ((int8.double() - exact).abs() <= slack).all(), f"m={m}"

@@ -134,15 +134,16 @@ def test_bf16_kernels_give_the_dequantized_tokens(tiny_256_dir, tmp_path, qtype,
 @pytest.mark.skipif(not KERNELS or load_cpu_kernels() is None, reason="no AVX512-BF16 CPU kernels")
 @pytest.mark.parametrize("qtype", K_QUANTS)
 def test_int8_activations_keep_the_dequantized_tokens_up_to_near_ties(tiny_256_dir, tmp_path, qtype):
-    """By default K-quant decode rows (1-4) round activations to int8 per 32 values and multiply
-    the codes with vpdpbusd (csrc/ggml_gemv.cpp; its arithmetic is pinned exactly in
-    tests/kernels/test_ggml_kernels.py): on this model the rounding moved logprobs by up to
-    0.18-0.25 in 8 steps (all three types), so within 0.3, tokens the dequantized run's until a
-    near tie."""
+    """By default K-quant decode rows (1-8) round activations to int8 with one scale per 256
+    values, llama.cpp's q8_K, and keep each super-block's dot product in integers
+    (csrc/ggml_k_quants.h; its arithmetic is pinned exactly in tests/kernels/test_ggml_kernels.py):
+    on this model (256-wide rows: one scale per activation row) the rounding moved logprobs by up
+    to 0.28-0.37 in 8 steps (0.18-0.25 with a scale per 32 values), so within 0.4, tokens the
+    dequantized run's until a near tie."""
     path = k_quant_gguf(tiny_256_dir, tmp_path / "k.gguf", qtype)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=2)
     llm = LLM(str(path), dtype="bfloat16")
     assert set(ggml_layers(llm).values()) == {qtype}
     native = llm.generate(PROMPTS, params)
     dequantized = LLM(str(path), dtype="bfloat16", quantization="none").generate(PROMPTS, params)
-    assert_same_up_to_near_ties(dequantized, native, tol=0.3)
+    assert_same_up_to_near_ties(dequantized, native, tol=0.4)

@@ -11,7 +11,8 @@
 // Error against the fp32 oracle (dequantize, matmul): the weight's bf16 rounding, |dw| <=
 // 2^-9 |w|, plus fp32 summation and the output's bf16 rounding. That is the path at 5-8 rows
 // (Q4_0/Q4_1/Q5_0/Q8_0), for FP8, and with int8 activations off; 1-4 rows of the GGML types (and
-// 5-8 of the K-quants) take the int8 dot products further down (Q4_0 / Q4_1: ggml_q4_groups.h).
+// 5-8 of the K-quants) take int8 dot products instead (Q5_0 / Q8_0 further down, Q4_0 / Q4_1 in
+// ggml_q4_groups.h, the K-quants in ggml_k_quants.h).
 #include "ggml_gemv.h"
 
 #include <ATen/Parallel.h>
@@ -25,6 +26,8 @@
 
 #include "bf16_common.h"
 #include "ggml_int8_activations.h"
+#include "ggml_k_quants.h"
+#include "ggml_prefetch.h"
 #include "ggml_q4_groups.h"
 
 namespace tacit {
@@ -255,32 +258,31 @@ inline void tile_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n
 // against the fp32 oracle is the activations' rounding, at most max|x_block| / 254 per value.
 //
 // vpdpbusd multiplies unsigned by signed bytes, so a weight code c stored with an offset o (Q5_0's
-// q - 16, Q6_K's q - 32, Q8_0's signed bytes flipped to c + 128) enters as c and the dot product
-// starts from -o * sum(x) instead of 0.
+// q - 16, Q8_0's signed bytes flipped to c + 128) enters as c and the dot product starts from
+// -o * sum(x) instead of 0.
 //
-// Q4_0 and Q4_1 take four blocks a step instead (ggml_q4_groups.h). Lane order here (int32 lane l
-// of a chunk sums 4 activations): Q5_0 pairs two 32-value blocks A, B as [A lo nibbles (values
-// 0-15), B lo, A hi (values 16-31), B hi], the order two 16-byte loads unpack to, and stores the
-// activations in that order (lane l is block A's for l in 0-3 and 8-11); the others keep the
-// natural order (lanes 0-7 the chunk's first 32 values, 8-15 the rest), which is how Q8_0 blocks,
-// Q4_K/Q5_K sub-block pairs (low nibbles, then high) and Q6_K's 64-value pieces lie in memory.
+// This pairwise path is Q5_0's and Q8_0's; Q4_0 and Q4_1 take four blocks a step
+// (ggml_q4_groups.h), the K-quants a super-block a step with one activation scale per 256 values
+// (ggml_k_quants.h). Lane order here (int32 lane l of a chunk sums 4 activations): Q5_0 pairs two
+// 32-value blocks A, B as [A lo nibbles (values 0-15), B lo, A hi (values 16-31), B hi], the order
+// two 16-byte loads unpack to, and stores the activations in that order (lane l is block A's for l
+// in 0-3 and 8-11); Q8_0 keeps the natural order (lanes 0-7 the chunk's first 32 values, 8-15 the
+// rest), how its blocks lie in memory.
 enum class Lanes { kPairs, kNatural };
 
 template <int T>
-constexpr bool kHasInt8Path =
-    T == kQ4_0 || T == kQ4_1 || T == kQ5_0 || T == kQ8_0 || T == kQ4_K || T == kQ5_K || T == kQ6_K;
+constexpr bool kHasInt8Path = T == kQ5_0 || T == kQ8_0;
 template <int T>
 constexpr Lanes kLanesOf = T == kQ5_0 ? Lanes::kPairs : Lanes::kNatural;
 // log2 of the code offset o above (0: none)
 template <int T>
-constexpr int kOffsetShift = T == kQ5_0 ? 4 : T == kQ6_K ? 5 : T == kQ8_0 ? 7 : 0;
+constexpr int kOffsetShift = T == kQ5_0 ? 4 : 7;
 
 struct QuantizedRows {
   const int8_t* q;          // [M][chunks * 64] int8, in the lane order above
   const float* scale;       // [M][chunks * 16]: lane l's block's dx
-  const __m512i* lane_sum;  // [M][chunks]: the sum of lane l's 4 int8 values (types with a code offset)
-  const float* block_sum;   // [M][blocks]: dx * the sum of a block's 32 int8 values (Q4_K/Q5_K only: their mins)
-  int64_t chunks, blocks;
+  const __m512i* lane_sum;  // [M][chunks]: the sum of lane l's 4 int8 values (the code offset's term)
+  int64_t chunks;
 };
 
 constexpr int kPairLane[16] = {0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1};  // lane -> block A (0) / B (1)
@@ -290,14 +292,12 @@ constexpr int kPairLane[16] = {0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1}; 
 template <int T>
 inline QuantizedRows quantize_activations(const uint16_t* x, int m, int64_t k) {
   constexpr Lanes L = kLanesOf<T>;
-  constexpr bool kBlockSums = T == kQ4_K || T == kQ5_K, kLaneSums = kOffsetShift<T> > 0;
   thread_local std::vector<int8_t> q;
-  thread_local std::vector<float> scale, block_sum;
+  thread_local std::vector<float> scale;
   thread_local std::vector<__m512i> lane_sum;
   const int64_t nb = k / 32, chunks = (nb + 1) / 2;
   q.assign(m * chunks * 64, 0);
   scale.assign(m * chunks * 16, 0.0f);
-  block_sum.resize(8 + m * nb);  // 8 in front: K-quant mins load a block's sums into lanes 8-15
   lane_sum.resize(m * chunks);
   for (int r = 0; r < m; ++r) {
     for (int64_t b = 0; b < nb; ++b) {
@@ -310,15 +310,13 @@ inline QuantizedRows quantize_activations(const uint16_t* x, int m, int64_t k) {
       float* sc = scale.data() + (r * chunks + chunk) * 16;
       for (int l = 0; l < 16; ++l)
         if ((L == Lanes::kPairs ? kPairLane[l] : l / 8) == side) sc[l] = dx;
-      if constexpr (kBlockSums)
-        block_sum[8 + r * nb + b] = dx * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi)));
     }
-    for (int64_t p = 0; kLaneSums && p < chunks; ++p) {
+    for (int64_t p = 0; p < chunks; ++p) {
       const __m512i xq = _mm512_loadu_si512(q.data() + (r * chunks + p) * 64);
       lane_sum[r * chunks + p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), xq);
     }
   }
-  return {q.data(), scale.data(), lane_sum.data(), block_sum.data() + 8, chunks, nb};
+  return {q.data(), scale.data(), lane_sum.data(), chunks};
 }
 
 // Two fp16 values (block A's, block B's) spread over the lanes of their blocks.
@@ -360,75 +358,10 @@ inline __m512i q5_0_chunk(const uint8_t* a, const uint8_t* b) {
   return _mm512_or_si512(q, _mm512_maskz_mov_epi8(fifth, _mm512_set1_epi8(0x10)));
 }
 
-// Q4_K (Q5_K) super-block b's sub-blocks 2c and 2c+1 (values 64c..64c+63): the low then the high
-// nibbles of 32 bytes, Q5_K's fifth bits (bits 2c, 2c+1 of its 32 qh bytes) on top.
-template <bool kFifthBit>
-inline __m512i q4_k_chunk(const uint8_t* b, int c) {
-  const __m256i mask = _mm256_set1_epi8(0x0F);
-  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + (kFifthBit ? 48 : 16) + 32 * c));
-  __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, mask)),
-                                 _mm256_and_si256(_mm256_srli_epi16(v, 4), mask), 1);
-  if constexpr (kFifthBit) {
-    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)));
-    const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(2 * c)),
-                                             _mm256_set1_epi16(static_cast<short>(2 * c + 1)), 1);
-    const __m512i bit = _mm512_and_si512(_mm512_srlv_epi16(qh, shift), _mm512_set1_epi8(1));
-    q = _mm512_or_si512(q, _mm512_slli_epi16(bit, 4));
-  }
-  return q;
-}
-
-// Q4_K / Q5_K super-block b's scales: lanes 0-7 d * sc (sub-blocks 0-7), lanes 8-15 dmin * m. The
-// 6-bit fields of its 12 scale bytes (ggml's get_scale_min_k4), four at a time: sub-blocks 0-3
-// are the low 6 bits of bytes 0-3 (sc) and 4-7 (m); 4-7 take their low 4 bits from bytes 8-11
-// (sc: low nibble, m: high) and their top 2 from bits 6-7 of bytes 0-3 (sc) and 4-7 (m).
-inline __m512 q4_k_scales(const uint8_t* b) {
-  uint32_t a, m, h;
-  std::memcpy(&a, b + 4, 4);
-  std::memcpy(&m, b + 8, 4);
-  std::memcpy(&h, b + 12, 4);
-  const uint32_t sc_lo = a & 0x3F3F3F3F, m_lo = m & 0x3F3F3F3F;
-  const uint32_t sc_hi = (h & 0x0F0F0F0F) | (((a >> 6) & 0x03030303) << 4);
-  const uint32_t m_hi = ((h >> 4) & 0x0F0F0F0F) | (((m >> 6) & 0x03030303) << 4);
-  const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi32(m_hi, m_lo, sc_hi, sc_lo)));
-  return _mm512_mul_ps(v, _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(half_at(b)), _mm512_set1_ps(half_at(b + 2))));
-}
-
-// Q6_K super-block b's values 64c..64c+63 (pieces 2c, 2c+1 of dequant_q6_k): the low (c even) or
-// high nibbles of 64 ql bytes, and bits 4(c%2) and 4(c%2)+2 of 32 qh bytes as the top two.
-inline __m512i q6_k_chunk(const uint8_t* b, int c) {
-  const int h = c >> 1, odd = c & 1;
-  const __m512i mask = _mm512_set1_epi8(0x0F);
-  __m512i lo = _mm512_loadu_si512(b + 64 * h);
-  lo = _mm512_and_si512(odd ? _mm512_srli_epi16(lo, 4) : lo, mask);
-  const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h)));
-  const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(4 * odd)),
-                                           _mm256_set1_epi16(static_cast<short>(4 * odd + 2)), 1);
-  const __m512i top = _mm512_and_si512(_mm512_srlv_epi16(qh, shift), _mm512_set1_epi8(3));
-  return _mm512_or_si512(lo, _mm512_slli_epi16(top, 4));
-}
-
-// Q6_K super-block b's 16 scales (one per 16 values), times d.
-inline __m512 q6_k_scales(const uint8_t* b) {
-  const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192)));
-  return _mm512_mul_ps(_mm512_cvtepi32_ps(sc), _mm512_set1_ps(half_at(b + 208)));
-}
-
-// For each chunk c of a K-quant super-block: which of its scales each int32 lane takes.
-template <int T>
-inline __m512i scale_index(int c) {
-  if constexpr (T == kQ6_K)  // lane l covers values 4l..4l+3: the scale of 16-value group 4c + l/4
-    return _mm512_add_epi32(_mm512_set1_epi32(4 * c),
-                            _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0));
-  else  // sub-blocks 2c (lanes 0-7) and 2c+1 (8-15)
-    return _mm512_inserti64x4(_mm512_set1_epi32(2 * c), _mm256_set1_epi32(2 * c + 1), 1);
-}
-
 template <int T, int R, int M>
 inline void vnni_tile(const uint8_t* w, const QuantizedRows& xq, float* y, int64_t n, int64_t r, int64_t k) {
-  constexpr bool kSuper = T == kQ4_K || T == kQ5_K || T == kQ6_K;
   constexpr int64_t bb = kBlockBytes<T>;
-  const int64_t rb = k / kBlockValues<T> * bb;
+  const int64_t rb = k / 32 * bb;
   __m512 acc[R][M];
   for (int j = 0; j < R; ++j)
     for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
@@ -439,8 +372,7 @@ inline void vnni_tile(const uint8_t* w, const QuantizedRows& xq, float* y, int64
       const int64_t at = m * xq.chunks + p;
       const __m512i x8 = _mm512_loadu_si512(xq.q + at * 64);
       const __m512 dx = _mm512_loadu_ps(xq.scale + at * 16);
-      __m512i start = _mm512_setzero_si512();
-      if constexpr (kOffsetShift<T> > 0) start = _mm512_sub_epi32(start, _mm512_slli_epi32(xq.lane_sum[at], kOffsetShift<T>));
+      const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(xq.lane_sum[at], kOffsetShift<T>));
       for (int j = 0; j < R; ++j) {
         const __m512i dot = _mm512_dpbusd_epi32(start, wq[j], x8);
         acc[j][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d[j], dx), acc[j][m]);
@@ -449,37 +381,12 @@ inline void vnni_tile(const uint8_t* w, const QuantizedRows& xq, float* y, int64
   };
   __m512i wq[R];
   __m512 d[R];
-  if constexpr (kSuper) {
-    for (int64_t s = 0; s < k / 256; ++s) {
-      __m512 scales[R];
-      for (int j = 0; j < R; ++j) {
-        const uint8_t* block = wr + j * rb + s * bb;
-        for (int64_t line = 0; line < bb; line += 64)  // 8 rows ahead
-          _mm_prefetch(reinterpret_cast<const char*>(block + 8 * rb + line), _MM_HINT_T0);
-        scales[j] = T == kQ6_K ? q6_k_scales(block) : q4_k_scales(block);
-      }
-      for (int c = 0; c < 4; ++c) {
-        const __m512i index = scale_index<T>(c);
-        for (int j = 0; j < R; ++j) {
-          const uint8_t* block = wr + j * rb + s * bb;
-          wq[j] = T == kQ6_K ? q6_k_chunk(block, c) : q4_k_chunk<T == kQ5_K>(block, c);
-          d[j] = _mm512_permutexvar_ps(index, scales[j]);
-        }
-        multiply(s * 4 + c, wq, d);
-      }
-      if constexpr (T != kQ6_K) {  // - dmin * m_s * sum(x of sub-block s): lanes 8-15 of scales
-        for (int m = 0; m < M; ++m) {
-          const __m512 bsum = _mm512_maskz_loadu_ps(0xFF00, xq.block_sum + m * xq.blocks + s * 8 - 8);
-          for (int j = 0; j < R; ++j) acc[j][m] = _mm512_fnmadd_ps(scales[j], bsum, acc[j][m]);
-        }
-      }
-    }
-  } else {
+  {
     const int64_t nb = k / 32;
     for (int64_t p = 0; p < xq.chunks; ++p) {
       const int64_t a = 2 * p, b = a + 1;
       if ((a * bb) % 64 < 2 * bb)
-        for (int j = 0; j < R; ++j) _mm_prefetch(reinterpret_cast<const char*>(wr + (8 + j) * rb + a * bb), _MM_HINT_T0);
+        for (int j = 0; j < R; ++j) prefetch_ahead(wr + j * rb + a * bb);
       for (int j = 0; j < R; ++j) {
         const uint8_t* ba = wr + j * rb + a * bb;
         const uint8_t* bl = b < nb ? ba + bb : kZeroBlock;
@@ -512,19 +419,13 @@ void rows_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64
   // per two blocks, so 8 rows (2 x 8 accumulators, spilling) ran 3x slower than unpacking to
   // bf16. 4096 x 4096 Q4_0, two threads, int8 against bf16: 0.14 / 0.32 ms at 1 row, 0.31 /
   // 0.41 at 4, 1.75 / 0.56 at 8 (Q4_1: 0.18 / 0.32, 0.40 / 0.41, 1.51 / 0.56).
-  if constexpr ((T == kQ4_0 || T == kQ4_1) && M <= 4) {
-    if (use_int8_activations()) return q4_groups::group_rows<T, M>(w, x, y, n, begin, end, k);
-  } else if constexpr (kHasInt8Path<T> && M <= 4) {
-    if (use_int8_activations()) return vnni_rows<T, M>(w, x, y, n, begin, end, k);
-  }
-  // 5-8 rows of a K-quant: two int8 passes (4 rows, then the rest) read the weight twice and
-  // still beat unpacking it to bf16 once. 5632 x 2048, two threads, 8 rows: Q4_K 0.45 against
-  // 0.53 ms, Q6_K 0.45 against 0.71; not Q4_0 (0.38 / 0.38), Q4_1 (0.49 / 0.37), Q8_0 (0.37 / 0.33).
-  if constexpr ((T == kQ4_K || T == kQ5_K || T == kQ6_K) && M > 4) {
-    if (use_int8_activations()) {
-      vnni_rows<T, 4>(w, x, y, n, begin, end, k);
-      return vnni_rows<T, M - 4>(w, x + 4 * k, y + 4 * n, n, begin, end, k);
-    }
+  // The K-quants at 5-8 rows too: their int8 path keeps a super-block's sums in integers, so an
+  // activation row costs two instructions per 64 weights and one conversion per 256
+  // (ggml_k_quants.h).
+  if (use_int8_activations()) {
+    if constexpr ((T == kQ4_0 || T == kQ4_1) && M <= 4) return q4_groups::group_rows<T, M>(w, x, y, n, begin, end, k);
+    if constexpr (kHasInt8Path<T> && M <= 4) return vnni_rows<T, M>(w, x, y, n, begin, end, k);
+    if constexpr (T == kQ4_K || T == kQ5_K || T == kQ6_K) return k_quants::super_rows<T, M>(w, x, y, n, begin, end, k);
   }
   constexpr int R = M <= 4 ? 4 : 2;  // R * M accumulators: at most 16 of the 32 zmm registers
   int64_t r = begin;

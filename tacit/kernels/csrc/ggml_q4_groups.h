@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "ggml_int8_activations.h"
+#include "ggml_prefetch.h"
 
 namespace tacit::q4_groups {
 
@@ -124,6 +125,7 @@ inline void group_row(const uint8_t* w, const GroupRows& xq, float* y, int64_t n
     const bool whole = 4 * g + 4 <= nb;
     const __mmask64 first = whole ? ~0ull : tail_first, last = whole ? ~0ull : tail_last;
     const uint8_t* b = wr + g * gb;
+    prefetch_ahead<2>(b);  // a group is 72-80 bytes: two lines cover wherever it starts
     const __m512i head = _mm512_maskz_loadu_epi8(first, b), end = _mm512_maskz_loadu_epi8(last, b + gb - 64);
     const __m512i codes = _mm512_permutex2var_epi16(head, codes_at, end);
     const __m512i lo = _mm512_and_si512(codes, mask), hi = _mm512_and_si512(_mm512_srli_epi16(codes, 4), mask);
