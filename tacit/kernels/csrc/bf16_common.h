@@ -1,5 +1,6 @@
-// Shared pieces of tacit's AVX512-BF16 CPU kernels: bf16 <-> fp32 with torch's rounding,
-// and the skinny GEMM that streams a bf16 weight once for 1-8 activation rows.
+// Shared pieces of tacit's AVX512-BF16 CPU kernels: bf16 <-> fp32 with torch's rounding, an fp16
+// field of a GGML block read as fp32, and the skinny GEMM that streams a bf16 weight once for 1-8
+// activation rows.
 #pragma once
 
 #include <immintrin.h>
@@ -27,6 +28,13 @@ inline uint16_t float_to_bf16(float f) {
 }
 
 inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+
+// The fp16 value at p (a GGML block's scale), unaligned.
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
 
 constexpr int kMaxSkinnyRows = 8;  // keep in step with _KERNEL_ROWS in layers/linear.py
 

@@ -43,12 +43,6 @@ namespace {
 
 inline bool use_int8_activations() { return g_int8_activations.load(std::memory_order_relaxed); }
 
-inline float half_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
 inline float float_at(const uint8_t* p) {
   float f;
   std::memcpy(&f, p, 4);

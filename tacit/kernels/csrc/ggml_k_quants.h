@@ -26,17 +26,17 @@
 
 #include <array>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
+#include "bf16_common.h"
+#include "ggml_gemv.h"
 #include "ggml_int8_activations.h"
 #include "ggml_prefetch.h"
 
 namespace tacit::k_quants {
 
-constexpr int kQ4K = 12, kQ5K = 13, kQ6K = 14;  // GGML type ids
 template <int T>
-constexpr int64_t kBlockBytes = T == kQ4K ? 144 : T == kQ5K ? 176 : 210;
+constexpr int64_t kBlockBytes = T == kQ4_K ? 144 : T == kQ5_K ? 176 : 210;
 
 // Where the activations' 32-value pieces lie in a super-block's four 64-byte vectors: vector v holds
 // pieces kPieceAt[2v] (bytes 0-31) and kPieceAt[2v + 1] (32-63). Q4_K/Q5_K keep each 64 values'
@@ -44,7 +44,7 @@ constexpr int64_t kBlockBytes = T == kQ4K ? 144 : T == kQ5K ? 176 : 210;
 // splits into pieces [2c, 2c + 2] (low nibbles) and [2c + 1, 2c + 3] (high): the activations follow.
 // Q6_K's 64-byte loads unpack in natural order.
 template <int T>
-constexpr std::array<int, 8> kPieceAt = T == kQ6K ? std::array<int, 8>{0, 1, 2, 3, 4, 5, 6, 7}
+constexpr std::array<int, 8> kPieceAt = T == kQ6_K ? std::array<int, 8>{0, 1, 2, 3, 4, 5, 6, 7}
                                                   : std::array<int, 8>{0, 2, 1, 3, 4, 6, 5, 7};
 
 // Activation rows rounded to int8 per super-block.
@@ -91,12 +91,6 @@ struct Super {
   float d, offset_d;  // result = d * dot - offset_d * (group_scales . sum16)
 };
 
-inline float half_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return _cvtsh_ss(h);
-}
-
 // vpermw indices for Q6_K: int16 lane j of vector v (the pair sum of its values 2j, 2j + 1) takes
 // the scale of its 16-value group, 4v + j / 8.
 inline __m512i q6_k_scale_words(int v) {
@@ -128,7 +122,7 @@ inline __m512i scale_bytes(int v) {
 template <int T>
 inline void unpack(const uint8_t* b, Super& u) {
   const __m512i nibble = _mm512_set1_epi8(0x0F);
-  if constexpr (T == kQ6K) {
+  if constexpr (T == kQ6_K) {
     // ql[128] at 0, qh[64] at 128, int8 scales[16] at 192, fp16 d at 208. Half h's 64 ql bytes hold
     // values 128h + 0-63 in their low nibbles, + 64-127 in their high ones; its 32 qh bytes the top
     // two bits: bits 0-1 values 0-31, 2-3 32-63, 4-5 64-95, 6-7 96-127.
@@ -165,13 +159,13 @@ inline void unpack(const uint8_t* b, Super& u) {
         -1, 11, -1, 11, -1, 10, -1, 10, -1, 9, -1, 9, -1, 8, -1, 8));
     u.d = half_at(b);
     u.offset_d = half_at(b + 2);
-    constexpr int qs = T == kQ5K ? 48 : 16;
+    constexpr int qs = T == kQ5_K ? 48 : 16;
     for (int half = 0; half < 2; ++half) {
       const __m512i v = _mm512_loadu_si512(b + qs + 64 * half);
       u.codes[2 * half] = _mm512_and_si512(v, nibble);
       u.codes[2 * half + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
     }
-    if constexpr (T == kQ5K) {
+    if constexpr (T == kQ5_K) {
       const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)));
       for (int v = 0; v < 4; ++v) {
         const int p0 = kPieceAt<T>[2 * v], p1 = kPieceAt<T>[2 * v + 1];
