@@ -42,7 +42,8 @@ constexpr int64_t kBlockBytes = T == kQ4_K ? 144 : T == kQ5_K ? 176 : 210;
 // pieces kPieceAt[2v] (bytes 0-31) and kPieceAt[2v + 1] (32-63). Q4_K/Q5_K keep each 64 values'
 // codes as 32 bytes (low nibbles pieces 2c, high 2c + 1), so one 64-byte load of chunks c and c + 1
 // splits into pieces [2c, 2c + 2] (low nibbles) and [2c + 1, 2c + 3] (high): the activations follow.
-// Q6_K's 64-byte loads unpack in natural order.
+// Q6_K's 64-byte loads unpack in natural order. Both orders are their own inverse, so the same
+// table also gives a piece's place (quantize_super_rows reads it that way).
 template <int T>
 constexpr std::array<int, 8> kPieceAt = T == kQ6_K ? std::array<int, 8>{0, 1, 2, 3, 4, 5, 6, 7}
                                                   : std::array<int, 8>{0, 2, 1, 3, 4, 6, 5, 7};
