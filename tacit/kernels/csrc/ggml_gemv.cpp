@@ -113,18 +113,6 @@ inline __m512bh dequant_block(const uint8_t* b) {
   }
 }
 
-// A block's bytes and values: 32 values for the simple types, 256 (8 sub-blocks) for Q4_K.
-template <int T>
-constexpr int64_t kBlockBytes = T == kQ4_0   ? 18
-                                 : T == kQ4_1 ? 20
-                                 : T == kQ5_0 ? 22
-                                 : T == kQ8_0 ? 34
-                                 : T == kF8E4M3 ? 36
-                                 : T == kQ4_K ? 144
-                                 : T == kQ5_K ? 176
-                                              : 210;
-template <int T>
-constexpr int64_t kBlockValues = T == kQ4_K || T == kQ5_K || T == kQ6_K ? 256 : 32;
 
 // Q4_K (Q5_K) sub-block s (0-7) of the block at b: (d * sc) * q - dmin * m, the gguf package's
 // order; sc and m are 6-bit fields packed in the block's 12 scale bytes (ggml's
@@ -375,20 +363,18 @@ inline void vnni_tile(const uint8_t* w, const QuantizedRows& xq, float* y, int64
   };
   __m512i wq[R];
   __m512 d[R];
-  {
-    const int64_t nb = k / 32;
-    for (int64_t p = 0; p < xq.chunks; ++p) {
-      const int64_t a = 2 * p, b = a + 1;
-      if ((a * bb) % 64 < 2 * bb)
-        for (int j = 0; j < R; ++j) prefetch_ahead(wr + j * rb + a * bb);
-      for (int j = 0; j < R; ++j) {
-        const uint8_t* ba = wr + j * rb + a * bb;
-        const uint8_t* bl = b < nb ? ba + bb : kZeroBlock;
-        wq[j] = T == kQ8_0 ? q8_0_chunk(ba, bl) : q5_0_chunk(ba, bl);
-        d[j] = pair_lanes<kLanesOf<T>>(ba, bl);
-      }
-      multiply(p, wq, d);
+  const int64_t nb = k / 32;
+  for (int64_t p = 0; p < xq.chunks; ++p) {
+    const int64_t a = 2 * p, b = a + 1;
+    if ((a * bb) % 64 < 2 * bb)
+      for (int j = 0; j < R; ++j) prefetch_ahead(wr + j * rb + a * bb);
+    for (int j = 0; j < R; ++j) {
+      const uint8_t* ba = wr + j * rb + a * bb;
+      const uint8_t* bl = b < nb ? ba + bb : kZeroBlock;
+      wq[j] = T == kQ8_0 ? q8_0_chunk(ba, bl) : q5_0_chunk(ba, bl);
+      d[j] = pair_lanes<kLanesOf<T>>(ba, bl);
     }
+    multiply(p, wq, d);
   }
   for (int j = 0; j < R; ++j)
     for (int m = 0; m < M; ++m) y[m * n + r + j] = _mm512_reduce_add_ps(acc[j][m]);

@@ -23,9 +23,24 @@ enum GgmlType : int {
   kF8E4M3 = 200,
 };
 
-// Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants with 1-4 activation rows multiply activations rounded to int8
-// per 32-value block (llama.cpp's q8_0 / q8_1 arithmetic, vpdpbusd; on by default), or, off (and
-// at 5-8 rows, and for FP8), the blocks unpacked to bf16 against bf16 activations (the
+// A block's bytes and values: 32 values for the simple types, 256 (8 sub-blocks) for the
+// K-quants. The one table every kernel (ggml_gemv.cpp, ggml_q4_groups.h, ggml_k_quants.h) reads.
+template <int T>
+constexpr int64_t kBlockBytes = T == kQ4_0   ? 18
+                                 : T == kQ4_1 ? 20
+                                 : T == kQ5_0 ? 22
+                                 : T == kQ8_0 ? 34
+                                 : T == kF8E4M3 ? 36
+                                 : T == kQ4_K ? 144
+                                 : T == kQ5_K ? 176
+                                              : 210;
+template <int T>
+constexpr int64_t kBlockValues = T == kQ4_K || T == kQ5_K || T == kQ6_K ? 256 : 32;
+
+// Q4_0, Q4_1, Q5_0, Q8_0 with 1-4 activation rows multiply activations rounded to int8 per
+// 32-value block (llama.cpp's q8_0 / q8_1 arithmetic, vpdpbusd), the K-quants with 1-8 rows
+// activations rounded per 256 values (q8_K, vpmaddubsw / vpdpwssd); on by default. Off (and at 5-8
+// rows of the others, and for FP8): the blocks unpacked to bf16 against bf16 activations (the
 // dequantized model's arithmetic).
 // Process-wide (TACIT_GGML_BF16_ACTIVATIONS=1 turns it off at load); tests compare the two.
 void set_ggml_int8_activations(bool on);

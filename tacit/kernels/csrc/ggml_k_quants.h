@@ -35,9 +35,6 @@
 
 namespace tacit::k_quants {
 
-template <int T>
-constexpr int64_t kBlockBytes = T == kQ4_K ? 144 : T == kQ5_K ? 176 : 210;
-
 // Where the activations' 32-value pieces lie in a super-block's four 64-byte vectors: vector v holds
 // pieces kPieceAt[2v] (bytes 0-31) and kPieceAt[2v + 1] (32-63). Q4_K/Q5_K keep each 64 values'
 // codes as 32 bytes (low nibbles pieces 2c, high 2c + 1), so one 64-byte load of chunks c and c + 1
@@ -204,9 +201,8 @@ inline void super_row(const uint8_t* w, const SuperRows& xq, float* y, int64_t n
       offset[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(terms), _mm512_set1_ps(u.offset_d * dx), offset[i]);
     }
   }
-  for (int i = 0; i < M; ++i) {
-    y[i * n + r] = _mm512_reduce_add_ps(acc[i]) - _mm512_reduce_add_ps(offset[i]);
-  }
+  // The min / offset term folded in before the one reduction a row.
+  for (int i = 0; i < M; ++i) y[i * n + r] = _mm512_reduce_add_ps(_mm512_sub_ps(acc[i], offset[i]));
 }
 
 // Rows [begin, end) of w x M activation rows (k a multiple of 256), on the calling thread.

@@ -25,16 +25,16 @@
 #include <cstdint>
 #include <vector>
 
+#include "ggml_gemv.h"
 #include "ggml_int8_activations.h"
 #include "ggml_prefetch.h"
 
 namespace tacit::q4_groups {
 
-// T is the GGML type id: 2 (Q4_0: fp16 d, 16 code bytes; d * (q - 8)) or 3 (Q4_1: d, m, codes; d * q + m).
+// T is kQ4_0 (fp16 d, 16 code bytes; d * (q - 8)) or kQ4_1 (d, m, codes;
+// d * q + m); their block sizes are ggml_gemv.h's kBlockBytes.
 template <int T>
-constexpr int64_t kBlockBytes = T == 3 ? 20 : 18;
-template <int T>
-constexpr int kCodesAt = T == 3 ? 4 : 2;
+constexpr int kCodesAt = T == kQ4_1 ? 4 : 2;
 
 // Activation rows rounded to int8 per 32-value block (ggml_int8_activations.h), laid out
 // for the groups: group g's 128 bytes hold block 4g+s's values 0-15 at 16s and 16-31 at 64 + 16s.
@@ -71,7 +71,7 @@ inline GroupRows quantize_for_groups(const uint16_t* x, int m, int64_t k) {
       const __m512i lanes = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones,
                                                                     _mm512_loadu_si512(q.data() + g * 128)),
                                                 ones, _mm512_loadu_si512(q.data() + g * 128 + 64));
-      if constexpr (T == 3)
+      if constexpr (T == kQ4_1)
         _mm512_storeu_ps(sum.data() + g * 16, _mm512_mul_ps(_mm512_loadu_ps(scale.data() + g * 16), _mm512_cvtepi32_ps(lanes)));
       else
         start[g] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(lanes, 3));
@@ -107,7 +107,7 @@ inline void group_row(const uint8_t* w, const GroupRows& xq, float* y, int64_t n
   const int64_t nb = k / 32, rb = nb * bb;
   // Per int32 lane l: the word of block l/4's d (lanes' words 0-15) and of its m (16-31).
   const __m512i scale_words =
-      T == 3 ? _mm512_set_epi16(31, 31, 31, 31, 21, 21, 21, 21, 11, 11, 11, 11, 1, 1, 1, 1,  //
+      T == kQ4_1 ? _mm512_set_epi16(31, 31, 31, 31, 21, 21, 21, 21, 11, 11, 11, 11, 1, 1, 1, 1,  //
                                 30, 30, 30, 30, 20, 20, 20, 20, 10, 10, 10, 10, 0, 0, 0, 0)
              : _mm512_set_epi16(27, 27, 27, 27, 18, 18, 18, 18, 9, 9, 9, 9, 0, 0, 0, 0,  //
                                 27, 27, 27, 27, 18, 18, 18, 18, 9, 9, 9, 9, 0, 0, 0, 0);
@@ -132,14 +132,14 @@ inline void group_row(const uint8_t* w, const GroupRows& xq, float* y, int64_t n
     const __m512i words = _mm512_permutexvar_epi16(scale_words, head);
     const __m512 d = _mm512_cvtph_ps(_mm512_castsi512_si256(words));
     __m512 mn;
-    if constexpr (T == 3) mn = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(words, 1));
+    if constexpr (T == kQ4_1) mn = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(words, 1));
     for (int m = 0; m < M; ++m) {
       const int64_t at = m * xq.groups + g;
-      const __m512i begin = T == 3 ? _mm512_setzero_si512() : xq.start[at];
+      const __m512i begin = T == kQ4_1 ? _mm512_setzero_si512() : xq.start[at];
       const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(begin, lo, _mm512_loadu_si512(xq.q + at * 128)), hi,
                                               _mm512_loadu_si512(xq.q + at * 128 + 64));
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_loadu_ps(xq.scale + at * 16)), acc[m]);
-      if constexpr (T == 3) acc[m] = _mm512_fmadd_ps(mn, _mm512_loadu_ps(xq.sum + at * 16), acc[m]);
+      if constexpr (T == kQ4_1) acc[m] = _mm512_fmadd_ps(mn, _mm512_loadu_ps(xq.sum + at * 16), acc[m]);
     }
   }
   for (int m = 0; m < M; ++m) y[m * n + r] = _mm512_reduce_add_ps(acc[m]);
