@@ -5,6 +5,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from near_ties import save_bf16_valued  # noqa: E402
 from tiny_models import build_hf_model  # noqa: E402
 
 
@@ -18,6 +19,22 @@ def tiny_model_factory(tmp_path_factory):
             path = tmp_path_factory.mktemp(arch)
             model, tok = build_hf_model(arch, path)
             cache[arch] = (model, tok, path)
+        return cache[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_bf16_valued_model_factory(tmp_path_factory):
+    """Each tiny architecture with its weights rounded to bf16 (see near_ties.save_bf16_valued),
+    built once per session: (hf_model, tokenizer, path)."""
+    cache: dict = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            path = tmp_path_factory.mktemp(f"{arch}_bf16_valued")
+            model, tok = build_hf_model(arch, path)
+            cache[arch] = (model, tok, save_bf16_valued(model, path))
         return cache[arch]
 
     return get

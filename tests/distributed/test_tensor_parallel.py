@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from near_ties import assert_same_up_to_near_ties
+from near_ties import assert_bf16_runs_agree
 
 from tacit import LLM, SamplingParams
 from tacit.distributed.shm_communicator import ShmCommunicator
@@ -240,13 +240,12 @@ def test_sizes_that_do_not_divide_are_refused(tiny_llama, tiny_model_factory):
         ("deepseek_v3_qlora", True),
     ],
 )
-def test_tp2_fused_decode_step_all_reduces_in_cpp(tiny_model_factory, arch, expert_parallel):
+def test_tp2_fused_decode_step_all_reduces_in_cpp(tiny_bf16_valued_model_factory, arch, expert_parallel):
     """bf16: each rank's decode steps run in the C++ decoder, which calls the shared-memory
     all-reduce itself after o_proj and the MLP or MoE layer (float32 partial sums: only the
-    order of the sums differs from one rank's). DeepSeek in its q-LoRA shape: the plain-q tiny
-    shape at EP=2 meets a router near-tie in one step of one prompt (one logprob 0.63 off for
-    that step, the tokens unchanged; see test_kv_int8's note on this model's routing)."""
-    model, _, path = tiny_model_factory(arch)
+    order of the sums differs from one rank's), so the two runs agree within the bound
+    near_ties derives from the reference's own distance to float32 arithmetic."""
+    model, _, path = tiny_bf16_valued_model_factory(arch)
     prompts = prompts_for(model.config.vocab_size)
     ref = LLM(str(path), dtype="bfloat16").generate(prompts, GREEDY)
     llm = LLM(str(path), dtype="bfloat16", tensor_parallel_size=2, expert_parallel=expert_parallel)
@@ -257,7 +256,7 @@ def test_tp2_fused_decode_step_all_reduces_in_cpp(tiny_model_factory, arch, expe
         comm = llm.engine.runner.communication_seconds()
     finally:
         llm.engine.shutdown()
-    assert_same_up_to_near_ties(ref, got)
+    assert_bf16_runs_agree(LLM(str(path), dtype="float32"), prompts, ref, got)
     # The C++ step's all-reduces per layer, after attention and after the MLP / MoE.
     for i in range(model.config.num_hidden_layers):
         assert comm[f"fused.layers.{i}.self_attn"] > 0 and comm[f"fused.layers.{i}.mlp"] > 0
