@@ -6,6 +6,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from near_ties import save_bf16_valued  # noqa: E402
+
 from tiny_models import build_hf_model  # noqa: E402
 
 
