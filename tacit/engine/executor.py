@@ -79,6 +79,14 @@ class MultiProcExecutor(Executor):
         self._closed = False
         self._init_file: str | None = None
         self.world_size = world_size
+        if dist.is_initialized():
+            # torch.distributed has one default process group a process, and every collective
+            # here runs on it: a second engine would fail in torch with "trying to initialize
+            # the default process group twice". Refused before anything starts.
+            raise RuntimeError(
+                "a tensor-parallel engine already runs in this process (torch.distributed's process group is "
+                "initialised); call llm.shutdown() on it (or drop its last reference) before building another"
+            )
         launched = torchrun_rank()
         # Rank 0's device, and the refusal of too few devices before any worker starts.
         platform.bind_local_rank(*((0, world_size) if launched is None else launched[2:]))
@@ -179,10 +187,13 @@ class MultiProcExecutor(Executor):
                 self.channel.send(STOP)
             except (OSError, RuntimeError):
                 pass
+        formed = dist.is_initialized()
         for p in self.procs:
-            p.join(timeout=5.0)
+            # Before the process group formed a worker never reads the channel: no STOP to wait for.
+            p.join(timeout=5.0 if formed else 0.0)
             if p.is_alive():
                 p.kill()
+                p.join(timeout=5.0)
         if dist.is_initialized():
             dist.destroy_process_group()
         if self._init_file is not None and os.path.exists(self._init_file):

@@ -63,7 +63,20 @@ class LLMEngine:
         # group, so the next tensor-parallel engine in this process can form its own (it once
         # failed: "trying to initialize the default process group twice").
         weakref.finalize(self, self.executor.shutdown)
-        self.runner: ModelRunner = self.executor.runner
+        try:  # a failure past this point stops the workers now, not whenever self is collected
+            self._set_up_around(self.executor.runner, model_cfg, block_size, swap_space, scheduling_policy)
+        except BaseException:
+            self.executor.shutdown()
+            raise
+        # Called between the decoder layers of each step; the online engine sets it to take new
+        # requests in and run cut_in_step() (AsyncLLMEngine._between_layers). None offline.
+        self.between_layers: Callable[[], None] | None = None
+
+    def _set_up_around(
+        self, runner: ModelRunner, model_cfg, block_size: int, swap_space: float, scheduling_policy
+    ) -> None:
+        """The scheduler, KV manager and processors around the executor's runner."""
+        self.runner: ModelRunner = runner
         self.model = self.runner.model
         if self.runner.config.model.max_model_len != model_cfg.max_model_len:
             logger.info(
@@ -114,9 +127,6 @@ class LLMEngine:
         self.num_steps = 0
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
-        # Called between the decoder layers of each step; the online engine sets it to take new
-        # requests in and run cut_in_step() (AsyncLLMEngine._between_layers). None offline.
-        self.between_layers: Callable[[], None] | None = None
 
     # ---- requests -------------------------------------------------------------------------
 

@@ -169,8 +169,16 @@ class ModelRunner:
 
     def _num_blocks(self, free_memory: int) -> int:
         cache = self.config.cache
+        fits = free_memory // self.bytes_per_block
         if cache.num_kv_blocks is not None:
+            if cache.num_kv_blocks > fits:  # refused here, not by the allocator's out-of-memory error
+                raise ValueError(
+                    f"num_kv_blocks={cache.num_kv_blocks} needs {cache.num_kv_blocks * self.bytes_per_block} bytes of "
+                    f"KV cache ({self.bytes_per_block} a block); {free_memory} bytes are free, room for at most {fits}"
+                )
             return cache.num_kv_blocks
+        if cache.kv_cache_memory is not None and cache.kv_cache_memory > free_memory:
+            raise ValueError(f"kv_cache_memory={cache.kv_cache_memory} bytes is more than the {free_memory} bytes free")
         budget = cache.kv_cache_memory or min(_DEFAULT_KV_BUDGET, free_memory // 2)
         num = budget // self.bytes_per_block
         # No point holding more than max_num_seqs full-length sequences.

@@ -32,6 +32,11 @@ class LLM:
             raise ValueError("pass LLM either engine_args or a model, recipe and keywords, not both")
         self.engine = LLMEngine(engine_args=engine_args)
 
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers and leave the process group, so another
+        tensor-parallel LLM can be built in this process (dropping the last reference does too)."""
+        self.engine.shutdown()
+
     def get_tokenizer(self):
         return self.engine.tokenizer
 
