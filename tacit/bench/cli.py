@@ -10,11 +10,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tacit.bench.peers.process_peer import DEFAULT_TIMEOUT_S, ProcessPeer
 from tacit.bench.scenario import SCENARIOS
 from tacit.bench.workloads import DISTRIBUTIONS
 from tacit.engine.arg_utils import EngineArgs
 
 PEERS = ["transformers", "llama.cpp"]
+# Further peers by name -> 'module:Class' built with (model path, dtype); tests stand one in here.
+PEER_FACTORIES: dict[str, str] = {}
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,8 +31,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     lat.add_argument("--batch-sizes", default="1,4,16")
     lat.add_argument("--input-len", type=int, default=128)
     lat.add_argument("--output-len", type=int, default=64)
-    lat.add_argument("--peer", action="append", default=[], choices=PEERS, help="measure a peer in the same run")
+    lat.add_argument("--peer", action="append", default=[], help=f"measure a peer in the same run: {', '.join(PEERS)}")
     lat.add_argument("--repeats", type=int, default=2)
+    lat.add_argument(
+        "--peer-timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds a peer may take per measurement"
+    )
     lat.add_argument("--json", default=None)
     lat.add_argument("--plot", default=None, help="PNG: decode tok/s against batch size")
     lat.set_defaults(func=cmd_latency)
@@ -59,8 +65,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     tp.add_argument("--dist", default="longtail", choices=DISTRIBUTIONS)
     tp.add_argument("--input-len", type=int, default=128, help="median (longtail) or mean input length")
     tp.add_argument("--output-len", type=int, default=64)
-    tp.add_argument("--peer", action="append", default=[], choices=PEERS + ["transformers-cb"])
+    tp.add_argument("--peer", action="append", default=[], help=f"{', '.join(PEERS)} or transformers-cb")
     tp.add_argument("--static-batch", type=int, default=16, help="transformers generate() batch size")
+    tp.add_argument(
+        "--peer-timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds a peer may take per measurement"
+    )
     tp.add_argument("--repeats", type=int, default=1)
     tp.add_argument("--json", default=None)
     tp.add_argument("--plot", default=None, help="PNG: output tok/s per engine")
@@ -179,6 +188,14 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _check_peers(peers: list[str]) -> None:
+    """Refuse an unknown --peer before anything is measured or loaded."""
+    known = PEERS + ["transformers-cb"] + list(PEER_FACTORIES)
+    unknown = [p for p in peers if p not in known]
+    if unknown:
+        raise ValueError(f"--peer {unknown[0]!r} is not a peer tacit knows; one of: {', '.join(known)}")
+
+
 def _setup(args: argparse.Namespace, peers: list[str]) -> tuple[Any, list[Any], dict[str, float]]:
     """tacit's engine plus the peers, all on the same weights and dtype. A GGUF that tacit keeps
     in its GGML blocks (--quantization) goes to llama.cpp as it is, so both read the quantized
@@ -207,12 +224,12 @@ def _setup(args: argparse.Namespace, peers: list[str]) -> tuple[Any, list[Any], 
     for peer in peers:
         _log(f"loading peer {peer} ...")
         if peer in ("transformers", "transformers-cb"):
-            from tacit.bench.peers.transformers_peer import TransformersBench, TransformersContinuousBench
-
-            cls = TransformersBench if peer == "transformers" else TransformersContinuousBench
-            engines.append(cls(path, dtype, getattr(args, "static_batch", 16)))
+            cls = "TransformersBench" if peer == "transformers" else "TransformersContinuousBench"
+            factory, peer_args = (
+                f"tacit.bench.peers.transformers_peer:{cls}",
+                (path, dtype, getattr(args, "static_batch", 16)),
+            )
         elif peer == "llama.cpp":
-            from tacit.bench.peers.llamacpp_peer import LlamaCppBench
             from tacit.layers.ggml_linear_method import GGMLLinearMethod
             from tacit.layers.moe import FusedMoE
 
@@ -228,7 +245,12 @@ def _setup(args: argparse.Namespace, peers: list[str]) -> tuple[Any, list[Any], 
                     "llama.cpp cannot read and tacit does not export; compare with --peer llama.cpp on a GGUF of "
                     "the same model (e.g. Q8_0), or drop the peer"
                 )
-            engines.append(LlamaCppBench(path if native else _gguf_for_llamacpp(path, dtype), engine.max_model_len))
+            gguf = path if native else _gguf_for_llamacpp(path, dtype)
+            factory, peer_args = "tacit.bench.peers.llamacpp_peer:LlamaCppBench", (gguf, engine.max_model_len)
+        else:
+            factory, peer_args = PEER_FACTORIES[peer], (path, dtype)
+        # Each peer in its own process: one that crashes or hangs loses only its own rows.
+        engines.append(ProcessPeer(peer, factory, peer_args, args.peer_timeout))
     torch.manual_seed(0)
     return engine, engines, load
 
@@ -255,6 +277,23 @@ def _write(args, payload: dict) -> None:
         _log(f"wrote {args.json}")
 
 
+def _report_failed_peers(engines: list) -> dict[str, dict[str, str]]:
+    """Print each peer that crashed or hung (its rows are missing); {'failed_peers': {name: why}}."""
+    failed = {e.name: e.failure for e in engines if getattr(e, "failure", None)}
+    for name, why in failed.items():
+        print(f"peer {name} failed: {why}; its results are missing, the others stand")
+        if name == "llama.cpp" and "SIGSEGV" in why:
+            print(
+                "  llama-cpp-python's native build crashes on some CPUs that advertise AMX: README, 'Benchmarks', "
+                "says how to rebuild it without AMX"
+            )
+    for e in engines:
+        close = getattr(e, "close", None)
+        if close is not None:
+            close()
+    return {"failed_peers": failed} if failed else {}
+
+
 def _print_ratios(r: dict[str, float]) -> None:
     for k, v in r.items():
         print(f"  {k}: {v:.2f}x")
@@ -264,6 +303,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
     from tacit.bench import latency
     from tacit.bench.hw import peak_read_bandwidth
 
+    _check_peers(args.peer)
     _log("measuring read bandwidth ...")
     bw = peak_read_bandwidth() / 1e9
     engine, engines, load = _setup(args, args.peer)
@@ -290,11 +330,12 @@ def cmd_latency(args: argparse.Namespace) -> int:
     print(_table(rows))
     r = latency.ratios(rows, "decode_tok_s", "batch_size")
     _print_ratios(r)
+    failed = _report_failed_peers(engines)
     experts = {}
     if engine.runner.expert_cache is not None:  # --expert-cache-memory: the whole run's counters
         experts = engine.runner.expert_cache.stats.as_dict()
         print("streamed experts: " + ", ".join(f"{k.removeprefix('expert_')} {v:.3g}" for k, v in experts.items()))
-    _write(args, {"read_GBps": bw, "weight_bytes": wbytes, **load, "rows": rows, "ratios": r, **experts})
+    _write(args, {"read_GBps": bw, "weight_bytes": wbytes, **load, "rows": rows, "ratios": r, **experts, **failed})
     if args.plot:
         from tacit.bench.plot import plot_lines
 
@@ -305,6 +346,7 @@ def cmd_latency(args: argparse.Namespace) -> int:
 def cmd_throughput(args: argparse.Namespace) -> int:
     from tacit.bench import throughput
 
+    _check_peers(args.peer)
     engine, engines, _ = _setup(args, args.peer)
     rows = throughput.run(
         engines,
@@ -321,7 +363,8 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     print(_table(rows))
     r = {f"tacit/{row['engine']}": rows[0]["output_tok_s"] / row["output_tok_s"] for row in rows[1:]}
     _print_ratios(r)
-    _write(args, {"rows": rows, "ratios": r})
+    failed = _report_failed_peers(engines)
+    _write(args, {"rows": rows, "ratios": r, **failed})
     if args.plot:
         from tacit.bench.plot import plot_bars
 

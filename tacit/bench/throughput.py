@@ -24,6 +24,8 @@ def run(
     for r in range(repeats):
         for e in engines:
             res = e.throughput(requests)
+            if res is None:  # a peer that crashed or hung: reported by the caller
+                continue
             progress(f"  round {r + 1}: {e.name} {res['output_tok_s']:.1f} output tok/s")
             if e.name not in best or res["output_tok_s"] > best[e.name]["output_tok_s"]:
                 best[e.name] = res
