@@ -52,6 +52,9 @@ class CompletionServing:
         ctx = self.ctx
         ctx.check_model(req.model)
         params = ctx.sampling_params(req.to_sampling_params)
+        for p in req.prompts():
+            if isinstance(p, str):
+                ctx.refuse_surely_too_long([p], "prompt")
         # Off the event loop: a long prompt took 9 s to tokenize and stalled every stream.
         prompts = await asyncio.to_thread(
             lambda: [ctx.tokenizer.encode(p) if isinstance(p, str) else p for p in req.prompts()]

@@ -37,7 +37,7 @@ class ResponsesServing:
         ctx = self.ctx
         ctx.check_model(req.model)
         params = ctx.sampling_params(req.to_sampling_params)
-        ids = await ctx.encode_chat(req.messages())
+        ids = await ctx.encode_chat(req.messages(), field="input")
         ctx.check_length(len(ids), req.max_output_tokens)
         response_id = random_id("resp")
         (stream,) = await ctx.submit([ids], params, response_id, 0, "text.format.schema")
