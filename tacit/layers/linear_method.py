@@ -17,6 +17,18 @@ from torch import nn
 from tacit.registry import Registry
 
 _SKINNY_ROWS = 32
+# Row counts a prefill GEMM is padded to: eight sizes an octave (33-64 rows in steps of 4, 65-128
+# in steps of 8, ...), so at most 12.5% more rows. oneDNN keeps native memory for every GEMM
+# shape it has met, and a prefill step's shape is its token count: unpadded, a server meets up
+# to max_num_batched_tokens of them and its RSS kept rising over a soak (2957 -> 3269 MB idle in
+# 8.5 minutes); padded, at most 8 x log2(max_num_batched_tokens / 32) per weight, 48 at 2048.
+_BUCKETS_PER_OCTAVE_LOG2 = 3
+
+
+def prefill_rows_bucket(rows: int) -> int:
+    """rows rounded up to the next of the bounded set of GEMM row counts (see above)."""
+    step = 1 << max(0, (rows - 1).bit_length() - 1 - _BUCKETS_PER_OCTAVE_LOG2)
+    return -(-rows // step) * step
 
 
 class LinearMethod(ABC):
@@ -99,5 +111,8 @@ def dense_matmul(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | Non
     elif rows <= _SKINNY_ROWS:
         out = torch.mm(weight, x.t()).t().contiguous()
     else:
-        return F.linear(x, weight, bias)
+        padded = prefill_rows_bucket(rows) if x.dim() == 2 else rows
+        if padded == rows:
+            return F.linear(x, weight, bias)
+        return F.linear(F.pad(x, (0, 0, 0, padded - rows)), weight, bias)[:rows]
     return out + bias if bias is not None else out
