@@ -17,12 +17,14 @@ from torch import nn
 from tacit.registry import Registry
 
 _SKINNY_ROWS = 32
-# Row counts a prefill GEMM is padded to: eight sizes an octave (33-64 rows in steps of 4, 65-128
-# in steps of 8, ...), so at most 12.5% more rows. oneDNN keeps native memory for every GEMM
-# shape it has met, and a prefill step's shape is its token count: unpadded, a server meets up
-# to max_num_batched_tokens of them and its RSS kept rising over a soak (2957 -> 3269 MB idle in
-# 8.5 minutes); padded, at most 8 x log2(max_num_batched_tokens / 32) per weight, 48 at 2048.
-_BUCKETS_PER_OCTAVE_LOG2 = 3
+# Row counts a prefill GEMM is padded to: sixteen sizes an octave (33-64 rows in steps of 2,
+# 65-128 in steps of 4, ..., 1025-2048 in steps of 64), so at most 6.25% more rows. oneDNN keeps
+# native memory for every GEMM shape it has met, and a prefill step's shape is its token count:
+# unpadded, a server meets up to max_num_batched_tokens of them and its RSS rose 549 MB in an
+# 8-minute soak (scripts/soak.py); padded to 8 sizes an octave, 113 MB. Eight cost up to 10% on
+# a 129-token prefill (-> 144 rows), sixteen ~2% (-> 136): scripts/prefill_padding_speed.py.
+# At most 16 x log2(max_num_batched_tokens / 32) shapes per weight: 96 at 2048.
+_BUCKETS_PER_OCTAVE_LOG2 = 4
 
 
 def prefill_rows_bucket(rows: int) -> int:
