@@ -21,8 +21,8 @@ def quantize(model: str, types: list[str]) -> list[Path]:
     import llama_cpp
 
     from tacit.bench.random_model import resolve_bench_model
-    from tacit.loader.default_model import cache_dir
     from tacit.loader.gguf_writer import export_hf_to_gguf
+    from tacit.paths import cache_dir
 
     hf_dir = Path(resolve_bench_model(model))
     bf16 = cache_dir() / f"{hf_dir.name}.bf16.gguf"

@@ -19,8 +19,8 @@ import time
 import numpy as np
 import torch
 
-from tacit.bench.hw import peak_read_bandwidth
 from tacit.kernels.cpu_kernels import load_cpu_kernels
+from tacit.platforms.hw_probe import peak_read_bandwidth
 
 RANK, ROPE, BLOCK = 512, 64, 16
 

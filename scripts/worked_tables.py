@@ -13,7 +13,7 @@ from tacit.perf_model.memory import kv_bytes_per_token
 from tacit.perf_model.model_shape import ModelShape, load_hf_config, recipe_config_names, shape_from_hf
 from tacit.perf_model.operators import Parallel, StepShape, step_ops
 from tacit.perf_model.predict import Workload, predict
-from tacit.platforms.specs import get_hardware_spec, hardware_names
+from tacit.platforms.hardware_table import get_hardware_spec, hardware_names
 
 DEVICES = [n for n in hardware_names() if n != "this-cpu"]  # this-cpu would run a benchmark
 

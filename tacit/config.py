@@ -10,7 +10,6 @@ import torch
 from tacit.kernels.kv_quant import parse_kv_cache_dtype
 from tacit.kernels.weight_quant import GROUP_SIZES
 from tacit.model_config_checks import check_architecture_numbers
-from tacit.scheduling.policy import POLICIES  # the package import registers every policy
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -214,6 +213,9 @@ class ParallelConfig:
     # instead of copied on every rank; the MLPs stay split and run on all ranks' tokens, gathered
     # (layers/data_parallel.py).
     data_parallel_attention: bool = False
+    # The Communicator the ranks' collectives run on: "auto" (the platform's default) or a name
+    # in distributed/communicator.py's registry (checked by EngineArgs, which sees the registry).
+    communicator: str = "auto"
 
     def __post_init__(self) -> None:
         n = self.tensor_parallel_size
@@ -311,8 +313,6 @@ class SchedulerConfig:
     cut_in_prefill_tokens: int = DEFAULT_CUT_IN_PREFILL_TOKENS
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"scheduling_policy={self.policy!r} is not known; valid: {', '.join(POLICIES)}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_long_partial_prefills"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:

@@ -12,21 +12,18 @@ section and key (tacit/engine/arg_utils.py):
 
 Whatever the caller passes explicitly (a `tacit serve` flag, an LLM(...) keyword) wins over the
 recipe, and the recipe wins over the engine's defaults, as a vLLM `--config` file does
-(EngineArgs.from_kwargs).
+(EngineArgs.from_kwargs). This module only reads the YAML; the sections and the check come from
+EngineArgs (engine/arg_utils.py: load_recipe), which sits above it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
-from tacit.engine.arg_utils import EngineArgs
-
-# section -> {YAML key: EngineArgs field}
-SECTIONS: dict[str, dict[str, str]] = EngineArgs.recipe_sections()
 INFO_KEYS = ("name", "description", "hardware")
 RECIPE_FILE = "recipe.yaml"
 
@@ -39,8 +36,12 @@ class Recipe:
     engine_args: dict[str, Any]
 
 
-def load_recipe(path: str | Path) -> Recipe:
-    """Read and check a recipe file (or a folder holding recipe.yaml)."""
+def read_recipe(
+    path: str | Path, sections: dict[str, dict[str, str]], check: Callable[[dict[str, Any]], None]
+) -> Recipe:
+    """Read a recipe file (or a folder holding recipe.yaml): sections is {section: {YAML key:
+    EngineArgs field}}; check(settings) raises TypeError / ValueError for settings the engine
+    refuses, reported here naming the file."""
     p = Path(path).expanduser()
     if p.is_dir():
         p = p / RECIPE_FILE
@@ -54,18 +55,18 @@ def load_recipe(path: str | Path) -> Recipe:
     except yaml.YAMLError as e:
         raise ValueError(f"recipe {p}: not valid YAML ({e})") from None
     if not isinstance(doc, dict):
-        raise ValueError(f"recipe {p}: must be a mapping of sections ({', '.join(SECTIONS)}), got {type(doc).__name__}")
+        raise ValueError(f"recipe {p}: must be a mapping of sections ({', '.join(sections)}), got {type(doc).__name__}")
     args: dict[str, Any] = {}
     for section, body in doc.items():
         if section in INFO_KEYS:
             continue
-        if section not in SECTIONS:
-            raise ValueError(f"recipe {p}: unknown section {section!r}; valid: {', '.join([*SECTIONS, *INFO_KEYS])}")
+        if section not in sections:
+            raise ValueError(f"recipe {p}: unknown section {section!r}; valid: {', '.join([*sections, *INFO_KEYS])}")
         if body is None:
             continue
         if not isinstance(body, dict):
             raise ValueError(f"recipe {p}: section {section!r} must be a mapping of settings, got {body!r}")
-        keys = SECTIONS[section]
+        keys = sections[section]
         for key, value in body.items():
             if key not in keys:
                 raise ValueError(f"recipe {p}: unknown key {section}.{key}; valid in {section!r}: {', '.join(keys)}")
@@ -74,19 +75,13 @@ def load_recipe(path: str | Path) -> Recipe:
         # A relative model path means next to the recipe, so a recipe folder can ship its model.
         model = Path(args["model"]).expanduser()
         args["model"] = str(model if model.is_absolute() else (p.parent / model).resolve())
-    _check(p, args)
+    try:
+        check(args)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"recipe {p}: {e}") from None
     return Recipe(
         path=p,
         name=str(doc.get("name") or p.parent.name),
         description=str(doc.get("description") or ""),
         engine_args=args,
     )
-
-
-def _check(path: Path, args: dict[str, Any]) -> None:
-    """Fail on load, naming the file, rather than deep inside engine start-up: the engine's own
-    checks (EngineArgs.check builds the configs), run on the recipe's settings alone."""
-    try:
-        EngineArgs(**args).check()
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"recipe {path}: {e}") from None

@@ -220,3 +220,144 @@ def test_relative_imports_resolve_from_packages_and_modules():
     assert tacit_imports(pkg, known) == [(1, "tacit.scheduling.policy"), (2, "tacit.engine")]
     assert tacit_imports(mod, known) == [(1, "tacit.scheduling.request"), (2, "tacit.models.llama")]
     assert {(v.line, v.imported) for v in check([pkg, mod])} == {(2, "tacit.engine"), (2, "tacit.models.llama")}
+
+
+# Every module's tier, bottom to top: a module imports its own tier and those below, never one
+# above (RULES above add the bans inside a tier). The public face (`tacit`, tacit/__init__.py)
+# and the command line sit on top.
+# fmt: off
+TIERS: list[tuple[str, ...]] = [
+    ("tacit.paths", "tacit.registry", "tacit.chat_content", "tacit.sampling_params", "tacit.outputs",
+     "tacit.model_config_checks", "tacit.recipe"),
+    ("tacit.kernels",),
+    ("tacit.platforms", "tacit.distributed", "tacit.forward_context", "tacit.tokenizer"),
+    ("tacit.config", "tacit.loader"),
+    ("tacit.memory", "tacit.structured_output"),
+    ("tacit.layers", "tacit.scheduling"),
+    ("tacit.models",),
+    ("tacit.engine",),
+    ("tacit.entrypoints", "tacit.bench", "tacit.eval", "tacit.perf_model", "tacit.profiler"),
+    ("tacit.cli", "tacit"),
+]
+# fmt: on
+PUBLIC_FACE = "tacit"
+
+
+def tier_of(module: str) -> int | None:
+    """The tier of the longest prefix of `module` that TIERS names."""
+    best: tuple[int, int] | None = None
+    for i, prefixes in enumerate(TIERS):
+        for p in prefixes:
+            if _within(module, p) and (best is None or len(p) > best[1]):
+                best = (i, len(p))
+    return None if best is None else best[0]
+
+
+def _module_of(name: str, known: dict[str, Module]) -> str:
+    """`tacit.x.Name` -> the module tacit.x that defines it."""
+    while name not in known and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def import_graph(modules: list[Module]) -> dict[str, dict[str, int]]:
+    """{module: {imported module: first line}} over every import anywhere in each module."""
+    known = {m.name: m for m in modules}
+    graph: dict[str, dict[str, int]] = {}
+    for m in modules:
+        edges = graph.setdefault(m.name, {})
+        for line, imported in tacit_imports(m, known):
+            target = _module_of(imported, known)
+            if target != m.name:
+                edges.setdefault(target, line)
+    return graph
+
+
+def upward_imports(modules: list[Module]) -> list[str]:
+    known = {m.name: m for m in modules}
+    graph = import_graph(modules)
+    found = []
+    for m in modules:
+        mine = tier_of(m.name)
+        if mine is None:
+            found.append(f"{m.path}: in no tier of TIERS (place its package there)")
+            continue
+        for target, line in graph[m.name].items():
+            theirs = tier_of(target)
+            if target in known and theirs is not None and theirs > mine:
+                found.append(f"{m.path}:{line} -> {target} (tier {mine} imports tier {theirs})")
+    return found
+
+
+def import_cycles(modules: list[Module], excepted: str = PUBLIC_FACE) -> list[list[str]]:
+    """Every strongly connected set of more than one module (Tarjan, iteratively), the public
+    face excepted: its names are bound lazily, on first use."""
+    graph = {
+        k: [t for t in v if t != excepted and t in {m.name for m in modules}]
+        for k, v in import_graph(modules).items()
+        if k != excepted
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(graph[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(graph.get(child, []))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                members = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    members.append(top)
+                    if top == node:
+                        break
+                if len(members) > 1:
+                    cycles.append(sorted(members))
+    return cycles
+
+
+def test_no_import_cycle_anywhere():
+    cycles = import_cycles(walk_package())
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_no_module_imports_from_a_tier_above_it():
+    found = upward_imports(walk_package())
+    assert not found, f"{len(found)} upward import(s):\n" + "\n".join(found)
+
+
+def test_cycle_and_tier_checks_report_what_they_should():
+    """Negative controls: a cycle hidden behind a function-level import, and a kernel importing
+    the engine."""
+    modules = [
+        _synthetic("tacit.config", "from tacit.scheduling.policy import POLICIES\n"),
+        _synthetic("tacit.scheduling.policy", "def f():\n    from tacit.config import SchedulerConfig\n"),
+        _synthetic("tacit.kernels.fake", "from tacit.engine.llm_engine import LLMEngine\n"),
+        _synthetic("tacit.engine.llm_engine", "class LLMEngine: ...\n"),
+    ]
+    assert import_cycles(modules) == [["tacit.config", "tacit.scheduling.policy"]]
+    assert upward_imports(modules) == [
+        "tacit/config.py:1 -> tacit.scheduling.policy (tier 3 imports tier 5)",
+        "tacit/kernels/fake.py:1 -> tacit.engine.llm_engine (tier 1 imports tier 7)",
+    ]

@@ -130,7 +130,7 @@ def _table(rows: list[dict]) -> str:
 
 
 def cmd_hw(args: argparse.Namespace) -> int:
-    from tacit.bench.hw import measure
+    from tacit.platforms.hw_probe import measure
 
     result = measure()
     print(_table([result]))
@@ -259,8 +259,8 @@ def _gguf_for_llamacpp(path: Path, dtype) -> Path:
     """The weights tacit runs, as a GGUF in tacit's dtype (a Q4_1 source would read 4x fewer bytes)."""
     import torch
 
-    from tacit.loader.default_model import cache_dir
     from tacit.loader.gguf_writer import export_hf_to_gguf, reencode_gguf
+    from tacit.paths import cache_dir
 
     bf16 = dtype == torch.bfloat16
     out = cache_dir() / f"{path.stem if path.is_file() else path.name}.{'bf16' if bf16 else 'f32'}.gguf"
@@ -301,7 +301,7 @@ def _print_ratios(r: dict[str, float]) -> None:
 
 def cmd_latency(args: argparse.Namespace) -> int:
     from tacit.bench import latency
-    from tacit.bench.hw import peak_read_bandwidth
+    from tacit.platforms.hw_probe import peak_read_bandwidth
 
     _check_peers(args.peer)
     _log("measuring read bandwidth ...")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tacit.loader.default_model import cache_dir
+from tacit.paths import cache_dir
 
 FP8_SUFFIX = "-fp8"
 SHAPES = {

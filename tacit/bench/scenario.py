@@ -163,7 +163,7 @@ def machine_probe() -> dict[str, float]:
     """
     import torch
 
-    from tacit.bench.hw import matmul_flops, read_bandwidth
+    from tacit.platforms.hw_probe import matmul_flops, read_bandwidth
 
     return {"probe_read_GBps": read_bandwidth(256, 3) / 1e9, "probe_bf16_TFLOPs": matmul_flops(torch.bfloat16) / 1e12}
 

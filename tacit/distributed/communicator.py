@@ -92,6 +92,13 @@ class Communicator(ABC):
         the fused step passes float32 buffers (dtype_code 0)."""
         return None
 
+    @classmethod
+    def create(cls, backend: str | None) -> Communicator:
+        """This rank's communicator for the whole tensor-parallel world, as every rank builds it
+        (collectively). backend: the accelerator's torch.distributed backend for the data path
+        ("nccl"), or None on CPU, where the world's gloo group carries it."""
+        return cls()
+
     def barrier(self) -> None:
         self.all_reduce(torch.zeros(1))
 

@@ -25,6 +25,12 @@ class TorchCommunicator(Communicator):
         self.world_size = dist.get_world_size(group)
         self._global_ranks = dist.get_process_group_ranks(group) if group is not None else None
 
+    @classmethod
+    def create(cls, backend: str | None) -> TorchCommunicator:
+        # On an accelerator a group of its own backend (NCCL) beside the gloo world group that
+        # carries the engine's control messages (block counts, per-rank stats) as CPU tensors.
+        return cls(dist.new_group(backend=backend) if backend is not None else None)
+
     def _global(self, rank: int) -> int:
         return rank if self._global_ranks is None else self._global_ranks[rank]
 

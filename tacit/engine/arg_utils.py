@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import MISSING, Field, dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from tacit.config import (
@@ -26,6 +27,11 @@ from tacit.config import (
     parse_quantization_overrides,
     parse_slo_class,
 )
+from tacit.distributed.communicator import COMMUNICATORS
+from tacit.distributed.shm_communicator import ShmCommunicator  # noqa: F401  (registers "shm")
+from tacit.distributed.torch_communicator import TorchCommunicator  # noqa: F401  (registers "torch")
+from tacit.recipe import Recipe, read_recipe
+from tacit.scheduling.policy import POLICIES  # the package import registers every policy
 
 if TYPE_CHECKING:
     from tacit.loader import ModelSource
@@ -183,6 +189,12 @@ class EngineArgs:
         action="store_const",
         const=True,
     )
+    communicator: str = knob(
+        _config_default(ParallelConfig, "communicator"),
+        "parallel",
+        "tensor parallel: the collectives' implementation, auto (the platform's: shared memory on CPU, "
+        "torch.distributed's NCCL on GPU; torch.distributed where that cannot be built), shm or torch",
+    )
     # ---- cache ----
     block_size: int = knob(_config_default(CacheConfig, "block_size"), "cache", "tokens per KV block", type=int)
     num_kv_blocks: int | None = knob(
@@ -292,8 +304,6 @@ class EngineArgs:
             )
         if recipe is None:
             return cls(**kwargs)
-        from tacit.recipe import load_recipe  # recipe.py builds its sections from this module
-
         return cls(**{**load_recipe(recipe).engine_args, **kwargs})
 
     @classmethod
@@ -386,11 +396,16 @@ class EngineArgs:
             )
 
     def create_parallel_config(self) -> ParallelConfig:
+        if self.communicator != "auto" and self.communicator not in COMMUNICATORS:
+            raise ValueError(
+                f"communicator={self.communicator!r} is not known; valid: auto, {', '.join(COMMUNICATORS)}"
+            )
         return ParallelConfig(
             tensor_parallel_size=self.tensor_parallel_size,
             expert_parallel=self.expert_parallel,
             two_batch_overlap=self.two_batch_overlap,
             data_parallel_attention=self.data_parallel_attention,
+            communicator=self.communicator,
         )
 
     def create_cache_config(self) -> CacheConfig:
@@ -415,6 +430,9 @@ class EngineArgs:
         ):
             # Without chunking a whole prompt must fit in one step's budget.
             budget = max_model_len
+        # Checked here, not in SchedulerConfig: the policies import the config (a cycle otherwise).
+        if self.scheduling_policy not in POLICIES:
+            raise ValueError(f"scheduling_policy={self.scheduling_policy!r} is not known; valid: {', '.join(POLICIES)}")
         return SchedulerConfig(
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=budget,
@@ -481,3 +499,10 @@ def _shown(f: Field) -> str:
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # "default 60", not "default 60.0"
     return str(value)
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read and check a recipe file (or a folder holding recipe.yaml): its sections are EngineArgs'
+    (each field's metadata names its section and key), and it must pass EngineArgs' own checks, so
+    a bad setting fails on load, naming the file, not deep inside engine start-up."""
+    return read_recipe(path, EngineArgs.recipe_sections(), lambda args: EngineArgs(**args).check())

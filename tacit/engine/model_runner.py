@@ -19,6 +19,7 @@ from torch import nn
 
 from tacit.config import EngineConfig, fit_kv_capacity
 from tacit.distributed.communicator import Communicator
+from tacit.engine.kv_swap_store import KVSwapStore
 from tacit.engine.prompt_logprobs import prompt_tokens_to_score, score_prompt_tokens
 from tacit.engine.request_state import CachedRequestState, update_request_states
 from tacit.engine.two_batch_overlap import run_two_batches, split_point
@@ -36,7 +37,6 @@ from tacit.layers.linear import (
 )
 from tacit.layers.moe import select_moe_kernel, use_moe_kernel
 from tacit.layers.sampler import Sampler, SamplingMetadata
-from tacit.memory.swap import KVSwapStore
 from tacit.models.expert_streaming import stream_experts
 from tacit.outputs import ModelRunnerOutput, RawPromptLogprobs
 from tacit.scheduling.scheduler_output import SchedulerOutput, samples_this_step

@@ -16,10 +16,11 @@ from multiprocessing.connection import Connection
 import torch
 import torch.distributed as dist
 
-from tacit.distributed.communicator import Communicator
+# COMMUNICATORS holds every implementation once engine/arg_utils.py has imported them.
+from tacit.distributed.communicator import COMMUNICATORS, Communicator
 from tacit.distributed.parallel_state import TensorParallel
-from tacit.distributed.shm_communicator import ShmCommunicator
-from tacit.distributed.torch_communicator import TorchCommunicator
+from tacit.distributed.shm_communicator import ShmCommunicator  # noqa: F401  (registers "shm")
+from tacit.distributed.torch_communicator import TorchCommunicator  # noqa: F401  (registers "torch")
 from tacit.engine.arg_utils import EngineArgs
 from tacit.engine.model_runner import ModelRunner
 from tacit.engine.step_channel import BroadcastChannel, PipeChannel
@@ -49,20 +50,21 @@ def agree_num_blocks(num_blocks: int) -> int:
     return int(t.item())
 
 
-def make_communicator(platform: Platform) -> Communicator:
-    """The tensor-parallel group's communicator: shared memory for CPU ranks on one host (a
-    16 KB all-reduce in ~7 us against gloo's ~1 ms here; `tacit bench comm`), else
-    torch.distributed: gloo across hosts or where the shm module cannot build, and on an
-    accelerator a group of the platform's own backend (NCCL), beside the gloo world group that
-    carries the engine's control messages (block counts, per-rank stats) as CPU tensors.
-    Every rank calls it (new_group is collective)."""
-    if platform.device_type == "cpu":
-        try:
-            return ShmCommunicator()
-        except RuntimeError as e:
-            print(f"tacit: {e}; tensor parallelism falls back to torch.distributed (gloo)", file=sys.stderr)
-        return TorchCommunicator()
-    return TorchCommunicator(dist.new_group(backend=platform.dist_backend))
+def make_communicator(platform: Platform, name: str = "auto") -> Communicator:
+    """The tensor-parallel group's communicator, by its registered name (communicator=shm|torch),
+    or with "auto" the platform's default (shared memory on CPU, torch.distributed's NCCL group
+    on an accelerator); "auto" falls back to torch.distributed where the default cannot be built
+    (the shm module did not compile, /dev/shm too small), a name asked for does not. Every rank
+    calls it (a new group is collective)."""
+    choice = platform.default_communicator if name == "auto" else name
+    cls = COMMUNICATORS.lookup(choice)
+    try:
+        return cls.create(platform.communicator_backend)
+    except RuntimeError as e:
+        if name != "auto" or choice == "torch":
+            raise
+        print(f"tacit: {e}; tensor parallelism falls back to torch.distributed", file=sys.stderr)
+        return COMMUNICATORS.lookup("torch").create(platform.communicator_backend)
 
 
 def load_rank(engine_args: EngineArgs, source: ModelSource, platform: Platform, tp: TensorParallel) -> ModelRunner:
@@ -72,7 +74,7 @@ def load_rank(engine_args: EngineArgs, source: ModelSource, platform: Platform, 
     model = build_model(
         config.model, source.weights, device, platform.free_memory_bytes(), source.quantized_weights, tp
     )
-    comm = make_communicator(platform) if tp.size > 1 else None
+    comm = make_communicator(platform, config.parallel.communicator) if tp.size > 1 else None
     agree = agree_num_blocks if tp.size > 1 else None
     return ModelRunner(config, model, device, platform.free_memory_bytes(), comm, agree)
 

@@ -12,7 +12,7 @@ from tacit.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BYTES
 
 
 def load_llm(args: argparse.Namespace):
-    from tacit import LLM
+    from tacit.entrypoints.llm import LLM
 
     t0 = time.perf_counter()
     engine_args = EngineArgs.from_cli_args(args)
@@ -33,7 +33,7 @@ def load_llm(args: argparse.Namespace):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from tacit import SamplingParams
+    from tacit.sampling_params import SamplingParams
 
     llm = load_llm(args)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed_sample)
@@ -44,7 +44,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from tacit import SamplingParams
+    from tacit.sampling_params import SamplingParams
 
     llm = load_llm(args)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)

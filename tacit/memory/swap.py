@@ -14,7 +14,7 @@ memcpy gets), is ~30 us a token out and back, against ~0.45 ms a token to prefil
 Two halves, as vLLM splits them, so that data flows one way through a step:
   SwapSpace (the scheduler's): the host space in blocks, who holds a copy, the copy bandwidth.
       It decides; each decision is a SwapOp, plain data that travels in the SchedulerOutput.
-  KVSwapStore (each model runner's): carries the SwapOps out on its own KV layers before the
+  KVSwapStore (each model runner's, engine/kv_swap_store.py): carries the SwapOps out on its own KV layers before the
       step's forward. Under tensor parallelism every rank swaps its own shard of the cache (the
       copies once ran inside the scheduler, on rank 0's shard alone, and a swapped request
       resumed over the other ranks' overwritten blocks).
@@ -26,12 +26,7 @@ the layer declares (kv_block_dim).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-
-import torch
-
-from tacit.layers.kv_cache import KVCacheLayer
 
 # A new copy counts 1/4 in the running bandwidth: a few swaps follow a change of load on the
 # shared cores, and one slow copy (page faults on fresh host memory) does not swing the choice.
@@ -103,48 +98,3 @@ class SwapSpace:
         if num_blocks and seconds > 0:
             bw = num_blocks * self.bytes_per_block / seconds
             self.bytes_per_s = (1 - _BW_WEIGHT) * self.bytes_per_s + _BW_WEIGHT * bw
-
-
-class KVSwapStore:
-    """A runner's side of swapping: its KV layers' blocks in host memory, by request."""
-
-    def __init__(self, layers: list[KVCacheLayer]) -> None:
-        odd = [type(m).__name__ for m in layers if not isinstance(m, KVCacheLayer)]
-        if odd:
-            raise TypeError(f"KVSwapStore swaps KVCacheLayer caches; {', '.join(odd)} does not declare the interface")
-        self.layers = layers
-        self.dims = [m.kv_block_dim for m in layers]
-        self._stored: dict[str, list[torch.Tensor]] = {}
-
-    def _copy_out(self, blocks: tuple[int, ...] | list[int]) -> list[torch.Tensor]:
-        out = []
-        for m, d in zip(self.layers, self.dims):
-            idx = torch.tensor(blocks, device=m.kv_cache.device)
-            out.append(m.kv_cache.index_select(d, idx).to("cpu"))
-        return out
-
-    def probe(self, num_blocks: int) -> float:
-        """Seconds for one copy of num_blocks out (not kept): the bandwidth the first cost
-        comparison uses."""
-        t0 = time.perf_counter()
-        self._copy_out(list(range(num_blocks)))
-        return time.perf_counter() - t0
-
-    def apply(self, ops: list[SwapOp]) -> tuple[int, float]:
-        """Carry the ops out in order -> (blocks copied, seconds)."""
-        copied, t0 = 0, time.perf_counter()
-        for op in ops:
-            if op.kind == "out":
-                self._stored[op.request_id] = self._copy_out(op.block_ids)
-                copied += len(op.block_ids)
-            elif op.kind == "in":
-                saved = self._stored.pop(op.request_id)
-                for m, d, host in zip(self.layers, self.dims, saved):
-                    idx = torch.tensor(op.block_ids, device=m.kv_cache.device)
-                    m.kv_cache.index_copy_(d, idx, host.to(m.kv_cache.device))
-                copied += len(op.block_ids)
-            elif op.kind == "drop":
-                self._stored.pop(op.request_id, None)
-            else:
-                raise ValueError(f"unknown swap op {op.kind!r}; valid: out, in, drop")
-        return copied, time.perf_counter() - t0

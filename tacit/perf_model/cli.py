@@ -69,7 +69,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
     from tacit.perf_model.operators import Parallel
     from tacit.perf_model.predict import Workload, predict
-    from tacit.platforms.specs import get_hardware_spec
+    from tacit.platforms.hardware_table import get_hardware_spec
 
     if args.model is None:
         raise ValueError("--model is required (a config.json, a recipes/configs name, or random:NAME)")

@@ -149,7 +149,7 @@ def _overheads(repeats: int) -> tuple[dict, dict]:
 
 
 def fit(repeats: int = 5) -> dict:
-    from tacit.platforms.specs import this_cpu_spec
+    from tacit.platforms.hardware_table import this_cpu_spec
 
     spec = this_cpu_spec()
     peak, bw = spec.peak_flops("bf16"), spec.memory_bandwidth.value

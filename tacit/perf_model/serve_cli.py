@@ -18,7 +18,7 @@ from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
 from tacit.perf_model.operators import Parallel
 from tacit.perf_model.serve_sim import KVPool, kv_pool_from_memory, roofline_pricer, simulate, summarize
 from tacit.perf_model.step_model import Pricing
-from tacit.platforms.specs import get_hardware_spec
+from tacit.platforms.hardware_table import get_hardware_spec
 
 
 def _choice(value: str, valid: tuple[str, ...], flag: str) -> str:

@@ -95,7 +95,7 @@ def predicted(
 
     from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
     from tacit.perf_model.predict import Workload, predict
-    from tacit.platforms.specs import get_hardware_spec
+    from tacit.platforms.hardware_table import get_hardware_spec
 
     shape = replace(shape_from_hf(load_hf_config(model)), routing_draws=draws)
     p = predict(shape, get_hardware_spec("this-cpu"), Workload(batch, input_len, OUTPUT_LEN, weights))

@@ -21,6 +21,9 @@ class CpuPlatform(Platform):
     name = "cpu"
     device_type = "cpu"
     dist_backend = "gloo"
+    # Shared memory for CPU ranks on one host: a 16 KB all-reduce in ~7 us against gloo's ~1 ms
+    # here (`tacit bench comm`).
+    default_communicator = "shm"
 
     def __init__(self) -> None:
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_PRIMITIVE_CACHE_CAPACITY))

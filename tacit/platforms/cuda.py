@@ -9,6 +9,7 @@ class CudaPlatform(Platform):
     name = "cuda"
     device_type = "cuda"
     dist_backend = "nccl"
+    communicator_backend = "nccl"
 
     def is_available(self) -> bool:
         return torch.cuda.is_available()

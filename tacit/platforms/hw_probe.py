@@ -1,4 +1,6 @@
-"""`tacit bench hw`: this machine's ceilings — memory bandwidth and matmul FLOP/s.
+"""This machine's ceilings — memory bandwidth and matmul FLOP/s: what `tacit bench hw` prints,
+`tacit predict --hardware this-cpu` and the profiler's roofline read (a platform fact, so it sits
+here, below the benchmarks and the performance model that use it).
 
 Decode at small batch reads every weight once per step, so tok/s is bounded by
 bandwidth / weight bytes; the other benchmarks report their fraction of that roofline.

@@ -15,6 +15,10 @@ class Platform(ABC):
     name: str
     device_type: str
     dist_backend: str
+    # The tensor-parallel communicator `communicator="auto"` picks (distributed/communicator.py's
+    # registry), and the backend its data path needs beyond the gloo world group (None: none).
+    default_communicator: str = "torch"
+    communicator_backend: str | None = None
     index: int = 0  # which device of this kind ("cuda:1"); set by get_platform
 
     def device_count(self) -> int:

@@ -179,7 +179,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from tacit.bench.latency import weight_bytes
     from tacit.bench.random_model import resolve_bench_model
     from tacit.engine.llm_engine import LLMEngine
-    from tacit.platforms.specs import hardware_names
+    from tacit.platforms.hardware_table import hardware_names
     from tacit.profiler.collect import run_workload
     from tacit.profiler.html_report import render
     from tacit.profiler.roofline import model_shapes

@@ -10,7 +10,7 @@ from tacit.perf_model.memory import weight_bytes as model_weight_bytes
 from tacit.perf_model.model_shape import shape_from_hf
 from tacit.perf_model.operators import Parallel
 from tacit.perf_model.predict import Workload, predict
-from tacit.platforms.specs import get_hardware_spec
+from tacit.platforms.hardware_table import get_hardware_spec
 from tacit.profiler.categories import CATEGORIES
 
 # The model's operator classes -> the profiler's. Projections, dense MLPs and lm_head are GEMMs

@@ -151,9 +151,9 @@ class Roofs:
 def measure_roofs() -> Roofs:
     import torch
 
-    from tacit.bench.hw import matmul_flops, peak_read_bandwidth
+    from tacit.platforms.hw_probe import matmul_flops, peak_read_bandwidth
 
-    return Roofs(peak_read_bandwidth(), matmul_flops(torch.bfloat16), "measured now (tacit/bench/hw.py)")
+    return Roofs(peak_read_bandwidth(), matmul_flops(torch.bfloat16), "measured now (tacit/platforms/hw_probe.py)")
 
 
 def roofs_from_file(path: Path) -> Roofs:

@@ -17,6 +17,7 @@ import torch
 from near_ties import assert_bf16_runs_agree
 
 from tacit import LLM, SamplingParams
+from tacit.distributed.communicator import COMMUNICATORS
 from tacit.distributed.shm_communicator import ShmCommunicator
 from tacit.engine.executor import WorkerDiedError
 from tacit.kernels.cpu_fused_decode import ShardedDecoder
@@ -51,6 +52,22 @@ def run_pair(path, prompts, params, **kwargs):
         return ref, llm.generate(prompts, params), llm
     finally:
         llm.engine.shutdown()
+
+
+@pytest.mark.parametrize("name", sorted(COMMUNICATORS))
+def test_every_registered_communicator_gives_one_process_tokens(tiny_model_factory, name):
+    """communicator=NAME picks that implementation through the registry, and each gives the
+    tokens and logprobs one process gives (float32: only the order of the sums differs)."""
+    model, _, path = tiny_model_factory("qwen3")
+    prompts = prompts_for(model.config.vocab_size)
+    ref, got, llm = run_pair(path, prompts, GREEDY, communicator=name)
+    assert isinstance(llm.engine.model.comm, COMMUNICATORS[name])
+    assert_same(ref, got)
+
+
+def test_an_unknown_communicator_is_refused_by_name(tiny_llama):
+    with pytest.raises(ValueError, match="communicator='mpi' is not known; valid: auto, shm, torch"):
+        LLM(str(tiny_llama[2]), dtype="float32", tensor_parallel_size=2, communicator="mpi")
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -20,10 +20,11 @@ from tacit.engine.arg_utils import EngineArgs
 from tacit.engine.llm_engine import LLMEngine
 from tacit.loader import open_model
 from tacit.platforms import get_platform
-from tacit.recipe import SECTIONS
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tacit"
 NAMES = [f.name for f in dataclasses.fields(EngineArgs)]
+
+SECTIONS = EngineArgs.recipe_sections()
 
 
 def _subparser(*command: str):

@@ -11,7 +11,8 @@ from tacit.perf_model.memory import weight_bytes
 from tacit.perf_model.model_shape import load_hf_config, recipe_config_names, shape_from_hf
 from tacit.perf_model.operators import Parallel, StepShape, step_ops
 from tacit.perf_model.predict import Workload, predict
-from tacit.platforms.specs import HardwareSpec, Sourced, check_spec, get_hardware_spec, hardware_names
+from tacit.platforms.hardware_table import get_hardware_spec, hardware_names
+from tacit.platforms.specs import HardwareSpec, Sourced, check_spec
 from tests.perf_model.test_counts import DENSE, MLA, MOE
 
 SHAPES = [shape_from_hf(c) for c in (DENSE, MOE, MLA)]

@@ -12,7 +12,7 @@ from tacit.perf_model.model_shape import shape_from_hf
 from tacit.perf_model.operators import StepShape, expected_distinct_experts, step_ops
 from tacit.perf_model.routing import draws_from_distinct, measure_routing_draws
 from tacit.perf_model.step_model import Chunk, MixedStep, Pricing, mixed_step_times
-from tacit.platforms.specs import get_hardware_spec
+from tacit.platforms.hardware_table import get_hardware_spec
 
 from .test_counts import MOE
 

@@ -18,7 +18,7 @@ from tacit.perf_model.operators import Parallel, StepShape
 from tacit.perf_model.predict import Workload, step_time
 from tacit.perf_model.serve_sim import KVPool, roofline_pricer, simulate, summarize
 from tacit.perf_model.step_model import Chunk, MixedStep, Pricing, mixed_step_seconds
-from tacit.platforms.specs import get_hardware_spec
+from tacit.platforms.hardware_table import get_hardware_spec
 from tests.perf_model.test_counts import DENSE, MLA, MOE
 
 ROOT = Path(__file__).resolve().parents[2]

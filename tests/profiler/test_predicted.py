@@ -6,7 +6,7 @@ import pytest
 from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
 from tacit.perf_model.operators import Parallel
 from tacit.perf_model.predict import Workload, predict
-from tacit.platforms.specs import get_hardware_spec
+from tacit.platforms.hardware_table import get_hardware_spec
 from tacit.profiler.categories import CATEGORIES
 from tacit.profiler.predicted import MODEL_CLASS_CATEGORY, predicted_categories, weight_dtype_of
 

@@ -7,11 +7,12 @@ from torch import nn
 
 from tacit import LLM, SamplingParams
 from tacit.config import SchedulerConfig
+from tacit.engine.kv_swap_store import KVSwapStore
 from tacit.engine.llm_engine import LLMEngine
 from tacit.engine.metrics import ServingMetrics
 from tacit.layers.kv_cache import KVCacheLayer
 from tacit.memory.kv_cache_manager import KVCacheManager
-from tacit.memory.swap import KVSwapStore, SwapSpace
+from tacit.memory.swap import SwapSpace
 from tacit.scheduling.policy import get_policy
 from tacit.scheduling.scheduler import Scheduler
 

@@ -16,8 +16,8 @@ def load_hf_model(path: Path, dtype: torch.dtype):
     if path.is_file():
         # A GGUF becomes a plain HF directory of the dequantized weights tacit runs: loaded as
         # GGUF, transformers would keep Q4_1 blocks packed and time a different computation.
-        from tacit.loader.default_model import cache_dir
         from tacit.loader.hf_writer import gguf_to_hf_dir
+        from tacit.paths import cache_dir
 
         hf_dir = cache_dir() / f"{path.stem}.{str(dtype).removeprefix('torch.')}.hf"
         if not (hf_dir / "model.safetensors").exists():
