@@ -35,7 +35,7 @@ def load_shm_kernels() -> ModuleType | None:
         _CFLAGS,
         _LDFLAGS,
         _CFLAGS + _LDFLAGS,
-        "compiling the shared-memory communicator (once, ~20 s)",
+        "compiling the shared-memory communicator (once, ~10 s)",
         "shared-memory communicator unavailable",
     )
     return _module

@@ -180,6 +180,7 @@ def _build_locked(
                 verbose=False,
             )
         os.replace(private / f"{name}.so", so)  # the loaded library stays mapped across the rename
+        module.__file__ = str(so)
     finally:
         shutil.rmtree(private, ignore_errors=True)
     print(f"tacit: {compiling}: done in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
