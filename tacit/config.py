@@ -205,7 +205,7 @@ class ParallelConfig:
     # MoE layers: each rank holds 1/N of the experts, whole, instead of 1/N of every expert.
     expert_parallel: bool = False
     # Torch-path steps of 2+ requests run as two micro-batches, each one's all-reduces in flight
-    # while the other computes (engine/two_batch_overlap.py). Off by default: on a CPU whose
+    # while the other computes (worker/paths/two_batch_overlap.py). Off by default: on a CPU whose
     # ranks have one core each, the transfer and the other half's compute share that core.
     two_batch_overlap: bool = False
     # Attention data-parallel (SGLang's --enable-dp-attention): each rank holds the whole attention

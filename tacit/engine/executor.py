@@ -1,7 +1,7 @@
 """Executors: how a step's SchedulerOutput reaches every rank that holds part of the model.
 
 UniProcExecutor runs the one ModelRunner in this process. MultiProcExecutor (tensor_parallel_size
-N > 1) is rank 0 itself; the other ranks are worker processes (engine/worker.py) that it either
+N > 1) is rank 0 itself; the other ranks are worker processes (worker/rank.py) that it either
 spawns on this host, each on its own cores, or finds already started by torchrun (one host or
 many: `torchrun --nproc-per-node N [--nnodes --node-rank --master-addr] -m tacit.cli serve ...`,
 where every rank but 0 turns into a worker inside make_executor). Every step it sends them the
@@ -28,15 +28,15 @@ from typing import Callable
 
 import torch.distributed as dist
 
+from tacit.config import EngineConfig
 from tacit.distributed.parallel_state import TensorParallel
-from tacit.engine.arg_utils import EngineArgs
-from tacit.engine.model_runner import ModelRunner
-from tacit.engine.step_channel import COLLECT_STATS, STOP, BroadcastChannel, PipeChannel, StepMessage
-from tacit.engine.worker import load_rank, pin_to_cores, rank_cores, spawned_worker, torchrun_rank, worker_main
 from tacit.loader import ModelSource
 from tacit.outputs import ModelRunnerOutput
 from tacit.platforms import Platform
 from tacit.scheduling.scheduler_output import SchedulerOutput
+from tacit.worker.model_runner import ModelRunner
+from tacit.worker.rank import load_rank, pin_to_cores, rank_cores, spawned_worker, torchrun_rank, worker_main
+from tacit.worker.step_channel import COLLECT_STATS, STOP, BroadcastChannel, PipeChannel, StepMessage
 
 # What a collective raises when a peer process is gone (gloo's socket errors, the shm
 # communicator's pid check): under torchrun there is no process handle to ask.
@@ -64,15 +64,18 @@ class Executor(ABC):
 
 
 class UniProcExecutor(Executor):
-    def __init__(self, engine_args: EngineArgs, source: ModelSource, platform: Platform) -> None:
-        self.runner = load_rank(engine_args, source, platform, TensorParallel())
+    def __init__(self, config: EngineConfig, source: ModelSource, platform: Platform) -> None:
+        self.runner = load_rank(config, source, platform, TensorParallel())
 
     def execute(self, scheduler_output, between_layers):
         return self.runner.execute(scheduler_output, between_layers)
 
 
 class MultiProcExecutor(Executor):
-    def __init__(self, engine_args: EngineArgs, source: ModelSource, platform: Platform, world_size: int) -> None:
+    def __init__(self, config: EngineConfig, device: str, source: ModelSource, platform: Platform) -> None:
+        """config: the engine's, sent as it is to every rank; device: the device asked for
+        (each worker opens its own platform with it)."""
+        world_size = config.parallel.tensor_parallel_size
         self.procs: list[multiprocessing.Process] = []
         self.channel: PipeChannel | BroadcastChannel | None = None
         self._sampled: tuple[list[str], list[int]] = ([], [])
@@ -92,19 +95,20 @@ class MultiProcExecutor(Executor):
         platform.bind_local_rank(*((0, world_size) if launched is None else launched[2:]))
         try:
             if launched is None:
-                self._spawn_workers(engine_args, world_size)
+                self._spawn_workers(config, device, world_size)
             else:
                 _, _, local_rank, local_world = launched
                 pin_to_cores(rank_cores(local_rank, local_world))
                 dist.init_process_group("gloo", init_method="env://")
                 self.channel = BroadcastChannel()
-            tp = TensorParallel(0, world_size, engine_args.expert_parallel, engine_args.data_parallel_attention)
-            self.runner = self._collective(lambda: load_rank(engine_args, source, platform, tp))
+            parallel = config.parallel
+            tp = TensorParallel(0, world_size, parallel.expert_parallel, parallel.data_parallel_attention)
+            self.runner = self._collective(lambda: load_rank(config, source, platform, tp))
         except BaseException:
             self.shutdown()
             raise
 
-    def _spawn_workers(self, engine_args: EngineArgs, world_size: int) -> None:
+    def _spawn_workers(self, config: EngineConfig, device: str, world_size: int) -> None:
         from tacit.distributed.spawn import init_rank_watching
 
         ctx = multiprocessing.get_context("spawn")  # fork would copy this process's threads and locks
@@ -119,7 +123,7 @@ class MultiProcExecutor(Executor):
         for rank in range(1, world_size):
             recv_end, send_end = ctx.Pipe(duplex=False)
             proc = ctx.Process(
-                target=spawned_worker, args=(rank, world_size, init_file, engine_args, recv_end), daemon=True
+                target=spawned_worker, args=(rank, world_size, init_file, config, device, recv_end), daemon=True
             )
             proc.start()
             recv_end.close()
@@ -200,11 +204,12 @@ class MultiProcExecutor(Executor):
             os.unlink(self._init_file)
 
 
-def make_executor(engine_args: EngineArgs, source: ModelSource, platform: Platform, world_size: int) -> Executor:
-    """The executor for `world_size` ranks. Under torchrun every process calls this: rank 0 gets
+def make_executor(config: EngineConfig, device: str, source: ModelSource, platform: Platform) -> Executor:
+    """The executor for config's tensor_parallel_size ranks. Under torchrun every process calls this: rank 0 gets
     the executor, every other rank becomes a worker here and exits (SystemExit(0)) once the
     driver stops, so `torchrun ... -m tacit.cli serve|generate|bench ...` and a script calling
     LLM(...) run unchanged on every rank."""
+    world_size = config.parallel.tensor_parallel_size
     launched = torchrun_rank()
     if launched is not None:
         rank, world, local_rank, local_world = launched
@@ -215,8 +220,8 @@ def make_executor(engine_args: EngineArgs, source: ModelSource, platform: Platfo
         if rank > 0:
             pin_to_cores(rank_cores(local_rank, local_world))
             dist.init_process_group("gloo", init_method="env://")
-            worker_main(rank, world, engine_args, BroadcastChannel(), (local_rank, local_world))
+            worker_main(rank, world, config, device, BroadcastChannel(), (local_rank, local_world))
             raise SystemExit(0)
     if world_size == 1:
-        return UniProcExecutor(engine_args, source, platform)
-    return MultiProcExecutor(engine_args, source, platform, world_size)
+        return UniProcExecutor(config, source, platform)
+    return MultiProcExecutor(config, device, source, platform)

@@ -20,7 +20,6 @@ from tacit.engine.arg_utils import EngineArgs
 from tacit.engine.executor import make_executor
 from tacit.engine.input_processor import InputProcessor
 from tacit.engine.metrics import EngineSnapshot
-from tacit.engine.model_runner import ModelRunner
 from tacit.engine.output_processor import OutputProcessor
 from tacit.loader import ModelSource, open_model
 from tacit.memory.kv_cache_manager import KVCacheManager
@@ -33,6 +32,7 @@ from tacit.scheduling.scheduler import Scheduler
 from tacit.scheduling.scheduler_output import SchedulerOutput
 from tacit.structured_output import StructuredOutputManager
 from tacit.tokenizer import Tokenizer
+from tacit.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("tacit.engine")
 
@@ -58,7 +58,7 @@ class LLMEngine:
         self.tokenizer: Tokenizer = source.tokenizer
         self.tokenizer.allow_special_tokens_in_chat_content = engine_args.allow_special_tokens_in_chat_content
         self.device = platform.device()
-        self.executor = make_executor(engine_args, source, platform, self.config.parallel.tensor_parallel_size)
+        self.executor = make_executor(self.config, engine_args.device, source, platform)
         # An engine dropped without shutdown() still stops its workers and leaves the process
         # group, so the next tensor-parallel engine in this process can form its own (it once
         # failed: "trying to initialize the default process group twice").

@@ -14,7 +14,7 @@ memcpy gets), is ~30 us a token out and back, against ~0.45 ms a token to prefil
 Two halves, as vLLM splits them, so that data flows one way through a step:
   SwapSpace (the scheduler's): the host space in blocks, who holds a copy, the copy bandwidth.
       It decides; each decision is a SwapOp, plain data that travels in the SchedulerOutput.
-  KVSwapStore (each model runner's, engine/kv_swap_store.py): carries the SwapOps out on its own KV layers before the
+  KVSwapStore (each model runner's, worker/swap_store.py): carries the SwapOps out on its own KV layers before the
       step's forward. Under tensor parallelism every rank swaps its own shard of the cache (the
       copies once ran inside the scheduler, on rank 0's shard alone, and a swapped request
       resumed over the other ranks' overwritten blocks).

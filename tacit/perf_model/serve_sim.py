@@ -11,7 +11,7 @@ the simulator stops the step at the first layer boundary after an arrival (the s
 split evenly over num_layers), asks the real `schedule_cut_in()`, prices and completes that
 prefill there, and resumes the step, which ends that much later (tacit serve's path on every
 backend; on this CPU the fused C++ decode of fewer than 8 rows runs as one call, with no
-boundary, engine/model_runner.py _CUT_IN_MIN_ROWS). With
+boundary, worker/paths/fused_decode.py CUT_IN_MIN_ROWS). With
 a swap space (the scheduler's own SwapSpace, which holds no tensors), preemption may swap as the
 engine's does, and each step's SwapOps add their blocks' bytes over the host copy bandwidth to
 the step. A request's TTFT/TPOT targets come from its priority class (SchedulerConfig.

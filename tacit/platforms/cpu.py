@@ -32,7 +32,7 @@ class CpuPlatform(Platform):
         return True
 
     def bind_local_rank(self, local_rank: int, local_world: int) -> None:
-        """CPU ranks share the one device and split its cores instead (engine/worker.py pin_to_cores)."""
+        """CPU ranks share the one device and split its cores instead (worker/rank.py pin_to_cores)."""
 
     def free_memory_bytes(self) -> int:
         try:

@@ -280,11 +280,14 @@ def test_tp2_fused_decode_step_all_reduces_in_cpp(tiny_bf16_valued_model_factory
 _ORPHAN = """
 import multiprocessing, os, sys
 from tacit.engine.arg_utils import EngineArgs
-from tacit.engine.worker import spawned_worker
+from tacit.loader import open_model
+from tacit.platforms import get_platform
+from tacit.worker.rank import spawned_worker
 if __name__ == "__main__":
     ctx = multiprocessing.get_context("spawn")
     recv_end, _ = ctx.Pipe(duplex=False)
-    worker = ctx.Process(target=spawned_worker, args=(1, 2, sys.argv[1], EngineArgs(model=sys.argv[2]), recv_end))
+    config = EngineArgs(model=sys.argv[2]).create_engine_config(open_model(sys.argv[2]), get_platform("cpu"))
+    worker = ctx.Process(target=spawned_worker, args=(1, 2, sys.argv[1], config, "cpu", recv_end))
     worker.start()
     print(worker.pid, flush=True)
     os._exit(0)  # the driver gone before rank 0 ever joins the rendezvous

@@ -74,11 +74,11 @@ def _accelerator_communicator(rank: int, world: int) -> tuple:
 
     import torch.distributed as dist
 
-    from tacit.engine.worker import make_communicator
+    from tacit.worker.rank import make_communicator
 
-    # An accelerator platform as make_communicator sees it (device type, backend); gloo stands in
-    # for NCCL so that this runs on CPU.
-    comm = make_communicator(SimpleNamespace(device_type="npu", dist_backend="gloo"))
+    # An accelerator platform as make_communicator sees it (its default communicator and the
+    # backend of its data path); gloo stands in for NCCL so that this runs on CPU.
+    comm = make_communicator(SimpleNamespace(default_communicator="torch", communicator_backend="gloo"))
     t = torch.tensor([rank + 1.0])
     comm.all_reduce(t)
     return comm.group is not None and comm.group is not dist.group.WORLD, dist.get_backend(comm.group), t.item()

@@ -36,10 +36,12 @@ def test_torchrun_tp2_generates_what_one_process_does(tiny_llama):
 
 
 def test_a_tensor_parallel_size_unlike_torchruns_world_is_refused(monkeypatch):
-    from tacit.engine.arg_utils import EngineArgs
+    from types import SimpleNamespace
+
+    from tacit.config import ParallelConfig
     from tacit.engine.executor import make_executor
 
     for key, value in dict(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT="1").items():
         monkeypatch.setenv(key, value)
     with pytest.raises(ValueError, match=r"tensor_parallel_size=4 but torchrun started 2 processes"):
-        make_executor(EngineArgs(tensor_parallel_size=4), None, None, 4)
+        make_executor(SimpleNamespace(parallel=ParallelConfig(tensor_parallel_size=4)), "cpu", None, None)

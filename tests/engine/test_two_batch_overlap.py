@@ -4,7 +4,7 @@ configurations refused (the overlapped runs themselves: tests/distributed/test_t
 import pytest
 
 from tacit.config import ParallelConfig
-from tacit.engine.two_batch_overlap import split_point
+from tacit.worker.paths.two_batch_overlap import split_point
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from tacit import LLM, SamplingParams
-from tacit.engine.request_state import update_request_states
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
+from tacit.worker.paths.fused_decode import FusedDecodePath
+from tacit.worker.paths.split import SplitPath
+from tacit.worker.request_state import update_request_states
 
 pytestmark = pytest.mark.skipif(
     not cpu_supports_avx512_bf16() or bool(os.environ.get("TACIT_NO_CPU_KERNELS")),
@@ -37,7 +39,7 @@ def step_both_ways(engine, tolerance: float = 0.02) -> int:
 
     def checking(rows, between_layers=None):
         nonlocal checked
-        if runner._uses_fused_decode(rows):
+        if isinstance(runner.path_for(rows), FusedDecodePath):
             got, ref = both_paths(runner, rows, real)
             # bf16 through two layers: ~1 ulp per op of drift from fp32 summation order, at most
             # ~1.1% of the largest logit here; leaving out the 0.05-std qkv bias moves them ~5%.
@@ -154,7 +156,7 @@ def test_layer_by_layer_step_equals_one_call_and_lets_a_cut_in_run(tiny_model_fa
         )
     engine.step()
     rows = scheduled_rows(engine)
-    assert engine.runner._uses_fused_decode(rows) and len(rows) == 12
+    assert isinstance(engine.runner.path_for(rows), FusedDecodePath) and len(rows) == 12
     _, one_call, _ = engine.runner.compute_logits(rows)
     calls = []
 
@@ -192,8 +194,8 @@ def test_mixed_step_runs_decodes_fused_and_prefill_on_torch(tiny_model_factory, 
     # The prefill between decodes: the split must put the rows back in this order.
     decodes = [s for s in rows if s[1] == 1]
     rows = decodes[:1] + [s for s in rows if s[1] > 1] + decodes[1:]
-    engine.runner.split_min_decodes = 1
-    assert engine.runner._splits_mixed_step(rows)
+    engine.runner.paths_context.split_min_decodes = 1
+    assert isinstance(engine.runner.path_for(rows), SplitPath)
     got, ref = both_paths(engine.runner, rows)
     assert got.shape[0] == 4
     scale = ref.abs().max().item()
@@ -217,8 +219,9 @@ def test_one_token_prompt_chunks_that_score_take_the_torch_path(tiny_model_facto
     engine.step()  # now decoding on the fused path
     rid = engine.add_request(prompt, params)
     runner, split = engine.runner, []
-    real_split = runner._split_part
-    runner._split_part = lambda rows, hook: split.append(len(rows)) or real_split(rows, hook)
+    (split_path,) = [p for p in runner.paths if isinstance(p, SplitPath)]
+    real_split = split_path.hidden
+    split_path.hidden = lambda rows, hook: split.append(len(rows)) or real_split(rows, hook)
     out = None
     while engine.has_unfinished_requests():
         for o in engine.step():

@@ -90,7 +90,7 @@ def test_too_few_cuda_devices_are_refused_before_any_worker_starts(monkeypatch):
 
 def test_cpu_ranks_share_the_cpu_device():
     platform = get_platform("cpu")
-    platform.bind_local_rank(1, 2)  # they split the cores instead (engine/worker.py pin_to_cores)
+    platform.bind_local_rank(1, 2)  # they split the cores instead (worker/rank.py pin_to_cores)
     assert platform.device() == torch.device("cpu")
 
 

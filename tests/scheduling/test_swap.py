@@ -7,7 +7,6 @@ from torch import nn
 
 from tacit import LLM, SamplingParams
 from tacit.config import SchedulerConfig
-from tacit.engine.kv_swap_store import KVSwapStore
 from tacit.engine.llm_engine import LLMEngine
 from tacit.engine.metrics import ServingMetrics
 from tacit.layers.kv_cache import KVCacheLayer
@@ -15,6 +14,7 @@ from tacit.memory.kv_cache_manager import KVCacheManager
 from tacit.memory.swap import SwapSpace
 from tacit.scheduling.policy import get_policy
 from tacit.scheduling.scheduler import Scheduler
+from tacit.worker.swap_store import KVSwapStore
 
 from helpers import FakeClock, make_req, run_step
 

@@ -16,17 +16,16 @@ from multiprocessing.connection import Connection
 import torch
 import torch.distributed as dist
 
-# COMMUNICATORS holds every implementation once engine/arg_utils.py has imported them.
+from tacit.config import EngineConfig
 from tacit.distributed.communicator import COMMUNICATORS, Communicator
 from tacit.distributed.parallel_state import TensorParallel
 from tacit.distributed.shm_communicator import ShmCommunicator  # noqa: F401  (registers "shm")
 from tacit.distributed.torch_communicator import TorchCommunicator  # noqa: F401  (registers "torch")
-from tacit.engine.arg_utils import EngineArgs
-from tacit.engine.model_runner import ModelRunner
-from tacit.engine.step_channel import BroadcastChannel, PipeChannel
 from tacit.loader import ModelSource, open_model
 from tacit.models.build import build_model
 from tacit.platforms import Platform, get_platform
+from tacit.worker.model_runner import ModelRunner
+from tacit.worker.step_channel import BroadcastChannel, PipeChannel
 
 
 def rank_cores(rank: int, world_size: int) -> list[int]:
@@ -67,9 +66,9 @@ def make_communicator(platform: Platform, name: str = "auto") -> Communicator:
         return COMMUNICATORS.lookup("torch").create(platform.communicator_backend)
 
 
-def load_rank(engine_args: EngineArgs, source: ModelSource, platform: Platform, tp: TensorParallel) -> ModelRunner:
-    """This rank's model shard, bound to a runner whose KV pool is the same size on every rank."""
-    config = engine_args.create_engine_config(source, platform)
+def load_rank(config: EngineConfig, source: ModelSource, platform: Platform, tp: TensorParallel) -> ModelRunner:
+    """This rank's model shard, bound to a runner whose KV pool is the same size on every rank.
+    config: the engine's, resolved once by the driver and sent to every rank as it is."""
     device = platform.device()
     model = build_model(
         config.model, source.weights, device, platform.free_memory_bytes(), source.quantized_weights, tp
@@ -92,7 +91,8 @@ def torchrun_rank() -> tuple[int, int, int, int] | None:
 def worker_main(
     rank: int,
     world_size: int,
-    engine_args: EngineArgs,
+    config: EngineConfig,
+    device: str,
     channel: PipeChannel | BroadcastChannel,
     local: tuple[int, int] | None = None,
 ) -> None:
@@ -100,10 +100,11 @@ def worker_main(
     stop (or the driver is gone). local: (local rank, ranks on this host), default (rank,
     world_size): which of this host's devices is its own."""
     try:
-        platform = get_platform(engine_args.device)
+        platform = get_platform(device)
         platform.bind_local_rank(*(local or (rank, world_size)))
-        tp = TensorParallel(rank, world_size, engine_args.expert_parallel, engine_args.data_parallel_attention)
-        runner = load_rank(engine_args, open_model(engine_args.model), platform, tp)
+        parallel = config.parallel
+        tp = TensorParallel(rank, world_size, parallel.expert_parallel, parallel.data_parallel_attention)
+        runner = load_rank(config, open_model(config.model.path), platform, tp)
         while True:
             msg = channel.recv()
             if msg.collect_stats:
@@ -121,7 +122,9 @@ def worker_main(
             dist.destroy_process_group()
 
 
-def spawned_worker(rank: int, world_size: int, init_file: str, engine_args: EngineArgs, pipe: Connection) -> None:
+def spawned_worker(
+    rank: int, world_size: int, init_file: str, config: EngineConfig, device: str, pipe: Connection
+) -> None:
     """The entry of a worker process the driver spawned on this host."""
     from tacit.distributed.spawn import init_rank_watching
 
@@ -135,4 +138,4 @@ def spawned_worker(rank: int, world_size: int, init_file: str, engine_args: Engi
 
     pin_to_cores(rank_cores(rank, world_size))
     init_rank_watching(rank, world_size, init_file, driver_alive)
-    worker_main(rank, world_size, engine_args, PipeChannel([pipe]))
+    worker_main(rank, world_size, config, device, PipeChannel([pipe]))

@@ -1,0 +1,94 @@
+"""A step's rows as one flat batch: token ids, positions, block tables, slot mapping and the
+attention metadata, built once per step in numpy (not per layer or per request in torch), plus
+which rows sample and which score prompt tokens."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from tacit.outputs import RawPromptLogprobs
+from tacit.scheduling.scheduler_output import samples_this_step
+from tacit.worker.prompt_logprobs import prompt_tokens_to_score
+from tacit.worker.request_state import CachedRequestState
+
+# A step's rows: each request's state and the tokens it computes this step, in batch order.
+Rows = list[tuple[CachedRequestState, int]]
+# req_id -> the prompt tokens its chunk scored this step (only requests with prompt_logprobs).
+PromptScores = dict[str, RawPromptLogprobs]
+
+
+def samples(r: CachedRequestState, n: int) -> bool:
+    """Whether r samples a token after computing n more tokens this step."""
+    return samples_this_step(r.num_computed_tokens, n, r.num_tokens, r.sampling_params)
+
+
+def prompt_tokens_scored(r: CachedRequestState, n: int) -> tuple[int, int]:
+    """[first, end) of the prompt tokens this step's chunk of r scores; empty unless it asked."""
+    if r.sampling_params.prompt_logprobs is None:
+        return 0, 0
+    return prompt_tokens_to_score(r.num_computed_tokens, n, r.num_prompt_tokens, r.next_prompt_logprob)
+
+
+def fusable(r: CachedRequestState, n: int) -> bool:
+    """One-token rows may run on the fused decoder, which hands back only the sampling rows'
+    hidden states; a row that scores a prompt token needs its own, from the torch path."""
+    first, end = prompt_tokens_scored(r, n)
+    return n == 1 and first == end
+
+
+class TorchInputs(NamedTuple):
+    """A torch-path forward's inputs, built from its rows (build_inputs)."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: Any
+    samples: list[int]  # rows that sample
+    sample_rows: torch.Tensor  # their last token's flat batch row
+    # (row index, prompt tokens [first, end) it scores, flat batch row of the position before first)
+    scored: list[tuple[int, int, int, int]]
+
+
+def block_tables(rows: Rows, seq_lens: np.ndarray, block_size: int) -> np.ndarray:
+    """[rows, blocks the longest needs] of block ids, zero-padded."""
+    max_blocks = -(-int(seq_lens.max()) // block_size)
+    tables = np.zeros((len(rows), max_blocks), dtype=np.int64)
+    for i, (r, _) in enumerate(rows):
+        t = r.block_ids
+        tables[i, : len(t)] = t[:max_blocks]
+    return tables
+
+
+def build_inputs(rows: Rows, block_size: int, attn_backend: Any, device: torch.device) -> TorchInputs:
+    bs = block_size
+    num_new = np.array([n for _, n in rows], dtype=np.int64)
+    computed = np.array([r.num_computed_tokens for r, _ in rows], dtype=np.int64)
+    num_reqs, total = len(rows), int(num_new.sum())
+    starts = np.zeros(num_reqs + 1, dtype=np.int64)
+    np.cumsum(num_new, out=starts[1:])
+    token_ids = np.fromiter(
+        (t for (r, n), c in zip(rows, computed) for t in r.token_ids[c : c + n]), dtype=np.int64, count=total
+    )
+    req_of_token = np.repeat(np.arange(num_reqs), num_new)
+    offset_in_query = np.arange(total) - starts[req_of_token]
+    positions = computed[req_of_token] + offset_in_query
+    tables = block_tables(rows, computed + num_new, bs)
+    slot_mapping = tables[req_of_token, positions // bs] * bs + positions % bs
+    meta = attn_backend.build_metadata(num_new, computed, tables, slot_mapping, device, bs)
+    sampling = [i for i, (r, n) in enumerate(rows) if samples(r, n)]
+    sample_rows = starts[1:][sampling] - 1
+    scored = []
+    for i, ((r, n), c) in enumerate(zip(rows, computed)):
+        first, end = prompt_tokens_scored(r, n)
+        if first < end:
+            scored.append((i, first, end, int(starts[i] + first - 1 - c)))
+    return TorchInputs(
+        torch.from_numpy(token_ids).to(device),
+        torch.from_numpy(positions).to(device),
+        meta,
+        sampling,
+        torch.from_numpy(sample_rows).to(device),
+        scored,
+    )

@@ -1,0 +1,151 @@
+"""The execution-path seam: what every path is told (PathContext), what it returns (PathResult),
+and the registry the model runner picks from, in order of preference.
+
+A path either produces the final hidden states of the rows that sample (`hidden`, so another
+path can compose it: the split path runs the fused one and the torch one and merges their rows)
+or, where it needs collectives around the head as well, the logits themselves (`run`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, NamedTuple
+
+import torch
+from torch import nn
+
+from tacit.distributed.communicator import Communicator
+from tacit.outputs import RawPromptLogprobs
+from tacit.registry import Registry
+from tacit.worker.input_batch import PromptScores, Rows, TorchInputs
+from tacit.worker.prompt_logprobs import score_prompt_tokens
+from tacit.worker.request_state import CachedRequestState
+
+# Between-layer callback of a step that lets urgent work cut in (None: run the layers at once).
+BetweenLayers = Callable[[], None] | None
+
+
+class PathResult(NamedTuple):
+    """Indexes of the rows that sample (in scheduled order), their final hidden states or logits
+    (`is_logits`), and the prompt logprobs the step's chunks scored."""
+
+    samples: list[int]
+    values: torch.Tensor | None
+    prompt_logprobs: PromptScores
+    is_logits: bool = False
+
+
+@dataclass
+class PathContext:
+    """What every path reads, owned by the model runner: set once at load except where a comment
+    says otherwise."""
+
+    model: nn.Module
+    device: torch.device
+    block_size: int
+    attn_backend: Any
+    vocab_size: int
+    # The C++ decoder (kernels/cpu_fused_decode.py) or None; tests set it to None to force torch.
+    fused_decode: Any = None
+    comm: Communicator | None = None
+    two_batch_overlap: bool = False
+    data_parallel: bool = False
+    # Mixed steps with at least this many one-token rows split (see paths/split.py).
+    split_min_decodes: int = 1
+    # Set by LLMEngine.score_full_logprobs for the length of one call: (req_id, first prompt
+    # token, [rows, vocab] float32 log-softmax) for every slice a prompt_logprobs request scores.
+    full_prompt_logprobs: Callable[[str, int, torch.Tensor], None] | None = None
+
+    def score_prompt(self, r: CachedRequestState, first: int, end: int, hidden: torch.Tensor) -> RawPromptLogprobs:
+        """r's prompt tokens [first, end) scored from the hidden states of the positions before them."""
+        sink = self.full_prompt_logprobs
+        full = None if sink is None else (lambda start, lp: sink(r.req_id, start, lp))
+        return score_prompt_tokens(
+            self.model.compute_logits,
+            hidden,
+            r.token_ids[first:end],
+            first,
+            r.sampling_params.prompt_logprobs,
+            self.vocab_size,
+            full,
+        )
+
+    def torch_outputs(self, rows: Rows, built: TorchInputs, hidden: torch.Tensor) -> PathResult:
+        """The sampling rows' final hidden states and the prompt logprobs of the rows that score."""
+        prompt_logprobs = {
+            rows[i][0].req_id: self.score_prompt(rows[i][0], first, end, hidden[row : row + end - first])
+            for i, first, end, row in built.scored
+        }
+        return PathResult(built.samples, hidden[built.sample_rows], prompt_logprobs)
+
+
+def run_layers(run: Callable[[int, int], None], num_layers: int, between_layers: BetweenLayers) -> None:
+    """The one loop over decoder layers, for every path: all at once, or one at a time with
+    between_layers() at every boundary."""
+    if between_layers is None:
+        run(0, num_layers)
+        return
+    for layer in range(num_layers):
+        if layer:
+            between_layers()
+        run(layer, layer + 1)
+
+
+class ExecutionPath(ABC):
+    """One way to run a step's forward. `available` says whether it applies to this rank at all
+    (its kernels built, its parallel layout on); `accepts` whether it takes these rows."""
+
+    name: ClassVar[str]
+    # Lower runs first: the runner takes the first available path that accepts the rows.
+    preference: ClassVar[int]
+
+    def __init__(self, ctx: PathContext) -> None:
+        self.ctx = ctx
+
+    @classmethod
+    def available(cls, ctx: PathContext) -> bool:
+        return True
+
+    @abstractmethod
+    def accepts(self, rows: Rows, between_layers: BetweenLayers) -> bool: ...
+
+    def compose(self, paths: list[ExecutionPath]) -> None:
+        """Told every path of this rank once they are built (the split path runs two of them)."""
+
+    @abstractmethod
+    def run(self, rows: Rows, between_layers: BetweenLayers) -> PathResult:
+        """The rows' forward (writing their KV) and the head: the sampling rows' logits."""
+
+
+class HiddenStatesPath(ExecutionPath):
+    """A path whose forward ends at the final hidden states, so another path can compose it; the
+    head runs after it, once over the rows that sample."""
+
+    @abstractmethod
+    def hidden(self, rows: Rows, between_layers: BetweenLayers) -> PathResult:
+        """The rows' forward: writes their KV, returns the sampling rows' final hidden states."""
+
+    def run(self, rows: Rows, between_layers: BetweenLayers) -> PathResult:
+        out = self.hidden(rows, between_layers)
+        if not out.samples:
+            return PathResult([], None, out.prompt_logprobs, True)
+        return PathResult(out.samples, self.ctx.model.compute_logits(out.values), out.prompt_logprobs, True)
+
+
+EXECUTION_PATHS = Registry("execution_path")
+register_execution_path = EXECUTION_PATHS.register
+
+
+def build_paths(ctx: PathContext) -> list[ExecutionPath]:
+    """Every registered path that applies to this rank, in order of preference."""
+    classes = sorted(EXECUTION_PATHS.values(), key=lambda cls: cls.preference)
+    paths = [cls(ctx) for cls in classes if cls.available(ctx)]
+    for p in paths:
+        p.compose(paths)
+    return paths
+
+
+def first_accepting(paths: list[ExecutionPath], rows: Rows, between_layers: BetweenLayers) -> ExecutionPath:
+    """The first path (in preference order) that takes these rows; the torch path takes any."""
+    return next(p for p in paths if p.accepts(rows, between_layers))

@@ -1,0 +1,56 @@
+"""The fused C++ decode step (kernels/cpu_fused_decode.py): a decode-only step of one-token rows
+in one call, or one call per layer when the step is long enough for urgent work to cut in."""
+
+from __future__ import annotations
+
+import torch
+
+from tacit.worker.input_batch import Rows, fusable, samples
+from tacit.worker.paths.base import (
+    BetweenLayers,
+    HiddenStatesPath,
+    PathContext,
+    PathResult,
+    register_execution_path,
+    run_layers,
+)
+
+# Below this many rows a fused decode step is short (~11 ms at 1 row, ~40 ms at 8 on the default
+# model) and runs as one call; above, one call per layer (~20 us each) lets urgent work cut in.
+CUT_IN_MIN_ROWS = 8
+
+
+def fused_decode_hidden(ctx: PathContext, rows: Rows, between_layers: BetweenLayers) -> torch.Tensor:
+    """Final hidden states of one-token rows, from the C++ decoder (every row, sampling or not)."""
+    bs = ctx.block_size
+    positions = [r.num_computed_tokens for r, _ in rows]
+    token_ids = [r.token_ids[p] for (r, _), p in zip(rows, positions)]
+    width = max(positions, default=0) // bs + 1  # no rows: a data-parallel rank with none
+    tables = []
+    for r, _ in rows:
+        t = r.block_ids[:width]
+        tables.append(t + [0] * (width - len(t)))
+    ids = torch.tensor(token_ids, dtype=torch.long)
+    pos = torch.tensor(positions, dtype=torch.long)
+    tables = torch.tensor(tables, dtype=torch.long).reshape(len(rows), width)
+    fused = ctx.fused_decode
+    if len(rows) < CUT_IN_MIN_ROWS:
+        between_layers = None  # a short step runs as one call: a boundary costs more than it saves
+    x = fused.embed(ids)
+    run_layers(lambda begin, end: fused.run_layers(x, pos, tables, begin, end), fused.num_layers, between_layers)
+    return fused.final_norm(x)
+
+
+@register_execution_path("fused_decode")
+class FusedDecodePath(HiddenStatesPath):
+    preference = 10
+
+    def accepts(self, rows: Rows, between_layers: BetweenLayers) -> bool:
+        return self.ctx.fused_decode is not None and all(fusable(r, n) for r, n in rows)
+
+    def hidden(self, rows: Rows, between_layers: BetweenLayers) -> PathResult:
+        hidden = fused_decode_hidden(self.ctx, rows, between_layers)
+        # A one-token step can also be the last prompt token of a chunked prefill that is
+        # not yet level with its request (only those level with all their tokens sample).
+        sampling = [i for i, (r, n) in enumerate(rows) if samples(r, n)]
+        return PathResult(sampling, hidden if len(sampling) == len(rows) else hidden[sampling], {})
