@@ -363,7 +363,8 @@ def parse_slo_class(spec: str) -> tuple[int, dict[str, float]]:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """The three configs together, and the checks that need more than one of them.
+    """The model, cache, scheduler and parallel configs together, and the checks that need more
+    than one of them.
 
     It checks and never rewrites: resolving one config from another (such as raising
     max_num_batched_tokens to max_model_len without chunked prefill) is EngineArgs' job, done

@@ -3,7 +3,8 @@
 - csrc/gemv_bf16.cpp: the skinny GEMM (1-8 activation rows) behind bf16 `Linear` in decode;
 - csrc/ggml_gemv.cpp: the same over GGUF's Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K blocks (layers/ggml_linear_method.py);
 - csrc/head_bmm.cpp: per-head products of a few tokens with [H, K, N] weights (absorbed MLA);
-- csrc/llama_decode.cpp: a whole Llama-family decode step in one call (kernels/cpu_fused_decode.py);
+- csrc/llama_decode.cpp: a whole decode step in one call (kernels/cpu_fused_decode.py), for GQA
+  models (Llama, Qwen2/3, Qwen3-MoE) and DeepSeek's MLA alike;
 - csrc/fused_moe.cpp: a sparse MoE layer's routing and experts (kernels/cpu_fused_moe.py);
 - csrc/decode_attention.cpp: that step's attention, read straight from the paged KV cache
   (csrc/decode_attention_int8.cpp for an int8 cache, scales applied in the kernel); the same

@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import tempfile
 import threading
 import time
 
@@ -20,9 +21,23 @@ from tests.distributed.test_tensor_parallel import prompts_for
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 
 
+def leftovers() -> set[str]:
+    """Shared-memory segments and rendezvous files a tensor-parallel engine makes."""
+    shm = {f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if n.startswith("tacit-shm-")}
+    tmp = tempfile.gettempdir()
+    return shm | {f"{tmp}/{n}" for n in os.listdir(tmp) if n.startswith("tacit-tp-")}
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    before = leftovers()
+    yield
+    assert leftovers() <= before
+
+
 def assert_a_valid_engine_works(path, expected):
-    """No process, process group or rendezvous file of the failed engine is left, and a new
-    tensor-parallel engine in this process answers as one process does."""
+    """No process, process group, shared-memory segment or rendezvous file of the failed engine
+    is left, and a new tensor-parallel engine in this process answers as one process does."""
     assert not multiprocessing.active_children() and not dist.is_initialized()
     llm = LLM(str(path), dtype="float32", tensor_parallel_size=2)
     try:

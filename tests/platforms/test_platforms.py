@@ -76,6 +76,9 @@ def test_tensor_parallel_ranks_each_take_their_own_cuda_device(monkeypatch):
 
 
 def test_too_few_cuda_devices_are_refused_before_any_worker_starts(monkeypatch):
+    from types import SimpleNamespace
+
+    from tacit.config import ParallelConfig
     from tacit.engine.executor import MultiProcExecutor
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -84,7 +87,9 @@ def test_too_few_cuda_devices_are_refused_before_any_worker_starts(monkeypatch):
     spawned = []
     monkeypatch.setattr(MultiProcExecutor, "_spawn_workers", lambda self, *args: spawned.append(args))
     with pytest.raises(ValueError, match=r"3 ranks on this host need 3 cuda devices from index 0; this machine has 2"):
-        MultiProcExecutor(None, None, get_platform("cuda"), 3)
+        MultiProcExecutor(
+            SimpleNamespace(parallel=ParallelConfig(tensor_parallel_size=3)), "cuda", None, get_platform("cuda")
+        )
     assert not spawned
 
 
