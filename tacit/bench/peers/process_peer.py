@@ -18,7 +18,7 @@ from typing import Any
 
 from tacit.bench.peers.base import BenchEngine
 
-DEFAULT_TIMEOUT_S = 900.0  # one measurement call; a batch-16 latency run of a 1B model is ~2 min here
+DEFAULT_TIMEOUT_S = 900.0  # one measurement call: generous, so only a peer that is stuck is killed
 
 
 def _serve(factory: str, args: tuple, conn) -> None:
