@@ -149,8 +149,8 @@ class Tokenizer:
         return max(len(t.encode("utf-8")) for t in self.tokenizer.get_vocab(with_added_tokens=True))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        # encode_batch releases the GIL while it tokenizes (encode holds it: a 1 MB prompt held
-        # every other thread of the server, /health included, for 0.52 s of its 0.55 s).
+        # encode_batch releases the GIL while it tokenizes; encode holds it for the whole call, and
+        # every other thread of the server, /health's included, waits (tests/test_tokenizer_threads.py).
         ids = self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         if (
             add_special_tokens
