@@ -27,13 +27,13 @@ BetweenLayers = Callable[[], None] | None
 
 
 class PathResult(NamedTuple):
-    """Indexes of the rows that sample (in scheduled order), their final hidden states or logits
-    (`is_logits`), and the prompt logprobs the step's chunks scored."""
+    """Indexes of the rows that sample (in scheduled order), their final hidden states (from
+    HiddenStatesPath.hidden) or logits (from ExecutionPath.run), and the prompt logprobs the
+    step's chunks scored."""
 
     samples: list[int]
     values: torch.Tensor | None
     prompt_logprobs: PromptScores
-    is_logits: bool = False
 
 
 @dataclass
@@ -129,8 +129,8 @@ class HiddenStatesPath(ExecutionPath):
     def run(self, rows: Rows, between_layers: BetweenLayers) -> PathResult:
         out = self.hidden(rows, between_layers)
         if not out.samples:
-            return PathResult([], None, out.prompt_logprobs, True)
-        return PathResult(out.samples, self.ctx.model.compute_logits(out.values), out.prompt_logprobs, True)
+            return PathResult([], None, out.prompt_logprobs)
+        return PathResult(out.samples, self.ctx.model.compute_logits(out.values), out.prompt_logprobs)
 
 
 EXECUTION_PATHS = Registry("execution_path")

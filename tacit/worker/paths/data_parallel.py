@@ -92,9 +92,9 @@ class DataParallelPath(ExecutionPath):
                 )
                 offset += end - first
         if not sampling:
-            return PathResult([], None, prompt_logprobs, True)
+            return PathResult([], None, prompt_logprobs)
         everyone = gather_tokens(local.contiguous(), tuple(sampling_counts), comm)  # in rank order
         step_order = sorted(sampling)
         position = {row: p for p, row in enumerate(sampling)}
         in_step_order = everyone[torch.tensor([position[i] for i in step_order])]
-        return PathResult(step_order, model.compute_logits(in_step_order), prompt_logprobs, True)
+        return PathResult(step_order, model.compute_logits(in_step_order), prompt_logprobs)

@@ -50,9 +50,9 @@ class SplitPath(HiddenStatesPath):
         decodes = [i for i, (r, n) in enumerate(rows) if fusable(r, n)]
         others = [i for i, (r, n) in enumerate(rows) if not fusable(r, n)]
         dec_rows, other_rows = [rows[i] for i in decodes], [rows[i] for i in others]
-        dec_samples, dec_hidden, _, _ = self.decodes.hidden(dec_rows, between_layers)
+        dec_samples, dec_hidden, _ = self.decodes.hidden(dec_rows, between_layers)
         rest = first_accepting(self.rest, other_rows, between_layers)
-        pre_samples, pre_hidden, prompt_logprobs, _ = rest.hidden(other_rows, between_layers)
+        pre_samples, pre_hidden, prompt_logprobs = rest.hidden(other_rows, between_layers)
         index = [decodes[i] for i in dec_samples] + [others[i] for i in pre_samples]
         order = sorted(range(len(index)), key=index.__getitem__)
         hidden = torch.cat([dec_hidden, pre_hidden.to(dec_hidden.dtype)])[torch.tensor(order, dtype=torch.long)]
