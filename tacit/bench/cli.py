@@ -284,7 +284,7 @@ def _report_failed_peers(engines: list) -> dict[str, dict[str, str]]:
         print(f"peer {name} failed: {why}; its results are missing, the others stand")
         if name == "llama.cpp" and "SIGSEGV" in why:
             print(
-                "  llama-cpp-python's native build crashes on some CPUs that advertise AMX: README, 'Benchmarks', "
+                "  llama-cpp-python's native build crashes on some CPUs that advertise AMX: the README's `tacit bench` section "
                 "says how to rebuild it without AMX"
             )
     for e in engines:
