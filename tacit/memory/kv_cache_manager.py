@@ -66,14 +66,11 @@ class KVCacheManager:
         Without a prefix cache nothing is shared, so a new request starts from zero."""
         return [], 0
 
-    def allocate_slots(
-        self, request_id: str, num_computed_tokens: int, num_new_tokens: int, num_lookahead_tokens: int = 0
-    ) -> list[int] | None:
-        """Make room for num_new_tokens more tokens, plus num_lookahead_tokens slots a step may
-        write past them (draft tokens being verified): the blocks newly added (possibly none),
-        or None, with nothing allocated, when the pool is short."""
+    def allocate_slots(self, request_id: str, num_computed_tokens: int, num_new_tokens: int) -> list[int] | None:
+        """Make room for num_new_tokens more tokens: the blocks newly added (possibly none), or
+        None, with nothing allocated, when the pool is short."""
         table = self._block_ids.setdefault(request_id, [])
-        extra = self.blocks_needed(num_computed_tokens + num_new_tokens + num_lookahead_tokens) - len(table)
+        extra = self.blocks_needed(num_computed_tokens + num_new_tokens) - len(table)
         if extra <= 0:
             return []
         pool = self._pool_for(request_id, extra)
@@ -82,21 +79,6 @@ class KVCacheManager:
         new = pool.allocate(extra)
         table.extend(new)
         return new
-
-    def trim(self, request_id: str, num_tokens: int) -> list[int]:
-        """Roll back to num_tokens tokens: give back the trailing blocks that hold none of them
-        (slots allocated for draft tokens that were not accepted). Returns the blocks freed. A
-        block that holds any kept token stays, so a block another request shares (a prefix
-        cache's full block of verified tokens) is never freed or changed by a rollback."""
-        table = self._block_ids.get(request_id)
-        if not table:
-            return []
-        keep = self.blocks_needed(num_tokens)
-        freed = table[keep:]
-        if freed:
-            del table[keep:]
-            self.pools[self._pool_of.get(request_id, 0)].free(freed)
-        return freed
 
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's blocks in order (a copy; empty if it holds none)."""

@@ -139,20 +139,3 @@ def test_place_pins_a_request_to_a_pool():
         kv.place("a", 1)
     with pytest.raises(ValueError, match="pool 2 does not exist"):
         kv.place("d", 2)
-
-
-def test_lookahead_slots_are_allocated_and_trim_gives_back_only_whole_unused_blocks():
-    """A verify step writes draft tokens past the request's tokens: their slots are allocated
-    with it, and rolling back the rejected drafts frees the blocks that hold none of the kept
-    tokens, never one that does."""
-    kv = KVCacheManager(num_blocks=8, block_size=4)
-    assert len(kv.allocate_slots("a", 0, 6)) == 2  # 6 prompt tokens
-    added = kv.allocate_slots("a", 6, 1, num_lookahead_tokens=5)  # 1 token + 5 drafts: 12 slots
-    assert len(added) == 1 and kv.num_blocks_of("a") == 3
-    kept = kv.get_block_ids("a")
-    assert kv.trim("a", 8) == [kept[2]]  # 8 tokens verified: block 3 held only rejected drafts
-    assert kv.get_block_ids("a") == kept[:2] and kv.num_free_blocks == 6
-    assert kv.trim("a", 7) == []  # block 2 still holds tokens 5-7: it stays
-    assert kv.trim("nobody", 0) == []
-    assert kv.allocate_slots("b", 0, 1, num_lookahead_tokens=40) is None  # 11 blocks: too many
-    assert kv.num_free_blocks == 6
