@@ -59,11 +59,14 @@ class ModelRunnerOutput:
 
     Only requests that sampled this step appear in req_ids (a prefill chunk short of its
     request's last prompt token samples nothing, nor does a prompt only scored, max_tokens=0).
+    Each of them gets a list of tokens: the draft tokens its verify step accepted, in order,
+    then the one token sampled after them (just that one without drafts).
     """
 
     req_ids: list[str] = field(default_factory=list)
-    sampled_token_ids: list[int] = field(default_factory=list)
-    logprobs: list[RawLogprobs | None] = field(default_factory=list)
+    sampled_token_ids: list[list[int]] = field(default_factory=list)
+    # Per request, one entry per token of sampled_token_ids (None: it did not ask for logprobs).
+    logprobs: list[list[RawLogprobs] | None] = field(default_factory=list)
     # Seconds the runner spent on this step's own forward and sampling, not counting work run
     # between its layers (a cut-in prefill): what the step-cost model learns from.
     execute_s: float = 0.0
@@ -74,3 +77,6 @@ class ModelRunnerOutput:
     # Requests with prompt_logprobs whose prefill chunk scored prompt tokens this step (any chunk,
     # sampling or not).
     prompt_logprobs: dict[str, RawPromptLogprobs] = field(default_factory=dict)
+    # Draft tokens the runner's proposer offers for each request's next step (vLLM v1's
+    # spec_token_ids); the scheduler decides how many of them the next step verifies.
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)

@@ -250,7 +250,7 @@ class LLMEngine:
             return []
         self.num_steps += 1
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        self.num_generation_tokens += sum(o.new_token_id is not None for o in core_outputs)
+        self.num_generation_tokens += sum(len(o.new_token_ids) for o in core_outputs)
         outputs, stopped = self.output_processor.process_outputs(core_outputs)
         for seq_id, stop in stopped:
             self.scheduler.finish_request(seq_id, "stop", stop)

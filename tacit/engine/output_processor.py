@@ -109,7 +109,7 @@ class OutputProcessor:
             if out.prompt_logprobs is not None:
                 scored = out.prompt_logprobs
                 parent.prompt_logprobs += map(self._logprob_entry, scored.token_ids, scored.entries)
-            if parent.first_token_time is None and out.new_token_id is not None:
+            if parent.first_token_time is None and out.new_token_ids:
                 parent.first_token_time = now
             stop = self._append(parent.sequences[out.req_id], out)
             if stop is not None:
@@ -131,18 +131,28 @@ class OutputProcessor:
         return entry
 
     def _append(self, seq: SequenceState, out: EngineCoreOutput) -> str | None:
-        """Take one step's news (a sampled token, or none); returns the stop string if one
-        ended the sequence."""
-        token = out.new_token_id
-        if token is None:  # a prompt chunk scored, or a prompt only scored (max_tokens=0) done
+        """Take one step's news (its tokens, or none); returns the stop string if one ended the
+        sequence. Several tokens (accepted drafts) go in one at a time, each checked as if it came
+        alone, so a stop string ends the sequence at the token that completed it."""
+        if not out.new_token_ids:  # a prompt chunk scored, or a prompt only scored (max_tokens=0) done
             if out.finish_reason is not None:
                 seq.finish_reason, seq.stop_reason = out.finish_reason, out.stop_reason
             return None
+        for k, token in enumerate(out.new_token_ids):
+            stop = self._append_token(seq, token, None if out.logprobs is None else out.logprobs[k])
+            if stop is not None:
+                return stop
+        if out.finish_reason is not None:
+            seq.text += seq.detokenizer.flush()
+            seq.finish_reason, seq.stop_reason = out.finish_reason, out.stop_reason
+        return None
+
+    def _append_token(self, seq: SequenceState, token: int, logprobs: RawLogprobs | None) -> str | None:
         seq.token_ids.append(token)
         p = seq.params
-        if out.logprobs is not None:
-            seq.logprobs.append(self._logprob_entry(token, out.logprobs))
-            seq.cumulative_logprob += out.logprobs[0]
+        if logprobs is not None:
+            seq.logprobs.append(self._logprob_entry(token, logprobs))
+            seq.cumulative_logprob += logprobs[0]
         delta = seq.detokenizer.step(token)
         seq.text += delta
         if p.stop and delta:
@@ -154,9 +164,6 @@ class OutputProcessor:
                     seq.text = seq.text[:at]
                     seq.finish_reason, seq.stop_reason = "stop", s
                     return s
-        if out.finish_reason is not None:
-            seq.text += seq.detokenizer.flush()
-            seq.finish_reason, seq.stop_reason = out.finish_reason, out.stop_reason
         return None
 
     @staticmethod

@@ -157,7 +157,7 @@ def simulate(
         sampled = [rid for rid, c in zip(out.num_scheduled_tokens, step.chunks) if c.samples]
         runner = ModelRunnerOutput(
             req_ids=sampled,
-            sampled_token_ids=[FAKE_TOKEN] * len(sampled),
+            sampled_token_ids=[[FAKE_TOKEN] for _ in sampled],
             logprobs=[None] * len(sampled),
             execute_s=dt,
             swap_blocks=copied,

@@ -47,6 +47,9 @@ class Request:
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
+        # Draft tokens the runner's proposer offered after its last step (vLLM v1's name); the
+        # next schedule() verifies as many as fit. Replaced every step, cleared on preemption.
+        self.spec_token_ids: list[int] = []
         self.status = RequestStatus.WAITING
         self.num_preemptions = 0
         self.finish_reason: str | None = None

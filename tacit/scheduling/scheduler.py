@@ -126,6 +126,7 @@ class Scheduler:
         else:
             request.num_computed_tokens = 0
         self.kv.free(request.request_id)
+        request.spec_token_ids = []
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions += 1
@@ -206,11 +207,16 @@ class Scheduler:
         self.policy.on_start(req)
 
     def _output(
-        self, scheduled: list[tuple[Request, int, list[int] | None]], preempted: list[Request]
+        self,
+        scheduled: list[tuple[Request, int, list[int] | None]],
+        preempted: list[Request],
+        drafts: dict[str, list[int]] | None = None,
     ) -> SchedulerOutput:
         """The step as plain data; new_blocks None marks a request the runner gets whole."""
         out = SchedulerOutput(
-            preempted_req_ids=[r.request_id for r in preempted], finished_req_ids=self._finished_req_ids
+            preempted_req_ids=[r.request_id for r in preempted],
+            finished_req_ids=self._finished_req_ids,
+            scheduled_spec_decode_tokens=drafts or {},
         )
         self._finished_req_ids = []
         if self.swapper is not None:
@@ -233,7 +239,8 @@ class Scheduler:
                 out.scheduled_cached_reqs.append(CachedRequestData(req.request_id, new_blocks, req.num_computed_tokens))
         so = self.structured_output
         if so:  # no constrained request anywhere: no loop, no mask
-            # Only rows that sample this step (brought level with all their tokens) need a mask.
+            # Only rows that sample this step (brought level with all their tokens) need a mask;
+            # a constrained request is never given drafts (_drafts_to_verify).
             ids = [
                 r.request_id
                 for r, n, _ in scheduled
@@ -278,10 +285,25 @@ class Scheduler:
         while len(self.running) > self.config.max_num_seqs:
             self._preempt(self._pick_victim(self.running), preempted)
 
+    def _drafts_to_verify(self, req: Request, budget: int) -> list[int]:
+        """The draft tokens req's step verifies: only while it decodes (one token left to
+        compute), as many as the step's budget has room for past that token, and no more than
+        could be kept before max_tokens (which also keeps every position within max_model_len).
+        None for a request under a grammar: its bitmask covers the one position that samples
+        now, and masking each draft position would need the matcher advanced over the drafts."""
+        drafts = req.spec_token_ids
+        if not drafts or req.num_tokens - req.num_computed_tokens != 1:
+            return []
+        if self.structured_output is not None and req.request_id in self.structured_output:
+            return []
+        room = min(budget - 1, req.max_tokens - len(req.output_token_ids) - 1)
+        return drafts[: max(room, 0)]
+
     def schedule(self) -> SchedulerOutput:
         self.now = self.clock()
         scheduled: list[tuple[Request, int, list[int] | None]] = []
         preempted: list[Request] = []
+        drafts: dict[str, list[int]] = {}
         # Long prompts prefilling this step: at most max_long_partial_prefills of them (a pool), so
         # a burst of long prompts cannot fill the whole token budget between two decodes.
         budget = StepBudget(
@@ -299,6 +321,8 @@ class Scheduler:
             req = self.running[i]
             pool = self.kv.pool_of(req.request_id)
             n = self._chunk(req, budget.of(pool))
+            verify = self._drafts_to_verify(req, budget.of(pool))
+            n += len(verify)  # draft tokens are computed (their KV written) like any scheduled token
             long = self._is_long(req)
             if (
                 not n
@@ -320,6 +344,8 @@ class Scheduler:
                 new_blocks = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n)
             if new_blocks is not None:
                 scheduled.append((req, n, new_blocks))
+                if verify:
+                    drafts[req.request_id] = verify
                 budget.spend(pool, n)
                 i += 1
 
@@ -348,50 +374,57 @@ class Scheduler:
             self._start(req)
             scheduled.append((req, n, None))
             budget.spend(pool, n)
-        return self._output(scheduled, preempted)
+        return self._output(scheduled, preempted, drafts)
 
     # ---- after the step ---------------------------------------------------------------------
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
-        """Advance every scheduled request by the tokens it computed, append what was sampled,
-        finish (and free) requests that hit EOS, a stop token id or max_tokens (0: at the end of
-        the prefill), pass on the prompt logprobs the runner scored."""
+        """Advance every scheduled request by the tokens it computed (less the draft tokens its
+        verify step rejected), append what was sampled, finish (and free) requests that hit
+        EOS, a stop token id or max_tokens (0: at the end of the prefill), pass on the prompt
+        logprobs the runner scored and keep the proposer's drafts for the next step."""
         if self.swapper is not None:
             self.swapper.observe(runner_output.swap_blocks, runner_output.swap_s)
+        verified = scheduler_output.scheduled_spec_decode_tokens
         prefill_tokens = decodes = 0
         for req_id, n in scheduler_output.num_scheduled_tokens.items():
             req = self.requests.get(req_id)
             if req is not None:
                 req.num_computed_tokens += n
-            if n == 1:
+                req.spec_token_ids = []
+            num_drafts = len(verified.get(req_id, ()))
+            if n - num_drafts == 1:
                 decodes += 1
-            else:
-                prefill_tokens += n
+            # A verify step's drafts cost what prompt tokens do: more rows through every GEMM.
+            prefill_tokens += n if n - num_drafts > 1 else num_drafts
         self.cost.observe(prefill_tokens, decodes, runner_output.execute_s)
         now = self.clock()
         outputs = []
         scored = runner_output.prompt_logprobs
         sampled = set(runner_output.req_ids)
-        for req_id, token, logprobs in zip(
+        for req_id, tokens, logprobs in zip(
             runner_output.req_ids, runner_output.sampled_token_ids, runner_output.logprobs
         ):
             req = self.requests.get(req_id)
             if req is None or req.is_finished:
                 continue  # aborted while its step ran
-            req.append_output_token(token)
+            # Rejected drafts: their KV slots lie past every kept token and are written over by
+            # the tokens that take their positions; the blocks stay the request's.
+            req.num_computed_tokens -= len(verified.get(req_id, ())) + 1 - len(tokens)
             if req.first_token_time is None:
                 req.first_token_time = now
             req.last_token_time = now
-            so = self.structured_output
-            grammar_ended = bool(so) and so.accept_token(req_id, token)
-            reason, stop_reason = self._check_stop(req, token)
-            if reason is None and grammar_ended:
-                reason = "stop"  # the grammar is complete (or refused the token): nothing valid can follow
+            new, reason, stop_reason = self._append_tokens(req, tokens)
             if reason is not None:
                 self.finish_request(req_id, reason, stop_reason)
-            outputs.append(EngineCoreOutput(req_id, token, logprobs, reason, stop_reason, scored.get(req_id)))
+            kept = None if logprobs is None else logprobs[: len(new)]
+            outputs.append(EngineCoreOutput(req_id, new, kept, reason, stop_reason, scored.get(req_id)))
+        for req_id, drafts in runner_output.draft_token_ids.items():
+            req = self.requests.get(req_id)
+            if req is not None and req.status == RequestStatus.RUNNING:
+                req.spec_token_ids = list(drafts)
         # News without a token: prompt tokens a chunk scored mid-prefill, and a prompt that was
         # only to be scored (max_tokens=0) ending with its prefill.
         for req_id in scheduler_output.num_scheduled_tokens:
@@ -403,8 +436,22 @@ class Scheduler:
                 reason = "length"
                 self.finish_request(req_id, reason)
             if reason is not None or req_id in scored:
-                outputs.append(EngineCoreOutput(req_id, None, None, reason, None, scored.get(req_id)))
+                outputs.append(EngineCoreOutput(req_id, [], None, reason, None, scored.get(req_id)))
         return outputs
+
+    def _append_tokens(self, req: Request, tokens: list[int]) -> tuple[list[int], str | None, int | str | None]:
+        """Append a step's tokens one at a time, each checked as if it came alone: the tokens
+        kept (up to the one that ended the request), the finish reason and the stop reason."""
+        so = self.structured_output
+        for k, token in enumerate(tokens):
+            req.append_output_token(token)
+            grammar_ended = bool(so) and so.accept_token(req.request_id, token)
+            reason, stop_reason = self._check_stop(req, token)
+            if reason is None and grammar_ended:
+                reason = "stop"  # the grammar is complete (or refused the token): nothing valid can follow
+            if reason is not None:
+                return tokens[: k + 1], reason, stop_reason
+        return tokens, None, None
 
     def _check_stop(self, req: Request, token: int) -> tuple[str | None, int | None]:
         p = req.params

@@ -72,6 +72,10 @@ class SchedulerOutput:
     # KV copies to or from host memory that every rank's runner makes before the forward, in
     # order (preemption by swap; tacit/memory/swap.py).
     swap_ops: list[SwapOp] = field(default_factory=list)
+    # Speculative decoding (vLLM's name): req_id -> the draft tokens this step verifies. They
+    # are scheduled tokens: such a request's num_scheduled_tokens is 1 + len(drafts), its last
+    # token and then the drafts, each computed (its KV written) as if accepted.
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -87,15 +91,15 @@ class SchedulerOutput:
 
 @dataclass(frozen=True)
 class EngineCoreOutput:
-    """One request's news from one step (vLLM v1's name): the token it sampled, whether that
-    ended it, and the prompt tokens its prefill chunk scored (prompt_logprobs). new_token_id is
-    None when there is no token: a chunk mid-prefill that scored prompt tokens, or a prompt
-    that was only to be scored (max_tokens=0) finishing its prefill. The output processor
-    turns these into text and RequestOutputs."""
+    """One request's news from one step (vLLM v1's name): the tokens it gained (one, or several
+    when a verify step accepted draft tokens; none for a chunk mid-prefill that scored prompt
+    tokens, or a prompt only scored, max_tokens=0, finishing its prefill), whether that ended
+    it (the tokens stop at the one that did), and the prompt tokens its prefill chunk scored.
+    The output processor turns these into text and RequestOutputs."""
 
     req_id: str
-    new_token_id: int | None
-    logprobs: RawLogprobs | None
+    new_token_ids: list[int]
+    logprobs: list[RawLogprobs] | None  # one per new token, when the request asked for them
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: RawPromptLogprobs | None = None

@@ -51,6 +51,17 @@ class TorchInputs(NamedTuple):
     scored: list[tuple[int, int, int, int]]
 
 
+def logit_rows(rows: Rows, sampling: list[int], ends: np.ndarray) -> np.ndarray:
+    """The flat batch rows the head projects, given each row's end in the batch: a sampling
+    row's last token, and before it one per draft token it verifies (draft j is checked
+    against the token the position before it predicts), contiguous and in sampling order."""
+    last = ends[sampling] - 1
+    drafts = [rows[i][0].num_draft_tokens for i in sampling]
+    if not any(drafts):
+        return last
+    return np.concatenate([np.arange(e - k, e + 1) for e, k in zip(last, drafts)]).astype(np.int64)
+
+
 def block_tables(rows: Rows, seq_lens: np.ndarray, block_size: int) -> np.ndarray:
     """[rows, blocks the longest needs] of block ids, zero-padded."""
     max_blocks = -(-int(seq_lens.max()) // block_size)
@@ -78,7 +89,7 @@ def build_inputs(rows: Rows, block_size: int, attn_backend: Any, device: torch.d
     slot_mapping = tables[req_of_token, positions // bs] * bs + positions % bs
     meta = attn_backend.build_metadata(num_new, computed, tables, slot_mapping, device, bs)
     sampling = [i for i, (r, n) in enumerate(rows) if samples(r, n)]
-    sample_rows = starts[1:][sampling] - 1
+    sample_rows = logit_rows(rows, sampling, starts[1:])
     scored = []
     for i, ((r, n), c) in enumerate(zip(rows, computed)):
         first, end = prompt_tokens_scored(r, n)

@@ -31,15 +31,17 @@ from tacit.layers.linear import (
     use_linear_method,
 )
 from tacit.layers.moe import select_moe_kernel, use_moe_kernel
-from tacit.layers.sampler import Sampler, SamplingMetadata
+from tacit.layers.sampler import Sampler
 from tacit.models.expert_streaming import stream_experts
 from tacit.outputs import ModelRunnerOutput
 from tacit.scheduling.scheduler_output import SchedulerOutput
+from tacit.worker.drafter import DraftProposer
 from tacit.worker.input_batch import PromptScores, Rows
 from tacit.worker.kv_allocation import num_kv_blocks
 from tacit.worker.paths import PathContext, PathResult
 from tacit.worker.paths.base import BetweenLayers, ExecutionPath, build_paths, first_accepting
 from tacit.worker.request_state import CachedRequestState, update_request_states
+from tacit.worker.sample_step import sample_and_verify
 from tacit.worker.swap_store import KVSwapStore
 
 
@@ -126,6 +128,9 @@ class ModelRunner:
         )
         self.paths: list[ExecutionPath] = build_paths(self.paths_context)
         self.requests: dict[str, CachedRequestState] = {}
+        # Speculative decoding: proposes each sampling request's draft tokens for its next step
+        # (tacit/worker/drafter.py); None proposes nothing and every step yields one token.
+        self.drafter: DraftProposer | None = None
 
     # The context's mutable fields, where the engine, benchmarks and tests reach them.
     @property
@@ -163,19 +168,6 @@ class ModelRunner:
         out: PathResult = self.path_for(rows, between_layers).run(rows, between_layers)
         return out.samples, out.values, out.prompt_logprobs
 
-    @staticmethod
-    def _add_grammar_bitmask(
-        metadata: SamplingMetadata, states: list[CachedRequestState], scheduler_output: SchedulerOutput
-    ) -> None:
-        """Point the scheduler's bitmask rows at the sampling rows they constrain."""
-        row_of = {r.req_id: i for i, r in enumerate(states)}
-        ids = scheduler_output.structured_output_request_ids
-        missing = [rid for rid in ids if rid not in row_of]
-        if missing:  # the scheduler masks only rows that sample: anything else is a bookkeeping bug
-            raise RuntimeError(f"grammar bitmask for requests that do not sample this step: {missing}")
-        metadata.grammar_rows = [row_of[rid] for rid in ids]
-        metadata.grammar_bitmask = torch.from_numpy(scheduler_output.grammar_bitmask)
-
     def rank_stats(self) -> dict[str, float]:
         """This rank's totals since load: seconds in its steps (execute_s summed) and seconds of
         them blocked in collectives. `tacit profile` compares the ranks' (Executor.rank_stats)."""
@@ -195,13 +187,13 @@ class ModelRunner:
         under two-micro-batch overlap; {} without it."""
         return hidden_communication_seconds(self.model)
 
-    def append_sampled(self, req_ids: list[str], token_ids: list[int]) -> None:
+    def append_sampled(self, req_ids: list[str], token_ids: list[list[int]]) -> None:
         """Tokens another rank sampled for these requests (a tensor-parallel worker samples nothing
-        itself: it takes the driver's tokens before the next step)."""
-        for req_id, token in zip(req_ids, token_ids):
+        itself: it takes the driver's tokens, accepted drafts included, before the next step)."""
+        for req_id, tokens in zip(req_ids, token_ids):
             state = self.requests.get(req_id)
             if state is not None:
-                state.token_ids.append(token)
+                state.settle(tokens)
 
     @torch.inference_mode()
     def execute(
@@ -236,17 +228,12 @@ class ModelRunner:
         out = ModelRunnerOutput()
         if logits is not None and sample:
             states = [rows[i][0] for i in samples]
-            params = [r.sampling_params for r in states]
-            # Only penalties read the generated ids; slicing them out of every row's token list
-            # each step would copy the whole context of every sampling row for nothing.
-            output_ids = [r.output_token_ids if p.needs_penalties else [] for r, p in zip(states, params)]
-            metadata = SamplingMetadata(params, output_ids, [r.generator for r in states])
-            if scheduler_output.grammar_bitmask is not None:
-                self._add_grammar_bitmask(metadata, states, scheduler_output)
-            sampled = self.sampler(logits, metadata)
-            for state, token in zip(states, sampled.token_ids):
-                state.token_ids.append(token)
-            out = ModelRunnerOutput([r.req_id for r in states], sampled.token_ids, sampled.logprobs)
+            tokens, logprobs = sample_and_verify(self.sampler, logits, states, scheduler_output)
+            for state, kept in zip(states, tokens):
+                state.settle(kept)
+            out = ModelRunnerOutput([r.req_id for r in states], tokens, logprobs)
+            if self.drafter is not None:
+                out.draft_token_ids = self.drafter.propose(states)
         for req_id, scored in prompt_logprobs.items():
             self.requests[req_id].next_prompt_logprob = scored.start + len(scored.token_ids)
         out.prompt_logprobs = prompt_logprobs

@@ -31,6 +31,9 @@ class CachedRequestState:
     next_prompt_logprob: int = 1
     # Data-parallel attention: the rank whose KV pool holds block_ids and that runs its tokens.
     dp_rank: int = 0
+    # Draft tokens at the end of token_ids that this step verifies (0 outside a verify step):
+    # they are computed like the tokens before them until settle() keeps what was accepted.
+    num_draft_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -39,6 +42,18 @@ class CachedRequestState:
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def draft_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.token_ids) - self.num_draft_tokens :] if self.num_draft_tokens else []
+
+    def settle(self, tokens: list[int]) -> None:
+        """End the step: drop its draft tokens and append what it produced (the accepted drafts
+        and the token sampled after them)."""
+        if self.num_draft_tokens:
+            del self.token_ids[-self.num_draft_tokens :]
+            self.num_draft_tokens = 0
+        self.token_ids.extend(tokens)
 
 
 def update_request_states(states: dict[str, CachedRequestState], out: SchedulerOutput) -> None:
@@ -63,7 +78,12 @@ def update_request_states(states: dict[str, CachedRequestState], out: SchedulerO
             next_prompt_logprob,
             new.dp_rank,
         )
+    drafts = out.scheduled_spec_decode_tokens
     for cached in out.scheduled_cached_reqs:
         state = states[cached.req_id]
         state.block_ids.extend(cached.new_block_ids)
         state.num_computed_tokens = cached.num_computed_tokens
+        verify = drafts.get(cached.req_id)
+        if verify:
+            state.token_ids.extend(verify)
+            state.num_draft_tokens = len(verify)

@@ -27,7 +27,7 @@ class StepMessage:
 
     scheduler_output: SchedulerOutput | None
     sampled_req_ids: list[str]
-    sampled_token_ids: list[int]
+    sampled_token_ids: list[list[int]]  # per request: accepted drafts, then the sampled token
     # Not a step: every worker answers with its ModelRunner.rank_stats() in a gather to rank 0.
     collect_stats: bool = False
 

@@ -57,5 +57,5 @@ def advance(s: Scheduler, out: SchedulerOutput, now: float | None = None) -> lis
     # The step "takes" what the cost model predicts, so faking steps does not disturb what tests teach it.
     decodes = sum(n == 1 for n in out.num_scheduled_tokens.values())
     seconds = s.cost.step_s(out.total_num_scheduled_tokens - decodes, decodes)
-    s.update_from_output(out, ModelRunnerOutput(sampled, [7] * len(sampled), [None] * len(sampled), seconds))
+    s.update_from_output(out, ModelRunnerOutput(sampled, [[7] for _ in sampled], [None] * len(sampled), seconds))
     return out.req_ids

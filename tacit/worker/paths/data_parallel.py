@@ -77,8 +77,10 @@ class DataParallelPath(ExecutionPath):
         scored = [(i, *prompt_tokens_scored(*rows[i])) for i in by_rank]
         scored = [(i, first, end) for i, first, end in scored if first < end]
         sampling_counts, scored_counts = [0] * world, [0] * world
+        # Hidden rows per sampling row: its last token's, and one per draft token it verifies.
+        width = {i: 1 + rows[i][0].num_draft_tokens for i in sampling}
         for i in sampling:
-            sampling_counts[rows[i][0].dp_rank] += 1
+            sampling_counts[rows[i][0].dp_rank] += width[i]
         for i, first, end in scored:
             scored_counts[rows[i][0].dp_rank] += end - first
         prompt_logprobs: PromptScores = {}
@@ -95,6 +97,8 @@ class DataParallelPath(ExecutionPath):
             return PathResult([], None, prompt_logprobs)
         everyone = gather_tokens(local.contiguous(), tuple(sampling_counts), comm)  # in rank order
         step_order = sorted(sampling)
-        position = {row: p for p, row in enumerate(sampling)}
-        in_step_order = everyone[torch.tensor([position[i] for i in step_order])]
+        start, offset = {}, 0
+        for i in sampling:
+            start[i], offset = offset, offset + width[i]
+        in_step_order = everyone[torch.tensor([start[i] + j for i in step_order for j in range(width[i])])]
         return PathResult(step_order, model.compute_logits(in_step_order), prompt_logprobs)

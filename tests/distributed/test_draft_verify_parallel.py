@@ -1,0 +1,31 @@
+"""Verify steps across ranks: the driver samples and accepts, every worker settles the same
+tokens before the next step (tensor parallel), and data-parallel attention gathers each
+request's verify rows from the rank that ran them. Float32: greedy tokens as one process gives."""
+
+import pytest
+from scripted_drafts import ScriptedProposer
+
+from tacit import LLM, SamplingParams
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+PROMPTS = [[5, 6, 7], [9, 3, 2, 8, 1, 4, 4, 6, 10, 11], [12] * 20]
+
+
+@pytest.mark.parametrize("layout", [{}, {"data_parallel_attention": True}], ids=["tp2", "dp-attention"])
+def test_verify_steps_across_ranks_give_one_process_tokens(tiny_model_factory, layout):
+    _, _, path = tiny_model_factory("qwen3")
+    ref = [o.outputs[0].token_ids for o in LLM(str(path), dtype="float32").generate(PROMPTS, PARAMS)]
+    llm = LLM(str(path), dtype="float32", tensor_parallel_size=2, **layout)
+    try:
+        proposer = ScriptedProposer(
+            {tuple(p): r for p, r in zip(PROMPTS, ref)}, k=3, wrong=lambda done, j: (done + j) % 4 == 2
+        )
+        llm.engine.runner.drafter = proposer
+        steps = llm.engine.num_steps
+        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)]
+        assert got == ref and proposer.proposed > 0
+        assert llm.engine.num_steps - steps < 12  # verify steps did yield several tokens
+        llm.engine.runner.drafter = None
+        assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)] == ref
+    finally:
+        llm.engine.shutdown()
