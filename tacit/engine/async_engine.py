@@ -190,7 +190,6 @@ class AsyncLLMEngine:
     def _run(self) -> None:
         try:
             self.engine = self._engine_factory()
-            self.engine.between_layers = self._between_layers
             self._publish()
         except BaseException as e:
             self._build_error = e
@@ -266,13 +265,20 @@ class AsyncLLMEngine:
             self._abort(cmd.request_id)
         return True
 
-    def _between_layers(self) -> None:
-        """Mid-step: take new requests in and let those the policy says may cut in prefill now,
-        so an interactive request's first token does not wait for a loaded step to end."""
-        if self._commands.empty():
-            return
-        self._apply_commands(block=False, adds_only=True)
-        self._deliver(self.engine.cut_in_step())
+    def _run_step(self) -> list[RequestOutput]:
+        """One engine step; in each of its pauses between two decoder layers, take new requests
+        in and let those the policy says may cut in prefill now (their own step, run here while
+        this one waits), so an interactive request's first token does not wait for a loaded step
+        to end."""
+        steps = self.engine.step_in_layers()
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+            if not self._commands.empty():
+                self._apply_commands(block=False, adds_only=True)
+                self._deliver(self.engine.cut_in_step())
 
     def _num_waiting_sequences(self) -> int:
         # Sequences, not parents: one request with n=100000 once queued 99,297 sequences past a
@@ -314,7 +320,7 @@ class AsyncLLMEngine:
 
     def _step(self) -> None:
         try:
-            outputs = self.engine.step()
+            outputs = self._run_step()
         except WorkerDiedError:
             raise  # no later step can run either: the loop ends, failing every request with it
         except Exception as e:

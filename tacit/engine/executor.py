@@ -24,7 +24,6 @@ import multiprocessing
 import os
 import tempfile
 from abc import ABC, abstractmethod
-from typing import Callable
 
 import torch.distributed as dist
 
@@ -35,6 +34,7 @@ from tacit.outputs import ModelRunnerOutput
 from tacit.platforms import Platform
 from tacit.scheduling.scheduler_output import SchedulerOutput
 from tacit.worker.model_runner import ModelRunner
+from tacit.worker.paths.base import Steps
 from tacit.worker.rank import load_rank, pin_to_cores, rank_cores, spawned_worker, torchrun_rank, worker_main
 from tacit.worker.step_channel import COLLECT_STATS, STOP, BroadcastChannel, PipeChannel, StepMessage
 
@@ -51,9 +51,13 @@ class Executor(ABC):
     runner: ModelRunner  # rank 0's: its config, KV pool size and request states are the engine's
 
     @abstractmethod
-    def execute(
-        self, scheduler_output: SchedulerOutput, between_layers: Callable[[], None] | None
-    ) -> ModelRunnerOutput: ...
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
+
+    def execute_steps(self, scheduler_output: SchedulerOutput) -> Steps[ModelRunnerOutput]:
+        """The step, pausing at decoder-layer boundaries where this executor can (one process:
+        the caller may run a cut-in step there). Here: a step that never pauses."""
+        return self.execute(scheduler_output)
+        yield
 
     def shutdown(self) -> None:
         """Stop the workers (a no-op in one process)."""
@@ -67,8 +71,11 @@ class UniProcExecutor(Executor):
     def __init__(self, config: EngineConfig, source: ModelSource, platform: Platform) -> None:
         self.runner = load_rank(config, source, platform, TensorParallel())
 
-    def execute(self, scheduler_output, between_layers):
-        return self.runner.execute(scheduler_output, between_layers)
+    def execute(self, scheduler_output):
+        return self.runner.execute(scheduler_output)
+
+    def execute_steps(self, scheduler_output):
+        return self.runner.execute_steps(scheduler_output, pausable=True)
 
 
 class MultiProcExecutor(Executor):
@@ -160,12 +167,13 @@ class MultiProcExecutor(Executor):
                 raise WorkerDiedError(f"a tensor-parallel rank is gone: {e}") from e
             raise
 
-    def execute(self, scheduler_output, between_layers):
-        # A cut-in (between_layers) would run a nested step on this rank alone: not under TP.
+    def execute(self, scheduler_output):
+        # Its steps never pause (the base execute_steps): a cut-in step run in a pause would
+        # have to reach every rank mid-forward, between their collectives.
         self.check_health()
         msg = StepMessage(scheduler_output, *self._sampled)
         self._collective(lambda: self._send(msg))
-        out = self._collective(lambda: self.runner.execute(scheduler_output, None))
+        out = self._collective(lambda: self.runner.execute(scheduler_output))
         self._sampled = (list(out.req_ids), list(out.sampled_token_ids))
         return out
 

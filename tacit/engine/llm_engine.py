@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import weakref
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -24,7 +24,7 @@ from tacit.engine.output_processor import OutputProcessor
 from tacit.loader import ModelSource, open_model
 from tacit.memory.kv_cache_manager import KVCacheManager
 from tacit.memory.swap import SwapSpace
-from tacit.outputs import RequestOutput
+from tacit.outputs import ModelRunnerOutput, RequestOutput
 from tacit.platforms import get_platform
 from tacit.sampling_params import SamplingParams
 from tacit.scheduling.policy import get_policy
@@ -33,6 +33,7 @@ from tacit.scheduling.scheduler_output import SchedulerOutput
 from tacit.structured_output import StructuredOutputManager
 from tacit.tokenizer import Tokenizer
 from tacit.worker.model_runner import ModelRunner
+from tacit.worker.paths.base import Steps, finish
 
 logger = logging.getLogger("tacit.engine")
 
@@ -68,9 +69,6 @@ class LLMEngine:
         except BaseException:
             self.executor.shutdown()
             raise
-        # Called between the decoder layers of each step; the online engine sets it to take new
-        # requests in and run cut_in_step() (AsyncLLMEngine._between_layers). None offline.
-        self.between_layers: Callable[[], None] | None = None
 
     def _set_up_around(
         self, runner: ModelRunner, model_cfg, block_size: int, swap_space: float, scheduling_policy
@@ -226,7 +224,19 @@ class LLMEngine:
     # ---- the step -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        outputs = self._run(self.scheduler.schedule(), self.between_layers)
+        """One step, run through at once."""
+        return finish(self.step_in_layers(pausable=False))
+
+    def step_in_layers(self, pausable: bool = True) -> Steps[list[RequestOutput]]:
+        """One step that pauses (yields) at every decoder-layer boundary of its forward where the
+        executor can: the online engine runs cut_in_step() in a pause when urgent work arrived,
+        then resumes this step where it stopped."""
+        scheduler_output = self.scheduler.schedule()
+        if pausable:
+            runner_output = yield from self.executor.execute_steps(scheduler_output)
+        else:
+            runner_output = self.executor.execute(scheduler_output)
+        outputs = self._update(scheduler_output, runner_output)
         self._hand_over_finished_when_idle()
         return outputs
 
@@ -236,16 +246,18 @@ class LLMEngine:
         states (up to max_num_seqs token lists) all that time; an empty step hands them over
         now, so an idle engine holds no per-request state anywhere."""
         if not self.scheduler.has_unfinished_requests():
-            self._run(self.scheduler.schedule(), None)
+            self._run(self.scheduler.schedule())
 
     def cut_in_step(self) -> list[RequestOutput]:
-        """Prefill the requests Scheduler.schedule_cut_in() picks, now: called between two
-        layers of the step in flight (through between_layers), never on its own."""
-        return self._run(self.scheduler.schedule_cut_in(), None)
+        """Prefill the requests Scheduler.schedule_cut_in() picks, now: run while another step is
+        paused between two of its layers (step_in_layers), never on its own."""
+        return self._run(self.scheduler.schedule_cut_in())
 
-    def _run(self, scheduler_output: SchedulerOutput, between_layers: Callable[[], None] | None) -> list[RequestOutput]:
+    def _run(self, scheduler_output: SchedulerOutput) -> list[RequestOutput]:
         # Even an empty step goes to the runner: it carries the finished ids whose state it drops.
-        runner_output = self.executor.execute(scheduler_output, between_layers)
+        return self._update(scheduler_output, self.executor.execute(scheduler_output))
+
+    def _update(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput) -> list[RequestOutput]:
         if scheduler_output.is_empty():
             return []
         self.num_steps += 1

@@ -111,16 +111,16 @@ class Profiler:
         sampler = runner.sampler
         runner.sampler = timer.wrap(sampler, "sampling", HEAD)
         self._undo.append(lambda: setattr(runner, "sampler", sampler))
-        real_logits = runner.compute_logits
+        real_forward = runner.forward_steps
 
-        def compute_logits(rows: Any, between_layers: Any = None) -> Any:
+        def forward_steps(rows: Any, pausable: bool) -> Any:
             info = [(n, r.num_computed_tokens, r.num_computed_tokens >= r.num_prompt_tokens) for r, n in rows]
-            out = real_logits(rows, between_layers)
-            self._last_rows, self._last_samples = info, len(out[0])
+            out = yield from real_forward(rows, pausable)
+            self._last_rows, self._last_samples = info, len(out.samples)
             return out
 
-        runner.compute_logits = compute_logits
-        self._undo.append(lambda: vars(runner).pop("compute_logits"))
+        runner.forward_steps = forward_steps
+        self._undo.append(lambda: vars(runner).pop("forward_steps"))
         if self._fused is not None:
             self._fused.set_phase_timing(True)
             self._phase_names = list(self._fused.phase_names)

@@ -39,7 +39,7 @@ from tacit.worker.drafter import DraftProposer
 from tacit.worker.input_batch import PromptScores, Rows
 from tacit.worker.kv_allocation import num_kv_blocks
 from tacit.worker.paths import PathContext, PathResult
-from tacit.worker.paths.base import BetweenLayers, ExecutionPath, build_paths, first_accepting
+from tacit.worker.paths.base import ExecutionPath, Steps, build_paths, finish, first_accepting
 from tacit.worker.request_state import CachedRequestState, update_request_states
 from tacit.worker.sample_step import sample_and_verify
 from tacit.worker.swap_store import KVSwapStore
@@ -149,24 +149,25 @@ class ModelRunner:
     def full_prompt_logprobs(self, sink: Callable[[str, int, torch.Tensor], None] | None) -> None:
         self.paths_context.full_prompt_logprobs = sink
 
-    def path_for(self, rows: Rows, between_layers: BetweenLayers = None) -> ExecutionPath:
+    def path_for(self, rows: Rows, pausable: bool = False) -> ExecutionPath:
         """The path this step's rows run on."""
-        return first_accepting(self.paths, rows, between_layers)
+        return first_accepting(self.paths, rows, pausable)
 
     def rows(self, scheduler_output: SchedulerOutput) -> Rows:
         return [(self.requests[rid], n) for rid, n in scheduler_output.num_scheduled_tokens.items()]
 
-    @torch.inference_mode()
-    def compute_logits(
-        self, rows: Rows, between_layers: BetweenLayers = None
-    ) -> tuple[list[int], torch.Tensor | None, PromptScores]:
-        """Run the step's forward: (indexes of the rows that sample, their logits, the prompt
-        logprobs its chunks scored); writes this step's KV. between_layers, if given, runs at
-        every decoder-layer boundary."""
+    def forward_steps(self, rows: Rows, pausable: bool) -> Steps[PathResult]:
+        """The step's forward on its path (writing its KV), pausing at decoder-layer boundaries
+        if pausable: indexes of the rows that sample, their logits, the prompt logprobs scored."""
         if not rows:
-            return [], None, {}
-        out: PathResult = self.path_for(rows, between_layers).run(rows, between_layers)
-        return out.samples, out.values, out.prompt_logprobs
+            return PathResult([], None, {})
+        return (yield from self.path_for(rows, pausable).steps(rows, pausable))
+
+    @torch.inference_mode()
+    def compute_logits(self, rows: Rows) -> tuple[list[int], torch.Tensor | None, PromptScores]:
+        """The step's forward without pauses: (indexes of the rows that sample, their logits, the
+        prompt logprobs its chunks scored)."""
+        return tuple(finish(self.forward_steps(rows, False)))
 
     def rank_stats(self) -> dict[str, float]:
         """This rank's totals since load: seconds in its steps (execute_s summed) and seconds of
@@ -195,49 +196,58 @@ class ModelRunner:
             if state is not None:
                 state.settle(tokens)
 
-    @torch.inference_mode()
-    def execute(
-        self,
-        scheduler_output: SchedulerOutput,
-        between_layers: Callable[[], None] | None = None,
-        sample: bool = True,
-    ) -> ModelRunnerOutput:
+    def execute(self, scheduler_output: SchedulerOutput, sample: bool = True) -> ModelRunnerOutput:
+        """The whole step at once (see execute_steps)."""
+        return finish(self.execute_steps(scheduler_output, pausable=False, sample=sample))
+
+    def execute_steps(
+        self, scheduler_output: SchedulerOutput, pausable: bool = True, sample: bool = True
+    ) -> Steps[ModelRunnerOutput]:
         """Apply the step's request changes, run it and sample (sample=False: run the forward and
-        the logits, whose collectives every rank joins, and stop there). Time spent inside
-        between_layers (a cut-in runs another execute() there) is left out of execute_s."""
-        update_request_states(self.requests, scheduler_output)
-        # Before the forward: a swapped-out request's blocks may be this step's new blocks.
-        swap_blocks, swap_s = (
-            self.swap_store.apply(scheduler_output.swap_ops) if scheduler_output.swap_ops else (0, 0.0)
-        )
-        if scheduler_output.is_empty():
-            return ModelRunnerOutput(swap_blocks=swap_blocks, swap_s=swap_s)
-        t0 = time.perf_counter()
-        nested_s = 0.0
-        hook = None
-        if between_layers is not None:
-
-            def hook() -> None:
-                nonlocal nested_s
-                t = time.perf_counter()
-                between_layers()
-                nested_s += time.perf_counter() - t
-
-        rows = self.rows(scheduler_output)
-        samples, logits, prompt_logprobs = self.compute_logits(rows, hook)
-        out = ModelRunnerOutput()
-        if logits is not None and sample:
-            states = [rows[i][0] for i in samples]
-            tokens, logprobs = sample_and_verify(self.sampler, logits, states, scheduler_output)
-            for state, kept in zip(states, tokens):
-                state.settle(kept)
-            out = ModelRunnerOutput([r.req_id for r in states], tokens, logprobs)
-            if self.drafter is not None:
-                out.draft_token_ids = self.drafter.propose(states)
-        for req_id, scored in prompt_logprobs.items():
+        the logits, whose collectives every rank joins, and stop there). Pausable, it yields at
+        decoder-layer boundaries; the time it spends paused is left out of execute_s."""
+        with torch.inference_mode():
+            update_request_states(self.requests, scheduler_output)
+            # Before the forward: a swapped-out request's blocks may be this step's new blocks.
+            swap_blocks, swap_s = (
+                self.swap_store.apply(scheduler_output.swap_ops) if scheduler_output.swap_ops else (0, 0.0)
+            )
+            if scheduler_output.is_empty():
+                return ModelRunnerOutput(swap_blocks=swap_blocks, swap_s=swap_s)
+            rows = self.rows(scheduler_output)
+            forward = self.forward_steps(rows, pausable)
+            busy_s = 0.0
+        while True:
+            t = time.perf_counter()
+            try:
+                with torch.inference_mode():
+                    next(forward)
+            except StopIteration as done:
+                result: PathResult = done.value
+                break
+            finally:
+                busy_s += time.perf_counter() - t
+            yield  # paused at a layer boundary: whoever drives this step may run other work now
+        t = time.perf_counter()
+        with torch.inference_mode():
+            out = self._sample(scheduler_output, rows, result) if sample else ModelRunnerOutput()
+        out.prompt_logprobs = result.prompt_logprobs
+        for req_id, scored in result.prompt_logprobs.items():
             self.requests[req_id].next_prompt_logprob = scored.start + len(scored.token_ids)
-        out.prompt_logprobs = prompt_logprobs
-        out.execute_s = time.perf_counter() - t0 - nested_s
+        out.execute_s = busy_s + time.perf_counter() - t
         out.swap_blocks, out.swap_s = swap_blocks, swap_s
         self.execute_seconds += out.execute_s
+        return out
+
+    def _sample(self, scheduler_output: SchedulerOutput, rows: Rows, result: PathResult) -> ModelRunnerOutput:
+        """Sample (and verify drafts) from the step's logits; ask the drafter for the next drafts."""
+        if result.values is None:
+            return ModelRunnerOutput()
+        states = [rows[i][0] for i in result.samples]
+        tokens, logprobs = sample_and_verify(self.sampler, result.values, states, scheduler_output)
+        for state, kept in zip(states, tokens):
+            state.settle(kept)
+        out = ModelRunnerOutput([r.req_id for r in states], tokens, logprobs)
+        if self.drafter is not None:
+            out.draft_token_ids = self.drafter.propose(states)
         return out

@@ -66,15 +66,15 @@ def test_generate_matches_llm_and_bad_requests_do_not_kill_the_loop(make_engine,
 
 def test_failed_step_fails_its_requests_and_the_loop_goes_on(make_engine):
     engine = make_engine()
-    real_step, calls = engine.engine.step, {"n": 0}
+    real_step, calls = engine.engine.step_in_layers, {"n": 0}
 
     def flaky_step():
         calls["n"] += 1
         if calls["n"] == 3:
             raise RuntimeError("injected")
-        return real_step()
+        return (yield from real_step())
 
-    engine.engine.step = flaky_step
+    engine.engine.step_in_layers = flaky_step
 
     async def main():
         with pytest.raises(EngineStepError, match="injected"):

@@ -69,15 +69,15 @@ def test_idle_abort_hands_the_runner_its_state_back(tiny_llama):
 def test_served_requests_leave_nothing_behind(tiny_llama):
     engine = AsyncLLMEngine(lambda: LLMEngine(str(tiny_llama[2]), dtype="float32", max_num_seqs=4))
     engine.start()
-    real_step, calls = engine.engine.step, {"n": 0}
+    real_step, calls = engine.engine.step_in_layers, {"n": 0}
 
     def flaky_step():
         calls["n"] += 1
         if calls["n"] == 6:
             raise RuntimeError("injected")
-        return real_step()
+        return (yield from real_step())
 
-    engine.engine.step = flaky_step
+    engine.engine.step_in_layers = flaky_step
     params = SamplingParams(temperature=0.8, max_tokens=6)
 
     async def one(i: int) -> str:

@@ -4,9 +4,11 @@ import os
 
 import pytest
 import torch
+from pausing import run_pausing
 
 from tacit import LLM, SamplingParams
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
+from tacit.worker.paths.base import finish
 from tacit.worker.paths.fused_decode import FusedDecodePath
 from tacit.worker.paths.split import SplitPath
 from tacit.worker.request_state import update_request_states
@@ -35,12 +37,12 @@ def step_both_ways(engine, tolerance: float = 0.02) -> int:
     """Run the engine to the end, checking every fused step against the torch path; returns how
     many. tolerance: the largest logit difference allowed, as a fraction of the largest logit."""
     runner, checked = engine.runner, 0
-    real = runner.compute_logits
+    real = runner.forward_steps
 
-    def checking(rows, between_layers=None):
+    def checking(rows, pausable):
         nonlocal checked
         if isinstance(runner.path_for(rows), FusedDecodePath):
-            got, ref = both_paths(runner, rows, real)
+            got, ref = both_paths(runner, rows, lambda r: tuple(finish(real(r, False))))
             # bf16 through two layers: ~1 ulp per op of drift from fp32 summation order, at most
             # ~1.1% of the largest logit here; leaving out the 0.05-std qkv bias moves them ~5%.
             scale = ref.abs().max().item()
@@ -50,14 +52,14 @@ def step_both_ways(engine, tolerance: float = 0.02) -> int:
             assert torch.equal(got.argmax(-1)[clear], ref.argmax(-1)[clear])
             checked += 1
         # Then the step itself (on the fused path when it applies): its tokens feed both next step.
-        return real(rows, between_layers)
+        return (yield from real(rows, pausable))
 
-    runner.compute_logits = checking
+    runner.forward_steps = checking
     try:
         while engine.has_unfinished_requests():
             engine.step()
     finally:
-        del runner.compute_logits
+        del runner.forward_steps
     return checked
 
 
@@ -145,7 +147,7 @@ def test_models_the_fused_decoder_does_not_run_keep_the_torch_path(tiny_model_fa
 
 
 def test_layer_by_layer_step_equals_one_call_and_lets_a_cut_in_run(tiny_model_factory):
-    """Given a between_layers callback (the online engine), the fused step runs one C++ call per
+    """Pausable (the online engine), the fused step runs one C++ call per
     layer; it must give the same bits as one call, and a cut-in prefill between layers must not
     disturb the step it cuts into."""
     _, _, path = tiny_model_factory("qwen2")
@@ -171,7 +173,8 @@ def test_layer_by_layer_step_equals_one_call_and_lets_a_cut_in_run(tiny_model_fa
             )
             assert engine.cut_in_step(), "the urgent request should have cut in"
 
-    _, by_layer, _ = engine.runner.compute_logits(rows, hook)
+    with torch.inference_mode():
+        by_layer = run_pausing(engine.runner.forward_steps(rows, True), hook).values
     assert len(calls) == engine.model.num_layers - 1  # one boundary between each two layers
     assert torch.equal(one_call, by_layer)
     assert engine.get_stats().num_cut_ins == 1
@@ -220,8 +223,8 @@ def test_one_token_prompt_chunks_that_score_take_the_torch_path(tiny_model_facto
     rid = engine.add_request(prompt, params)
     runner, split = engine.runner, []
     (split_path,) = [p for p in runner.paths if isinstance(p, SplitPath)]
-    real_split = split_path.hidden
-    split_path.hidden = lambda rows, hook: split.append(len(rows)) or real_split(rows, hook)
+    real_split = split_path.hidden_steps
+    split_path.hidden_steps = lambda rows, pausable: split.append(len(rows)) or real_split(rows, pausable)
     out = None
     while engine.has_unfinished_requests():
         for o in engine.step():

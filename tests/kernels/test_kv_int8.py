@@ -25,6 +25,7 @@ from tacit.kernels.kv_quant import (
 )
 from tacit.kernels.torch_attention import build_torch_metadata
 from tacit.kernels.torch_mla_attention import MLADims
+from tacit.worker.paths.base import finish
 
 needs_kernels = pytest.mark.skipif(bool(os.environ.get("TACIT_NO_CPU_KERNELS")), reason="TACIT_NO_CPU_KERNELS is set")
 
@@ -422,12 +423,16 @@ def test_tiny_deepseek_on_int8_latents_runs_the_kernel_and_keeps_its_tokens(tiny
     for i, p in enumerate([[5, 6, 7, 8], list(range(10, 40)), [9] * 17]):
         engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True), request_id=str(i))
     runner, steps, rows_close = engine.runner, 0, []
-    compute = runner.compute_logits
+    real_forward = runner.forward_steps
 
-    def both_ways(rows, between_layers=None):
+    def compute(rows):
+        return tuple(finish(real_forward(rows, False)))
+
+    def both_ways(rows, pausable):
         nonlocal steps
         before = len(errors)
-        samples, got, scores = compute(rows, between_layers)
+        result = yield from real_forward(rows, pausable)
+        samples, got, scores = result
         if len(errors) > before:  # the kernel ran: the torch path on the same cache and rows
             use_kernel[0] = False
             try:
@@ -442,9 +447,9 @@ def test_tiny_deepseek_on_int8_latents_runs_the_kernel_and_keeps_its_tokens(tiny
             clear = (top2[:, 0] - top2[:, 1]) > 0.05 * scale
             assert torch.equal(got_f.argmax(-1)[clear], ref_f.argmax(-1)[clear]), f"step {steps}: another token"
             steps += 1
-        return samples, got, scores
+        return result
 
-    runner.compute_logits = both_ways
+    runner.forward_steps = both_ways
     while engine.has_unfinished_requests():
         engine.step()
     # 15 decode steps after the prefill, each through the kernel in all 3 layers (once per

@@ -2,6 +2,7 @@
 and nobody's tokens change for it (greedy, float32, so every run must match token for token)."""
 
 import pytest
+from pausing import run_pausing
 
 from tacit import LLM, SamplingParams
 
@@ -29,9 +30,7 @@ def _run_with_arrival(path: str, policy: str, urgent_priority: int = 0, **kw):
             state["urgent"] = e.add_request(URGENT, PARAMS, priority=urgent_priority)
         state["cut_in_outputs"] += e.cut_in_step()
 
-    e.between_layers = between_layers
-    e.step()
-    e.between_layers = None
+    run_pausing(e.step_in_layers(), between_layers)
     done = {}
     while e.has_unfinished_requests():
         for out in e.step():
@@ -78,3 +77,33 @@ def test_no_cut_in_when_the_policy_or_the_cap_says_no(tiny_llama, policy, priori
 def test_bad_cut_in_cap_is_named(tiny_llama):
     with pytest.raises(ValueError, match="cut_in_prefill_tokens=-5 is invalid: must be an integer >= 0"):
         LLM(str(tiny_llama[2]), cut_in_prefill_tokens=-5)
+
+
+def test_a_cut_in_runs_beside_the_paused_step_not_inside_it(tiny_llama):
+    """The paused step's frames are suspended, not under the cut-in's: when the cut-in's forward
+    starts, the stack holds one runner step (its own), and the cut-in's tokens still equal a
+    plain run's."""
+    import inspect
+
+    e = LLM(str(tiny_llama[2]), dtype="float32", scheduling_policy="priority").engine
+    runner = e.runner
+    real = runner.forward_steps
+    depths = []
+
+    def forward_steps(rows, pausable):
+        depths.append(sum(f.function == "execute_steps" for f in inspect.stack()))
+        return (yield from real(rows, pausable))
+
+    runner.forward_steps = forward_steps
+    for p in BATCH:
+        e.add_request(p, PARAMS, priority=1)
+    e.step()
+    urgent = []
+
+    def at_pause():
+        if not urgent:
+            urgent.append(e.add_request(URGENT, PARAMS, priority=0))
+            assert e.cut_in_step(), "the urgent request should have cut in"
+
+    run_pausing(e.step_in_layers(), at_pause)
+    assert e.get_stats().num_cut_ins == 1 and depths[-2:] == [1, 1]

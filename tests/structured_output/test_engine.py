@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+from pausing import run_pausing
 
 from tacit import LLM, SamplingParams, StructuredOutputsParams
 from tacit.structured_output.grammar import closed_objects
@@ -181,9 +182,7 @@ def test_constrained_request_cutting_in_mid_step(tiny_llama):
             arrived.append(e.add_request(urgent, urgent_params, priority=0))
         e.cut_in_step()
 
-    e.between_layers = between_layers
-    e.step()
-    e.between_layers = None
+    run_pausing(e.step_in_layers(), between_layers)
     done = {}
     while e.has_unfinished_requests():
         for out in e.step():

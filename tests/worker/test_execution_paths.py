@@ -43,30 +43,30 @@ def test_every_one_process_path_matches_the_torch_path(tiny_model_factory):
         engine.step()
     engine.add_request(list(range(50, 63)), params)  # the next step mixes three decodes and a prefill
     torch_path = next(p for p in runner.paths if isinstance(p, TorchPath))
-    real, checked, steps = runner.compute_logits, set(), 0
+    real, checked, steps = runner.forward_steps, set(), 0
 
-    def checking(rows, between_layers=None):
+    def checking(rows, pausable):
         """Every other path that accepts this step's rows against the torch path, then the step
         itself on the path the runner picks (each run rewrites the step's KV slots alike)."""
         nonlocal steps
-        want = torch_path.run(rows, None)
+        want = torch_path.run(rows)
         ref_samples, ref = want.samples, want.values
         for p in runner.paths:
-            if p is torch_path or not p.accepts(rows, None):
+            if p is torch_path or not p.accepts(rows, False):
                 continue
-            out = p.run(rows, None)
+            out = p.run(rows)
             samples, got = out.samples, out.values
             assert samples == ref_samples, p.name
             scale = ref.float().abs().max().item()
             assert (got.float() - ref.float()).abs().max().item() < LOGIT_TOLERANCE * scale, (p.name, steps)
             checked.add(p.name)
         steps += 1
-        return real(rows, between_layers)
+        return (yield from real(rows, pausable))
 
-    runner.compute_logits = checking
+    runner.forward_steps = checking
     try:
         for _ in range(3):  # the mixed step (three decodes, one prefill), then decode-only ones
             engine.step()
     finally:
-        del runner.compute_logits
+        del runner.forward_steps
     assert checked == ONE_PROCESS - {"torch"}

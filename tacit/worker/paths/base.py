@@ -1,16 +1,20 @@
 """The execution-path seam: what every path is told (PathContext), what it returns (PathResult),
 and the registry the model runner picks from, in order of preference.
 
-A path either produces the final hidden states of the rows that sample (`hidden`, so another
-path can compose it: the split path runs the fused one and the torch one and merges their rows)
-or, where it needs collectives around the head as well, the logits themselves (`run`).
+A path either produces the final hidden states of the rows that sample (`hidden_steps`, so
+another path can compose it: the split path runs the fused one and the torch one and merges
+their rows) or, where it needs collectives around the head as well, the logits themselves
+(`steps`). Both are generators: asked to be pausable, a path yields at every decoder-layer
+boundary, and whoever drives it (the engine loop, through the runner) may run other work there,
+a cut-in request's whole step, before resuming it. The forward's frames are suspended, not
+below the other work on the stack: nothing is re-entered. run() and hidden() drive them through.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, NamedTuple
+from typing import Any, Callable, ClassVar, Generator, NamedTuple, TypeVar
 
 import torch
 from torch import nn
@@ -22,8 +26,18 @@ from tacit.worker.input_batch import PromptScores, Rows, TorchInputs
 from tacit.worker.prompt_logprobs import score_prompt_tokens
 from tacit.worker.request_state import CachedRequestState
 
-# Between-layer callback of a step that lets urgent work cut in (None: run the layers at once).
-BetweenLayers = Callable[[], None] | None
+T = TypeVar("T")
+# A forward that may pause: yields at decoder-layer boundaries, returns its result.
+Steps = Generator[None, None, T]
+
+
+def finish(steps: Steps[T]) -> T:
+    """Run a pausable forward to its end without pausing it anywhere (what nobody interleaves)."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 class PathResult(NamedTuple):
@@ -80,15 +94,15 @@ class PathContext:
         return PathResult(built.samples, hidden[built.sample_rows], prompt_logprobs)
 
 
-def run_layers(run: Callable[[int, int], None], num_layers: int, between_layers: BetweenLayers) -> None:
-    """The one loop over decoder layers, for every path: all at once, or one at a time with
-    between_layers() at every boundary."""
-    if between_layers is None:
+def run_layers(run: Callable[[int, int], None], num_layers: int, pausable: bool) -> Steps[None]:
+    """The one loop over decoder layers, for every path: all at once, or one at a time with a
+    pause at every boundary."""
+    if not pausable:
         run(0, num_layers)
         return
     for layer in range(num_layers):
         if layer:
-            between_layers()
+            yield
         run(layer, layer + 1)
 
 
@@ -108,14 +122,17 @@ class ExecutionPath(ABC):
         return True
 
     @abstractmethod
-    def accepts(self, rows: Rows, between_layers: BetweenLayers) -> bool: ...
+    def accepts(self, rows: Rows, pausable: bool) -> bool: ...
 
     def compose(self, paths: list[ExecutionPath]) -> None:
         """Told every path of this rank once they are built (the split path runs two of them)."""
 
     @abstractmethod
-    def run(self, rows: Rows, between_layers: BetweenLayers) -> PathResult:
+    def steps(self, rows: Rows, pausable: bool) -> Steps[PathResult]:
         """The rows' forward (writing their KV) and the head: the sampling rows' logits."""
+
+    def run(self, rows: Rows) -> PathResult:
+        return finish(self.steps(rows, False))
 
 
 class HiddenStatesPath(ExecutionPath):
@@ -123,11 +140,14 @@ class HiddenStatesPath(ExecutionPath):
     head runs after it, once over the rows that sample."""
 
     @abstractmethod
-    def hidden(self, rows: Rows, between_layers: BetweenLayers) -> PathResult:
+    def hidden_steps(self, rows: Rows, pausable: bool) -> Steps[PathResult]:
         """The rows' forward: writes their KV, returns the sampling rows' final hidden states."""
 
-    def run(self, rows: Rows, between_layers: BetweenLayers) -> PathResult:
-        out = self.hidden(rows, between_layers)
+    def hidden(self, rows: Rows) -> PathResult:
+        return finish(self.hidden_steps(rows, False))
+
+    def steps(self, rows: Rows, pausable: bool) -> Steps[PathResult]:
+        out = yield from self.hidden_steps(rows, pausable)
         if not out.samples:
             return PathResult([], None, out.prompt_logprobs)
         return PathResult(out.samples, self.ctx.model.compute_logits(out.values), out.prompt_logprobs)
@@ -146,6 +166,6 @@ def build_paths(ctx: PathContext) -> list[ExecutionPath]:
     return paths
 
 
-def first_accepting(paths: list[ExecutionPath], rows: Rows, between_layers: BetweenLayers) -> ExecutionPath:
+def first_accepting(paths: list[ExecutionPath], rows: Rows, pausable: bool) -> ExecutionPath:
     """The first path (in preference order) that takes these rows; the torch path takes any."""
-    return next(p for p in paths if p.accepts(rows, between_layers))
+    return next(p for p in paths if p.accepts(rows, pausable))

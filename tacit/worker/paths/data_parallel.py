@@ -21,7 +21,7 @@ from tacit.worker.input_batch import (
     prompt_tokens_scored,
     samples,
 )
-from tacit.worker.paths.base import BetweenLayers, ExecutionPath, PathContext, PathResult, register_execution_path
+from tacit.worker.paths.base import ExecutionPath, PathContext, PathResult, Steps, finish, register_execution_path
 from tacit.worker.paths.fused_decode import fused_decode_hidden
 
 
@@ -33,8 +33,8 @@ class DataParallelPath(ExecutionPath):
     def available(cls, ctx: PathContext) -> bool:
         return ctx.data_parallel and ctx.comm is not None
 
-    def accepts(self, rows: Rows, between_layers: BetweenLayers) -> bool:
-        return True
+    def accepts(self, rows: Rows, pausable: bool) -> bool:
+        return True  # every step: a pause on one rank would stall the others' collectives
 
     def _forward(self, rows: Rows) -> tuple[torch.Tensor, torch.Tensor, TorchInputs | None]:
         """This rank's final hidden states of its own rows, those of its sampling rows, and the
@@ -51,7 +51,7 @@ class DataParallelPath(ExecutionPath):
             # decoder, told where this rank's rows sit among everyone's.
             ctx.fused_decode.set_data_parallel_rows(sum(counts[: comm.rank]), sum(counts))
             with set_forward_context(None, dp):  # the vocabulary-split embedding gathers the ids
-                hidden = fused_decode_hidden(ctx, own, None)
+                hidden = finish(fused_decode_hidden(ctx, own, False))
             return hidden, hidden[[j for j, (r, n) in enumerate(own) if samples(r, n)]], None
         built = build_inputs(own, ctx.block_size, ctx.attn_backend, ctx.device) if own else None
         if built is None:
@@ -66,7 +66,7 @@ class DataParallelPath(ExecutionPath):
             hidden = model.end_forward(state)
         return hidden, hidden[built.sample_rows] if built is not None else hidden[:0], built
 
-    def run(self, rows: Rows, between_layers: BetweenLayers) -> PathResult:
+    def steps(self, rows: Rows, pausable: bool) -> Steps[PathResult]:
         ctx = self.ctx
         comm, model = ctx.comm, ctx.model
         world = comm.world_size
@@ -102,3 +102,4 @@ class DataParallelPath(ExecutionPath):
             start[i], offset = offset, offset + width[i]
         in_step_order = everyone[torch.tensor([start[i] + j for i in step_order for j in range(width[i])])]
         return PathResult(step_order, model.compute_logits(in_step_order), prompt_logprobs)
+        yield  # a generator that never pauses (see accepts)

@@ -7,10 +7,10 @@ import torch
 
 from tacit.worker.input_batch import Rows, fusable, samples
 from tacit.worker.paths.base import (
-    BetweenLayers,
     HiddenStatesPath,
     PathContext,
     PathResult,
+    Steps,
     register_execution_path,
     run_layers,
 )
@@ -20,7 +20,7 @@ from tacit.worker.paths.base import (
 CUT_IN_MIN_ROWS = 8
 
 
-def fused_decode_hidden(ctx: PathContext, rows: Rows, between_layers: BetweenLayers) -> torch.Tensor:
+def fused_decode_hidden(ctx: PathContext, rows: Rows, pausable: bool) -> Steps[torch.Tensor]:
     """Final hidden states of one-token rows, from the C++ decoder (every row, sampling or not)."""
     bs = ctx.block_size
     positions = [r.num_computed_tokens for r, _ in rows]
@@ -34,10 +34,10 @@ def fused_decode_hidden(ctx: PathContext, rows: Rows, between_layers: BetweenLay
     pos = torch.tensor(positions, dtype=torch.long)
     tables = torch.tensor(tables, dtype=torch.long).reshape(len(rows), width)
     fused = ctx.fused_decode
-    if len(rows) < CUT_IN_MIN_ROWS:
-        between_layers = None  # a short step runs as one call: a boundary costs more than it saves
+    # A short step runs as one call: a boundary costs more than it saves.
+    pausable = pausable and len(rows) >= CUT_IN_MIN_ROWS
     x = fused.embed(ids)
-    run_layers(lambda begin, end: fused.run_layers(x, pos, tables, begin, end), fused.num_layers, between_layers)
+    yield from run_layers(lambda begin, end: fused.run_layers(x, pos, tables, begin, end), fused.num_layers, pausable)
     return fused.final_norm(x)
 
 
@@ -45,11 +45,11 @@ def fused_decode_hidden(ctx: PathContext, rows: Rows, between_layers: BetweenLay
 class FusedDecodePath(HiddenStatesPath):
     preference = 10
 
-    def accepts(self, rows: Rows, between_layers: BetweenLayers) -> bool:
+    def accepts(self, rows: Rows, pausable: bool) -> bool:
         return self.ctx.fused_decode is not None and all(fusable(r, n) for r, n in rows)
 
-    def hidden(self, rows: Rows, between_layers: BetweenLayers) -> PathResult:
-        hidden = fused_decode_hidden(self.ctx, rows, between_layers)
+    def hidden_steps(self, rows: Rows, pausable: bool) -> Steps[PathResult]:
+        hidden = yield from fused_decode_hidden(self.ctx, rows, pausable)
         # A one-token step can also be the last prompt token of a chunked prefill that is
         # not yet level with its request (only those level with all their tokens sample).
         sampling = [i for i, (r, n) in enumerate(rows) if samples(r, n)]

@@ -16,11 +16,11 @@ import torch
 
 from tacit.worker.input_batch import Rows, fusable
 from tacit.worker.paths.base import (
-    BetweenLayers,
     ExecutionPath,
     HiddenStatesPath,
     PathContext,
     PathResult,
+    Steps,
     first_accepting,
     register_execution_path,
 )
@@ -40,19 +40,19 @@ class SplitPath(HiddenStatesPath):
         # The paths that take the other rows, as the runner would choose among them.
         self.rest = [p for p in paths if p.preference > self.preference and isinstance(p, HiddenStatesPath)]
 
-    def accepts(self, rows: Rows, between_layers: BetweenLayers) -> bool:
+    def accepts(self, rows: Rows, pausable: bool) -> bool:
         if self.ctx.fused_decode is None:
             return False
         decodes = sum(fusable(r, n) for r, n in rows)
         return max(1, self.ctx.split_min_decodes) <= decodes < len(rows)  # a mixed step only
 
-    def hidden(self, rows: Rows, between_layers: BetweenLayers) -> PathResult:
+    def hidden_steps(self, rows: Rows, pausable: bool) -> Steps[PathResult]:
         decodes = [i for i, (r, n) in enumerate(rows) if fusable(r, n)]
         others = [i for i, (r, n) in enumerate(rows) if not fusable(r, n)]
         dec_rows, other_rows = [rows[i] for i in decodes], [rows[i] for i in others]
-        dec_samples, dec_hidden, _ = self.decodes.hidden(dec_rows, between_layers)
-        rest = first_accepting(self.rest, other_rows, between_layers)
-        pre_samples, pre_hidden, prompt_logprobs = rest.hidden(other_rows, between_layers)
+        dec_samples, dec_hidden, _ = yield from self.decodes.hidden_steps(dec_rows, pausable)
+        rest = first_accepting(self.rest, other_rows, pausable)
+        pre_samples, pre_hidden, prompt_logprobs = yield from rest.hidden_steps(other_rows, pausable)
         index = [decodes[i] for i in dec_samples] + [others[i] for i in pre_samples]
         order = sorted(range(len(index)), key=index.__getitem__)
         hidden = torch.cat([dec_hidden, pre_hidden.to(dec_hidden.dtype)])[torch.tensor(order, dtype=torch.long)]

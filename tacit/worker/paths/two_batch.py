@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from tacit.worker.input_batch import Rows, build_inputs
-from tacit.worker.paths.base import BetweenLayers, HiddenStatesPath, PathContext, PathResult, register_execution_path
+from tacit.worker.paths.base import HiddenStatesPath, PathContext, PathResult, Steps, register_execution_path
 from tacit.worker.paths.two_batch_overlap import run_two_batches, split_point
 
 
@@ -18,11 +18,11 @@ class TwoBatchPath(HiddenStatesPath):
     def available(cls, ctx: PathContext) -> bool:
         return ctx.two_batch_overlap and ctx.comm is not None
 
-    def accepts(self, rows: Rows, between_layers: BetweenLayers) -> bool:
+    def accepts(self, rows: Rows, pausable: bool) -> bool:
         # A cut-in needs layer boundaries, which the interleaved stages do not offer.
-        return between_layers is None and len(rows) >= 2
+        return not pausable and len(rows) >= 2
 
-    def hidden(self, rows: Rows, between_layers: BetweenLayers) -> PathResult:
+    def hidden_steps(self, rows: Rows, pausable: bool) -> Steps[PathResult]:
         ctx = self.ctx
         k = split_point([n for _, n in rows])
         halves = [rows[:k], rows[k:]]
@@ -36,3 +36,4 @@ class TwoBatchPath(HiddenStatesPath):
             ctx.torch_outputs(half, b, model.end_forward(state)) for half, b, state in zip(halves, built, states)
         ]
         return PathResult(samples_a + [k + i for i in samples_b], torch.cat([hidden_a, hidden_b]), scores_a | scores_b)
+        yield  # a generator that never pauses (accepts() turned pausable steps away)
