@@ -22,7 +22,7 @@ from tacit.engine.input_processor import InputProcessor
 from tacit.engine.metrics import EngineSnapshot
 from tacit.engine.output_processor import OutputProcessor
 from tacit.loader import ModelSource, open_model
-from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.memory.paged_kv_cache_manager import PagedKVCacheManager
 from tacit.memory.swap import SwapSpace
 from tacit.outputs import RequestOutput
 from tacit.platforms import get_platform
@@ -99,7 +99,7 @@ class LLMEngine:
             )
         parallel = self.config.parallel
         # Data-parallel attention: one pool of num_blocks per rank, each request in one of them.
-        kv = KVCacheManager(
+        kv = PagedKVCacheManager(
             num_blocks, block_size, parallel.tensor_parallel_size if parallel.data_parallel_attention else 1
         )
         # The logits' width (vocab_size), which may exceed the tokenizer's: padding ids stay masked.
