@@ -20,12 +20,15 @@ def kv_config(path, **kwargs) -> KVCacheConfig:
         llm.engine.shutdown()
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v3", "llama"])
-def test_tensor_parallel_ranks_answer_the_config_one_process_does(tiny_model_factory, arch):
+@pytest.mark.parametrize("arch, data_parallel", [("deepseek_v3", False), ("llama", False), ("deepseek_v3", True)])
+def test_tensor_parallel_ranks_answer_the_config_one_process_does(tiny_model_factory, arch, data_parallel):
     _, _, path = tiny_model_factory(arch)
-    one, two = kv_config(path), kv_config(path, tensor_parallel_size=2)
-    assert (two.num_blocks, two.block_size, two.max_model_len, two.num_pools) == (8, 8, 64, 1)
-    if arch == "deepseek_v3":
+    one = kv_config(path)
+    two = kv_config(path, tensor_parallel_size=2, data_parallel_attention=data_parallel)
+    assert (two.num_blocks, two.block_size, two.max_model_len) == (8, 8, 64)
+    if data_parallel:  # a pool per rank, each rank caching whole latents of its own requests
+        assert two.num_pools == 2 and dataclasses.replace(two, num_pools=1) == one
+    elif arch == "deepseek_v3":
         assert two == one  # MLA's latent is whole on every rank: the same cache
     else:  # each rank caches its half of the kv heads
         (g1,), (g2,) = one.kv_cache_groups, two.kv_cache_groups
