@@ -149,8 +149,8 @@ class KVCacheConfig:
     # One pool per data-parallel attention rank (each holds only its own requests' KV), else 1.
     num_pools: int = 1
     # Bytes a second, from one timed copy of a few blocks to host memory (the swap cost model's
-    # first bandwidth, memory/swap.py); None when swapping is off. A measurement, not part of what the pool is:
-    # left out of equality, so two ranks' configs compare equal.
+    # first bandwidth, memory/swap.py); None when swapping is off. A measurement, not part of
+    # what the pool is: left out of equality, so two ranks' configs compare equal.
     swap_bytes_per_s: float | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
