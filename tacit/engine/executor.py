@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from tacit.config import EngineConfig
 from tacit.distributed.parallel_state import TensorParallel
+from tacit.kv_cache_interface import KVCacheConfig
 from tacit.loader import ModelSource
 from tacit.outputs import ModelRunnerOutput
 from tacit.platforms import Platform
@@ -48,7 +49,10 @@ class WorkerDiedError(RuntimeError):
 
 
 class Executor(ABC):
-    runner: ModelRunner  # rank 0's: its config, KV pool size and request states are the engine's
+    runner: ModelRunner  # rank 0's: its model and request states
+    # The workers' answer to the KV handshake: the pool every rank allocated (the same on every
+    # rank: worker/rank.py agree_kv_cache_config), all the engine knows of it.
+    kv_cache_config: KVCacheConfig
 
     @abstractmethod
     def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
@@ -70,6 +74,7 @@ class Executor(ABC):
 class UniProcExecutor(Executor):
     def __init__(self, config: EngineConfig, source: ModelSource, platform: Platform) -> None:
         self.runner = load_rank(config, source, platform, TensorParallel())
+        self.kv_cache_config = self.runner.kv_cache_config
 
     def execute(self, scheduler_output):
         return self.runner.execute(scheduler_output)
@@ -111,6 +116,7 @@ class MultiProcExecutor(Executor):
             parallel = config.parallel
             tp = TensorParallel(0, world_size, parallel.expert_parallel, parallel.data_parallel_attention)
             self.runner = self._collective(lambda: load_rank(config, source, platform, tp))
+            self.kv_cache_config = self.runner.kv_cache_config
         except BaseException:
             self.shutdown()
             raise

@@ -16,13 +16,15 @@ from typing import Any
 
 import torch
 
+from tacit.config import fit_kv_capacity
 from tacit.engine.arg_utils import EngineArgs
 from tacit.engine.executor import make_executor
 from tacit.engine.input_processor import InputProcessor
 from tacit.engine.metrics import EngineSnapshot
 from tacit.engine.output_processor import OutputProcessor
+from tacit.kv_cache_interface import KVCacheConfig
 from tacit.loader import ModelSource, open_model
-from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.memory.paged_kv_cache_manager import PagedKVCacheManager
 from tacit.memory.swap import SwapSpace
 from tacit.outputs import ModelRunnerOutput, RequestOutput
 from tacit.platforms import get_platform
@@ -53,7 +55,7 @@ class LLMEngine:
         self.config = engine_args.create_engine_config(source, platform)
         # The names the rest of __init__ reads, from the resolved configs.
         model_cfg, seed = self.config.model, self.config.seed
-        block_size, swap_space = self.config.cache.block_size, self.config.cache.swap_space
+        swap_space = self.config.cache.swap_space
         scheduling_policy = self.config.scheduler.policy
         torch.manual_seed(seed)
         self.tokenizer: Tokenizer = source.tokenizer
@@ -65,41 +67,50 @@ class LLMEngine:
         # failed: "trying to initialize the default process group twice").
         weakref.finalize(self, self.executor.shutdown)
         try:  # a failure past this point stops the workers now, not whenever self is collected
-            self._set_up_around(self.executor.runner, model_cfg, block_size, swap_space, scheduling_policy)
+            self._set_up_around(
+                self.executor.runner, self.executor.kv_cache_config, model_cfg, swap_space, scheduling_policy
+            )
         except BaseException:
             self.executor.shutdown()
             raise
 
     def _set_up_around(
-        self, runner: ModelRunner, model_cfg, block_size: int, swap_space: float, scheduling_policy
+        self, runner: ModelRunner, kv_config: KVCacheConfig, model_cfg, swap_space: float, scheduling_policy
     ) -> None:
-        """The scheduler, KV manager and processors around the executor's runner."""
+        """The scheduler, KV manager and processors around the executor's runner, built from the
+        KV cache configuration the workers answered (the pool, its size and the max_model_len it
+        caps to), never from the runner's internals."""
         self.runner: ModelRunner = runner
         self.model = self.runner.model
-        if self.runner.config.model.max_model_len != model_cfg.max_model_len:
+        self.kv_cache_config = kv_config
+        if kv_config.max_model_len != model_cfg.max_model_len:
             logger.info(
                 "max_model_len capped at %d tokens, what the KV cache holds (%d blocks of %d); the model's "
                 "max_position_embeddings is %d. Pass max_model_len or a larger kv_cache_memory to change it",
-                self.runner.config.model.max_model_len,
-                self.runner.num_blocks,
-                block_size,
+                kv_config.max_model_len,
+                kv_config.num_blocks,
+                kv_config.block_size,
                 model_cfg.max_position_embeddings,
             )
-        self.config, model_cfg = self.runner.config, self.runner.config.model
-        num_blocks = self.runner.num_blocks
+            # The workers' cap, applied by the one function that caps (it only ever lowers a
+            # max_model_len the user did not set, to what the pool holds).
+            self.config = fit_kv_capacity(self.config, kv_config.max_model_len)
+            if self.config.model.max_model_len != kv_config.max_model_len:
+                raise RuntimeError(
+                    f"the workers capped max_model_len to {kv_config.max_model_len}; the engine's config "
+                    f"({self.config.model.max_model_len}) does not allow that cap"
+                )
+        model_cfg = self.config.model
         swapper = None
         if swap_space > 0:
-            probe = min(num_blocks, 4)  # one timed copy: the first cost comparison's bandwidth
+            if kv_config.swap_bytes_per_s is None:
+                raise RuntimeError(f"swap_space={swap_space} GiB but the workers measured no swap bandwidth")
             swapper = SwapSpace(
-                int(swap_space * (1 << 30)) // self.runner.bytes_per_block,
-                self.runner.bytes_per_block,
-                probe * self.runner.bytes_per_block / max(self.runner.swap_store.probe(probe), 1e-9),
+                int(swap_space * (1 << 30)) // kv_config.bytes_per_block,
+                kv_config.bytes_per_block,
+                kv_config.swap_bytes_per_s,
             )
-        parallel = self.config.parallel
-        # Data-parallel attention: one pool of num_blocks per rank, each request in one of them.
-        kv = KVCacheManager(
-            num_blocks, block_size, parallel.tensor_parallel_size if parallel.data_parallel_attention else 1
-        )
+        kv = PagedKVCacheManager.from_kv_cache_config(kv_config)
         # The logits' width (vocab_size), which may exceed the tokenizer's: padding ids stay masked.
         structured_output = StructuredOutputManager(self.tokenizer, model_cfg.hf["vocab_size"], model_cfg.eos_token_ids)
         self.scheduler = Scheduler(

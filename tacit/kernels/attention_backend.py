@@ -1,8 +1,9 @@
 """AttentionBackend: causal attention for a flat mixed batch over a paged KV cache.
 
-A backend owns three things: the per-step metadata it needs (built once per step from plain
-numpy arrays, never from Request objects), how a step's keys and values land in the cache,
-and the attention itself. Backends register by name; the model runner picks one per model
+A backend owns four things: the spec of the cache each layer needs under it (its kind, dtype,
+bytes a token, shape: tacit/kv_cache_interface.py; the pool is sized and allocated from these),
+the per-step metadata it needs (built once per step from plain numpy arrays, never from Request
+objects), how a step's keys and values land in the cache, and the attention itself. Backends register by name; the model runner picks one per model
 (tacit/layers/attention_selector.py) and binds it to every KV-cache layer.
 """
 
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
+from tacit.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec
 from tacit.registry import Registry
 
 
@@ -38,6 +40,13 @@ class AttentionBackend(ABC):
     @abstractmethod
     def supports(cls, platform: str, dtype: torch.dtype) -> bool:
         """Whether this backend runs on `platform` ("cpu", "cuda") with a model in `dtype`."""
+
+    def get_kv_cache_spec(self, layer: Any, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
+        """The cache `layer` needs under this backend, in `dtype` (the parsed --kv-cache-dtype):
+        a key and a value row for each of its num_kv_heads heads of head_dim."""
+        return FullAttentionSpec(
+            block_size=block_size, dtype=dtype, num_kv_heads=layer.num_kv_heads, head_size=layer.head_dim
+        )
 
     @abstractmethod
     def build_metadata(
@@ -70,6 +79,12 @@ class MLAAttentionBackend(AttentionBackend):
     layer's kv_b_proj weight [H * (nope_dim + v_dim), kv_lora_rank]."""
 
     use_mla = True
+
+    def get_kv_cache_spec(self, layer: Any, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
+        """One row per token of the layer's kv_lora_rank latent and its rope_dim rotated key part."""
+        return MLAAttentionSpec(
+            block_size=block_size, dtype=dtype, kv_lora_rank=layer.kv_lora_rank, rope_dim=layer.rope_dim
+        )
 
     @abstractmethod
     def write_kv(self, kv_cache: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: AttentionMetadata) -> None:

@@ -7,7 +7,6 @@ from torch import nn
 
 from tacit.forward_context import get_attention_metadata
 from tacit.kernels.attention_backend import AttentionBackend
-from tacit.kernels.kv_quant import kv_row_width, paged_int8_shape
 from tacit.layers.kv_cache import KVCacheLayer
 
 
@@ -22,15 +21,10 @@ class Attention(nn.Module, KVCacheLayer):
         self.backend: AttentionBackend | None = None
         self.kv_cache: torch.Tensor | None = None
 
-    def kv_numel_per_token(self, dtype: torch.dtype) -> int:
-        return 2 * self.num_kv_heads * kv_row_width(self.head_dim, dtype)
-
     def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
-        # Zeroed, not empty: masked-out slots still pass through softmax(...) @ V, and NaN * 0 is NaN.
-        if dtype == torch.int8:  # [2, blocks, Hkv, block_size * (D + 4)]: kernels/kv_quant.py
-            shape = paged_int8_shape(num_blocks, block_size, self.num_kv_heads, self.head_dim)
-        else:
-            shape = (2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        # The shape is the spec's (int8: kernels/kv_quant.py's paged layout). Zeroed, not empty:
+        # masked-out slots still pass through softmax(...) @ V, and NaN * 0 is NaN.
+        shape = self.get_kv_cache_spec(block_size, dtype).kv_cache_shape(num_blocks)
         self.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

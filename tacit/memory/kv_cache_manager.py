@@ -1,114 +1,107 @@
-"""KVCacheManager: each request's blocks in the paged KV pool, in vLLM v1's words.
+"""KVCacheManager: the interface the scheduler keeps each request's KV blocks through, in vLLM
+v1's words.
 
 The scheduler asks it for room (`allocate_slots`) before it schedules a request's tokens and
 gives the room back (`free`) when the request finishes or is preempted; `get_computed_blocks`
-is where a prefix cache answers "these leading blocks are already computed" (none yet: every
-request starts from zero). The block ids it hands out travel to the model runner inside the
-SchedulerOutput; the runner never reads this object.
+is where a prefix cache answers "these leading blocks are already computed". The block ids it
+hands out travel to the model runner inside the SchedulerOutput; the runner never reads this
+object. PagedKVCacheManager (paged_kv_cache_manager.py) is the implementation; the engine builds
+it from the worker's KVCacheConfig.
 
-Under data-parallel attention each rank holds its own pool of num_blocks blocks and attends only
-over its own requests: the manager keeps num_pools pools, places each request in one (the
-scheduler's choice, or else the one with the most free blocks when it first gets blocks) and
-hands out block ids local to that pool; pool_of(request) tells the runners which rank holds it.
+Under data-parallel attention each rank holds its own pool and attends only over its own
+requests: a manager keeps num_pools pools, places each request in one and hands out block ids
+local to that pool; pool_of(request) tells the runners which rank holds it.
+
+The rule the prefix cache and speculative decoding both rely on, set here for every manager:
+only blocks full of verified tokens are ever hashed or shared (shareable_blocks). A verified
+token is one whose KV a step wrote and the scheduler kept: num_computed_tokens as allocate_slots
+was last told it. A verify step's draft tokens are scheduled past them, so their slots lie in
+blocks that are not yet full of verified tokens; rolling back the rejected ones only rewinds the
+request's num_computed_tokens (the runner writes the next tokens over those slots), so it never
+frees or changes a block that is shared.
 """
 
 from __future__ import annotations
 
-from tacit.memory.block_pool import BlockPool
+from abc import ABC, abstractmethod
 
 
-class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, num_pools: int = 1) -> None:
-        """num_blocks per pool; num_pools: one per data-parallel attention rank (1 otherwise)."""
-        if num_pools < 1:
-            raise ValueError(f"num_pools={num_pools} is invalid: must be >= 1")
-        self.block_size = block_size
-        self.pools = [BlockPool(num_blocks) for _ in range(num_pools)]
-        self._block_ids: dict[str, list[int]] = {}
-        self._pool_of: dict[str, int] = {}
+class KVCacheManager(ABC):
+    block_size: int
+
+    # ---- placement: one pool per data-parallel attention rank -----------------------------
 
     @property
-    def num_pools(self) -> int:
-        return len(self.pools)
+    @abstractmethod
+    def num_pools(self) -> int: ...
 
+    @abstractmethod
     def place(self, request_id: str, pool: int) -> None:
-        """Put a request that holds no blocks yet in `pool` (the scheduler's choice, from how much
-        of the step's budget each pool has left)."""
-        if self._block_ids.get(request_id):
-            raise RuntimeError(f"request {request_id} already holds blocks in pool {self._pool_of[request_id]}")
-        if not 0 <= pool < len(self.pools):
-            raise ValueError(f"pool {pool} does not exist: there are {len(self.pools)}")
-        self._pool_of[request_id] = pool
+        """Put a request that holds no blocks yet in `pool` (the scheduler's choice)."""
 
+    @abstractmethod
     def pool_of(self, request_id: str) -> int:
         """The pool (the data-parallel rank) that holds the request's blocks; 0 with one pool."""
-        return self._pool_of.get(request_id, 0)
 
+    @abstractmethod
     def same_pool(self, a: str, b: str) -> bool:
-        """Whether freeing a's blocks could make room for b (both placed in one pool)."""
-        return len(self.pools) == 1 or self._pool_of.get(a) == self._pool_of.get(b)
+        """Whether freeing a's blocks could make room for b."""
 
-    def _pool_for(self, request_id: str, blocks: int) -> BlockPool | None:
-        placed = self._pool_of.get(request_id)
-        if placed is None:
-            # The emptiest pool: requests spread over the ranks as their KV grows.
-            placed = max(range(len(self.pools)), key=lambda p: (self.pools[p].num_free_blocks, -p))
-            if self.pools[placed].num_free_blocks < blocks:
-                return None
-            self._pool_of[request_id] = placed
-        return self.pools[placed]
+    # ---- a request's blocks -----------------------------------------------------------------
+
+    @abstractmethod
+    def get_computed_blocks(self, request_id: str) -> tuple[list[int], int]:
+        """(blocks already holding this request's leading tokens, how many tokens they hold): a
+        prefix cache's hit, only ever whole shareable blocks."""
+
+    @abstractmethod
+    def allocate_slots(self, request_id: str, num_computed_tokens: int, num_new_tokens: int) -> list[int] | None:
+        """Make room for num_new_tokens more tokens (draft tokens to verify among them) past
+        num_computed_tokens (all verified): the blocks newly added (possibly none), or None, with
+        nothing allocated, when the pool is short."""
+
+    @abstractmethod
+    def num_verified_tokens(self, request_id: str) -> int:
+        """The request's tokens whose KV is written and kept (0 if it holds no blocks)."""
+
+    @abstractmethod
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's blocks in order (a copy; empty if it holds none)."""
+
+    @abstractmethod
+    def num_blocks_of(self, request_id: str) -> int: ...
+
+    @abstractmethod
+    def free(self, request_id: str) -> None:
+        """Give back the request's blocks (finished, or preempted: placed anew when it next gets blocks)."""
+
+    def shareable_blocks(self, request_id: str) -> list[int]:
+        """The request's leading blocks a prefix cache may hash and share: those full of verified
+        tokens. Never a partly filled block, never one holding a draft token."""
+        return self.get_block_ids(request_id)[: self.num_verified_tokens(request_id) // self.block_size]
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def get_computed_blocks(self, request_id: str) -> tuple[list[int], int]:
-        """(blocks already holding this request's leading tokens, how many tokens they hold).
-        Without a prefix cache nothing is shared, so a new request starts from zero."""
-        return [], 0
-
-    def allocate_slots(self, request_id: str, num_computed_tokens: int, num_new_tokens: int) -> list[int] | None:
-        """Make room for num_new_tokens more tokens: the blocks newly added (possibly none), or
-        None, with nothing allocated, when the pool is short."""
-        table = self._block_ids.setdefault(request_id, [])
-        extra = self.blocks_needed(num_computed_tokens + num_new_tokens) - len(table)
-        if extra <= 0:
-            return []
-        pool = self._pool_for(request_id, extra)
-        if pool is None or extra > pool.num_free_blocks:
-            return None
-        new = pool.allocate(extra)
-        table.extend(new)
-        return new
-
-    def get_block_ids(self, request_id: str) -> list[int]:
-        """The request's blocks in order (a copy; empty if it holds none)."""
-        return list(self._block_ids.get(request_id, ()))
-
-    def num_blocks_of(self, request_id: str) -> int:
-        return len(self._block_ids.get(request_id, ()))
-
-    def free(self, request_id: str) -> None:
-        """Give back the request's blocks; a request freed (finished, or preempted) is placed anew
-        when it next gets blocks."""
-        pool = self._pool_of.pop(request_id, 0)
-        self.pools[pool].free(self._block_ids.pop(request_id, []))
+    # ---- accounting ---------------------------------------------------------------------------
 
     @property
-    def num_free_blocks(self) -> int:
-        return sum(p.num_free_blocks for p in self.pools)
+    @abstractmethod
+    def num_free_blocks(self) -> int: ...
 
-    def num_free_blocks_in(self, pool: int) -> int:
-        return self.pools[pool].num_free_blocks
-
-    @property
-    def num_used_blocks(self) -> int:
-        return sum(p.num_used_blocks for p in self.pools)
+    @abstractmethod
+    def num_free_blocks_in(self, pool: int) -> int: ...
 
     @property
+    @abstractmethod
+    def num_used_blocks(self) -> int: ...
+
+    @property
+    @abstractmethod
     def num_blocks(self) -> int:
-        return sum(p.num_blocks for p in self.pools)
+        """Every pool's blocks together."""
 
     @property
+    @abstractmethod
     def capacity_tokens(self) -> int:
         """The most tokens one request can hold: one pool's (a request lives in one)."""
-        return self.pools[0].num_blocks * self.block_size

@@ -30,7 +30,7 @@ from typing import Callable
 from tacit.bench.serve import RequestResult, _stats, meets
 from tacit.bench.workload_file import WorkloadRequest
 from tacit.config import SchedulerConfig
-from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.memory.paged_kv_cache_manager import PagedKVCacheManager
 from tacit.memory.swap import SwapSpace
 from tacit.outputs import ModelRunnerOutput
 from tacit.perf_model.memory import device_memory, kv_bytes_per_token
@@ -128,7 +128,11 @@ def simulate(
             )
     clock = SimClock()
     sched = Scheduler(
-        config, KVCacheManager(pool.num_blocks, pool.block_size), get_policy(config.policy), clock=clock, swapper=swap
+        config,
+        PagedKVCacheManager(pool.num_blocks, pool.block_size),
+        get_policy(config.policy),
+        clock=clock,
+        swapper=swap,
     )
     order = sorted(range(len(workload)), key=lambda i: workload[i].arrival_s)  # stable: file order on ties
     reqs: dict[str, Request] = {}

@@ -70,11 +70,10 @@ def model_shapes(model: nn.Module) -> ModelShapes:
         elif isinstance(m, FusedMoE):
             stacks = m.w13.numel() * m.w13.element_size() + m.w2.numel() * m.w2.element_size()
             shapes.experts = (m.num_local_experts, m.routing.top_k, m.hidden_size, m.intermediate_size, stacks)
-        elif isinstance(m, KVCacheLayer) and getattr(m, "kv_cache", None) is not None:
-            cache = m.kv_cache
+        elif isinstance(m, KVCacheLayer) and m.kv_cache_spec is not None:
             qk = getattr(m, "qk_head_dim", None) or m.head_dim
             v = getattr(m, "v_dim", None) or qk
-            shapes.attention = (m.num_heads, qk, v, m.kv_numel_per_token(cache.dtype) * cache.element_size())
+            shapes.attention = (m.num_heads, qk, v, m.kv_cache_spec.bytes_per_token)
         elif module_category(name, m) == "moe_routing" and hasattr(m, "gate") and not isinstance(m.gate, LinearBase):
             w = m.gate.weight  # DeepSeek-V3's router, read in float32
             shapes.router = (w.shape[0], w.shape[1], w.numel() * w.element_size())

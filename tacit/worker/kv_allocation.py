@@ -1,9 +1,16 @@
-"""The KV pool's size, decided once at load: an explicit block count, a memory budget, or the
-default budget, refused before anything is allocated when the host cannot hold it."""
+"""The KV pool, decided once at load: each layer's spec from its backend, the layers grouped by
+spec, the pool's size (an explicit block count, a memory budget, or the default budget, refused
+before anything is allocated when the host cannot hold it), then every layer's cache allocated
+from its spec."""
 
 from __future__ import annotations
 
+import torch
+
 from tacit.config import EngineConfig
+from tacit.kv_cache_interface import KVCacheGroupSpec, KVCacheSpec
+from tacit.layers.kv_cache import KVCacheLayer
+from tacit.memory.kv_cache_utils import get_kv_cache_groups
 
 DEFAULT_KV_BUDGET = 2 << 30  # 2 GiB, capped by what the batch limits could ever use
 
@@ -29,3 +36,32 @@ def num_kv_blocks(config: EngineConfig, bytes_per_block: int, block_size: int, f
     if num < 1:
         raise ValueError(f"kv_cache_memory={budget} bytes is below one KV block ({bytes_per_block} bytes)")
     return int(num)
+
+
+def kv_cache_groups(
+    layers: dict[str, KVCacheLayer], block_size: int, dtype: torch.dtype
+) -> tuple[KVCacheGroupSpec, ...]:
+    """{layer name: layer} (backends bound) -> the layers grouped by the spec their backend declares."""
+    specs: dict[str, KVCacheSpec] = {name: m.get_kv_cache_spec(block_size, dtype) for name, m in layers.items()}
+    return get_kv_cache_groups(specs)
+
+
+def allocate_kv_caches(
+    layers: dict[str, KVCacheLayer], groups: tuple[KVCacheGroupSpec, ...], num_blocks: int, device: torch.device
+) -> None:
+    """Allocate each layer's cache of num_blocks blocks from its group's spec and bind the spec
+    to it. A layer whose tensor is not what its spec says (a layer computing its own shape, as
+    DeepSeek's MLAAttention does) is refused here: the pool was sized from the specs."""
+    for group in groups:
+        spec = group.kv_cache_spec
+        for name in group.layer_names:
+            m = layers[name]
+            m.allocate_kv_cache(num_blocks, spec.block_size, spec.dtype, device)
+            want = spec.kv_cache_shape(num_blocks)
+            if m.kv_cache is None or tuple(m.kv_cache.shape) != want or m.kv_cache.dtype != spec.dtype:
+                got = None if m.kv_cache is None else (tuple(m.kv_cache.shape), m.kv_cache.dtype)
+                raise RuntimeError(
+                    f"layer {name} ({type(m).__name__}) allocated a KV cache {got}; its {spec.kind} spec "
+                    f"says {(want, spec.dtype)}"
+                )
+            m.kv_cache_spec = spec

@@ -6,7 +6,8 @@ first execution path that accepts the step's rows (paths/: data-parallel attenti
 C++ decode step, a mixed step split between it and torch, two overlapping micro-batches, the
 torch reference), which builds its input batch (input_batch.py), runs the decoder layers itself
 (so work can run between two of them: a cut-in prefill) and projects only the rows that sample;
-then sample. The KV pool is sized once at load (kv_allocation.py).
+then sample. The KV pool is sized once at load from the specs the attention backend declares
+for each layer (kv_allocation.py), and answered to the engine as a KVCacheConfig.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import nn
 from tacit.config import EngineConfig, fit_kv_capacity
 from tacit.distributed.communicator import Communicator
 from tacit.kernels.kv_quant import parse_kv_cache_dtype
+from tacit.kv_cache_interface import KVCacheConfig, bytes_per_block_of
 from tacit.layers.attention_selector import select_attention_backend
 from tacit.layers.kv_cache import KVCacheLayer
 from tacit.layers.linear import (
@@ -37,7 +39,7 @@ from tacit.outputs import ModelRunnerOutput
 from tacit.scheduling.scheduler_output import SchedulerOutput
 from tacit.worker.drafter import DraftProposer
 from tacit.worker.input_batch import PromptScores, Rows
-from tacit.worker.kv_allocation import num_kv_blocks
+from tacit.worker.kv_allocation import allocate_kv_caches, kv_cache_groups, num_kv_blocks
 from tacit.worker.paths import PathContext, PathResult
 from tacit.worker.paths.base import ExecutionPath, Steps, build_paths, finish, first_accepting
 from tacit.worker.request_state import CachedRequestState, update_request_states
@@ -45,8 +47,9 @@ from tacit.worker.sample_step import sample_and_verify
 from tacit.worker.swap_store import KVSwapStore
 
 
-def kv_cache_layers(model: nn.Module) -> list[KVCacheLayer]:
-    return [m for m in model.modules() if isinstance(m, KVCacheLayer)]
+def kv_cache_layers(model: nn.Module) -> dict[str, KVCacheLayer]:
+    """{module name: layer} of every layer that owns a slice of the KV cache, in model order."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, KVCacheLayer)}
 
 
 class ModelRunner:
@@ -91,20 +94,35 @@ class ModelRunner:
             )
         self.attn_backend = select_attention_backend(device.type, config.model.dtype, config.model)
         layers = kv_cache_layers(model)
-        for m in layers:
+        for m in layers.values():
             m.set_attention_backend(self.attn_backend)
-        dtype = self.kv_cache_dtype = parse_kv_cache_dtype(config.cache.cache_dtype, config.model.dtype)
-        self.bytes_per_block = self.block_size * sum(m.kv_numel_per_token(dtype) for m in layers) * dtype.itemsize
+        # --kv-cache-dtype parsed once; from here on it lives in each layer's spec.
+        dtype = parse_kv_cache_dtype(config.cache.cache_dtype, config.model.dtype)
+        groups = kv_cache_groups(layers, self.block_size, dtype)
+        bytes_per_block = bytes_per_block_of(groups)
         # This rank's KV blocks in host memory while their request is swapped out (every rank
         # holds its own shard; the scheduler's SwapOps say what to copy).
-        self.swap_store = KVSwapStore(layers) if config.cache.swap_space > 0 else None
-        self.num_blocks = num_kv_blocks(config, self.bytes_per_block, self.block_size, free_memory)
+        self.swap_store = KVSwapStore(list(layers.values())) if config.cache.swap_space > 0 else None
+        self.num_blocks = num_kv_blocks(config, bytes_per_block, self.block_size, free_memory)
         if agree_num_blocks is not None:
             # Every rank's scheduler-side block ids index its own pool: all pools are one size.
             self.num_blocks = agree_num_blocks(self.num_blocks)
         self.config = config = fit_kv_capacity(config, self.num_blocks * self.block_size)
-        for m in layers:
-            m.allocate_kv_cache(self.num_blocks, self.block_size, dtype, device)
+        allocate_kv_caches(layers, groups, self.num_blocks, device)
+        swap_bytes_per_s = None
+        if self.swap_store is not None:
+            probe = min(self.num_blocks, 4)  # one timed copy: the first cost comparison's bandwidth
+            swap_bytes_per_s = probe * bytes_per_block / max(self.swap_store.probe(probe), 1e-9)
+        parallel = config.parallel
+        # What this rank answers the engine (Executor.kv_cache_config): the engine reads nothing else of the pool.
+        self.kv_cache_config = KVCacheConfig(
+            num_blocks=self.num_blocks,
+            kv_cache_groups=groups,
+            max_model_len=config.model.max_model_len,
+            # Data-parallel attention: one pool of num_blocks per rank, each request in one of them.
+            num_pools=parallel.tensor_parallel_size if parallel.data_parallel_attention and comm is not None else 1,
+            swap_bytes_per_s=swap_bytes_per_s,
+        )
         # Decode-only steps run as one C++ call when the model and CPU allow it.
         fused_decode = None
         build_fused_decoder = getattr(model, "build_fused_decoder", None)

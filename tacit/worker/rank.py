@@ -21,6 +21,7 @@ from tacit.distributed.communicator import COMMUNICATORS, Communicator
 from tacit.distributed.parallel_state import TensorParallel
 from tacit.distributed.shm_communicator import ShmCommunicator  # noqa: F401  (registers "shm")
 from tacit.distributed.torch_communicator import TorchCommunicator  # noqa: F401  (registers "torch")
+from tacit.kv_cache_interface import KVCacheConfig
 from tacit.loader import ModelSource, open_model
 from tacit.models.build import build_model
 from tacit.platforms import Platform, get_platform
@@ -49,6 +50,21 @@ def agree_num_blocks(num_blocks: int) -> int:
     return int(t.item())
 
 
+def agree_kv_cache_config(config: KVCacheConfig) -> KVCacheConfig:
+    """This rank's KV cache configuration, checked equal to every other rank's (a collective):
+    the scheduler's block ids and block tables index every rank's pool alike, so ranks whose
+    layers declared other specs, or whose pools differ, would read each other's KV wrong."""
+    configs: list = [None] * dist.get_world_size()
+    dist.all_gather_object(configs, config)
+    differ = [rank for rank, other in enumerate(configs) if other != config]
+    if differ:
+        raise RuntimeError(
+            f"tensor-parallel rank {dist.get_rank()}'s KV cache configuration {config} differs from rank(s) "
+            f"{differ}'s: {[configs[r] for r in differ]}"
+        )
+    return config
+
+
 def make_communicator(platform: Platform, name: str = "auto") -> Communicator:
     """The tensor-parallel group's communicator, by its registered name (communicator=shm|torch),
     or with "auto" the platform's default (shared memory on CPU, torch.distributed's NCCL group
@@ -67,7 +83,7 @@ def make_communicator(platform: Platform, name: str = "auto") -> Communicator:
 
 
 def load_rank(config: EngineConfig, source: ModelSource, platform: Platform, tp: TensorParallel) -> ModelRunner:
-    """This rank's model shard, bound to a runner whose KV pool is the same size on every rank.
+    """This rank's model shard, bound to a runner whose KV pool (its KVCacheConfig) is the same on every rank.
     config: the engine's, resolved once by the driver and sent to every rank as it is."""
     device = platform.device()
     model = build_model(
@@ -75,7 +91,10 @@ def load_rank(config: EngineConfig, source: ModelSource, platform: Platform, tp:
     )
     comm = make_communicator(platform, config.parallel.communicator) if tp.size > 1 else None
     agree = agree_num_blocks if tp.size > 1 else None
-    return ModelRunner(config, model, device, platform.free_memory_bytes(), comm, agree)
+    runner = ModelRunner(config, model, device, platform.free_memory_bytes(), comm, agree)
+    if tp.size > 1:  # the handshake: the engine keeps rank 0's, the same as every rank's
+        agree_kv_cache_config(runner.kv_cache_config)
+    return runner
 
 
 def torchrun_rank() -> tuple[int, int, int, int] | None:

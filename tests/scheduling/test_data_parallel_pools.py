@@ -4,7 +4,7 @@ step's token budget, each request placed where there is room and budget."""
 import pytest
 
 from tacit.config import SchedulerConfig
-from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.memory.paged_kv_cache_manager import PagedKVCacheManager
 from tacit.scheduling.scheduler import Scheduler
 from tacit.scheduling.step_budget import StepBudget
 from tests.scheduling.helpers import advance, make_req, run_step
@@ -12,7 +12,7 @@ from tests.scheduling.helpers import advance, make_req, run_step
 
 def scheduler(num_blocks: int = 64, budget: int = 64, pools: int = 2) -> Scheduler:
     config = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=16)
-    return Scheduler(config, KVCacheManager(num_blocks, block_size=16, num_pools=pools))
+    return Scheduler(config, PagedKVCacheManager(num_blocks, block_size=16, num_pools=pools))
 
 
 def test_step_budget_splits_evenly_and_refuses_overspending():
@@ -62,7 +62,7 @@ def test_each_rank_prefills_its_own_long_prompt():
     prefill time blocked at the gathers on random:deepseek-v3-1b)."""
     config = SchedulerConfig(max_num_batched_tokens=2048, long_prefill_token_threshold=512, max_long_partial_prefills=1)
     for pools, expected in [(2, {"a": 512, "b": 512}), (1, {"a": 512})]:
-        s = Scheduler(config, KVCacheManager(256, block_size=16, num_pools=pools))
+        s = Scheduler(config, PagedKVCacheManager(256, block_size=16, num_pools=pools))
         s.add_request(make_req("a", 1024))
         s.add_request(make_req("b", 1024))
         out = s.schedule()

@@ -7,7 +7,7 @@ import pytest
 
 from tacit import LLM, SamplingParams
 from tacit.config import SchedulerConfig
-from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.memory.paged_kv_cache_manager import PagedKVCacheManager
 from tacit.scheduling.length_predictor import OutputLengthPredictor
 from tacit.scheduling.policy import get_policy
 from tacit.scheduling.scheduler import Scheduler
@@ -47,7 +47,7 @@ def test_predictor_uses_the_client_hint():
 
 
 def test_sjf_runs_shortest_predicted_first_within_a_priority():
-    kv = KVCacheManager(num_blocks=256, block_size=4)
+    kv = PagedKVCacheManager(num_blocks=256, block_size=4)
     clock = FakeClock()
     s = Scheduler(SchedulerConfig(max_num_seqs=1, policy="sjf"), kv, get_policy("sjf"), clock=clock)
     for rid, pred, prio in [("long", 50, 0), ("short", 2, 0), ("mid", 10, 0), ("urgent-long", 60, -1)]:
@@ -68,7 +68,7 @@ def test_no_starvation_under_a_flood_of_high_priority_work(policy):
 
     def run(aging_s):
         clock = FakeClock()
-        kv = KVCacheManager(num_blocks=512, block_size=4)
+        kv = PagedKVCacheManager(num_blocks=512, block_size=4)
         s = Scheduler(
             SchedulerConfig(max_num_seqs=2, policy=policy, aging_s=aging_s), kv, get_policy(policy), clock=clock
         )
@@ -107,7 +107,7 @@ def test_engine_scores_the_predictor_on_finished_requests(tiny_llama):
 
 
 def test_long_prompt_is_prefilled_in_bounded_chunks_beside_decodes():
-    kv = KVCacheManager(num_blocks=512, block_size=4)
+    kv = PagedKVCacheManager(num_blocks=512, block_size=4)
     s = Scheduler(SchedulerConfig(max_num_batched_tokens=1024, long_prefill_token_threshold=128), kv)
     s.add_request(make_req("chat", 4, max_tokens=20))
     run_step(s)
@@ -135,7 +135,7 @@ def test_chunk_cap_keeps_tokens_identical(tiny_llama):
 
 
 def test_one_long_prompt_prefills_at_a_time_and_short_ones_pass_it():
-    kv = KVCacheManager(num_blocks=1024, block_size=4)
+    kv = PagedKVCacheManager(num_blocks=1024, block_size=4)
     s = Scheduler(
         SchedulerConfig(max_num_batched_tokens=2048, long_prefill_token_threshold=128, max_long_partial_prefills=1), kv
     )

@@ -4,7 +4,7 @@ import pytest
 
 from tacit import LLM, SamplingParams
 from tacit.config import SchedulerConfig
-from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.memory.paged_kv_cache_manager import PagedKVCacheManager
 from tacit.scheduling.policy import PriorityPolicy
 from tacit.scheduling.scheduler import Scheduler
 
@@ -12,7 +12,7 @@ from helpers import make_req, run_step
 
 
 def test_priority_preempts_when_batch_slots_are_full():
-    kv = KVCacheManager(num_blocks=64, block_size=4)
+    kv = PagedKVCacheManager(num_blocks=64, block_size=4)
     s = Scheduler(SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=64), kv, PriorityPolicy())
     s.add_request(make_req("low-a", 4, priority=5))
     s.add_request(make_req("low-b", 4, priority=5))
@@ -26,7 +26,7 @@ def test_priority_preempts_when_batch_slots_are_full():
 
 
 def test_priority_preempts_when_blocks_are_short():
-    kv = KVCacheManager(num_blocks=4, block_size=4)
+    kv = PagedKVCacheManager(num_blocks=4, block_size=4)
     s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64), kv, PriorityPolicy())
     s.add_request(make_req("low", 12, priority=3))
     run_step(s)
@@ -36,7 +36,7 @@ def test_priority_preempts_when_blocks_are_short():
 
 
 def test_priority_does_not_preempt_when_it_would_not_help():
-    kv = KVCacheManager(num_blocks=4, block_size=4)
+    kv = PagedKVCacheManager(num_blocks=4, block_size=4)
     s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64), kv, PriorityPolicy())
     s.add_request(make_req("low", 4, priority=3))
     run_step(s)
@@ -46,7 +46,7 @@ def test_priority_does_not_preempt_when_it_would_not_help():
 
 
 def test_fcfs_never_preempts_for_newcomers():
-    kv = KVCacheManager(num_blocks=64, block_size=4)
+    kv = PagedKVCacheManager(num_blocks=64, block_size=4)
     s = Scheduler(SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64), kv)
     s.add_request(make_req("first", 4, priority=9))
     run_step(s)

@@ -5,7 +5,7 @@ import pytest
 
 from tacit import LLM, SamplingParams
 from tacit.config import SchedulerConfig, parse_slo_class
-from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.memory.paged_kv_cache_manager import PagedKVCacheManager
 from tacit.scheduling.cost_model import StepCostModel
 from tacit.scheduling.policy import get_policy
 from tacit.scheduling.scheduler import Scheduler
@@ -15,7 +15,7 @@ from helpers import FakeClock, make_req, run_step
 
 
 def sla_scheduler(clock: FakeClock, **cfg) -> Scheduler:
-    kv = KVCacheManager(num_blocks=1024, block_size=4)
+    kv = PagedKVCacheManager(num_blocks=1024, block_size=4)
     return Scheduler(SchedulerConfig(policy="sla", **cfg), kv, get_policy("sla"), clock=clock)
 
 

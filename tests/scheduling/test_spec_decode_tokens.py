@@ -4,14 +4,14 @@ runner's answer (accepted drafts + one token) advances the request."""
 from __future__ import annotations
 
 from tacit.config import SchedulerConfig
-from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.memory.paged_kv_cache_manager import PagedKVCacheManager
 from tacit.outputs import ModelRunnerOutput
 from tacit.scheduling.scheduler import Scheduler
 from tests.scheduling.helpers import make_req, run_step
 
 
 def _decoding(max_tokens: int = 20, budget: int = 64, blocks: int = 64):
-    s = Scheduler(SchedulerConfig(max_num_batched_tokens=budget), KVCacheManager(blocks, block_size=4))
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=budget), PagedKVCacheManager(blocks, block_size=4))
     req = make_req("a", 6, max_tokens=max_tokens)
     s.add_request(req)
     while not req.output_token_ids:  # the prefill (in chunks under a small budget), token 7 sampled
@@ -66,7 +66,7 @@ def test_a_stop_token_among_accepted_drafts_drops_what_follows_it():
 
 
 def test_prefills_and_preempted_requests_get_no_drafts():
-    s = Scheduler(SchedulerConfig(), KVCacheManager(64, block_size=4))
+    s = Scheduler(SchedulerConfig(), PagedKVCacheManager(64, block_size=4))
     req = make_req("a", 6)
     req.spec_token_ids = [1, 2]  # mid-prefill: nothing to verify yet
     s.add_request(req)

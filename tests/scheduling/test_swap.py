@@ -10,7 +10,7 @@ from tacit.config import SchedulerConfig
 from tacit.engine.llm_engine import LLMEngine
 from tacit.engine.metrics import ServingMetrics
 from tacit.layers.kv_cache import KVCacheLayer
-from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.memory.paged_kv_cache_manager import PagedKVCacheManager
 from tacit.memory.swap import SwapSpace
 from tacit.scheduling.policy import get_policy
 from tacit.scheduling.scheduler import Scheduler
@@ -77,17 +77,16 @@ class FakeMLA(nn.Module, KVCacheLayer):
         self.allocate_kv_cache(num_blocks, block_size, torch.float32, torch.device("cpu"))
         self.kv_cache.copy_(torch.arange(self.kv_cache.numel(), dtype=torch.float32).view_as(self.kv_cache))
 
-    def kv_numel_per_token(self, dtype: torch.dtype) -> int:
-        return 3
-
     def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
         self.kv_cache = torch.zeros(num_blocks, block_size, 3, dtype=dtype, device=device)
 
 
 def test_kv_layers_declare_their_block_axis():
+    from tacit.kernels.torch_attention import TorchAttentionBackend
     from tacit.layers.attention import Attention
 
     attn = Attention(num_heads=4, head_dim=16, num_kv_heads=2, scale=1.0)
+    attn.set_attention_backend(TorchAttentionBackend())  # the cache's shape is the spec it declares
     attn.allocate_kv_cache(2, 16, torch.float32, torch.device("cpu"))  # [2, 2, 16, 2, 16]: ambiguous by shape
     assert attn.kv_block_dim == 1 and FakeMLA(10, 4).kv_block_dim == 0
     space, store = SwapSpace(16, 2 * 16 * 2 * 16 * 4, 1e9), KVSwapStore([attn])
@@ -131,7 +130,7 @@ def test_swap_round_trip_restores_blocks_and_accounts_space():
 
 def test_auto_mode_picks_the_cheaper_preemption():
     def victim_after(per_token_s: float, bytes_per_s: float) -> tuple[int, int]:
-        kv = KVCacheManager(num_blocks=8, block_size=4)
+        kv = PagedKVCacheManager(num_blocks=8, block_size=4)
         s = Scheduler(SchedulerConfig(max_num_seqs=1, policy="priority"), kv, get_policy("priority"), clock=FakeClock())
         s.swapper = SwapSpace(1 << 10, 1 << 20, bytes_per_s)
         for _ in range(3):
