@@ -79,11 +79,13 @@ def main() -> None:
             x = torch.randn(m, args.k).bfloat16()
             times = []
             for int8 in (True, False):
-                kernels.set_ggml_int8_activations(int8)
                 times.append(
-                    best_ms(lambda i, ws=copies, t=ggml_type, x=x: kernels.gemm_ggml_skinny(ws[i % len(ws)], t, x))
+                    best_ms(
+                        lambda i, ws=copies, t=ggml_type, x=x, q=int8: kernels.gemm_ggml_skinny(
+                            ws[i % len(ws)], t, x, q
+                        )
+                    )
                 )
-            kernels.set_ggml_int8_activations(True)
             rates = (
                 f" ({w.numel() / times[0] / 1e6:.1f} / {w.numel() / times[1] / 1e6:.1f} GB/s)" if args.from_dram else ""
             )

@@ -51,7 +51,7 @@ def main() -> None:
     ]
     weights = torch.full((batch, TOP_K), 1.0 / TOP_K)
     moe_s = median_seconds(
-        lambda i: k.moe_experts(x, weights, routes[i % 64], w13, BF16, w2, BF16, None, BF16, None, BF16, None)
+        lambda i: k.moe_experts(x, weights, routes[i % 64], w13, BF16, w2, BF16, None, BF16, None, BF16, None, True)
     )
     moe_bytes = np.mean([len(set(r.flatten().tolist())) for r in routes]) * 3 * INTER * H * 2
     rows = TOP_K * 3 * INTER * H // 1024

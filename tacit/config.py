@@ -114,7 +114,7 @@ class ModelConfig:
     # 0: the model's max_position_embeddings, capped once the KV pool is sized (fit_kv_capacity).
     max_model_len: int = 0
     # GGUF weights in GGML blocks: "auto" keeps them where the CPU kernels run, "gguf" always,
-    # "none" dequantizes them at load (models/build.py keeps_ggml_weights). "int8" / "int4"
+    # "none" dequantizes them at load (models/quantization.py keeps_ggml_weights). "int8" / "int4"
     # quantize a Hugging Face checkpoint's linear weights at load (models/quantize_at_load.py).
     quantization: str = "auto"
     # Values of a row per int4 scale and min or per int8 scale (32, 64 or 128); None: int4 groups
@@ -126,6 +126,11 @@ class ModelConfig:
     # Bytes of memory for MoE expert weights, which then stay in the checkpoint and are read
     # into this cache as steps need them (memory/expert_cache.py); None: every expert resident.
     expert_cache_memory: int | None = None
+    # tacit's AVX512-BF16 CPU kernels for this engine (kernels/cpu_kernels.py); False: torch everywhere.
+    cpu_kernels: bool = True
+    # GGML decode rows against bf16 activations (the dequantized model's arithmetic) rather than
+    # int8-rounded ones (llama.cpp's; csrc/ggml_gemv.h).
+    ggml_bf16_activations: bool = False
     rope: dict[str, Any] = field(init=False)
     # True when max_model_len came from the model rather than the user: only then is it capped.
     max_model_len_derived: bool = field(init=False)

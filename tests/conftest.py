@@ -47,15 +47,8 @@ def tiny_llama(tiny_model_factory):
 
 
 @pytest.fixture
-def bf16_ggml_activations():
-    """GGML decode rows against bf16 activations (the dequantized model's arithmetic)
-    instead of llama.cpp's int8-per-block ones, for tests that compare tokens exactly; the
-    default comes back after the test."""
-    from tacit.kernels.cpu_kernels import load_cpu_kernels
-
-    kernels = load_cpu_kernels()
-    if kernels is not None:
-        kernels.set_ggml_int8_activations(False)
-    yield
-    if kernels is not None:
-        kernels.set_ggml_int8_activations(True)
+def bf16_ggml_activations(monkeypatch):
+    """Engines built in the test multiply GGML decode rows against bf16 activations (the
+    dequantized model's arithmetic) instead of llama.cpp's int8-per-block ones, for tests that
+    compare tokens exactly: TACIT_GGML_BF16_ACTIVATIONS=1, EngineArgs.ggml_bf16_activations' default."""
+    monkeypatch.setenv("TACIT_GGML_BF16_ACTIVATIONS", "1")

@@ -30,6 +30,7 @@ from tacit.config import (
 from tacit.distributed.communicator import COMMUNICATORS
 from tacit.distributed.shm_communicator import ShmCommunicator  # noqa: F401  (registers "shm")
 from tacit.distributed.torch_communicator import TorchCommunicator  # noqa: F401  (registers "torch")
+from tacit.kernels.cpu_kernels import cpu_kernels_default, ggml_bf16_activations_default
 from tacit.recipe import Recipe, read_recipe
 from tacit.scheduling.policy import POLICIES  # the package import registers every policy
 
@@ -155,6 +156,29 @@ class EngineArgs:
     )
     # ---- platform ----
     device: str = knob("auto", "platform", "auto | cpu | cuda")
+    cpu_kernels: bool | None = knob(
+        None,
+        "platform",
+        "tacit's AVX512-BF16 CPU kernels (bf16 and GGML GEMVs, the fused decode step, the MoE kernel) where the "
+        "CPU has them (false: the torch path everywhere)",
+        flag="--no-cpu-kernels",
+        action="store_const",
+        const=False,
+        shown="true; TACIT_NO_CPU_KERNELS=1 makes it false",
+        cli_help="run the torch path everywhere instead of tacit's AVX512-BF16 CPU kernels "
+        "(the default where TACIT_NO_CPU_KERNELS=1)",
+    )
+    ggml_bf16_activations: bool | None = knob(
+        None,
+        "platform",
+        "GGML-quantized decode rows multiply the blocks unpacked to bf16 by bf16 activations, the dequantized "
+        "model's arithmetic (false: activations rounded to int8 per block, llama.cpp's)",
+        action="store_const",
+        const=True,
+        shown="false; TACIT_GGML_BF16_ACTIVATIONS=1 makes it true",
+        cli_help="GGML-quantized decode rows multiply bf16 activations, the dequantized model's arithmetic "
+        "(by default activations rounded to int8 per block, llama.cpp's; also TACIT_GGML_BF16_ACTIVATIONS=1)",
+    )
     # ---- parallel ----
     tensor_parallel_size: int = knob(
         _config_default(ParallelConfig, "tensor_parallel_size"),
@@ -389,6 +413,10 @@ class EngineArgs:
             v = getattr(self, key)
             if v is not None and not isinstance(v, str):
                 raise ValueError(f"{key}={v!r} is invalid: must be a string")
+        for key in ("cpu_kernels", "ggml_bf16_activations"):
+            v = getattr(self, key)
+            if v is not None and not isinstance(v, bool):
+                raise ValueError(f"{key}={v!r} is invalid: must be true or false")
         if not isinstance(self.allow_special_tokens_in_chat_content, bool):
             raise ValueError(
                 f"allow_special_tokens_in_chat_content={self.allow_special_tokens_in_chat_content!r} is invalid: "
@@ -459,6 +487,11 @@ class EngineArgs:
             quantization_group_size=self.quantization_group_size,
             quantization_overrides=self.quantization_overrides,
             expert_cache_memory=self.expert_cache_memory,
+            # Unsaid: the environment's, as before these were fields.
+            cpu_kernels=cpu_kernels_default() if self.cpu_kernels is None else self.cpu_kernels,
+            ggml_bf16_activations=(
+                ggml_bf16_activations_default() if self.ggml_bf16_activations is None else self.ggml_bf16_activations
+            ),
         )
 
     def create_engine_config(self, source: ModelSource, platform: Platform) -> EngineConfig:

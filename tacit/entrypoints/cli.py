@@ -86,13 +86,13 @@ def cmd_build_kernels(args: argparse.Namespace) -> int:
     """Compile the C++ kernels now (setup runs this), so the first `tacit chat` does not: 0 when
     each one this host can use is built, 1 when a build failed (tacit then runs the torch path)."""
     from tacit.distributed.shm_kernels import load_shm_kernels
-    from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16, load_cpu_kernels
+    from tacit.kernels.cpu_kernels import cpu_kernels_default, cpu_supports_avx512_bf16, load_cpu_kernels
 
     failed = 0
     for what, supported, load in [
         (
             "AVX512-BF16 CPU kernels",
-            cpu_supports_avx512_bf16() and not os.environ.get("TACIT_NO_CPU_KERNELS"),
+            cpu_supports_avx512_bf16() and cpu_kernels_default(),
             load_cpu_kernels,
         ),
         (

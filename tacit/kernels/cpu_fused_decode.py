@@ -1,4 +1,5 @@
-"""A Llama-family decode step as one C++ call on CPU (csrc/llama_decode.cpp).
+"""A decode step as one C++ call on CPU (csrc/fused_decode.cpp's FusedDecoder): GQA layers
+(the Llama family, Qwen3-MoE) or MLA layers (DeepSeek-V3, Kimi-K2).
 
 The torch path runs a batch-1 decode step of SmolLM2-135M as ~1,500 small ops; their
 dispatch (~15 ms) cost more than streaming the weights (~9 ms). The fused decoder keeps the
@@ -9,8 +10,8 @@ token (decode-only steps, however many rows), and the one-token rows of mixed st
 prefill chunks take the torch path (the work there is in large GEMMs and the dispatch
 overhead is small beside it; see ModelRunner._splits_mixed_step).
 
-This file knows tensors only: the model that offers a fused decoder (LlamaForCausalLM.
-build_fused_decoder) checks it fits and hands its weights over as DecoderLayerWeights.
+This file knows tensors only: the model family's binder (worker/paths/fused_binders/) checks
+a model fits and hands its weights over as DecoderLayerWeights or MLALayerWeights.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class MoELayerWeights:
     expert_slots: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
 
-def bind_llama_decoder(
+def bind_gqa_decoder(
     kernels: ModuleType,
     embed: torch.Tensor,
     embed_type: int,
@@ -88,10 +89,10 @@ def bind_llama_decoder(
     block_size: int,
     layers: list[DecoderLayerWeights],
 ) -> Any:
-    """The C++ LlamaDecoder over these tensors (shared, not copied); cos/sin [max_positions, D/2]
+    """The C++ FusedDecoder over a GQA model's tensors (shared, not copied); cos/sin [max_positions, D/2]
     for every position; embed bf16 [vocab, hidden] (embed_type BF16) or a GGML type's blocks.
     Raises ValueError/RuntimeError for a shape the kernel does not take."""
-    decoder = kernels.LlamaDecoder(
+    decoder = kernels.FusedDecoder(
         embed,
         embed_type,
         hidden,
@@ -197,11 +198,11 @@ def bind_mla_decoder(
     block_size: int,
     layers: list[MLALayerWeights],
 ) -> Any:
-    """The C++ LlamaDecoder over an MLA model's tensors (shared, not copied): its MLA layers
-    (csrc/llama_decode.cpp mla_attention) and grouped-routing MoE. cos/sin [max_positions, rope
+    """The C++ FusedDecoder over an MLA model's tensors (shared, not copied): its MLA layers
+    (csrc/fused_decode.cpp mla_attention) and grouped-routing MoE. cos/sin [max_positions, rope
     / 2]: the decoder's head_dim is the rotary width, its one kv head the latent."""
     rope = cos.shape[1] * 2
-    decoder = kernels.LlamaDecoder(
+    decoder = kernels.FusedDecoder(
         embed,
         embed_type,
         final_norm.shape[0],
@@ -251,7 +252,7 @@ def bind_mla_decoder(
 
 class ShardedDecoder:
     """A tensor-parallel rank's fused decoder: its layers hold the rank's heads and features and
-    all-reduce in C++ (LlamaDecoder.set_all_reduce); the token embedding is the rank's slice of
+    all-reduce in C++ (FusedDecoder.set_all_reduce); the token embedding is the rank's slice of
     the vocabulary, looked up by the model's vocab-parallel table (which all-reduces itself).
     data_parallel: the attention is whole and runs this rank's own rows, the MLPs every rank's
     (set_data_parallel_rows before each step; the embedding reads the forward context)."""
@@ -281,8 +282,12 @@ class ShardedDecoder:
         """Seconds this rank spent in the C++ all-reduces (waiting for the other ranks included)."""
         return self.decoder.all_reduce_seconds
 
+    def set_ggml_int8_activations(self, on: bool) -> None:
+        """How the GGML GEMVs multiply (FusedDecoder.set_ggml_int8_activations)."""
+        self.decoder.set_ggml_int8_activations(on)
+
     def set_phase_timing(self, on: bool) -> None:
-        """Per-layer per-phase timers (LlamaDecoder.set_phase_timing): off unless profiling."""
+        """Per-layer per-phase timers (FusedDecoder.set_phase_timing): off unless profiling."""
         self.decoder.set_phase_timing(on)
 
     @property

@@ -21,15 +21,16 @@ from tacit.kernels.moe_routing import MoERouting
 @register_moe_kernel("cpu_fused")
 class CPUFusedMoEKernel(MoEKernel):
     priority = 10
+    uses_cpu_kernels = True
 
     def __init__(self) -> None:
-        self._ops = load_cpu_kernels()
+        self._ops = load_cpu_kernels(True)
         if self._ops is None:
             raise RuntimeError("the cpu_fused MoE kernel needs tacit's AVX512-BF16 CPU kernels, which did not load")
 
     @classmethod
     def supports(cls, platform: str, dtype: torch.dtype) -> bool:
-        return platform == "cpu" and dtype == torch.bfloat16 and load_cpu_kernels() is not None
+        return platform == "cpu" and dtype == torch.bfloat16 and load_cpu_kernels(True) is not None
 
     def route(
         self, router_logits: torch.Tensor, routing: MoERouting, correction_bias: torch.Tensor | None = None
@@ -72,4 +73,5 @@ class CPUFusedMoEKernel(MoEKernel):
             None if shared is None else shared.w2,
             tag(shared.w2_type if shared else None),
             routed.slots,
+            self.ggml_int8_activations,
         )

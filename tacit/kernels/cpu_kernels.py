@@ -3,7 +3,7 @@
 - csrc/gemv_bf16.cpp: the skinny GEMM (1-8 activation rows) behind bf16 `Linear` in decode;
 - csrc/ggml_gemv.cpp: the same over GGUF's Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K blocks (layers/ggml_linear_method.py);
 - csrc/head_bmm.cpp: per-head products of a few tokens with [H, K, N] weights (absorbed MLA);
-- csrc/llama_decode.cpp: a whole decode step in one call (kernels/cpu_fused_decode.py), for GQA
+- csrc/fused_decode.cpp: a whole decode step in one call (kernels/cpu_fused_decode.py), for GQA
   models (Llama, Qwen2/3, Qwen3-MoE) and DeepSeek's MLA alike;
 - csrc/fused_moe.cpp: a sparse MoE layer's routing and experts (kernels/cpu_fused_moe.py);
 - csrc/decode_attention.cpp: that step's attention, read straight from the paged KV cache
@@ -34,7 +34,7 @@ _SOURCES = [
     "decode_attention.cpp",
     "decode_attention_int8.cpp",
     "decode_attention_op.cpp",
-    "llama_decode.cpp",
+    "fused_decode.cpp",
     "fused_moe.cpp",
     "bindings.cpp",
 ]
@@ -54,13 +54,29 @@ def cpu_supports_avx512_bf16() -> bool:
     return all(f in flags for f in ("avx512_bf16", "avx512f", "avx512_vnni"))
 
 
-def load_cpu_kernels() -> ModuleType | None:
-    """The compiled module, or None (unsupported CPU, TACIT_NO_CPU_KERNELS=1, or a failed build)."""
+def cpu_kernels_default() -> bool:
+    """Whether the CPU kernels are on when nobody says (EngineArgs.cpu_kernels' default):
+    TACIT_NO_CPU_KERNELS=1 turns them off."""
+    return not os.environ.get("TACIT_NO_CPU_KERNELS")
+
+
+def ggml_bf16_activations_default() -> bool:
+    """EngineArgs.ggml_bf16_activations' default: TACIT_GGML_BF16_ACTIVATIONS=1 turns it on."""
+    return bool(os.environ.get("TACIT_GGML_BF16_ACTIVATIONS"))
+
+
+def load_cpu_kernels(enabled: bool | None = None) -> ModuleType | None:
+    """The compiled module, or None (turned off, unsupported CPU, or a failed build).
+
+    enabled: the engine's choice (EngineConfig's model.cpu_kernels), so two engines in one
+    process can differ; None (tools outside an engine) takes cpu_kernels_default()."""
+    if not (cpu_kernels_default() if enabled is None else enabled):
+        return None
     global _module, _tried
     if _tried:
         return _module
     _tried = True
-    if os.environ.get("TACIT_NO_CPU_KERNELS") or not cpu_supports_avx512_bf16():
+    if not cpu_supports_avx512_bf16():
         return None
     _module = build_extension(
         "tacit_cpu_kernels",
@@ -72,8 +88,4 @@ def load_cpu_kernels() -> ModuleType | None:
         "compiling the AVX512-BF16 CPU kernels (once, ~100 s on 2 cores)",
         "AVX512-BF16 CPU kernels unavailable, using the torch path",
     )
-    if _module is not None and os.environ.get("TACIT_GGML_BF16_ACTIVATIONS"):
-        # GGML decode rows against bf16 activations (the dequantized model's arithmetic)
-        # instead of int8 per 32-value block (llama.cpp's, the default; csrc/ggml_gemv.cpp).
-        _module.set_ggml_int8_activations(False)
     return _module

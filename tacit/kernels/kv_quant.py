@@ -25,7 +25,7 @@ and the rotated key part are two rows, each followed by its scale's 4 bytes (pac
 stored as they are, without K's sign flip (the latent is V too; mla_decode_attention_int8 in
 csrc/decode_attention_int8.cpp flips the bytes in registers for its scores).
 
-The C++ kernels (csrc/llama_decode.cpp writes, csrc/decode_attention_int8.cpp reads) use the
+The C++ kernels (csrc/fused_decode.cpp writes, csrc/decode_attention_int8.cpp reads) use the
 same arithmetic, bit for bit on the write side.
 """
 

@@ -48,6 +48,11 @@ class ExpertWeights:
 class MoEKernel(ABC):
     name: ClassVar[str]
     priority: ClassVar[int]
+    # True for a kernel built on tacit's CPU kernels: an engine with cpu_kernels off skips it.
+    uses_cpu_kernels: ClassVar[bool] = False
+    # How GGML expert stacks multiply where the kernel has the choice (EngineArgs.ggml_bf16_activations,
+    # negated; csrc/ggml_gemv.h); set on the instance by layers/moe.select_moe_kernel.
+    ggml_int8_activations: bool = True
 
     @classmethod
     @abstractmethod

@@ -23,6 +23,7 @@ _KERNEL_ROWS = 8  # kernels/csrc/gemv_bf16.cpp: 1-8 activation rows per weight p
 @register_linear_method("cpu_bf16_gemv")
 class CpuBf16GemvLinearMethod(UnquantizedLinearMethod):
     priority = 10
+    uses_cpu_kernels = True
 
     def __init__(self, kernels: ModuleType) -> None:
         self.kernels = kernels
@@ -31,7 +32,7 @@ class CpuBf16GemvLinearMethod(UnquantizedLinearMethod):
     def create(cls, platform: str, dtype: torch.dtype) -> CpuBf16GemvLinearMethod | None:
         if platform != "cpu" or dtype != torch.bfloat16:
             return None
-        kernels = load_cpu_kernels()  # None without AVX512-BF16, with TACIT_NO_CPU_KERNELS=1, or a failed build
+        kernels = load_cpu_kernels(True)  # None without AVX512-BF16 or after a failed build
         return None if kernels is None else cls(kernels)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:

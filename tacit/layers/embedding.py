@@ -32,13 +32,20 @@ class GGMLEmbedding(nn.Module):
 
     @classmethod
     def for_type(
-        cls, ggml_type: int, num_embeddings: int, embedding_dim: int, platform: str, dtype: torch.dtype
+        cls,
+        ggml_type: int,
+        num_embeddings: int,
+        embedding_dim: int,
+        platform: str,
+        dtype: torch.dtype,
+        cpu_kernels: bool | None = None,
     ) -> GGMLEmbedding:
+        """cpu_kernels: the engine's ModelConfig.cpu_kernels (None: the environment's default)."""
         kernels = None
         if platform == "cpu" and dtype == torch.bfloat16:
             from tacit.kernels.cpu_kernels import load_cpu_kernels
 
-            kernels = load_cpu_kernels()
+            kernels = load_cpu_kernels(cpu_kernels)
         return cls(num_embeddings, embedding_dim, ggml_type, dtype, kernels)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

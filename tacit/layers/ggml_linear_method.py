@@ -1,7 +1,7 @@
 """Linear layers whose weight stays in its GGUF file's GGML blocks (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K).
 
-Chosen per layer from the type of the checkpoint tensor it loads (use_ggml_weights in
-layers/linear.py), not per model: a GGUF file may mix types. The weight is the file's bytes,
+Chosen per layer from the type of the checkpoint tensor it loads (ggml_linear_method in
+layers/linear.py, asked by models/quantization.py), not per model: a GGUF file may mix types. The weight is the file's bytes,
 uint8 [out, in / 32 * block_bytes], rows stacked for merged layers (a merged layer whose
 shards mix types: MixedGGMLLinearMethod). Decode (1-8 rows) runs kernels/csrc/ggml_gemv.cpp,
 which streams a Q4_1 weight at 20 bytes per 32 values instead of bf16's 64 and multiplies its
@@ -23,7 +23,7 @@ from tacit.layers.linear_method import LinearMethod, dense_matmul
 
 _KERNEL_ROWS = 8  # kernels/csrc/ggml_gemv.cpp: 1-8 activation rows per weight pass (kMaxSkinnyRows)
 # Up to 32 rows, 8 rows a pass over the blocks beats dequantizing the matrix for oneDNN
-# (kGgmlChunkedRows in csrc/llama_decode.cpp, measured there).
+# (kGgmlChunkedRows in csrc/fused_decode.cpp, measured there).
 _CHUNKED_ROWS = 32
 
 
@@ -35,19 +35,29 @@ class GGMLLinearMethod(LinearMethod):
     priority = 1000  # never the model-wide choice: see create
     per_layer = True
 
-    def __init__(self, ggml_type: int, kernels: ModuleType | None) -> None:
+    def __init__(self, ggml_type: int, kernels: ModuleType | None, int8_activations: bool = True) -> None:
+        """int8_activations: decode rows against int8-rounded activations (llama.cpp's) or bf16
+        ones (csrc/ggml_gemv.h): the engine's EngineArgs.ggml_bf16_activations, negated."""
         if ggml_type not in GGML_TYPES:
             raise ValueError(f"GGML type {ggml_type} has no native linear method")
-        self.ggml_type, self.kernels = ggml_type, kernels
+        self.ggml_type, self.kernels, self.int8_activations = ggml_type, kernels, int8_activations
         self.type_name = GGML_TYPES[ggml_type].name
 
     @classmethod
     def create(cls, platform: str, dtype: torch.dtype) -> None:
-        return None  # chosen per layer from its checkpoint tensor's type (use_ggml_weights)
+        return None  # chosen per layer from its checkpoint tensor's type (ggml_linear_method)
 
     @classmethod
-    def for_type(cls, ggml_type: int, platform: str, dtype: torch.dtype) -> GGMLLinearMethod:
-        return cls(ggml_type, _kernels_for(platform, dtype))
+    def for_type(
+        cls,
+        ggml_type: int,
+        platform: str,
+        dtype: torch.dtype,
+        cpu_kernels: bool | None = None,
+        int8_activations: bool = True,
+    ) -> GGMLLinearMethod:
+        """cpu_kernels: the engine's ModelConfig.cpu_kernels (None: the environment's default)."""
+        return cls(ggml_type, _kernels_for(platform, dtype, cpu_kernels), int8_activations)
 
     def type_of_shard(self, index: int) -> int:
         """The GGML type of a merged layer's shard `index` (checkpoint order)."""
@@ -70,7 +80,7 @@ class GGMLLinearMethod(LinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.kernels is not None and x.dim() == 2 and 0 < x.shape[0] <= _CHUNKED_ROWS and x.dtype == torch.bfloat16:
-            out = _skinny(self.kernels, layer.weight, self.ggml_type, x.contiguous())
+            out = _skinny(self.kernels, layer.weight, self.ggml_type, x.contiguous(), self.int8_activations)
             return out + bias if bias is not None else out
         return dense_matmul(self.dequantized(layer, x.dtype), x, bias)
 
@@ -85,17 +95,24 @@ class MixedGGMLLinearMethod(GGMLLinearMethod):
 
     name = "ggml_mixed"
 
-    def __init__(self, shard_types: list[int], kernels: ModuleType | None) -> None:
+    def __init__(self, shard_types: list[int], kernels: ModuleType | None, int8_activations: bool = True) -> None:
         for t in shard_types:
             if t not in GGML_TYPES:
                 raise ValueError(f"GGML type {t} has no native linear method")
-        self.shard_types, self.kernels = list(shard_types), kernels
+        self.shard_types, self.kernels, self.int8_activations = list(shard_types), kernels, int8_activations
         self.ggml_type = None  # no one type: linear_ggml_type callers must look at segments()
         self.type_name = "/".join(GGML_TYPES[t].name for t in shard_types)
 
     @classmethod
-    def for_types(cls, shard_types: list[int], platform: str, dtype: torch.dtype) -> MixedGGMLLinearMethod:
-        return cls(shard_types, _kernels_for(platform, dtype))
+    def for_types(
+        cls,
+        shard_types: list[int],
+        platform: str,
+        dtype: torch.dtype,
+        cpu_kernels: bool | None = None,
+        int8_activations: bool = True,
+    ) -> MixedGGMLLinearMethod:
+        return cls(shard_types, _kernels_for(platform, dtype, cpu_kernels), int8_activations)
 
     def type_of_shard(self, index: int) -> int:
         return self.shard_types[index]
@@ -138,23 +155,25 @@ class MixedGGMLLinearMethod(GGMLLinearMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.kernels is not None and x.dim() == 2 and 0 < x.shape[0] <= _CHUNKED_ROWS and x.dtype == torch.bfloat16:
             x = x.contiguous()
-            out = torch.cat([_skinny(self.kernels, w, t, x) for w, t in self.segments(layer)], dim=1)
+            int8 = self.int8_activations
+            out = torch.cat([_skinny(self.kernels, w, t, x, int8) for w, t in self.segments(layer)], dim=1)
             return out + bias if bias is not None else out
         return dense_matmul(self.dequantized(layer, x.dtype), x, bias)
 
 
-def _kernels_for(platform: str, dtype: torch.dtype) -> ModuleType | None:
+def _kernels_for(platform: str, dtype: torch.dtype, cpu_kernels: bool | None = None) -> ModuleType | None:
     if platform == "cpu" and dtype == torch.bfloat16:
         from tacit.kernels.cpu_kernels import load_cpu_kernels
 
-        return load_cpu_kernels()
+        return load_cpu_kernels(cpu_kernels)
     return None
 
 
-def _skinny(kernels: ModuleType, weight: torch.Tensor, ggml_type: int, x: torch.Tensor) -> torch.Tensor:
+def _skinny(kernels: ModuleType, weight: torch.Tensor, ggml_type: int, x: torch.Tensor, int8: bool) -> torch.Tensor:
     """x (bf16, at most _CHUNKED_ROWS rows) @ the blocks' matrix^T, _KERNEL_ROWS rows a pass."""
     parts = [
-        kernels.gemm_ggml_skinny(weight, ggml_type, x[i : i + _KERNEL_ROWS]) for i in range(0, x.shape[0], _KERNEL_ROWS)
+        kernels.gemm_ggml_skinny(weight, ggml_type, x[i : i + _KERNEL_ROWS], int8)
+        for i in range(0, x.shape[0], _KERNEL_ROWS)
     ]
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 

@@ -17,6 +17,7 @@ from torch import nn
 import tacit.layers.cpu_linear_method  # noqa: F401  registers "cpu_bf16_gemv"
 from tacit.distributed.communicator import Communicator, exposed
 from tacit.distributed.parallel_state import SINGLE, TensorParallel
+from tacit.kernels.cpu_kernels import cpu_kernels_default
 from tacit.kernels.ggml_quant import GGML_TYPES, GGMLTensor
 from tacit.layers.ggml_linear_method import GGMLLinearMethod, MixedGGMLLinearMethod
 from tacit.layers.linear_method import LinearMethod, UnquantizedLinearMethod, registered_linear_methods
@@ -230,10 +231,14 @@ def use_communicator(model: nn.Module, comm: Communicator) -> None:
             module.comm = comm
 
 
-def select_linear_method(platform: str, dtype: torch.dtype) -> LinearMethod:
+def select_linear_method(platform: str, dtype: torch.dtype, cpu_kernels: bool | None = None) -> LinearMethod:
     """The lowest-priority registered method that runs on `platform` in `dtype` (the reference
-    always does)."""
+    always does). cpu_kernels: the engine's (ModelConfig.cpu_kernels; None: the environment's
+    default); off, the methods built on tacit's CPU kernels are passed over."""
+    allowed = cpu_kernels_default() if cpu_kernels is None else cpu_kernels
     for cls in sorted(registered_linear_methods().values(), key=lambda c: c.priority):
+        if cls.uses_cpu_kernels and not allowed:
+            continue
         method = cls.create(platform, dtype)
         if method is not None:
             return method
@@ -282,21 +287,26 @@ def checkpoint_weight_names(name: str, layer: LinearBase) -> list[str]:
     return [f"{name}.weight"]
 
 
-def use_ggml_weights(model: nn.Module, types: dict[str, int], platform: str, dtype: torch.dtype) -> None:
-    """Rebuild each linear layer whose checkpoint weights are all GGML blocks for their types
-    (before the weights are materialized and loaded). `types`: {HF weight name: GGML type id}.
-    A merged layer whose shards differ in type keeps each shard in its own (MixedGGMLLinearMethod)."""
-    for name, layer in model.named_modules():
-        if not isinstance(layer, LinearBase):
-            continue
-        shard_types = [types.get(n) for n in checkpoint_weight_names(name, layer)]
-        if None in shard_types:
-            continue
-        if any(layer.in_features % GGML_TYPES[t].block_values for t in shard_types):
-            # A row-parallel rank's columns cut through blocks: its slice arrives dequantized
-            # (loader/shards.narrow_tensor), so the layer stays float.
-            continue
-        if len(set(shard_types)) > 1:
-            layer.rebuild_weights(MixedGGMLLinearMethod.for_types(shard_types, platform, dtype))
-        else:
-            layer.rebuild_weights(GGMLLinearMethod.for_type(shard_types[0], platform, dtype))
+def ggml_linear_method(
+    name: str,
+    layer: LinearBase,
+    types: dict[str, int],
+    platform: str,
+    dtype: torch.dtype,
+    cpu_kernels: bool | None = None,
+    int8_activations: bool = True,
+) -> GGMLLinearMethod | None:
+    """The GGML method of a linear layer whose checkpoint weights are all GGML blocks, or None
+    (it stays float). `types`: {HF weight name: GGML type id}. A merged layer whose shards differ
+    in type keeps each shard in its own (MixedGGMLLinearMethod). cpu_kernels, int8_activations:
+    the engine's (GGMLLinearMethod.for_type)."""
+    shard_types = [types.get(n) for n in checkpoint_weight_names(name, layer)]
+    if None in shard_types:
+        return None
+    if any(layer.in_features % GGML_TYPES[t].block_values for t in shard_types):
+        # A row-parallel rank's columns cut through blocks: its slice arrives dequantized
+        # (loader/shards.narrow_tensor), so the layer stays float.
+        return None
+    if len(set(shard_types)) > 1:
+        return MixedGGMLLinearMethod.for_types(shard_types, platform, dtype, cpu_kernels, int8_activations)
+    return GGMLLinearMethod.for_type(shard_types[0], platform, dtype, cpu_kernels, int8_activations)

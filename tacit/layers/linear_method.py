@@ -40,6 +40,8 @@ class LinearMethod(ABC):
     # True for a method chosen per layer from its checkpoint tensor's type (GGML blocks): the
     # model-wide method (use_linear_method) leaves such layers alone.
     per_layer: ClassVar[bool] = False
+    # True for a method built on tacit's CPU kernels: an engine with cpu_kernels off skips it.
+    uses_cpu_kernels: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod

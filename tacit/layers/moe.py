@@ -16,6 +16,7 @@ from torch import nn
 import tacit.kernels.cpu_fused_moe  # noqa: F401  registers "cpu_fused"
 from tacit.distributed.communicator import exposed
 from tacit.distributed.parallel_state import SINGLE, TensorParallel
+from tacit.kernels.cpu_kernels import cpu_kernels_default
 from tacit.kernels.ggml_quant import GGML_TYPES, GGMLExpertStack, GGMLTensor, row_bytes
 from tacit.kernels.moe_kernel import MOE_KERNELS, ExpertWeights, MoEKernel
 from tacit.kernels.moe_routing import MoERouting
@@ -292,27 +293,21 @@ def expert_weight_names(module: str, num_experts: int) -> list[str]:
     return [f"{module}.{e}.{p}.weight" for e in range(num_experts) for p in ("gate_proj", "up_proj", "down_proj")]
 
 
-def use_ggml_experts(model: nn.Module, types: dict[str, int]) -> None:
-    """Hold each FusedMoE's experts as GGML blocks when `types` ({HF weight name: GGML type})
-    gives all its expert weights one type."""
-    for name, m in model.named_modules():
-        if isinstance(m, FusedMoE):
-            found = {types.get(n) for n in expert_weight_names(name, m.num_experts)}
-            if len(found) == 1 and None not in found:
-                m.use_ggml_weights(found.pop())
+def use_ggml_experts(name: str, m: FusedMoE, types: dict[str, int]) -> None:
+    """Hold a FusedMoE's experts as GGML blocks when `types` ({HF weight name: GGML type}) gives
+    all its expert weights one type (they are quantized as they load)."""
+    found = {types.get(n) for n in expert_weight_names(name, m.num_experts)}
+    if len(found) == 1 and None not in found:
+        m.use_ggml_weights(found.pop())
 
 
-def use_ggml_expert_stacks(model: nn.Module, types: dict[str, int]) -> None:
-    """Hold each FusedMoE's stacks as the GGML blocks its checkpoint gives them (before loading).
+def use_ggml_expert_stacks(name: str, m: FusedMoE, types: dict[str, int]) -> None:
+    """Hold a FusedMoE's stacks as the GGML blocks its checkpoint gives them (before loading).
     types: {`{module}.{proj}.weight` (a GGUF's whole stack) or `{module}.{expert}.{proj}.weight`
     (a Hugging Face checkpoint's quantized experts, FP8 or GPTQ): GGML type}. A projection whose
     experts differ in type, and gate and up unless of one type (they share w13), stay float."""
-    for name, m in model.named_modules():
-        if isinstance(m, FusedMoE):
-            gate, up, down = (
-                _experts_type(types, name, m.num_experts, p) for p in ("gate_proj", "up_proj", "down_proj")
-            )
-            m.use_ggml_stacks(gate if gate == up else None, down)
+    gate, up, down = (_experts_type(types, name, m.num_experts, p) for p in ("gate_proj", "up_proj", "down_proj"))
+    m.use_ggml_stacks(gate if gate == up else None, down)
 
 
 def _experts_type(types: dict[str, int], module: str, num_experts: int, proj: str) -> int | None:
@@ -323,11 +318,19 @@ def _experts_type(types: dict[str, int], module: str, num_experts: int, proj: st
     return found.pop() if len(found) == 1 else None
 
 
-def select_moe_kernel(platform: str, dtype: torch.dtype) -> MoEKernel:
+def select_moe_kernel(
+    platform: str, dtype: torch.dtype, cpu_kernels: bool | None = None, ggml_int8_activations: bool = True
+) -> MoEKernel:
     """The lowest-priority registered kernel that runs on `platform` in `dtype` (the torch
-    reference always does)."""
-    fits = [cls for cls in MOE_KERNELS.values() if cls.supports(platform, dtype)]
-    return min(fits, key=lambda cls: cls.priority)()
+    reference always does). cpu_kernels: the engine's (ModelConfig.cpu_kernels; None: the
+    environment's default); ggml_int8_activations: how the kernel multiplies GGML stacks."""
+    allowed = cpu_kernels_default() if cpu_kernels is None else cpu_kernels
+    fits = [
+        cls for cls in MOE_KERNELS.values() if (allowed or not cls.uses_cpu_kernels) and cls.supports(platform, dtype)
+    ]
+    kernel = min(fits, key=lambda cls: cls.priority)()
+    kernel.ggml_int8_activations = ggml_int8_activations
+    return kernel
 
 
 def use_moe_kernel(model: nn.Module, kernel: MoEKernel) -> None:

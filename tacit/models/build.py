@@ -7,29 +7,16 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from tacit.config import HF_QUANTIZATIONS, ModelConfig
+from tacit.config import ModelConfig
 from tacit.distributed.parallel_state import SINGLE, TensorParallel
 from tacit.kernels.ggml_quant import GGMLTensor
 from tacit.layers.embedding import GGMLEmbedding
 from tacit.layers.ggml_linear_method import GGMLLinearMethod
-from tacit.layers.linear import checkpoint_shards, use_ggml_weights
-from tacit.layers.moe import FusedMoE, is_expert_weight, use_ggml_expert_stacks, use_ggml_experts
+from tacit.layers.linear import checkpoint_shards
+from tacit.layers.moe import FusedMoE, is_expert_weight
 from tacit.model_config_checks import check_required_sizes
-from tacit.models.quantize_at_load import quantization_plan, quantized_as_loaded
+from tacit.models.quantization import apply_quantization, get_quantization_config
 from tacit.models.registry import get_model_class
-
-
-def keeps_ggml_weights(cfg: ModelConfig, device: torch.device) -> bool:
-    """Whether GGML-quantized checkpoint weights stay quantized (cfg.quantization): "gguf" always,
-    "none" never, "auto" where tacit's CPU kernels multiply them (CPU, bfloat16, AVX512-BF16);
-    elsewhere only the torch reference would, which dequantizes the whole matrix every call."""
-    if cfg.quantization != "auto":
-        return cfg.quantization == "gguf"
-    if device.type != "cpu" or cfg.dtype != torch.bfloat16:
-        return False
-    from tacit.kernels.cpu_kernels import load_cpu_kernels
-
-    return load_cpu_kernels() is not None
 
 
 def _same_storage_kind(model: nn.Module) -> bool:
@@ -57,9 +44,10 @@ def build_model(
     free_memory: bytes the device has; a model whose weights exceed it is refused before any
     allocation (hidden_size 1e9 once tried to allocate 196 TB). quantized_weights: {HF name: GGML
     type} of the weights `weights` yields as GGML blocks; their linear layers keep them so when
-    keeps_ggml_weights says. cfg.quantization int8/int4 quantizes a Hugging Face checkpoint's
-    linear weights as they load instead. tp: the tensor-parallel shard this process builds and
-    loads (each rank reads only its slice of each tensor)."""
+    quantization.keeps_ggml_weights says. cfg.quantization int8/int4 quantizes a Hugging Face
+    checkpoint's linear weights as they load instead (models/quantization.py picks the config).
+    tp: the tensor-parallel shard this process builds and loads (each rank reads only its slice
+    of each tensor)."""
     cls = get_model_class(cfg.architecture)
     if tp.size > 1 and not getattr(cls, "supports_tensor_parallel", False):
         raise ValueError(
@@ -89,16 +77,8 @@ def build_model(
             # Opened once the layers say which slice of each tensor this rank reads (still
             # before any allocation: the model is on the meta device).
             tensors = weights(**opened, shards=checkpoint_shards(model))
-        if cfg.quantization in HF_QUANTIZATIONS and quantized_weights:
-            raise ValueError(
-                f"quantization={cfg.quantization!r}: int8/int4 quantize an unquantized Hugging Face checkpoint "
-                f"at load; {cfg.path}'s weights are already quantized: use auto|gguf|none"
-            )
-        if cfg.quantization_overrides and quantized_weights:
-            raise ValueError(
-                f"quantization_overrides apply to an unquantized Hugging Face checkpoint quantized at load; "
-                f"{cfg.path}'s weights are already quantized, their types fixed by the file"
-            )
+        quantization = get_quantization_config(cfg, device, quantized_weights)
+        quantization.check()
         if cfg.expert_cache_memory is not None:
             # The experts stay in the checkpoint (models/expert_streaming.py binds their cache).
             if not any(isinstance(m, FusedMoE) for m in model.modules()):
@@ -108,32 +88,10 @@ def build_model(
             for m in model.modules():
                 if isinstance(m, FusedMoE):
                     m.stream_from_checkpoint()
-        if cfg.quantization in HF_QUANTIZATIONS or cfg.quantization_overrides:
-            # Quantized at load: the linear layers become GGML-method layers now, and their
-            # tensors are converted one at a time as they stream in (models/quantize_at_load.py).
-            plan = quantization_plan(model, cfg)
-            tied_head = getattr(model, "tie_word_embeddings", False) and "lm_head.weight" in plan
-            use_ggml_weights(model, plan, device.type, cfg.dtype)
-            use_ggml_experts(model, plan)
-            tensors = quantized_as_loaded(tensors, plan, cfg.quantization_group_size, tied_head)
-        elif quantized_weights and keeps_ggml_weights(cfg, device):
-            # Layers the model reads the weight of itself (a MoE router, MLA's kv_b_proj) stay
-            # float: their GGML tensors dequantize as they load (layers/linear.weight_data).
-            dense = tuple(getattr(model, "dense_weight_linears", ()))
-            types = {n: t for n, t in quantized_weights.items() if not n.removesuffix(".weight").endswith(dense)}
-            embed = types.get("model.embed_tokens.weight")
-            if embed is not None and not model.model.embed_tokens.sharded:
-                # The table stays in its blocks too, rows dequantized as looked up
-                # (layers/embedding.py), and a tied lm_head shares it: the default model's Q8_0
-                # head streams 30 MB a token instead of bf16's 57 MB, held once.
-                table = model.model.embed_tokens
-                model.model.embed_tokens = GGMLEmbedding.for_type(
-                    embed, table.num_embeddings, table.embedding_dim, device.type, cfg.dtype
-                )
-                if getattr(model, "tie_word_embeddings", False):
-                    types["lm_head.weight"] = embed
-            use_ggml_weights(model, types, device.type, cfg.dtype)
-            use_ggml_expert_stacks(model, types)
+        # How each linear layer, expert stack and the embedding table hold their weights
+        # (models/quantization.py), chosen before anything is allocated.
+        apply_quantization(model, quantization)
+        tensors = quantization.loaded(tensors)
     finally:
         torch.set_default_dtype(prev)
     need = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -8,9 +8,6 @@ the point of MLA. How the latent is cached and attended is an MLA attention back
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,24 +16,20 @@ from tacit.config import ModelConfig
 from tacit.distributed.communicator import Communicator
 from tacit.distributed.parallel_state import SINGLE, TensorParallel
 from tacit.forward_context import get_attention_metadata
-from tacit.kernels.absorbed_mla_attention import AbsorbedMLAAttentionBackend, absorbed_weights, head_bmm_fits
 from tacit.kernels.attention_backend import AttentionBackend
-from tacit.kernels.cpu_fused_decode import GroupedMoEWeights, MLALayerWeights, ShardedDecoder, bind_mla_decoder
-from tacit.kernels.ggml_quant import BF16
 from tacit.kernels.kv_quant import kv_row_width
 from tacit.kernels.moe_kernel import ExpertWeights
 from tacit.kernels.moe_routing import MoERouting
-from tacit.kernels.torch_mla_attention import MLADims
 from tacit.kernels.torch_moe import TorchMoEKernel
-from tacit.layers.embedding import GGMLEmbedding
-from tacit.layers.ggml_linear_method import MixedGGMLLinearMethod, ggml_or_bf16, linear_ggml_type
+from tacit.layers.ggml_linear_method import MixedGGMLLinearMethod, linear_ggml_type
 from tacit.layers.kv_cache import KVCacheLayer
 from tacit.layers.linear import ColumnParallelLinear, Linear, RowParallelLinear
 from tacit.layers.moe import FusedMoE
 from tacit.layers.norm import RMSNorm
 from tacit.layers.rotary import RotaryEmbedding, yarn_mscale
-from tacit.models.llama import CausalLM, LlamaDecoderLayer, LlamaMLP, LlamaModel
-from tacit.models.qwen3_moe import load_expert_tensor, static_slots
+from tacit.models.base import CausalLM
+from tacit.models.llama import LlamaDecoderLayer, LlamaMLP, LlamaModel
+from tacit.models.qwen3_moe import load_expert_tensor
 
 
 class MLAAttention(nn.Module, KVCacheLayer):
@@ -184,7 +177,7 @@ class DeepseekV3ForCausalLM(CausalLM):
     def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.tp = tp
-        self.comm: Communicator | None = None  # the fused decode step's all-reduce (tensor parallel)
+        self.comm: Communicator | None = None  # the tensor-parallel group's (layers/linear.use_communicator)
         hf = cfg.hf
         first_dense = int(hf.get("first_k_dense_replace") or 0)
 
@@ -207,130 +200,3 @@ class DeepseekV3ForCausalLM(CausalLM):
 
     def weight_hook(self, name: str, tensor: torch.Tensor) -> str | None:
         return load_expert_tensor(self, name, tensor) or super().weight_hook(name, tensor)
-
-    # ---- the fused C++ decode step (kernels/cpu_fused_decode.py bind_mla_decoder) ----
-
-    def fused_decoder_unsupported_reason(self) -> str | None:
-        reason = self.fused_tensor_parallel_reason()
-        if reason is not None:
-            return reason
-        if not self.model.rotary.interleaved:
-            return "half-split rotary (the fused MLA step rotates DeepSeek's interleaved pairs)"
-        for i, layer in enumerate(self.model.layers):
-            a = layer.self_attn
-            if a.backend is None or a.backend.name != AbsorbedMLAAttentionBackend.name:
-                return f"layer {i} uses another attention backend"
-            cache = a.kv_cache
-            if cache is None or cache.dtype not in (torch.bfloat16, torch.int8) or cache.device.type != "cpu":
-                return f"layer {i} has no bf16 or int8 CPU latent cache"
-            linears = [a.kv_a_proj_with_mqa, a.o_proj] + ([a.q_a_proj, a.q_b_proj] if a.q_lora_rank else [a.q_proj])
-            if any(lin.bias is not None for lin in linears):
-                return f"layer {i}: attention biases"
-            if any(isinstance(lin.linear_method, MixedGGMLLinearMethod) for lin in linears):
-                return f"layer {i}: a projection of mixed GGML types"
-            if a.kv_b_proj.weight.dtype != torch.bfloat16:
-                return f"layer {i}: kv_b_proj is not bf16 (the absorbed weights are split from it)"
-            if a.rope_dim > 256:
-                return f"layer {i}: a rotary width above 256"
-            reason = self.fused_mlp_unsupported_reason(layer.mlp)
-            if reason is not None:
-                return f"layer {i}: {reason}"
-        routers = {
-            id(p)
-            for layer in self.model.layers
-            if isinstance(layer.mlp, DeepseekV3MoE)
-            for p in layer.mlp.gate.parameters()
-        }
-        # GGML blocks (uint8) run as they are; the routers are float32 by design (DeepseekV3Gate).
-        if any(p.dtype not in (torch.bfloat16, torch.uint8) for p in self.parameters() if id(p) not in routers):
-            return "weights are not bf16"
-        return None
-
-    def fused_mlp_unsupported_reason(self, mlp: nn.Module) -> str | None:
-        if not isinstance(mlp, DeepseekV3MoE):
-            return super().fused_mlp_unsupported_reason(mlp)
-        if mlp.experts.streamed:
-            return "streamed experts"
-        if isinstance(mlp.experts.kernel, TorchMoEKernel):
-            return "the torch MoE kernel"
-        if mlp.shared_experts is not None and mlp.shared_expert_weights() is None:
-            return "a shared expert the experts kernel does not fuse"
-        return None
-
-    def fused_mlp_weights(self, mlp: nn.Module) -> dict[str, Any]:
-        if not isinstance(mlp, DeepseekV3MoE):
-            return super().fused_mlp_weights(mlp)
-        routing = mlp.experts.routing
-        moe = GroupedMoEWeights(
-            router=mlp.gate.weight.data.float().contiguous(),  # what router_logits multiplies by
-            correction_bias=mlp.correction_bias.data.float().contiguous(),
-            routed=mlp.experts.expert_weights(),
-            shared=mlp.shared_expert_weights(),
-            top_k=routing.top_k,
-            renormalize=routing.renormalize,
-            groups=routing.num_groups,
-            topk_groups=routing.topk_groups,
-            scaling=routing.scaling,
-            expert_slots=static_slots(mlp.experts.expert_slots()),
-        )
-        return dict(moe=moe)
-
-    def _bind_fused_decoder(self, kernels: ModuleType, block_size: int, max_positions: int) -> Any:
-        lm = self.model
-        layers = list(lm.layers)
-        norms = [lm.norm]
-        for layer in layers:
-            a = layer.self_attn
-            norms += [layer.input_layernorm, layer.post_attention_layernorm, a.kv_a_layernorm]
-            norms += [a.q_a_layernorm] if a.q_lora_rank else []
-        eps = {n.eps for n in norms}
-        if len(eps) != 1:
-            raise ValueError(f"RMSNorm eps differs between layers ({sorted(eps)}); the fused decoder takes one")
-        # The table the torch path's rotary computes per step, for every position at once.
-        cos, sin = lm.rotary.cos_sin(torch.arange(max_positions), torch.bfloat16)
-
-        def mla_layer(layer: LlamaDecoderLayer) -> MLALayerWeights:
-            a = layer.self_attn
-            dims = MLADims(heads=a.num_heads, rank=a.kv_lora_rank, rope=a.rope_dim, nope=a.nope_dim, v=a.v_dim)
-            w_uk, w_uv_t = absorbed_weights(a.kv_b_proj.weight, dims)
-            q_b = a.q_b_proj if a.q_lora_rank else a.q_proj
-            mlp = self.fused_mlp_weights(layer.mlp)
-            return MLALayerWeights(
-                input_norm=layer.input_layernorm.weight.data,
-                q_a=a.q_a_proj.weight.data if a.q_lora_rank else None,
-                q_a_type=ggml_or_bf16(a.q_a_proj) if a.q_lora_rank else BF16,
-                q_a_norm=a.q_a_layernorm.weight.data if a.q_lora_rank else None,
-                q_b=q_b.weight.data,
-                q_b_type=ggml_or_bf16(q_b),
-                kv_a=a.kv_a_proj_with_mqa.weight.data,
-                kv_a_type=ggml_or_bf16(a.kv_a_proj_with_mqa),
-                kv_a_norm=a.kv_a_layernorm.weight.data,
-                w_uk=w_uk,
-                w_uv_t=w_uv_t,
-                o_proj=a.o_proj.weight.data,
-                o_type=ggml_or_bf16(a.o_proj),
-                post_attention_norm=layer.post_attention_layernorm.weight.data,
-                latent_cache=a.kv_cache,
-                head_bmm=head_bmm_fits(w_uk, w_uv_t),
-                **mlp,
-            )
-
-        table = lm.embed_tokens
-        decoder = bind_mla_decoder(
-            kernels,
-            table.weight.data,
-            table.ggml_type if isinstance(table, GGMLEmbedding) else BF16,
-            lm.norm.weight.data,
-            cos,
-            sin,
-            layers[0].self_attn.num_heads,
-            next((layer.mlp.intermediate for layer in layers if isinstance(layer.mlp, LlamaMLP)), 0),
-            eps.pop(),
-            layers[0].self_attn.scale,
-            block_size,
-            [mla_layer(layer) for layer in layers],
-        )
-        if self.tp.size == 1:
-            return decoder
-        decoder.set_all_reduce(*self.comm.c_all_reduce_f32())
-        return ShardedDecoder(decoder, table, self.tp.data_parallel)

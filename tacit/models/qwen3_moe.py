@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -11,8 +10,7 @@ from torch import nn
 
 from tacit.config import ModelConfig
 from tacit.distributed.parallel_state import SINGLE, TensorParallel
-from tacit.kernels.cpu_fused_decode import MoELayerWeights
-from tacit.kernels.ggml_quant import BF16, GGMLExpertStack
+from tacit.kernels.ggml_quant import GGMLExpertStack
 from tacit.kernels.moe_routing import MoERouting
 from tacit.layers.linear import Linear
 from tacit.layers.moe import FusedMoE
@@ -77,30 +75,3 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
 
     def weight_hook(self, name: str, tensor: torch.Tensor) -> str | None:
         return load_expert_tensor(self, name, tensor) or super().weight_hook(name, tensor)
-
-    def fused_mlp_unsupported_reason(self, mlp: nn.Module) -> str | None:
-        if not isinstance(mlp, Qwen3MoeSparseBlock):
-            return super().fused_mlp_unsupported_reason(mlp)
-        return None
-
-    def fused_mlp_weights(self, mlp: nn.Module) -> dict[str, Any]:
-        if not isinstance(mlp, Qwen3MoeSparseBlock):
-            return super().fused_mlp_weights(mlp)
-        experts, routing = mlp.experts, mlp.experts.routing
-        stacks = experts.expert_weights() if not experts.streamed else experts.streamed_weights()
-        moe = MoELayerWeights(
-            router=mlp.gate.weight.data,
-            w13=stacks.w13,
-            w2=stacks.w2,
-            w13_type=BF16 if stacks.w13_type is None else stacks.w13_type,
-            w2_type=BF16 if stacks.w2_type is None else stacks.w2_type,
-            top_k=routing.top_k,
-            renormalize=routing.renormalize,
-            expert_slots=experts.acquire_streamed if experts.streamed else static_slots(experts.expert_slots()),
-        )
-        return dict(gate_up=None, down=None, moe=moe)
-
-
-def static_slots(slots: torch.Tensor | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
-    """The fused step's slot callback for an expert-parallel rank: the same table every step."""
-    return None if slots is None else (lambda ids, x: slots)

@@ -1,7 +1,7 @@
 """Run real engine steps and time each one by step kind, layer and operator class.
 
 The torch path is timed by module hooks (timer.py); the fused C++ decode step by its own
-per-layer phase timers (LlamaDecoder.set_phase_timing), switched on only while profiling;
+per-layer phase timers (FusedDecoder.set_phase_timing), switched on only while profiling;
 communication is the step's change in ModelRunner.communication_seconds(). Whatever the step's
 wall time (around LLMEngine.step(): scheduling and output processing included) holds beyond
 those is Python/host.

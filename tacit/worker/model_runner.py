@@ -42,6 +42,7 @@ from tacit.worker.input_batch import PromptScores, Rows
 from tacit.worker.kv_allocation import allocate_kv_caches, kv_cache_groups, num_kv_blocks
 from tacit.worker.paths import PathContext, PathResult
 from tacit.worker.paths.base import ExecutionPath, Steps, build_paths, finish, first_accepting
+from tacit.worker.paths.fused_binders import build_fused_decoder
 from tacit.worker.request_state import CachedRequestState, update_request_states
 from tacit.worker.sample_step import sample_and_verify
 from tacit.worker.swap_store import KVSwapStore
@@ -71,14 +72,15 @@ class ModelRunner:
         self.sampler = Sampler()
         self.execute_seconds = 0.0  # execute_s summed since load (rank_stats)
         kernels = None
+        cpu_kernels, int8_activations = config.model.cpu_kernels, not config.model.ggml_bf16_activations
         if device.type == "cpu" and config.model.dtype == torch.bfloat16:
             from tacit.kernels.cpu_kernels import load_cpu_kernels
 
-            kernels = load_cpu_kernels()
+            kernels = load_cpu_kernels(cpu_kernels)
         # Chosen once for the model: how its linear layers multiply, which kernel runs its
         # experts, which backend attends.
-        use_linear_method(model, select_linear_method(device.type, config.model.dtype))
-        use_moe_kernel(model, select_moe_kernel(device.type, config.model.dtype))
+        use_linear_method(model, select_linear_method(device.type, config.model.dtype, cpu_kernels))
+        use_moe_kernel(model, select_moe_kernel(device.type, config.model.dtype, cpu_kernels, int8_activations))
         self.comm = comm
         if comm is not None:
             use_communicator(model, comm)
@@ -124,13 +126,10 @@ class ModelRunner:
             swap_bytes_per_s=swap_bytes_per_s,
         )
         # Decode-only steps run as one C++ call when the model and CPU allow it.
-        fused_decode = None
-        build_fused_decoder = getattr(model, "build_fused_decoder", None)
-        if kernels is not None and build_fused_decoder is not None:
-            # Its rope tables cover every position a sequence can reach: no more than the pool
-            # holds, even when an explicit max_model_len is longer.
-            positions = min(config.model.max_model_len, self.num_blocks * self.block_size)
-            fused_decode = build_fused_decoder(kernels, self.block_size, positions)
+        # Its rope tables cover every position a sequence can reach: no more than the pool
+        # holds, even when an explicit max_model_len is longer.
+        positions = min(config.model.max_model_len, self.num_blocks * self.block_size)
+        fused_decode = build_fused_decoder(model, kernels, self.block_size, positions, int8_activations)
         self.paths_context = PathContext(
             model=model,
             device=device,

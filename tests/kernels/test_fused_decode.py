@@ -9,6 +9,7 @@ from pausing import run_pausing
 from tacit import LLM, SamplingParams
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
 from tacit.worker.paths.base import finish
+from tacit.worker.paths.fused_binders import build_fused_decoder, fused_decoder_unsupported_reason
 from tacit.worker.paths.fused_decode import FusedDecodePath
 from tacit.worker.paths.split import SplitPath
 from tacit.worker.request_state import update_request_states
@@ -120,7 +121,7 @@ def test_the_comparison_catches_a_missing_bias(tiny_model_factory):
     for a in attns:
         a.bias = torch.nn.Parameter(torch.zeros_like(a.bias))
     try:
-        engine.runner.fused_decode = engine.model.build_fused_decoder(load_cpu_kernels(), 4, engine.max_model_len)
+        engine.runner.fused_decode = build_fused_decoder(engine.model, load_cpu_kernels(), 4, engine.max_model_len)
     finally:
         for a, b in zip(attns, biases):
             a.bias = b
@@ -143,7 +144,7 @@ def test_models_the_fused_decoder_does_not_run_keep_the_torch_path(tiny_model_fa
     for arch in ("deepseek_v3", "llama"):  # float32: the fused step is bf16 only
         _, _, path = tiny_model_factory(arch)
         engine = LLM(str(path), dtype="float32").engine
-        assert engine.runner.fused_decode is None and engine.model.fused_decoder_unsupported_reason() is not None
+        assert engine.runner.fused_decode is None and fused_decoder_unsupported_reason(engine.model) is not None
 
 
 def test_layer_by_layer_step_equals_one_call_and_lets_a_cut_in_run(tiny_model_factory):

@@ -78,8 +78,8 @@ def type_shapes(types: list[int]) -> list:
 
 
 @pytest.mark.parametrize("ggml_type, n, k", type_shapes(TYPES))
-def test_gemv_matches_oracle_at_1_to_8_rows(ggml_type, n, k, bf16_ggml_activations):
-    """bf16 activations (the fixture): the int8 path's own bound is the test below."""
+def test_gemv_matches_oracle_at_1_to_8_rows(ggml_type, n, k):
+    """bf16 activations (int8_activations=False): the int8 path's own bound is the test below."""
     kernels = load_cpu_kernels()
     assert kernels is not None, "the kernels failed to build on a CPU that supports them"
     blocks, w_ref = quantized(ggml_type, n, k, seed=n * 7 + k)
@@ -87,7 +87,7 @@ def test_gemv_matches_oracle_at_1_to_8_rows(ggml_type, n, k, bf16_ggml_activatio
     g = torch.Generator().manual_seed(n + k)
     for m in range(1, 9):
         x = torch.randn(m, k, generator=g).bfloat16()
-        y = kernels.gemm_ggml_skinny(blocks, ggml_type, x)
+        y = kernels.gemm_ggml_skinny(blocks, ggml_type, x, False)
         assert y.shape == (m, n) and y.dtype == torch.bfloat16
         assert within_bound(y, x, w_ref), f"{GGML_TYPES[ggml_type].name} m={m}"
 
@@ -116,10 +116,10 @@ INT8_TYPES = [2, 3, 6, 8, Q4_K, Q5_K, Q6_K]  # csrc/ggml_gemv.cpp rows_kernel
 
 
 @pytest.mark.parametrize("ggml_type, n, k", type_shapes(INT8_TYPES))
-def test_decode_rows_round_activations_to_int8_per_block(ggml_type, n, k, bf16_ggml_activations):
+def test_decode_rows_round_activations_to_int8_per_block(ggml_type, n, k):
     """Q4_0, Q4_1, Q5_0, Q8_0 with 1-4 rows and the K-quants with 1-8 take llama.cpp's arithmetic
-    by default (activations as int8 per 32-value block, q8_0; the K-quants per 256-value
-    super-block, q8_K); the fixture switched them to the bf16 path, compared here with the default."""
+    with int8_activations (activations as int8 per 32-value block, q8_0; the K-quants per
+    256-value super-block, q8_K), compared here with the bf16 path (int8_activations=False)."""
     block = 256 if ggml_type in _K_SCALES else 32
     kernels = load_cpu_kernels()
     blocks, w_ref = quantized(ggml_type, n, k, seed=n + k)
@@ -127,13 +127,9 @@ def test_decode_rows_round_activations_to_int8_per_block(ggml_type, n, k, bf16_g
     for m in range(1, 9):
         x = torch.randn(m, k, generator=g).bfloat16()
         ref = x.float() @ w_ref.T
-        bf16 = kernels.gemm_ggml_skinny(blocks, ggml_type, x).float()
-        assert not kernels.ggml_int8_activations() and within_bound(bf16, x, w_ref)
-        kernels.set_ggml_int8_activations(True)
-        try:
-            int8 = kernels.gemm_ggml_skinny(blocks, ggml_type, x).float()
-        finally:
-            kernels.set_ggml_int8_activations(False)
+        bf16 = kernels.gemm_ggml_skinny(blocks, ggml_type, x, False).float()
+        assert within_bound(bf16, x, w_ref)
+        int8 = kernels.gemm_ggml_skinny(blocks, ggml_type, x, True).float()
         assert ((int8 - ref).abs() <= int8_activation_bound(x, w_ref, block)).all(), f"m={m}"
         int8_rows = m <= 4 or ggml_type in _K_SCALES
         if int8_rows:  # and that is all it does: the exact product of the rounded activations, up to
@@ -162,7 +158,7 @@ def test_dequantize_is_the_oracle_rounded_to_bf16(ggml_type):
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: GGML_TYPES[t].name)
 @pytest.mark.parametrize("rows", [1, 5, 8, 20, 32, 40])
-def test_layer_with_kernels_matches_torch_reference(ggml_type, rows, bf16_ggml_activations):
+def test_layer_with_kernels_matches_torch_reference(ggml_type, rows):
     """GGMLLinearMethod on the kernels (1-8 rows: GEMV; 9-32: GEMV 8 rows a pass, 20 = 8+8+4;
     more: dequantize + oneDNN) against the same layer on the torch reference (kernels=None),
     bias included; bf16 activations (the int8 path's bound is test_decode_rows_round_...)."""
@@ -170,7 +166,7 @@ def test_layer_with_kernels_matches_torch_reference(ggml_type, rows, bf16_ggml_a
     layers = []
     for kernels in (load_cpu_kernels(), None):
         layer = Linear(256, 48, bias=True, dtype=torch.bfloat16)
-        layer.rebuild_weights(GGMLLinearMethod(ggml_type, kernels))
+        layer.rebuild_weights(GGMLLinearMethod(ggml_type, kernels, int8_activations=False))
         with torch.no_grad():
             layer.weight.copy_(GGMLTensor(blocks, ggml_type, (48, 256)).data)
             layer.bias.copy_(torch.linspace(-1, 1, 48))
@@ -187,24 +183,26 @@ def test_wrong_sizes_are_refused_with_the_numbers():
     blocks, _ = quantized(3, 8, 64, seed=0)  # Q4_1: 2 blocks of 20 bytes per row
     x = torch.randn(1, 96).bfloat16()
     with pytest.raises(RuntimeError, match="rows hold 40 bytes; K=96 needs 60"):
-        load_cpu_kernels().gemm_ggml_skinny(blocks, 3, x)
+        load_cpu_kernels().gemm_ggml_skinny(blocks, 3, x, True)
     with pytest.raises(RuntimeError, match="GGML type 10 has no kernel"):  # Q2_K
-        load_cpu_kernels().gemm_ggml_skinny(blocks, 10, torch.randn(1, 64).bfloat16())
+        load_cpu_kernels().gemm_ggml_skinny(blocks, 10, torch.randn(1, 64).bfloat16(), True)
     with pytest.raises(RuntimeError, match="K=64 is not whole blocks of GGML type 12"):  # Q4_K: 256-value blocks
-        load_cpu_kernels().gemm_ggml_skinny(blocks, 12, torch.randn(1, 64).bfloat16())
+        load_cpu_kernels().gemm_ggml_skinny(blocks, 12, torch.randn(1, 64).bfloat16(), True)
     with pytest.raises(ValueError, match=r"Q4_1 \[8, 96\] is 8 x 60 bytes; got torch.uint8 \(8, 40\)"):
         GGMLTensor(blocks, 3, (8, 96))
 
 
-@pytest.mark.parametrize("env, expected", [({}, "True"), ({"TACIT_GGML_BF16_ACTIVATIONS": "1"}, "False")])
-def test_env_var_turns_int8_activations_off_at_load(env, expected):
-    import subprocess
-    import sys
+@pytest.mark.parametrize("env, expected", [(None, False), ("1", True)])
+def test_env_var_is_the_bf16_activations_fields_default(monkeypatch, env, expected):
+    """TACIT_GGML_BF16_ACTIVATIONS=1 still turns int8 activations off, as EngineArgs.ggml_bf16_activations'
+    default (tests/engine/test_two_engines_kernel_settings.py: what an explicit setting does)."""
+    from tacit.kernels.cpu_kernels import ggml_bf16_activations_default
 
-    code = "from tacit.kernels.cpu_kernels import load_cpu_kernels; print(load_cpu_kernels().ggml_int8_activations())"
-    env = {k: v for k, v in os.environ.items() if k != "TACIT_GGML_BF16_ACTIVATIONS"} | env
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert out.stdout.strip().splitlines()[-1] == expected, out.stderr
+    if env is None:
+        monkeypatch.delenv("TACIT_GGML_BF16_ACTIVATIONS", raising=False)
+    else:
+        monkeypatch.setenv("TACIT_GGML_BF16_ACTIVATIONS", env)
+    assert ggml_bf16_activations_default() is expected
 
 
 _GUARD_PAGE_SCRIPT = """
@@ -226,7 +224,7 @@ for ggml_type in sorted(GGML_TYPES):
         weight = torch.frombuffer(region, dtype=torch.uint8, count=n * rb, offset=start).view(n, rb)
         weight.zero_()
         for m in (1, 4, 5):
-            out = kernels.gemm_ggml_skinny(weight, ggml_type, torch.ones(m, k, dtype=torch.bfloat16))
+            out = kernels.gemm_ggml_skinny(weight, ggml_type, torch.ones(m, k, dtype=torch.bfloat16), True)
             assert torch.equal(out, torch.zeros(m, n, dtype=torch.bfloat16)), (ggml_type, k, m)
 print("ok")
 """

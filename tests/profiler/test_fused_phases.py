@@ -1,4 +1,4 @@
-"""The fused C++ decode step's own per-layer phase timers (LlamaDecoder.set_phase_timing)."""
+"""The fused C++ decode step's own per-layer phase timers (FusedDecoder.set_phase_timing)."""
 
 import os
 import time

@@ -166,11 +166,11 @@ Experts experts_of(const torch::Tensor& w13, int64_t t13, const torch::Tensor& w
                  inter};
 }
 
-void gemv_rows(const uint8_t* w, int type, const u16* x, float* y, int64_t n, int64_t k, int m) {
+void gemv_rows(const uint8_t* w, int type, const u16* x, float* y, int64_t n, int64_t k, int m, bool int8) {
   if (type == kBf16)
     gemv_bf16_rows(reinterpret_cast<const u16*>(w), x, y, n, 0, n, k, m);
   else
-    gemv_ggml_rows(w, type, x, y, n, 0, n, k, m);
+    gemv_ggml_rows(w, type, x, y, n, 0, n, k, m, int8);
 }
 
 // One expert's [rows, k] matrix as a bf16 tensor for oneDNN (GGML blocks dequantized, as the
@@ -316,6 +316,7 @@ torch::Tensor moe_experts(torch::Tensor x, torch::Tensor topk_weights, torch::Te
                          static_cast<int32_t>(std::min<int64_t>(kMaxSkinnyRows, segments[i].count - f)), c});
   }
   const int threads = std::max(1, at::get_num_threads());
+  const bool int8 = ggml_int8_activations();  // the caller's choice, read before the workers start
 #pragma omp parallel num_threads(threads)
   {
     std::vector<u16> xs(kMaxSkinnyRows * h);
@@ -334,8 +335,8 @@ torch::Tensor moe_experts(torch::Tensor x, torch::Tensor topk_weights, torch::Te
       }
       const int64_t n = std::min(kInterChunk, ex.inter - item.chunk);
       const uint8_t* w = ex.gate_up(sg.expert);
-      gemv_rows(w + item.chunk * ex.row13, ex.t13, rows, gate.data(), n, h, m);
-      gemv_rows(w + (ex.inter + item.chunk) * ex.row13, ex.t13, rows, up.data(), n, h, m);
+      gemv_rows(w + item.chunk * ex.row13, ex.t13, rows, gate.data(), n, h, m, int8);
+      gemv_rows(w + (ex.inter + item.chunk) * ex.row13, ex.t13, rows, up.data(), n, h, m, int8);
       for (int r = 0; r < m; ++r)
         silu_mul(gate.data() + r * n, up.data() + r * n, sg.act + (item.first + r) * ex.inter + item.chunk, n);
     }
@@ -371,7 +372,7 @@ torch::Tensor moe_experts(torch::Tensor x, torch::Tensor topk_weights, torch::Te
       }
       for (int64_t f = 0; f < sg.count; f += kMaxSkinnyRows) {
         const int m = static_cast<int>(std::min<int64_t>(kMaxSkinnyRows, sg.count - f));
-        gemv_rows(ex.down(sg.expert) + h0 * ex.row2, ex.t2, sg.act + f * ex.inter, y.data(), n, ex.inter, m);
+        gemv_rows(ex.down(sg.expert) + h0 * ex.row2, ex.t2, sg.act + f * ex.inter, y.data(), n, ex.inter, m, int8);
         for (int r = 0; r < m; ++r) {
           const float wt = weight[sg.begin + f + r];
           float* o = out + token[sg.begin + f + r] * h + h0;

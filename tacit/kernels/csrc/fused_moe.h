@@ -1,4 +1,4 @@
-// The MoE kernels of fused_moe.cpp, for the whole-step decoder (llama_decode.cpp) to call.
+// The MoE kernels of fused_moe.cpp, for the whole-step decoder (fused_decode.cpp) to call.
 #pragma once
 
 #include <torch/extension.h>

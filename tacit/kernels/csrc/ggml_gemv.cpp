@@ -33,15 +33,14 @@
 namespace tacit {
 
 namespace {
-std::atomic<bool> g_int8_activations{true};
+thread_local bool t_int8_activations = true;  // the calling thread's choice (ggml_gemv.h)
 }  // namespace
 
-void set_ggml_int8_activations(bool on) { g_int8_activations.store(on, std::memory_order_relaxed); }
-bool ggml_int8_activations() { return g_int8_activations.load(std::memory_order_relaxed); }
+bool ggml_int8_activations() { return t_int8_activations; }
+GgmlActivations::GgmlActivations(bool int8) : saved_(t_int8_activations) { t_int8_activations = int8; }
+GgmlActivations::~GgmlActivations() { t_int8_activations = saved_; }
 
 namespace {
-
-inline bool use_int8_activations() { return g_int8_activations.load(std::memory_order_relaxed); }
 
 inline float float_at(const uint8_t* p) {
   float f;
@@ -394,7 +393,8 @@ void vnni_rows(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64_t
 }
 
 template <int T, int M>
-void rows_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64_t begin, int64_t end, int64_t k) {
+void rows_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64_t begin, int64_t end, int64_t k,
+                 bool int8_activations) {
   // 1-4 rows only: each (row, activation row) pays a conversion, a scale product and an FMA
   // per two blocks, so 8 rows (2 x 8 accumulators, spilling) ran 3x slower than unpacking to
   // bf16. 4096 x 4096 Q4_0, two threads, int8 against bf16: 0.14 / 0.32 ms at 1 row, 0.31 /
@@ -402,7 +402,7 @@ void rows_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64
   // The K-quants at 5-8 rows too: their int8 path keeps a super-block's sums in integers, so an
   // activation row costs two instructions per 64 weights and one conversion per 256
   // (ggml_k_quants.h).
-  if (use_int8_activations()) {
+  if (int8_activations) {
     if constexpr ((T == kQ4_0 || T == kQ4_1) && M <= 4) return q4_groups::group_rows<T, M>(w, x, y, n, begin, end, k);
     if constexpr (kHasInt8Path<T> && M <= 4) return vnni_rows<T, M>(w, x, y, n, begin, end, k);
     if constexpr (T == kQ4_K || T == kQ5_K || T == kQ6_K) return k_quants::super_rows<T, M>(w, x, y, n, begin, end, k);
@@ -415,19 +415,20 @@ void rows_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64
 
 template <int T, int... Ms>
 void dispatch_rows(int m, const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64_t begin, int64_t end,
-                   int64_t k) {
-  ((m == Ms ? rows_kernel<T, Ms>(w, x, y, n, begin, end, k) : void()), ...);
+                   int64_t k, bool int8_activations) {
+  ((m == Ms ? rows_kernel<T, Ms>(w, x, y, n, begin, end, k, int8_activations) : void()), ...);
 }
 
 template <int T>
 void gemv_type(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64_t k, int m, int64_t ldy) {
   const int threads = std::max(1, std::min<int>(at::get_num_threads(), static_cast<int>((n + 63) / 64)));
+  const bool int8 = ggml_int8_activations();  // read here: the workers below have their own thread_local
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t per = ((n + nt - 1) / nt + 3) / 4 * 4;
     const int64_t begin = std::min<int64_t>(n, t * per), end = std::min<int64_t>(n, begin + per);
-    if (begin < end) dispatch_rows<T, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, ldy, begin, end, k);
+    if (begin < end) dispatch_rows<T, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, ldy, begin, end, k, int8);
   }
 }
 
@@ -512,16 +513,16 @@ void gemv_ggml(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t 
 }
 
 void gemv_ggml_rows(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t n, int64_t begin, int64_t end,
-                    int64_t k, int m) {
+                    int64_t k, int m, bool int8_activations) {
   switch (type) {
-    case kQ4_0: return dispatch_rows<kQ4_0, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
-    case kQ4_1: return dispatch_rows<kQ4_1, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
-    case kQ5_0: return dispatch_rows<kQ5_0, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
-    case kQ8_0: return dispatch_rows<kQ8_0, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
-    case kQ4_K: return dispatch_rows<kQ4_K, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
-    case kQ5_K: return dispatch_rows<kQ5_K, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
-    case kQ6_K: return dispatch_rows<kQ6_K, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
-    case kF8E4M3: return dispatch_rows<kF8E4M3, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k);
+    case kQ4_0: return dispatch_rows<kQ4_0, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k, int8_activations);
+    case kQ4_1: return dispatch_rows<kQ4_1, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k, int8_activations);
+    case kQ5_0: return dispatch_rows<kQ5_0, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k, int8_activations);
+    case kQ8_0: return dispatch_rows<kQ8_0, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k, int8_activations);
+    case kQ4_K: return dispatch_rows<kQ4_K, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k, int8_activations);
+    case kQ5_K: return dispatch_rows<kQ5_K, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k, int8_activations);
+    case kQ6_K: return dispatch_rows<kQ6_K, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k, int8_activations);
+    case kF8E4M3: return dispatch_rows<kF8E4M3, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k, int8_activations);
     default: TORCH_CHECK(false, "GGML type ", type, " has no kernel");
   }
 }
@@ -545,12 +546,13 @@ torch::Tensor ggml_dequantize(torch::Tensor weight, int64_t type, int64_t k) {
   return out;
 }
 
-torch::Tensor gemm_ggml_skinny(torch::Tensor weight, int64_t type, torch::Tensor x) {
+torch::Tensor gemm_ggml_skinny(torch::Tensor weight, int64_t type, torch::Tensor x, bool int8_activations) {
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.is_contiguous() && x.dim() == 2, "x: contiguous bf16 [M, K]");
   const int64_t n = weight.size(0), k = x.size(1), m = x.size(0);
   check_weight(weight, type, k);
   TORCH_CHECK(m >= 1 && m <= kMaxSkinnyRows, "x must have 1..8 rows");
   auto out = torch::empty({m, n}, torch::dtype(torch::kFloat32));
+  const GgmlActivations activations(int8_activations);
   gemv_ggml(weight.data_ptr<uint8_t>(), static_cast<int>(type),
             reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()), out.data_ptr<float>(), n, k,
             static_cast<int>(m));

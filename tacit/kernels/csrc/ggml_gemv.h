@@ -42,9 +42,21 @@ constexpr int64_t kBlockValues = T == kQ4_K || T == kQ5_K || T == kQ6_K ? 256 : 
 // activations rounded per 256 values (q8_K, vpmaddubsw / vpdpwssd); on by default. Off (and at 5-8
 // rows of the others, and for FP8): the blocks unpacked to bf16 against bf16 activations (the
 // dequantized model's arithmetic).
-// Process-wide (TACIT_GGML_BF16_ACTIVATIONS=1 turns it off at load); tests compare the two.
-void set_ggml_int8_activations(bool on);
+// Each engine chooses (EngineArgs.ggml_bf16_activations), so two engines in one process can
+// differ: the choice is the calling thread's, held by a GgmlActivations scope around a call
+// (gemm_ggml_skinny's argument, the fused decoder's setting, moe_experts' argument), and the
+// kernels read it on that thread before they fan out to their worker threads.
 bool ggml_int8_activations();
+class GgmlActivations {
+ public:
+  explicit GgmlActivations(bool int8);
+  ~GgmlActivations();
+  GgmlActivations(const GgmlActivations&) = delete;
+  GgmlActivations& operator=(const GgmlActivations&) = delete;
+
+ private:
+  bool saved_;
+};
 
 // Bytes of a row of k values, or 0 for a type without a kernel here or k not whole blocks.
 int64_t ggml_row_bytes(int type, int64_t k);
@@ -54,14 +66,15 @@ int64_t ggml_row_values(int type, int64_t bytes);
 // y[m, n] (fp32) = x[m, k] @ dequant(w)[n, k]^T, w uint8 [n, ggml_row_bytes(type, k)], 1 <= m <= 8;
 // y's rows ldy floats apart (0: n), so a merged projection's shards can fill their own columns.
 void gemv_ggml(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t n, int64_t k, int m, int64_t ldy = 0);
-// The same for rows [begin, end) of w on the calling thread alone.
+// The same for rows [begin, end) of w on the calling thread alone (a worker thread: the caller
+// passes the ggml_int8_activations() it read before fanning out).
 void gemv_ggml_rows(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t n, int64_t begin, int64_t end,
-                    int64_t k, int m);
+                    int64_t k, int m, bool int8_activations);
 
 // bf16 [n, k]: each weight dequantized in fp32, rounded once (what prefill multiplies by).
 torch::Tensor ggml_dequantize(torch::Tensor weight, int64_t type, int64_t k);
 
 // weight uint8 [N, ggml_row_bytes(type, K)], x bf16 [M, K], 1 <= M <= 8 -> [M, N] bf16.
-torch::Tensor gemm_ggml_skinny(torch::Tensor weight, int64_t type, torch::Tensor x);
+torch::Tensor gemm_ggml_skinny(torch::Tensor weight, int64_t type, torch::Tensor x, bool int8_activations);
 
 }  // namespace tacit

@@ -1,5 +1,6 @@
-// A whole Llama-family decode step (SmolLM2, Llama 2/3, Qwen2/2.5, Qwen3, Qwen3-MoE) in one call,
-// for single-token requests over tacit's paged KV cache (bf16, or int8 rows with a scale each).
+// A whole decode step in one call, for both layer families tacit fuses: GQA layers (SmolLM2,
+// Llama 2/3, Qwen2/2.5, Qwen3, Qwen3-MoE) and DeepSeek-V3's MLA layers, for single-token
+// requests over tacit's paged KV cache (bf16, or int8 rows with a scale each).
 #pragma once
 
 #include <torch/extension.h>
@@ -37,7 +38,7 @@ struct MlaWeights {
   bool defined() const { return kv_a.defined(); }
 };
 
-struct LlamaLayerWeights {
+struct DecoderLayerWeights {
   torch::Tensor input_norm, qkv_bias, q_norm, k_norm, o_proj, o_bias, post_norm, down, kv_cache;
   Projection qkv, gate_up;
   // o_proj's and down's GGML type (ggml_gemv.h): kBf16 for a bf16 [out, in] matrix, else its blocks.
@@ -67,13 +68,13 @@ struct LlamaLayerWeights {
 // (the shared-memory communicator's tacit_shm_all_reduce), called with no Python in between.
 using AllReduceFn = int (*)(void* ctx, void* data, int64_t numel, int dtype_code, char* err, int64_t err_len);
 
-// The phases a decode layer's time splits into when LlamaDecoder::set_phase_timing is on.
+// The phases a decode layer's time splits into when FusedDecoder::set_phase_timing is on.
 enum DecodePhase : int { kPhaseNorm = 0, kPhaseGemm, kPhaseAttention, kPhaseMoeRouting, kPhaseExperts, kNumPhases };
 
-class LlamaDecoder {
+class FusedDecoder {
  public:
   // embed: bf16 [vocab, hidden] (embed_type kBf16) or a GGML type's uint8 blocks.
-  LlamaDecoder(torch::Tensor embed, int64_t embed_type, int64_t hidden, torch::Tensor final_norm,
+  FusedDecoder(torch::Tensor embed, int64_t embed_type, int64_t hidden, torch::Tensor final_norm,
                torch::Tensor cos_table, torch::Tensor sin_table, int64_t num_heads, int64_t num_kv_heads,
                int64_t head_dim, int64_t intermediate, double eps, double scale, int64_t block_size);
   // qkv and gate_up: a Projection's parts and their types (one part unless the shards mix GGML types).
@@ -98,7 +99,7 @@ class LlamaDecoder {
                      std::optional<std::vector<torch::Tensor>> gate_up, std::optional<torch::Tensor> down,
                      std::vector<int64_t> gate_up_types, int64_t down_type, torch::Tensor latent_cache,
                      bool head_bmm);
-  // The last added layer's MLP is DeepSeek-V3's MoE (see LlamaLayerWeights::router_f32);
+  // The last added layer's MLP is DeepSeek-V3's MoE (see DecoderLayerWeights::router_f32);
   // expert_slots as add_moe's (an expert-parallel rank's table: its stacks hold its experts).
   void add_grouped_moe(torch::Tensor router_f32, torch::Tensor correction_bias, torch::Tensor w13, int64_t w13_type,
                        torch::Tensor w2, int64_t w2_type, int64_t top_k, bool renormalize, int64_t groups,
@@ -137,12 +138,16 @@ class LlamaDecoder {
   bool phase_timing() const { return phase_timing_; }
   std::vector<double> phase_seconds() const { return phase_s_; }
   static std::vector<std::string> phase_names();
+  // GGML decode rows against int8-rounded activations (the default) or bf16 ones: the engine's
+  // choice (EngineArgs.ggml_bf16_activations), applied to every step this decoder runs.
+  void set_ggml_int8_activations(bool on) { int8_activations_ = on; }
+  bool ggml_int8_activations() const { return int8_activations_; }
 
  private:
   void check_rows(const torch::Tensor& positions, const torch::Tensor& block_tables, int64_t m) const;
   int64_t num_blocks() const;  // in the KV pool (every layer's cache has as many)
   // A dense MLP's gate_up and down into w (neither: an MoE layer, added next).
-  void set_dense_mlp(LlamaLayerWeights& w, const std::optional<std::vector<torch::Tensor>>& gate_up,
+  void set_dense_mlp(DecoderLayerWeights& w, const std::optional<std::vector<torch::Tensor>>& gate_up,
                      const std::optional<torch::Tensor>& down, const std::vector<int64_t>& gate_up_types,
                      int64_t down_type) const;
 
@@ -150,12 +155,13 @@ class LlamaDecoder {
   int64_t hidden_, num_heads_, num_kv_heads_, head_dim_, intermediate_, block_size_, max_positions_;
   int embed_type_;
   float eps_, scale_;
-  std::vector<LlamaLayerWeights> layers_;
+  std::vector<DecoderLayerWeights> layers_;
   AllReduceFn all_reduce_ = nullptr;
   void* all_reduce_ctx_ = nullptr;
   std::vector<double> layer_reduce_s_;  // 2 per layer
   int64_t dp_offset_ = 0, dp_total_ = 0;  // set_data_parallel_rows
   bool phase_timing_ = false;
+  bool int8_activations_ = true;  // set_ggml_int8_activations
   std::vector<double> phase_s_;  // kNumPhases per layer while phase_timing_
   void reduce(float* data, int64_t numel, int64_t slot);
 };

@@ -1,4 +1,4 @@
-// A whole Llama-family decode step in one C++ call.
+// A whole decode step in one C++ call: GQA layers (the Llama family) or MLA layers (DeepSeek-V3).
 //
 // Why: at batch 1 a decode step of SmolLM2-135M streams 269 MB of weights (~11 ms at this
 // machine's ~23 GB/s), but eager torch ran it as ~1,500 small ops (norms, rotary, KV writes
@@ -15,7 +15,7 @@
 // and rounds the exp'd scores to bf16 before the V product, as torch's CPU flash attention
 // does for bf16 inputs. What remains different is fp32 summation order, which is why tests
 // compare against the torch path with a tolerance rather than bit for bit.
-#include "llama_decode.h"
+#include "fused_decode.h"
 
 #include <chrono>
 
@@ -182,7 +182,7 @@ const u16* bf16_ptr(const torch::Tensor& t) {
 // A sparse MoE MLP on the normed rows, as Qwen3-MoE's torch path computes it, in two parts so
 // the profiler can time them apart. Routing: the router product rounded to bf16 (F.linear in the
 // model's dtype), then fused_moe.cpp's softmax top-k -> (weights, ids); f32 is scratch.
-std::tuple<torch::Tensor, torch::Tensor> moe_mlp_route(const LlamaLayerWeights& w, const u16* normed, float* f32,
+std::tuple<torch::Tensor, torch::Tensor> moe_mlp_route(const DecoderLayerWeights& w, const u16* normed, float* f32,
                                                        int m) {
   const int64_t experts = w.router.size(0);
   project(w.router, kBf16, torch::Tensor(), normed, f32, m);
@@ -194,7 +194,7 @@ std::tuple<torch::Tensor, torch::Tensor> moe_mlp_route(const LlamaLayerWeights& 
 
 // DeepSeek-V3's routing as models/deepseek_v3.py runs it: F.linear(x.float(), weight.float()) (the
 // same ATen call, so the same float32 logits), then fused_moe.cpp's grouped sigmoid top-k.
-std::tuple<torch::Tensor, torch::Tensor> grouped_moe_route(const LlamaLayerWeights& w, const u16* normed, int m) {
+std::tuple<torch::Tensor, torch::Tensor> grouped_moe_route(const DecoderLayerWeights& w, const u16* normed, int m) {
   const int64_t h = w.router_f32.size(1);
   auto x = torch::from_blob(const_cast<u16*>(normed), {m, h}, torch::dtype(torch::kBFloat16)).to(torch::kFloat32);
   auto logits = torch::linear(x, w.router_f32).contiguous();
@@ -202,7 +202,7 @@ std::tuple<torch::Tensor, torch::Tensor> grouped_moe_route(const LlamaLayerWeigh
 }
 
 // The routed experts' weighted sum (+ the shared expert, when fused) -> out_f32 [m, hidden] (bf16 values).
-void moe_mlp_experts(const LlamaLayerWeights& w, const u16* normed, const torch::Tensor& weights,
+void moe_mlp_experts(const DecoderLayerWeights& w, const u16* normed, const torch::Tensor& weights,
                      const torch::Tensor& ids, float* out_f32, int m) {
   const int64_t h = w.router_f32.defined() ? w.router_f32.size(1) : w.router.size(1);
   auto x = torch::from_blob(const_cast<u16*>(normed), {m, h}, torch::dtype(torch::kBFloat16));
@@ -313,7 +313,7 @@ void mla_attention(const MlaWeights& a, const MlaStep& st, const u16* normed, fl
 }
 
 // A sparse MLP's expert stacks and top-k (shapes and types are checked per call by moe_experts).
-void set_experts(LlamaLayerWeights& w, const torch::Tensor& w13, int64_t w13_type, const torch::Tensor& w2,
+void set_experts(DecoderLayerWeights& w, const torch::Tensor& w13, int64_t w13_type, const torch::Tensor& w2,
                  int64_t w2_type, int64_t top_k, bool renormalize) {
   w.experts_w13 = w13;
   w.experts_w2 = w2;
@@ -344,7 +344,7 @@ torch::Tensor checked_weight(const torch::Tensor& t, int64_t type, const char* w
 
 }  // namespace
 
-LlamaDecoder::LlamaDecoder(torch::Tensor embed, int64_t embed_type, int64_t hidden, torch::Tensor final_norm,
+FusedDecoder::FusedDecoder(torch::Tensor embed, int64_t embed_type, int64_t hidden, torch::Tensor final_norm,
                            torch::Tensor cos_table, torch::Tensor sin_table, int64_t num_heads, int64_t num_kv_heads,
                            int64_t head_dim, int64_t intermediate, double eps, double scale, int64_t block_size)
     : num_heads_(num_heads), num_kv_heads_(num_kv_heads), head_dim_(head_dim), intermediate_(intermediate),
@@ -383,7 +383,7 @@ Projection checked_projection(const std::vector<torch::Tensor>& parts, const std
   return p;
 }
 
-void LlamaDecoder::set_dense_mlp(LlamaLayerWeights& w, const std::optional<std::vector<torch::Tensor>>& gate_up,
+void FusedDecoder::set_dense_mlp(DecoderLayerWeights& w, const std::optional<std::vector<torch::Tensor>>& gate_up,
                                  const std::optional<torch::Tensor>& down, const std::vector<int64_t>& gate_up_types,
                                  int64_t down_type) const {
   TORCH_CHECK(gate_up.has_value() == down.has_value(), "gate_up and down come together (neither: an MoE layer)");
@@ -394,7 +394,7 @@ void LlamaDecoder::set_dense_mlp(LlamaLayerWeights& w, const std::optional<std::
   w.down_type = static_cast<int>(down_type);
 }
 
-void LlamaDecoder::add_layer(torch::Tensor input_norm, std::vector<torch::Tensor> qkv,
+void FusedDecoder::add_layer(torch::Tensor input_norm, std::vector<torch::Tensor> qkv,
                              std::optional<torch::Tensor> qkv_bias, std::optional<torch::Tensor> q_norm,
                              std::optional<torch::Tensor> k_norm, torch::Tensor o_proj,
                              std::optional<torch::Tensor> o_bias, torch::Tensor post_norm,
@@ -403,7 +403,7 @@ void LlamaDecoder::add_layer(torch::Tensor input_norm, std::vector<torch::Tensor
                              std::vector<int64_t> gate_up_types, int64_t down_type) {
   const int64_t q = num_heads_ * head_dim_, kv = num_kv_heads_ * head_dim_, h = hidden_;
   TORCH_CHECK(layers_.empty() || !layers_[0].mla.defined(), "add_layer after add_mla_layer: one attention kind a model");
-  LlamaLayerWeights w;
+  DecoderLayerWeights w;
   w.input_norm = checked(input_norm, "input_layernorm", {h});
   w.qkv = checked_projection(qkv, qkv_types, "qkv_proj", q + 2 * kv, h);
   if (qkv_bias) w.qkv_bias = checked(*qkv_bias, "qkv_proj.bias", {q + 2 * kv});
@@ -432,12 +432,12 @@ void LlamaDecoder::add_layer(torch::Tensor input_norm, std::vector<torch::Tensor
   layers_.push_back(std::move(w));
 }
 
-void LlamaDecoder::add_moe(torch::Tensor router, torch::Tensor w13, int64_t w13_type, torch::Tensor w2,
+void FusedDecoder::add_moe(torch::Tensor router, torch::Tensor w13, int64_t w13_type, torch::Tensor w2,
                            int64_t w2_type, int64_t top_k, bool renormalize,
                            std::optional<std::function<torch::Tensor(torch::Tensor, torch::Tensor)>> expert_slots) {
   TORCH_CHECK(!layers_.empty() && !layers_.back().gate_up.defined() && !layers_.back().moe(),
               "add_moe follows an add_layer given no gate_up and down");
-  LlamaLayerWeights& w = layers_.back();
+  DecoderLayerWeights& w = layers_.back();
   const int64_t experts = router.size(0);
   w.router = checked(router, "mlp.gate", {experts, hidden_});
   // Streamed experts: the stacks are the cache's slots, as many as it holds, not one per expert.
@@ -449,7 +449,7 @@ void LlamaDecoder::add_moe(torch::Tensor router, torch::Tensor w13, int64_t w13_
   if (expert_slots) w.expert_slots = *expert_slots;
 }
 
-void LlamaDecoder::add_mla_layer(torch::Tensor input_norm, std::optional<torch::Tensor> q_a, int64_t q_a_type,
+void FusedDecoder::add_mla_layer(torch::Tensor input_norm, std::optional<torch::Tensor> q_a, int64_t q_a_type,
                                  std::optional<torch::Tensor> q_a_norm, torch::Tensor q_b, int64_t q_b_type,
                                  torch::Tensor kv_a, int64_t kv_a_type, torch::Tensor kv_a_norm, torch::Tensor w_uk,
                                  torch::Tensor w_uv_t, torch::Tensor o_proj, int64_t o_type, torch::Tensor post_norm,
@@ -462,7 +462,7 @@ void LlamaDecoder::add_mla_layer(torch::Tensor input_norm, std::optional<torch::
   TORCH_CHECK(w_uk.dim() == 3 && w_uv_t.dim() == 3 && w_uk.size(0) == heads && w_uv_t.size(0) == heads,
               "w_uk [heads, nope, rank] and w_uv_t [heads, rank, v] for ", heads, " heads");
   const int64_t nope = w_uk.size(1), rank = w_uk.size(2), v = w_uv_t.size(2);
-  LlamaLayerWeights w;
+  DecoderLayerWeights w;
   MlaWeights& a = w.mla;
   a.rank = rank, a.rope = rope, a.nope = nope, a.v_dim = v;
   w.input_norm = checked(input_norm, "input_layernorm", {h});
@@ -496,7 +496,7 @@ void LlamaDecoder::add_mla_layer(torch::Tensor input_norm, std::optional<torch::
   layers_.push_back(std::move(w));
 }
 
-void LlamaDecoder::add_grouped_moe(torch::Tensor router_f32, torch::Tensor correction_bias, torch::Tensor w13,
+void FusedDecoder::add_grouped_moe(torch::Tensor router_f32, torch::Tensor correction_bias, torch::Tensor w13,
                                    int64_t w13_type, torch::Tensor w2, int64_t w2_type, int64_t top_k,
                                    bool renormalize, int64_t groups, int64_t topk_groups, double scaling,
                                    torch::Tensor shared_w13, int64_t shared_w13_type, torch::Tensor shared_w2,
@@ -504,7 +504,7 @@ void LlamaDecoder::add_grouped_moe(torch::Tensor router_f32, torch::Tensor corre
                                    std::optional<std::function<torch::Tensor(torch::Tensor, torch::Tensor)>> expert_slots) {
   TORCH_CHECK(!layers_.empty() && !layers_.back().gate_up.defined() && !layers_.back().moe(),
               "add_grouped_moe follows a layer added with no gate_up and down");
-  LlamaLayerWeights& w = layers_.back();
+  DecoderLayerWeights& w = layers_.back();
   const int64_t experts = router_f32.size(0);
   TORCH_CHECK(router_f32.scalar_type() == torch::kFloat32 && router_f32.is_contiguous() &&
                   router_f32.sizes().vec() == std::vector<int64_t>({experts, hidden_}),
@@ -534,11 +534,11 @@ void LlamaDecoder::add_grouped_moe(torch::Tensor router_f32, torch::Tensor corre
   }
 }
 
-int64_t LlamaDecoder::num_blocks() const {
+int64_t FusedDecoder::num_blocks() const {
   return layers_[0].mla.defined() ? layers_[0].mla.latent_cache.size(0) : layers_[0].kv_cache.size(1);
 }
 
-void LlamaDecoder::check_rows(const torch::Tensor& positions, const torch::Tensor& block_tables, int64_t m) const {
+void FusedDecoder::check_rows(const torch::Tensor& positions, const torch::Tensor& block_tables, int64_t m) const {
   TORCH_CHECK(positions.scalar_type() == torch::kLong && block_tables.scalar_type() == torch::kLong,
               "positions and block_tables must be int64");
   TORCH_CHECK(positions.is_contiguous() && block_tables.is_contiguous(), "positions and block_tables must be contiguous");
@@ -558,7 +558,7 @@ void LlamaDecoder::check_rows(const torch::Tensor& positions, const torch::Tenso
   }
 }
 
-torch::Tensor LlamaDecoder::embed(torch::Tensor token_ids) const {
+torch::Tensor FusedDecoder::embed(torch::Tensor token_ids) const {
   TORCH_CHECK(token_ids.scalar_type() == torch::kLong && token_ids.dim() == 1 && token_ids.size(0) >= 1,
               "token_ids must be a non-empty 1-D int64 tensor");
   token_ids = token_ids.contiguous();
@@ -577,18 +577,19 @@ torch::Tensor LlamaDecoder::embed(torch::Tensor token_ids) const {
   return x;
 }
 
-void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::Tensor block_tables, int64_t begin,
+void FusedDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::Tensor block_tables, int64_t begin,
                               int64_t end) {
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.size(1) == hidden_ && x.is_contiguous(),
               "x must be a contiguous [rows, hidden] bf16 tensor from embed()");
   TORCH_CHECK(0 <= begin && begin <= end && end <= num_layers(), "layer range [", begin, ", ", end, ") outside [0, ",
               num_layers(), ")");
+  const GgmlActivations activations(int8_activations_);  // what the GGML GEMVs below read
   const int m = static_cast<int>(x.size(0));
   check_rows(positions, block_tables, m);
   const int64_t h = hidden_, d = head_dim_, hq = num_heads_, hkv = num_kv_heads_, inter = intermediate_;
   int64_t experts = 0, widest = 0, attn_width = hq * d;  // f32's row: the widest projection output
   for (int64_t l = begin; l < end; ++l) {
-    const LlamaLayerWeights& w = layers_[l];
+    const DecoderLayerWeights& w = layers_[l];
     TORCH_CHECK(w.moe() || w.gate_up.defined(), "layer ", l, " has no MLP (add_moe missing)");
     if (w.moe()) experts = std::max(experts, w.router_f32.defined() ? w.router_f32.size(0) : w.router.size(0));
     if (w.mla.defined()) {
@@ -615,7 +616,7 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
 
   PhaseClock clock(&phase_s_, phase_timing_);
   for (int64_t l = begin; l < end; ++l) {
-    const LlamaLayerWeights& w = layers_[l];
+    const DecoderLayerWeights& w = layers_[l];
     for (int r = 0; r < m; ++r) rms_norm(xs + r * h, bf16_ptr(w.input_norm), normed.data() + r * h, h, eps_);
     clock.mark(l, kPhaseNorm);
     if (m == 0) {
@@ -718,35 +719,35 @@ void LlamaDecoder::run_layers(torch::Tensor x, torch::Tensor positions, torch::T
   }
 }
 
-void LlamaDecoder::set_phase_timing(bool on) {
+void FusedDecoder::set_phase_timing(bool on) {
   phase_timing_ = on;
   phase_s_.assign(on ? kNumPhases * layers_.size() : 0, 0.0);
 }
 
-std::vector<std::string> LlamaDecoder::phase_names() {
+std::vector<std::string> FusedDecoder::phase_names() {
   return {"norm", "gemm", "attention", "moe_routing", "experts"};  // DecodePhase order
 }
 
-void LlamaDecoder::set_all_reduce(int64_t fn, int64_t ctx) {
+void FusedDecoder::set_all_reduce(int64_t fn, int64_t ctx) {
   TORCH_CHECK(fn != 0, "set_all_reduce: no function");
   all_reduce_ = reinterpret_cast<AllReduceFn>(fn);
   all_reduce_ctx_ = reinterpret_cast<void*>(ctx);
   layer_reduce_s_.assign(2 * layers_.size(), 0.0);
 }
 
-void LlamaDecoder::set_data_parallel_rows(int64_t offset, int64_t total) {
+void FusedDecoder::set_data_parallel_rows(int64_t offset, int64_t total) {
   TORCH_CHECK(offset >= 0 && total >= 0 && offset <= total, "set_data_parallel_rows: offset ", offset, " of ", total);
   dp_offset_ = offset;
   dp_total_ = total;
 }
 
-double LlamaDecoder::all_reduce_seconds() const {
+double FusedDecoder::all_reduce_seconds() const {
   double total = 0.0;
   for (double s : layer_reduce_s_) total += s;
   return total;
 }
 
-void LlamaDecoder::reduce(float* data, int64_t numel, int64_t slot) {
+void FusedDecoder::reduce(float* data, int64_t numel, int64_t slot) {
   char err[256] = {0};
   constexpr int kFloat32 = 0;  // tacit_shm_all_reduce's dtype code for float32
   const auto start = std::chrono::steady_clock::now();
@@ -755,7 +756,7 @@ void LlamaDecoder::reduce(float* data, int64_t numel, int64_t slot) {
   TORCH_CHECK(rc == 0, err);
 }
 
-torch::Tensor LlamaDecoder::final_norm(torch::Tensor x) const {
+torch::Tensor FusedDecoder::final_norm(torch::Tensor x) const {
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.size(1) == hidden_ && x.is_contiguous(),
               "x must be a contiguous [rows, hidden] bf16 tensor from embed()");
   const int64_t m = x.size(0), h = hidden_;
@@ -766,7 +767,7 @@ torch::Tensor LlamaDecoder::final_norm(torch::Tensor x) const {
   return out;
 }
 
-torch::Tensor LlamaDecoder::forward(torch::Tensor token_ids, torch::Tensor positions, torch::Tensor block_tables) {
+torch::Tensor FusedDecoder::forward(torch::Tensor token_ids, torch::Tensor positions, torch::Tensor block_tables) {
   torch::Tensor x = embed(token_ids);
   run_layers(x, positions.contiguous(), block_tables.contiguous(), 0, num_layers());
   return final_norm(x);
