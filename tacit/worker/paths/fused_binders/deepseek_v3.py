@@ -42,7 +42,7 @@ class DeepseekV3FusedBinder(FusedDecoderBinder):
             if a.backend is None or a.backend.name != AbsorbedMLAAttentionBackend.name:
                 return f"layer {i} uses another attention backend"
             cache = a.kv_cache
-            if cache is None or cache.dtype not in (torch.bfloat16, torch.int8) or cache.device.type != "cpu":
+            if cache is None or a.kv_cache_spec.dtype not in (torch.bfloat16, torch.int8) or cache.device.type != "cpu":
                 return f"layer {i} has no bf16 or int8 CPU latent cache"
             linears = [a.kv_a_proj_with_mqa, a.o_proj] + ([a.q_a_proj, a.q_b_proj] if a.q_lora_rank else [a.q_proj])
             if any(lin.bias is not None for lin in linears):

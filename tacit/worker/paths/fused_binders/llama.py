@@ -49,10 +49,10 @@ class LlamaFusedBinder(FusedDecoderBinder):
             # The fused step reads the cache in place and attends itself, as the torch paged backend does.
             if attn.attn.backend is None or attn.attn.backend.name != TorchAttentionBackend.name:
                 return f"layer {i} uses another attention backend"
-            cache = attn.attn.kv_cache
-            if cache is None or cache.dtype not in (torch.bfloat16, torch.int8) or cache.device.type != "cpu":
+            cache, spec = attn.attn.kv_cache, attn.attn.kv_cache_spec
+            if cache is None or spec.dtype not in (torch.bfloat16, torch.int8) or cache.device.type != "cpu":
                 return f"layer {i} has no bf16 or int8 CPU KV cache"
-            if cache.dtype == torch.int8 and attn.num_heads // attn.num_kv_heads > INT8_KV_MAX_GROUP:
+            if spec.quantized and attn.num_heads // attn.num_kv_heads > INT8_KV_MAX_GROUP:
                 return f"more than {INT8_KV_MAX_GROUP} query heads per kv head over an int8 KV cache"
         if weights_not_bf16(model.parameters()):
             return "weights are not bf16"
