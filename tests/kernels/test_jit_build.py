@@ -36,7 +36,10 @@ STANDIN = textwrap.dedent(
     """
 )
 # Parks the build where PHASE says: "probe" (torch asking the compiler its version, before any
-# source is compiled), "compile" (a -c), "link"; touches MARK when it gets there.
+# source is compiled), "compile" (a -c), "link"; touches MARK when it gets there and stays parked
+# while MARK exists (the fixture removes it after the test). ninja runs each compiler under a
+# `sh -c` in a process group of its own, so killing the builder's group leaves the parked
+# compiler behind: a plain `sleep 600` outlived every test run by ten minutes.
 WRAPPER = textwrap.dedent(
     """\
     #!/bin/sh
@@ -45,7 +48,11 @@ WRAPPER = textwrap.dedent(
       *" -shared "*) phase=link ;;
       *) phase=probe ;;
     esac
-    if [ "$phase" = "$TACIT_TEST_PARK_AT" ]; then touch "$TACIT_TEST_MARK"; exec sleep 600; fi
+    if [ "$phase" = "$TACIT_TEST_PARK_AT" ]; then
+      touch "$TACIT_TEST_MARK"
+      while [ -e "$TACIT_TEST_MARK" ]; do sleep 0.1; done
+      exit 1
+    fi
     exec c++ "$@"
     """
 )
@@ -60,7 +67,9 @@ def standin(tmp_path):
     wrapper.write_text(WRAPPER)
     wrapper.chmod(0o755)
     env = dict(os.environ, TACIT_CACHE_DIR=str(tmp_path / "cache"))
-    return csrc, wrapper, env, tmp_path
+    yield csrc, wrapper, env, tmp_path
+    for mark in tmp_path.glob("parked-at-*"):
+        mark.unlink()  # lets a parked compiler go
 
 
 def start_build(csrc, env, **extra):
