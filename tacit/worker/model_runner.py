@@ -81,7 +81,6 @@ class ModelRunner:
         # experts, which backend attends.
         use_linear_method(model, select_linear_method(device.type, config.model.dtype, cpu_kernels))
         use_moe_kernel(model, select_moe_kernel(device.type, config.model.dtype, cpu_kernels, int8_activations))
-        self.comm = comm
         if comm is not None:
             use_communicator(model, comm)
         # MoE experts read from the checkpoint through a cache, when they do not all fit.
