@@ -222,9 +222,9 @@ def test_llama_cpp_peer_on_a_quantized_hf_checkpoint_is_refused(tiny_llama, tmp_
 
 
 def test_table_shows_every_column_and_a_dash_where_a_peer_has_none():
-    from tacit.bench.cli import _table
+    from tacit.bench.cli_output import table
 
-    text = _table([{"engine": "tacit", "tok_s": 2.0, "comm_share": 0.1}, {"engine": "llama.cpp", "tok_s": 1.5}])
+    text = table([{"engine": "tacit", "tok_s": 2.0, "comm_share": 0.1}, {"engine": "llama.cpp", "tok_s": 1.5}])
     head, tacit, peer = text.splitlines()
     assert head.split() == ["engine", "tok_s", "comm_share"]
     assert tacit.split() == ["tacit", "2.000", "0.100"] and peer.split() == ["llama.cpp", "1.500", "-"]
@@ -232,11 +232,11 @@ def test_table_shows_every_column_and_a_dash_where_a_peer_has_none():
 
 def test_bare_bench_runs_the_latency_table_with_its_defaults(monkeypatch):
     """`tacit bench` with no subcommand runs `tacit bench latency` on the default model."""
-    import tacit.bench.cli as bench_cli
+    import tacit.bench.cli_engine as cli_engine
     from tacit.cli import main
 
     seen = []
-    monkeypatch.setattr(bench_cli, "cmd_latency", lambda args: seen.append(args) or 0)
+    monkeypatch.setattr(cli_engine, "cmd_latency", lambda args: seen.append(args) or 0)
     assert main(["bench"]) == 0
     (args,) = seen
     assert (args.model, args.batch_sizes, args.input_len, args.output_len, args.peer) == (None, "1,4,16", 128, 64, [])

@@ -3,7 +3,7 @@ decoding it. Not timed: the numbers are only checked to be there."""
 
 import pytest
 
-from tacit.bench.cli import _gguf_for_llamacpp
+from tacit.bench.cli_peers import gguf_for_llamacpp
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe_all", "deepseek_v3_qlora"])
@@ -16,7 +16,7 @@ def test_llamacpp_peer_gets_a_bf16_gguf_of_a_moe_dir(arch, tiny_model_factory, t
 
     monkeypatch.setenv("TACIT_CACHE_DIR", str(tmp_path))
     _, _, hf_dir = tiny_model_factory(arch)
-    path = _gguf_for_llamacpp(hf_dir, torch.bfloat16)
+    path = gguf_for_llamacpp(hf_dir, torch.bfloat16)
     assert path == tmp_path / f"{hf_dir.name}.bf16.gguf"
     types = {t.name: t.tensor_type for t in gguf.GGUFReader(str(path)).tensors}
     assert types["blk.1.ffn_up_exps.weight"] == gguf.GGMLQuantizationType.BF16  # the experts as tacit runs them

@@ -5,14 +5,14 @@ import json
 
 import pytest
 
-import tacit.bench.cli as bench_cli
+import tacit.bench.cli_peers as cli_peers
 from tacit.cli import main
 
 
 @pytest.fixture
 def failing_peers(monkeypatch):
-    monkeypatch.setitem(bench_cli.PEER_FACTORIES, "segfaulting", "standin_peers:SegfaultingBench")
-    monkeypatch.setitem(bench_cli.PEER_FACTORIES, "hanging", "standin_peers:HangingBench")
+    monkeypatch.setitem(cli_peers.PEER_FACTORIES, "segfaulting", "standin_peers:SegfaultingBench")
+    monkeypatch.setitem(cli_peers.PEER_FACTORIES, "hanging", "standin_peers:HangingBench")
 
 
 def test_latency_reports_a_crashed_and_a_hung_peer_and_keeps_the_rest(tiny_llama, tmp_path, failing_peers, capsys):

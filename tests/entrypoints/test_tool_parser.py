@@ -107,8 +107,8 @@ def test_a_hermes_template_renders_tools_itself():
 
 
 def test_parallel_tool_calls_false_stops_after_the_first_call():
+    from tacit.entrypoints.openai.chat_protocol import ChatCompletionRequest
     from tacit.entrypoints.openai.chat_tools import ChatTools
-    from tacit.entrypoints.openai.protocol import ChatCompletionRequest
     from tacit.sampling_params import SamplingParams
 
     base = {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}

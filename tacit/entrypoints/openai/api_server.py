@@ -26,28 +26,27 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from tacit.engine.arg_utils import EngineArgs
 from tacit.engine.async_engine import AsyncLLMEngine
+from tacit.entrypoints.openai.chat_protocol import ChatCompletionRequest
+from tacit.entrypoints.openai.completion_protocol import CompletionRequest
 from tacit.entrypoints.openai.errors import (
     OpenAIError,
     install_error_handlers,
     parse_body,
 )
 from tacit.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BYTES
-from tacit.entrypoints.openai.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    DetokenizeResponse,
-    ModelCard,
-    ModelList,
-    TokenizeRequest,
-    TokenizeResponse,
-)
+from tacit.entrypoints.openai.protocol import ModelCard, ModelList
 from tacit.entrypoints.openai.responses_protocol import ResponsesRequest
 from tacit.entrypoints.openai.serving_chat import ChatServing
 from tacit.entrypoints.openai.serving_common import ServingContext
 from tacit.entrypoints.openai.serving_completion import CompletionServing
 from tacit.entrypoints.openai.serving_responses import ResponsesServing
 from tacit.entrypoints.openai.serving_tokenization import TokenizationServing
+from tacit.entrypoints.openai.tokenization_protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 
 logger = logging.getLogger("tacit.server")
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tacit.entrypoints.openai.errors import bad_request
-from tacit.entrypoints.openai.protocol import (
+from tacit.entrypoints.openai.chat_protocol import (
     ChatCompletionRequest,
     ChatResponseMessage,
     DeltaToolCall,
     FunctionCall,
     ToolCallOut,
 )
+from tacit.entrypoints.openai.errors import bad_request
 from tacit.entrypoints.openai.tool_parser import END, StreamingToolParser, ToolCall, parse_tool_calls
 from tacit.sampling_params import SamplingParams, StructuredOutputsParams
 

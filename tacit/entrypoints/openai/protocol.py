@@ -6,6 +6,11 @@ prompt_logprobs), so the official `openai` client and
 existing tooling work unchanged. A field this server does not know is a 400 naming it, never
 ignored: a client that sent `tools` and got prose back would fail far from the cause. Message
 objects are the exception: their extra keys (name, tool_call_id, ...) reach the chat template.
+
+This module holds what every endpoint shares: the strict base model, the error body, the
+sampling fields of completions and chat (SamplingRequest), usage and the model list. Each
+endpoint's own shapes are in completion_protocol.py, chat_protocol.py, tokenization_protocol.py
+and responses_protocol.py.
 """
 
 from __future__ import annotations
@@ -168,123 +173,6 @@ class SamplingRequest(OpenAIModel):
         return SamplingParams(**kw)
 
 
-class CompletionRequest(SamplingRequest):
-    # One prompt or a batch: text, token ids, or lists of either. Order matters for pydantic's
-    # union: list[int] before list[str] so [1, 2] stays token ids.
-    prompt: StrictStr | list[StrictInt] | list[list[StrictInt]] | list[StrictStr]
-    max_tokens: StrictInt | None = 16  # OpenAI's default for /v1/completions
-    logprobs: StrictInt | None = None
-    echo: StrictBool = False
-    suffix: str | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> "CompletionRequest":
-        if isinstance(self.prompt, list) and not self.prompt:
-            raise ValueError("prompt must not be an empty list")
-        if self.suffix:
-            raise ValueError("suffix is not supported")
-        return self
-
-    def prompts(self) -> list[str | list[int]]:
-        p = self.prompt
-        if isinstance(p, str):
-            return [p]
-        if all(isinstance(x, int) for x in p):
-            return [list(p)]  # type: ignore[arg-type]
-        return list(p)  # type: ignore[arg-type]
-
-    @property
-    def echoes_logprobs(self) -> bool:
-        """echo with logprobs: the logprobs object covers the prompt's tokens before the generated ones."""
-        return self.echo and self.logprobs is not None
-
-    def to_sampling_params(self) -> SamplingParams:
-        prompt_logprobs = self.prompt_logprobs
-        if self.echoes_logprobs:  # as vLLM: the echoed prompt is scored like the generated tokens
-            prompt_logprobs = max(prompt_logprobs or 0, self.logprobs)
-        return self._sampling_params(self.max_tokens, self.logprobs, prompt_logprobs)
-
-
-class TextPart(OpenAIModel):
-    type: Literal["text"]
-    text: StrictStr
-
-
-class ChatMessage(OpenAIModel):
-    model_config = ConfigDict(extra="allow")  # name, tool_calls, ...: passed through to the template
-    role: StrictStr
-    content: StrictStr | list[TextPart] | None = None
-
-    def to_template_dict(self) -> dict[str, Any]:
-        d = self.model_dump(exclude_none=True)
-        content = self.content
-        if isinstance(content, list):  # text parts are joined: templates expect a string
-            d["content"] = "".join(part.text for part in content)
-        elif content is None:
-            d["content"] = ""
-        return d
-
-
-class FunctionDefinition(OpenAIModel):
-    name: StrictStr = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for function names
-    description: StrictStr | None = None
-    parameters: dict[str, Any] | None = None  # a JSON schema for the arguments
-    strict: StrictBool | None = None
-
-
-class ChatTool(OpenAIModel):
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class ToolChoiceFunction(OpenAIModel):
-    name: StrictStr
-
-
-class NamedToolChoice(OpenAIModel):
-    type: Literal["function"]
-    function: ToolChoiceFunction
-
-
-class ChatCompletionRequest(SamplingRequest):
-    messages: list[ChatMessage] = Field(min_length=1)
-    tools: list[ChatTool] | None = None
-    # None means OpenAI's default: "auto" when tools are given, "none" otherwise.
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: StrictBool = True
-    max_completion_tokens: StrictInt | None = None  # the newer name for max_tokens; wins if both
-    logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = None
-    add_generation_prompt: StrictBool = True
-
-    @model_validator(mode="after")
-    def _check(self) -> "ChatCompletionRequest":
-        if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs=true")
-        return self
-
-    @property
-    def tool_mode(self) -> str:
-        """ "none", "auto", "required" or "named"."""
-        if isinstance(self.tool_choice, NamedToolChoice):
-            return "named"
-        return self.tool_choice or ("auto" if self.tools else "none")
-
-    def tool_definitions(self) -> list[dict[str, Any]] | None:
-        """The tools as the chat template sees them; None when no call may be made."""
-        if not self.tools or self.tool_mode == "none":
-            return None
-        return [t.model_dump(exclude_none=True) for t in self.tools]
-
-    def to_sampling_params(self) -> SamplingParams:
-        max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self._sampling_params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None)
-
-    @property
-    def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
-
 # ---- responses ----------------------------------------------------------------------------
 
 
@@ -301,121 +189,8 @@ class UsageInfo(BaseModel):
     prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
-class CompletionLogprobs(BaseModel):
-    tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float | None] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
-    text_offset: list[int] = Field(default_factory=list)
-
-
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
 # vLLM's prompt_logprobs: per prompt token None (the first) or {token_id: Logprob}.
 PromptLogprobs = list[dict[int, Logprob] | None]
-
-
-class CompletionResponseChoice(CompletionChoice):
-    prompt_logprobs: PromptLogprobs | None = None
-
-
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionResponseChoice]
-    usage: UsageInfo | None = None
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class ChatTokenLogprob(TopLogprob):
-    top_logprobs: list[TopLogprob] = Field(default_factory=list)
-
-
-class ChatLogprobs(BaseModel):
-    content: list[ChatTokenLogprob] | None = None
-
-
-class FunctionCall(BaseModel):
-    name: str
-    arguments: str  # JSON text, as OpenAI sends it
-
-
-class ToolCallOut(BaseModel):
-    id: str = Field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class DeltaToolCall(ToolCallOut):
-    index: int
-
-
-class ChatResponseMessage(BaseModel):
-    role: str = "assistant"
-    content: str | None = None
-    tool_calls: list[ToolCallOut] | None = None
-
-
-class ChatCompletionChoice(BaseModel):
-    index: int
-    message: ChatResponseMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-class ChatCompletionResponse(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatCompletionChoice]
-    usage: UsageInfo | None = None
-    prompt_logprobs: PromptLogprobs | None = None
-
-
-class DeltaMessage(BaseModel):
-    role: str | None = None
-    content: str | None = None
-    tool_calls: list[DeltaToolCall] | None = None
-
-
-class ChatCompletionStreamChoice(BaseModel):
-    index: int
-    delta: DeltaMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatCompletionStreamChoice]
-    usage: UsageInfo | None = None
-
-
-class CompletionChunk(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
 
 
 class ModelCard(BaseModel):
@@ -433,38 +208,3 @@ class ModelList(BaseModel):
 
 def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
-
-
-# ---- tokenization (vLLM's /tokenize and /detokenize shapes) --------------------------------
-
-
-class TokenizeRequest(OpenAIModel):
-    model: StrictStr | None = None
-    prompt: StrictStr | None = None
-    messages: list[ChatMessage] | None = None
-    tools: list[ChatTool] | None = None  # rendered with messages, as chat would render them
-    add_special_tokens: StrictBool = True
-    add_generation_prompt: StrictBool = True
-
-    @model_validator(mode="after")
-    def _one_input(self) -> TokenizeRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of prompt or messages")
-        if self.tools is not None and self.messages is None:
-            raise ValueError("tools go with messages, not with prompt")
-        return self
-
-
-class TokenizeResponse(BaseModel):
-    count: int
-    max_model_len: int
-    tokens: list[int]
-
-
-class DetokenizeRequest(OpenAIModel):
-    model: StrictStr | None = None
-    tokens: list[StrictInt]
-
-
-class DetokenizeResponse(BaseModel):
-    prompt: str

@@ -10,9 +10,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import Request
 
 from tacit.engine.request_stream import RequestStream
-from tacit.entrypoints.openai.chat_tools import ChatTools, delta_tool_calls, stream_finish_reason
-from tacit.entrypoints.openai.errors import error_sse
-from tacit.entrypoints.openai.protocol import (
+from tacit.entrypoints.openai.chat_protocol import (
     ChatCompletionChoice,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -22,9 +20,10 @@ from tacit.entrypoints.openai.protocol import (
     ChatTokenLogprob,
     DeltaMessage,
     TopLogprob,
-    UsageInfo,
-    random_id,
 )
+from tacit.entrypoints.openai.chat_tools import ChatTools, delta_tool_calls, stream_finish_reason
+from tacit.entrypoints.openai.errors import error_sse
+from tacit.entrypoints.openai.protocol import UsageInfo, random_id
 from tacit.entrypoints.openai.serving_common import (
     ServingContext,
     abort_on_disconnect,

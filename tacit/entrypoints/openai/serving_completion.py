@@ -16,17 +16,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import Request
 
 from tacit.engine.request_stream import RequestStream
-from tacit.entrypoints.openai.errors import error_sse
-from tacit.entrypoints.openai.protocol import (
+from tacit.entrypoints.openai.completion_protocol import (
     CompletionChoice,
     CompletionChunk,
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     CompletionResponseChoice,
-    UsageInfo,
-    random_id,
 )
+from tacit.entrypoints.openai.errors import error_sse
+from tacit.entrypoints.openai.protocol import UsageInfo, random_id
 from tacit.entrypoints.openai.serving_common import (
     ServingContext,
     abort_on_disconnect,

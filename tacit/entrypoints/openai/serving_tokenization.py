@@ -7,13 +7,13 @@ import asyncio
 
 from tacit.engine.input_processor import check_token_ids
 from tacit.entrypoints.openai.errors import bad_request
-from tacit.entrypoints.openai.protocol import (
+from tacit.entrypoints.openai.serving_common import ServingContext
+from tacit.entrypoints.openai.tokenization_protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
-from tacit.entrypoints.openai.serving_common import ServingContext
 
 
 class TokenizationServing:

@@ -1,0 +1,119 @@
+"""`tacit bench latency | throughput`: tacit's engine driven offline, beside the peers named
+with --peer (cli_peers.py): TTFT and decode tok/s per batch size, and output tok/s over a
+workload of N requests."""
+
+from __future__ import annotations
+
+import argparse
+
+from tacit.bench.cli_output import log, print_ratios, table, write_json
+from tacit.bench.cli_peers import PEERS, check_peers, report_failed_peers, setup_engines
+from tacit.bench.peers.process_peer import DEFAULT_TIMEOUT_S
+from tacit.bench.workloads import DISTRIBUTIONS
+from tacit.engine.arg_utils import EngineArgs
+
+
+def add_engine_parsers(bsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """The latency and throughput parsers; returns latency's (what `tacit bench` alone runs)."""
+    lat = bsub.add_parser("latency", help="TTFT and decode tok/s per batch size")
+    EngineArgs.add_cli_args(lat)
+    lat.add_argument("--batch-sizes", default="1,4,16")
+    lat.add_argument("--input-len", type=int, default=128)
+    lat.add_argument("--output-len", type=int, default=64)
+    lat.add_argument("--peer", action="append", default=[], help=f"measure a peer in the same run: {', '.join(PEERS)}")
+    lat.add_argument("--repeats", type=int, default=2)
+    lat.add_argument(
+        "--peer-timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds a peer may take per measurement"
+    )
+    lat.add_argument("--json", default=None)
+    lat.add_argument("--plot", default=None, help="PNG: decode tok/s against batch size")
+    lat.set_defaults(func=cmd_latency)
+    tp = bsub.add_parser("throughput", help="offline throughput over N requests")
+    EngineArgs.add_cli_args(tp)
+    tp.add_argument("--num-prompts", type=int, default=256)
+    tp.add_argument("--dist", default="longtail", choices=DISTRIBUTIONS)
+    tp.add_argument("--input-len", type=int, default=128, help="median (longtail) or mean input length")
+    tp.add_argument("--output-len", type=int, default=64)
+    tp.add_argument("--peer", action="append", default=[], help=f"{', '.join(PEERS)} or transformers-cb")
+    tp.add_argument("--static-batch", type=int, default=16, help="transformers generate() batch size")
+    tp.add_argument(
+        "--peer-timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds a peer may take per measurement"
+    )
+    tp.add_argument("--repeats", type=int, default=1)
+    tp.add_argument("--json", default=None)
+    tp.add_argument("--plot", default=None, help="PNG: output tok/s per engine")
+    tp.set_defaults(func=cmd_throughput)
+    return lat
+
+
+def cmd_latency(args: argparse.Namespace) -> int:
+    from tacit.bench import latency
+    from tacit.platforms.hw_probe import peak_read_bandwidth
+
+    check_peers(args.peer)
+    log("measuring read bandwidth ...")
+    bw = peak_read_bandwidth() / 1e9
+    engine, engines, load = setup_engines(args, args.peer)
+    wbytes = latency.weight_bytes(engine.model)
+    sizes = [int(x) for x in args.batch_sizes.split(",")]
+    rows = latency.run(
+        engines,
+        sizes,
+        args.input_len,
+        args.output_len,
+        engine.config.model.hf["vocab_size"],
+        lambda bs: latency.active_weight_bytes(engine.model, bs),
+        bw,
+        repeats=args.repeats,
+        progress=log,
+    )
+    active = latency.active_weight_bytes(engine.model, 1)
+    print(
+        f"model {engine.source.path.name}, {engine.config.model.dtype}, weights {wbytes / 1e6:.0f} MB"
+        + (f" ({active / 1e6:.0f} MB active per token)" if active != wbytes else "")
+        + f", peak read bandwidth {bw:.1f} GB/s, input {args.input_len}, output {args.output_len}"
+    )
+    print(f"tacit loaded in {load['load_s']:.2f} s; resident memory after load {load['rss_after_load_mb']:.0f} MB")
+    print(table(rows))
+    r = latency.ratios(rows, "decode_tok_s", "batch_size")
+    print_ratios(r)
+    failed = report_failed_peers(engines)
+    experts = {}
+    if engine.runner.expert_cache is not None:  # --expert-cache-memory: the whole run's counters
+        experts = engine.runner.expert_cache.stats.as_dict()
+        print("streamed experts: " + ", ".join(f"{k.removeprefix('expert_')} {v:.3g}" for k, v in experts.items()))
+    write_json(args, {"read_GBps": bw, "weight_bytes": wbytes, **load, "rows": rows, "ratios": r, **experts, **failed})
+    if args.plot:
+        from tacit.bench.plot import plot_lines
+
+        plot_lines(rows, "batch_size", "decode_tok_s", args.plot, "decode tok/s by batch size")
+    return 0
+
+
+def cmd_throughput(args: argparse.Namespace) -> int:
+    from tacit.bench import throughput
+
+    check_peers(args.peer)
+    engine, engines, _ = setup_engines(args, args.peer)
+    rows = throughput.run(
+        engines,
+        args.num_prompts,
+        args.dist,
+        args.input_len,
+        args.output_len,
+        engine.config.model.hf["vocab_size"],
+        engine.max_model_len,
+        args.repeats,
+        progress=log,
+    )
+    print(f"model {engine.source.path.name}, {engine.config.model.dtype}, {args.num_prompts} requests, {args.dist}")
+    print(table(rows))
+    r = {f"tacit/{row['engine']}": rows[0]["output_tok_s"] / row["output_tok_s"] for row in rows[1:]}
+    print_ratios(r)
+    failed = report_failed_peers(engines)
+    write_json(args, {"rows": rows, "ratios": r, **failed})
+    if args.plot:
+        from tacit.bench.plot import plot_bars
+
+        plot_bars(rows, "output_tok_s", args.plot, f"output tok/s, {args.num_prompts} {args.dist} requests")
+    return 0

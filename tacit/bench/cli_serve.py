@@ -1,0 +1,193 @@
+"""`tacit bench serve | workload`: load an OpenAI-compatible server (a running one at --url,
+or tacit servers started per scheduling policy for a --scenario), and write the same draw of
+requests as a JSONL workload file for `tacit predict --serve`."""
+
+from __future__ import annotations
+
+import argparse
+
+from tacit.bench.cli_output import log, table, write_json
+from tacit.bench.scenario import SCENARIOS
+from tacit.bench.workloads import DISTRIBUTIONS
+
+
+def add_serve_parsers(bsub: argparse._SubParsersAction) -> None:
+    sv = bsub.add_parser("serve", help="load an OpenAI-compatible server (tacit's or any other)")
+    sv.add_argument("--url", default="http://127.0.0.1:8000")
+    sv.add_argument("--model", default=None, help="model name to send (default: the server's first /v1/models)")
+    sv.add_argument("--api-key", default=None)
+    sv.add_argument("--num-prompts", type=int, default=None, help="default 64 (--scenario: 120)")
+    sv.add_argument("--dist", default="longtail", choices=DISTRIBUTIONS)
+    sv.add_argument("--input-len", type=int, default=128)
+    sv.add_argument("--output-len", type=int, default=64)
+    sv.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (inf: all at once)")
+    sv.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals; 1 = Poisson")
+    sv.add_argument("--max-concurrency", type=int, default=None)
+    sv.add_argument("--slo", default=None, help="goodput bounds, e.g. ttft:500,tpot:50 (ms)")
+    sv.add_argument("--seed", type=int, default=0)
+    sv.add_argument(
+        "--structured-fraction",
+        default="0",
+        help="fraction of requests with a json_schema response_format; a list (0,0.5) runs each in turn "
+        "on the same prompts and prints output tok/s relative to the first",
+    )
+    sv.add_argument("--json", default=None)
+    sv.add_argument("--plot", default=None, help="PNG: end-to-end latency CDF")
+    sv.add_argument(
+        "--scenario",
+        default=None,
+        choices=SCENARIOS,
+        help="start a tacit server per --policies and run this workload against each (no --url)",
+    )
+    sv.add_argument("--policies", default="fcfs,priority,sjf,sla", help="scheduling policies the scenario compares")
+    sv.add_argument("--server-args", default="", help="extra `tacit serve` flags for the scenario's servers")
+    sv.add_argument("--idle-requests", type=int, default=10, help="interactive requests timed on an idle server")
+    sv.set_defaults(func=cmd_serve)
+    wl = bsub.add_parser("workload", help="write a JSONL workload file (tacit bench serve's draw) for predict --serve")
+    wl.add_argument("--out", required=True)
+    wl.add_argument("--num-prompts", type=int, default=64)
+    wl.add_argument("--dist", default="longtail", choices=DISTRIBUTIONS)
+    wl.add_argument("--input-len", type=int, default=128)
+    wl.add_argument("--output-len", type=int, default=64)
+    wl.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (inf: all at once)")
+    wl.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals; 1 = Poisson")
+    wl.add_argument("--seed", type=int, default=0)
+    wl.set_defaults(func=cmd_workload)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import httpx
+
+    from tacit.bench import serve
+
+    if args.scenario:
+        return cmd_scenario(args)
+    slo = serve.parse_slo(args.slo)
+    args.num_prompts = args.num_prompts or 64
+    model = args.model
+    if model is None:
+        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        try:
+            model = httpx.get(f"{args.url.rstrip('/')}/v1/models", headers=headers, timeout=10).json()["data"][0]["id"]
+        except Exception as e:
+            raise ValueError(f"could not read {args.url}/v1/models to pick a model name ({e}); pass --model") from None
+    try:
+        fractions = [float(f) for f in args.structured_fraction.split(",")]
+    except ValueError:
+        raise ValueError(f"--structured-fraction {args.structured_fraction!r} is not a comma list of numbers") from None
+    log(
+        f"{args.num_prompts} requests to {args.url} (model {model}), rate {args.request_rate}, "
+        f"max concurrency {args.max_concurrency}"
+    )
+
+    def one_run(fraction: float, num_prompts: int, output_len: int) -> dict:
+        return serve.run(
+            args.url,
+            model,
+            num_prompts,
+            args.dist,
+            args.input_len,
+            output_len,
+            args.request_rate,
+            args.burstiness,
+            args.max_concurrency,
+            slo,
+            args.api_key,
+            args.seed,
+            fraction,
+        )
+
+    if any(fractions):
+        # Warm-up outside the measurement: the server builds its grammar tokenizer (~0.5 s on a
+        # 49k vocabulary) on the first constrained request, a one-off no run should be charged.
+        one_run(1.0, 2, 4)
+    if len(fractions) > 1:
+        return _compare_structured(args, [one_run(f, args.num_prompts, args.output_len) for f in fractions])
+    res = one_run(fractions[0], args.num_prompts, args.output_len)
+    e2e = res.pop("_e2e_values")
+    print(
+        f"completed {res['completed']}  failed {res['failed']}  duration {res['duration_s']:.1f}s  "
+        f"req/s {res['request_throughput']:.2f}  output tok/s {res['output_tok_s']:.1f}"
+        + (f"  goodput req/s {res['goodput_req_s']:.2f}" if res["goodput_req_s"] is not None else "")
+    )
+    print(table([{"metric": k.removesuffix("_ms"), **res[k]} for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")]))
+    for err in res["errors"]:
+        print(f"  error: {err}")
+    write_json(args, res)
+    if args.plot:
+        from tacit.bench.plot import plot_cdf
+
+        plot_cdf({model: [x * 1000 for x in e2e]}, "end-to-end latency (ms)", args.plot, "latency CDF")
+    return 0 if res["completed"] else 1
+
+
+def _compare_structured(args: argparse.Namespace, runs: list[dict]) -> int:
+    """One row per --structured-fraction, output tok/s relative to the first (the baseline)."""
+    base = runs[0]["output_tok_s"]
+    rows = [
+        {
+            "structured": r["structured_fraction"],
+            "requests": r["completed"],
+            "failed": r["failed"],
+            "output_tok_s": r["output_tok_s"],
+            "vs_first": r["output_tok_s"] / base if base else float("nan"),
+            "tpot_p50_ms": r["tpot_ms"]["p50"],
+            "ttft_p50_ms": r["ttft_ms"]["p50"],
+        }
+        for r in runs
+    ]
+    print(table(rows))
+    for r in runs:
+        r.pop("_e2e_values")
+        for err in r["errors"]:
+            print(f"  error (structured {r['structured_fraction']}): {err}")
+    write_json(args, {"runs": runs})
+    return 0 if all(r["completed"] for r in runs) else 1
+
+
+def cmd_scenario(args: argparse.Namespace) -> int:
+    import math
+    import shlex
+
+    from tacit.bench import scenario
+    from tacit.scheduling.policy import POLICIES
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad or not policies:
+        raise ValueError(
+            f"--policies {args.policies!r}: {', '.join(bad) or 'none given'} not known; valid: {', '.join(POLICIES)}"
+        )
+    rate = args.request_rate if math.isfinite(args.request_rate) else scenario.DEFAULT_RATE
+    args.num_prompts = args.num_prompts or scenario.DEFAULT_NUM_PROMPTS
+    idle, rows = scenario.run_scenario(
+        policies,
+        shlex.split(args.server_args),
+        args.num_prompts,
+        args.input_len,
+        args.output_len,
+        rate,
+        args.idle_requests,
+        args.seed,
+        log=log,
+    )
+    print(
+        f"scenario {args.scenario}: {args.num_prompts} requests ({scenario.INTERACTIVE_SHARE:.0%} interactive) "
+        f"at {rate} req/s; idle interactive TTFT p50 {idle['idle_ttft_p50']:.1f} ms, p99 {idle['idle_ttft_p99']:.1f} ms"
+    )
+    print(table([{k: v for k, v in r.items() if k != "hi_ttft_ms"} for r in rows]))
+    for line in scenario.verdicts(idle, rows):
+        print(line)
+    write_json(args, {"idle": idle, "rows": rows})
+    return 0 if all(r["done"] for r in rows) else 1
+
+
+def cmd_workload(args: argparse.Namespace) -> int:
+    from tacit.bench.workload_file import make_workload, write_workload
+
+    reqs = make_workload(
+        args.num_prompts, args.request_rate, args.dist, args.input_len, args.output_len, args.burstiness, args.seed
+    )
+    write_workload(reqs, args.out)
+    print(f"{len(reqs)} requests over {reqs[-1].arrival_s:.2f} s -> {args.out}")
+    return 0
