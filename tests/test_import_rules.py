@@ -363,3 +363,36 @@ def test_cycle_and_tier_checks_report_what_they_should():
         "tacit/config.py:1 -> tacit.scheduling.policy (tier 3 imports tier 5)",
         "tacit/kernels/fake.py:1 -> tacit.engine.llm_engine (tier 1 imports tier 8)",
     ]
+
+
+def eager_tacit_imports(module: Module) -> list[int]:
+    """Lines of the tacit imports a module makes when it is imported: top-level ones, outside
+    function bodies and `if TYPE_CHECKING:` blocks."""
+    lines = []
+    for stmt in ast.parse(module.source).body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(stmt, ast.If) and getattr(stmt.test, "id", None) == "TYPE_CHECKING":
+            continue
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Import) and any(_within(a.name, "tacit") for a in node.names):
+                lines.append(node.lineno)
+            elif isinstance(node, ast.ImportFrom) and (node.level or _within(node.module or "", "tacit")):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_the_public_face_binds_its_names_lazily():
+    """import_cycles excepts PUBLIC_FACE because its names are bound on first use: true only while
+    tacit/__init__.py imports no tacit module as it runs (its TYPE_CHECKING block and __getattr__
+    are what the walker reads instead)."""
+    face = next(m for m in walk_package() if m.name == PUBLIC_FACE)
+    assert eager_tacit_imports(face) == [], f"{face.path} imports tacit modules eagerly"
+    eager = _synthetic(PUBLIC_FACE, "from typing import TYPE_CHECKING\nfrom tacit.entrypoints.llm import LLM\n", True)
+    lazy = _synthetic(
+        PUBLIC_FACE,
+        "if TYPE_CHECKING:\n    from tacit.entrypoints.llm import LLM\n"
+        "def __getattr__(name):\n    from tacit.platforms import huge_pages\n",
+        True,
+    )
+    assert eager_tacit_imports(eager) == [2] and eager_tacit_imports(lazy) == []
