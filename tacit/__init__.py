@@ -13,7 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers and the import-rule test see; bound lazily below
-    from tacit.engine.arg_utils import EngineArgs
+    from tacit.config.engine_args import EngineArgs
     from tacit.entrypoints.llm import LLM
     from tacit.outputs import CompletionOutput, Logprob, RequestOutput
     from tacit.sampling_params import SamplingParams, StructuredOutputsParams
@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # what type checkers and the import-rule test see; bound lazi
 # public name -> the module that defines it
 _LAZY: dict[str, str] = {
     "LLM": "tacit.entrypoints.llm",
-    "EngineArgs": "tacit.engine.arg_utils",
+    "EngineArgs": "tacit.config.engine_args",
     "SamplingParams": "tacit.sampling_params",
     "StructuredOutputsParams": "tacit.sampling_params",
     "RequestOutput": "tacit.outputs",
@@ -29,7 +29,15 @@ _LAZY: dict[str, str] = {
     "Logprob": "tacit.outputs",
 }
 
-__all__ = list(_LAZY)
+__all__ = [  # written out (not list(_LAZY)) so linters see the TYPE_CHECKING names exported
+    "LLM",
+    "EngineArgs",
+    "SamplingParams",
+    "StructuredOutputsParams",
+    "RequestOutput",
+    "CompletionOutput",
+    "Logprob",
+]
 __version__ = "0.1.0"
 
 

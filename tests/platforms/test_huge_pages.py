@@ -38,9 +38,7 @@ def probe(code: str, env_value: str | None = None, *args: str) -> tuple[str, int
     if env_value is not None:
         env["THP_MEM_ALLOC_ENABLE"] = env_value
     source = f"import os, sys\n{code}\n{MEASURE}"
-    out = subprocess.run(
-        [sys.executable, "-c", source, *args], env=env, capture_output=True, text=True, timeout=300
-    )
+    out = subprocess.run([sys.executable, "-c", source, *args], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     value, kb = out.stdout.split()[-2:]
     return value, int(kb)
