@@ -19,7 +19,7 @@ import argparse
 
 import torch
 
-from tacit.engine.arg_utils import EngineArgs
+from tacit.config.engine_args import EngineArgs
 from tacit.eval.kld import default_text, run_kld
 from tacit.kernels import torch_attention
 

@@ -144,7 +144,7 @@ class KVCacheConfig:
     num_blocks: int  # per pool
     kv_cache_groups: tuple[KVCacheGroupSpec, ...]
     # The max_model_len the engine runs with: the model's, capped at what one pool holds when the
-    # user did not set it (config.py fit_kv_capacity).
+    # user did not set it (config/engine_config.py fit_kv_capacity).
     max_model_len: int
     # One pool per data-parallel attention rank (each holds only its own requests' KV), else 1.
     num_pools: int = 1

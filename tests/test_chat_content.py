@@ -101,7 +101,7 @@ def test_engine_flag_reaches_the_tokenizer(tiny_llama):
 def test_flag_recipe_key_and_type():
     import argparse
 
-    from tacit.engine.arg_utils import EngineArgs
+    from tacit.config.engine_args import EngineArgs
 
     parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
     args = EngineArgs.from_cli_args(parser.parse_args(["--allow-special-tokens-in-chat-content"]))

@@ -228,13 +228,15 @@ def test_relative_imports_resolve_from_packages_and_modules():
 # fmt: off
 TIERS: list[tuple[str, ...]] = [
     ("tacit.paths", "tacit.registry", "tacit.chat_content", "tacit.sampling_params", "tacit.outputs",
-     "tacit.model_config_checks", "tacit.recipe"),
+     "tacit.model_config_checks"),
     # kv_cache_interface: the KV cache specs backends declare (over kernels/kv_quant's layouts).
     ("tacit.kernels", "tacit.kv_cache_interface"),
     ("tacit.platforms", "tacit.distributed", "tacit.forward_context", "tacit.tokenizer"),
     ("tacit.config", "tacit.loader"),
     ("tacit.memory", "tacit.structured_output"),
-    ("tacit.layers", "tacit.scheduling"),
+    # EngineArgs sits above the rest of tacit.config: it checks names against the scheduling
+    # policies' registry, and the policies import SchedulerConfig.
+    ("tacit.layers", "tacit.scheduling", "tacit.config.engine_args"),
     ("tacit.models",),
     ("tacit.worker",),
     ("tacit.engine",),
@@ -363,3 +365,36 @@ def test_cycle_and_tier_checks_report_what_they_should():
         "tacit/config.py:1 -> tacit.scheduling.policy (tier 3 imports tier 5)",
         "tacit/kernels/fake.py:1 -> tacit.engine.llm_engine (tier 1 imports tier 8)",
     ]
+
+
+def eager_tacit_imports(module: Module) -> list[int]:
+    """Lines of the tacit imports a module makes when it is imported: top-level ones, outside
+    function bodies and `if TYPE_CHECKING:` blocks."""
+    lines = []
+    for stmt in ast.parse(module.source).body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(stmt, ast.If) and getattr(stmt.test, "id", None) == "TYPE_CHECKING":
+            continue
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Import) and any(_within(a.name, "tacit") for a in node.names):
+                lines.append(node.lineno)
+            elif isinstance(node, ast.ImportFrom) and (node.level or _within(node.module or "", "tacit")):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_the_public_face_binds_its_names_lazily():
+    """import_cycles excepts PUBLIC_FACE because its names are bound on first use: true only while
+    tacit/__init__.py imports no tacit module as it runs (its TYPE_CHECKING block and __getattr__
+    are what the walker reads instead)."""
+    face = next(m for m in walk_package() if m.name == PUBLIC_FACE)
+    assert eager_tacit_imports(face) == [], f"{face.path} imports tacit modules eagerly"
+    eager = _synthetic(PUBLIC_FACE, "from typing import TYPE_CHECKING\nfrom tacit.entrypoints.llm import LLM\n", True)
+    lazy = _synthetic(
+        PUBLIC_FACE,
+        "if TYPE_CHECKING:\n    from tacit.entrypoints.llm import LLM\n"
+        "def __getattr__(name):\n    from tacit.platforms import huge_pages\n",
+        True,
+    )
+    assert eager_tacit_imports(eager) == [2] and eager_tacit_imports(lazy) == []

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tacit import LLM
-from tacit.engine.arg_utils import load_recipe
+from tacit.config.engine_args import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((REPO / "recipes").glob("*/recipe.yaml"))

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from tacit.config import fit_kv_capacity
-from tacit.engine.arg_utils import EngineArgs
+from tacit.config.engine_args import EngineArgs
 from tacit.engine.executor import make_executor
 from tacit.engine.input_processor import InputProcessor
 from tacit.engine.metrics import EngineSnapshot

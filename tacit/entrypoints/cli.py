@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from tacit.engine.arg_utils import EngineArgs
+from tacit.config.engine_args import EngineArgs
 from tacit.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BYTES
 
 

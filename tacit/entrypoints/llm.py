@@ -6,7 +6,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from tacit.engine.arg_utils import EngineArgs
+from tacit.config.engine_args import EngineArgs
 from tacit.engine.llm_engine import LLMEngine
 from tacit.outputs import RequestOutput
 from tacit.sampling_params import SamplingParams

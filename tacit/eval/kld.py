@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from tacit.engine.arg_utils import EngineArgs
+from tacit.config.engine_args import EngineArgs
 
 DEFAULT_MAX_TOKENS = 2048
 DEFAULT_CONTEXT = 1024

@@ -18,7 +18,7 @@ MOE_ARCHS = {"Qwen3MoeForCausalLM": "qwen3moe", "DeepseekV3ForCausalLM": "deepse
 
 
 def _num_experts(cfg: dict) -> int:
-    # transformers 5 saves Qwen3-MoE's num_experts as num_local_experts (config.py's aliases).
+    # transformers 5 saves Qwen3-MoE's num_experts as num_local_experts (config/model.py's aliases).
     for key in ("num_experts", "n_routed_experts", "num_local_experts"):
         if cfg.get(key):
             return int(cfg[key])

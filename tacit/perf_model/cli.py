@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from tacit.engine.arg_utils import EngineArgs
+from tacit.config.engine_args import EngineArgs
 from tacit.perf_model.dtypes import KV_DTYPES, WEIGHT_DTYPES, normalize_dtype
 
 

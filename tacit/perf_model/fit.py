@@ -127,7 +127,7 @@ def _tiny_qwen3(layers: int, root: Path) -> Path:
 def _decode_step_seconds(path: Path, batch: int, repeats: int) -> float:
     from tacit.bench.peers.tacit_engine import TacitBench
     from tacit.bench.workloads import random_prompts
-    from tacit.engine.arg_utils import EngineArgs
+    from tacit.config.engine_args import EngineArgs
     from tacit.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(engine_args=EngineArgs(model=str(path), dtype="bfloat16", num_kv_blocks=64, max_model_len=256))

@@ -51,7 +51,7 @@ def step_seconds(path: Path, dtype: str, repeats: int, rows: tuple[int, ...] = R
     """Best decode step seconds of the model at `path` by batch size (PROMPT-token prompts)."""
     from tacit.bench.peers.tacit_engine import TacitBench
     from tacit.bench.workloads import random_prompts
-    from tacit.engine.arg_utils import EngineArgs
+    from tacit.config.engine_args import EngineArgs
     from tacit.engine.llm_engine import LLMEngine
 
     args = EngineArgs(

@@ -9,7 +9,7 @@ from pathlib import Path
 from tacit.bench.serve import parse_slo
 from tacit.bench.workload_file import load_workload
 from tacit.config import SchedulerConfig
-from tacit.engine.arg_utils import EngineArgs
+from tacit.config.engine_args import EngineArgs
 from tacit.memory.swap import SwapSpace
 from tacit.perf_model.dtypes import KV_DTYPES, WEIGHT_DTYPES, normalize_dtype
 from tacit.perf_model.efficiency import load_profile

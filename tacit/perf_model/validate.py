@@ -43,7 +43,7 @@ def _log(msg: str) -> None:
 def _engine(model: str, weights: str):
     from tacit.bench.peers.tacit_engine import TacitBench
     from tacit.bench.random_model import ensure_random_model
-    from tacit.engine.arg_utils import EngineArgs
+    from tacit.config.engine_args import EngineArgs
     from tacit.engine.llm_engine import LLMEngine
 
     args = EngineArgs(

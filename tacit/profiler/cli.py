@@ -9,7 +9,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from tacit.engine.arg_utils import EngineArgs
+from tacit.config.engine_args import EngineArgs
 from tacit.profiler.collect import WorkloadRequest
 
 _DEFAULT_BATCH, _DEFAULT_INPUT, _DEFAULT_OUTPUT = 1, 128, 32

@@ -279,7 +279,7 @@ def test_tp2_fused_decode_step_all_reduces_in_cpp(tiny_bf16_valued_model_factory
 
 _ORPHAN = """
 import multiprocessing, os, sys
-from tacit.engine.arg_utils import EngineArgs
+from tacit.config.engine_args import EngineArgs
 from tacit.loader import open_model
 from tacit.platforms import get_platform
 from tacit.worker.rank import spawned_worker

@@ -16,7 +16,7 @@ from tacit.config import (
     EngineConfig,
     SchedulerConfig,
 )
-from tacit.engine.arg_utils import EngineArgs
+from tacit.config.engine_args import EngineArgs
 from tacit.engine.llm_engine import LLMEngine
 from tacit.loader import open_model
 from tacit.platforms import get_platform

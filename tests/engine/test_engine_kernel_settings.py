@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tacit import LLM, SamplingParams
-from tacit.engine.arg_utils import EngineArgs
+from tacit.config.engine_args import EngineArgs
 from tacit.kernels.cpu_fused_moe import CPUFusedMoEKernel
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16, load_cpu_kernels
 from tacit.kernels.torch_moe import TorchMoEKernel

@@ -13,7 +13,7 @@ import torch
 
 from tacit import LLM, SamplingParams
 from tacit.cli import main
-from tacit.engine.arg_utils import EngineArgs
+from tacit.config.engine_args import EngineArgs
 from tacit.eval.kld import chunk_ids, compare, default_text, read_text, run_kld
 
 MAX_TOKENS = 300

@@ -16,7 +16,7 @@ from test_hf_quantized import KERNELS, assert_same_tokens_and_logprobs, copy_mod
 from tacit import LLM
 from tacit.cli import build_parser
 from tacit.config import parse_quantization_overrides
-from tacit.engine.arg_utils import EngineArgs, load_recipe
+from tacit.config.engine_args import EngineArgs, load_recipe
 from tacit.kernels.cpu_kernels import load_cpu_kernels
 from tacit.kernels.weight_quant import quantize_int4_groupwise, quantize_int8_per_channel
 from tacit.loader.gguf_writer import export_hf_to_gguf

@@ -24,7 +24,7 @@ from typing import Any, AsyncIterator
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from tacit.engine.arg_utils import EngineArgs
+from tacit.config.engine_args import EngineArgs
 from tacit.engine.async_engine import AsyncLLMEngine
 from tacit.entrypoints.openai.chat_protocol import ChatCompletionRequest
 from tacit.entrypoints.openai.completion_protocol import CompletionRequest

@@ -4,7 +4,7 @@ A recipe is the deployable half of a recipe folder (recipes/<name>/recipe.yaml; 
 why each choice, with the measured numbers). Its sections name the seam they configure, and
 their keys are EngineArgs' fields (with `model.path` for `model` and `scheduler.policy` for
 `scheduling_policy`, the names a reader of the YAML looks for); each field's metadata says its
-section and key (tacit/engine/arg_utils.py):
+section and key (tacit/config/engine_args.py, config/knobs.py):
 
     name: smollm2-135m-cpu
     model: {dtype: bfloat16}
@@ -13,7 +13,7 @@ section and key (tacit/engine/arg_utils.py):
 Whatever the caller passes explicitly (a `tacit serve` flag, an LLM(...) keyword) wins over the
 recipe, and the recipe wins over the engine's defaults, as a vLLM `--config` file does
 (EngineArgs.from_kwargs). This module only reads the YAML; the sections and the check come from
-EngineArgs (engine/arg_utils.py: load_recipe), which sits above it.
+EngineArgs (config/knobs.py: Knobs.load_recipe), which sits above it.
 """
 
 from __future__ import annotations
