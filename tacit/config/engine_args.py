@@ -28,9 +28,7 @@ from tacit.config.parallel import ParallelConfig
 from tacit.config.quantization import check_quantization, check_quantization_overrides, parse_quantization_overrides
 from tacit.config.recipe import Recipe
 from tacit.config.scheduler import SchedulerConfig, parse_slo_class
-from tacit.distributed.communicator import COMMUNICATORS
-from tacit.distributed.shm_communicator import ShmCommunicator  # noqa: F401  (registers "shm")
-from tacit.distributed.torch_communicator import TorchCommunicator  # noqa: F401  (registers "torch")
+from tacit.distributed.communicators import COMMUNICATORS
 from tacit.kernels.cpu_kernels import cpu_kernels_default, ggml_bf16_activations_default
 from tacit.scheduling.policy import POLICIES  # the package import registers every policy
 

@@ -17,10 +17,9 @@ import torch
 import torch.distributed as dist
 
 from tacit.config import EngineConfig
-from tacit.distributed.communicator import COMMUNICATORS, Communicator
+from tacit.distributed.communicator import Communicator
+from tacit.distributed.communicators import COMMUNICATORS
 from tacit.distributed.parallel_state import TensorParallel
-from tacit.distributed.shm_communicator import ShmCommunicator  # noqa: F401  (registers "shm")
-from tacit.distributed.torch_communicator import TorchCommunicator  # noqa: F401  (registers "torch")
 from tacit.kv_cache_interface import KVCacheConfig
 from tacit.loader import ModelSource, open_model
 from tacit.models.build import build_model

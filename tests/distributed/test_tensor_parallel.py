@@ -17,7 +17,7 @@ import torch
 from near_ties import assert_bf16_runs_agree
 
 from tacit import LLM, SamplingParams
-from tacit.distributed.communicator import COMMUNICATORS
+from tacit.distributed.communicators import COMMUNICATORS
 from tacit.distributed.shm_communicator import ShmCommunicator
 from tacit.engine.executor import WorkerDiedError
 from tacit.kernels.cpu_fused_decode import ShardedDecoder
