@@ -38,7 +38,7 @@ class TacitBench(BenchEngine):
         """Rank 0's torch-path collective seconds so far, (exposed: blocked, hidden: in flight
         behind the other micro-batch's compute), or None in one process."""
         runner = self.engine.runner
-        if runner.comm is None:
+        if runner.paths_context.comm is None:
             return None
         exposed = sum(s for name, s in runner.communication_seconds().items() if not name.startswith("fused."))
         return exposed, sum(runner.hidden_communication_seconds().values())
