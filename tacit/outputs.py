@@ -37,6 +37,9 @@ class RequestOutput:
     # predicts it), else {token_id: Logprob} holding the prompt's own token plus the top-n.
     # Filled chunk by chunk while the prompt prefills; complete once the first token is out.
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    # Prompt tokens whose KV came from the prefix cache (vLLM's name): for n > 1, the most any
+    # of the sequences found.
+    num_cached_tokens: int = 0
 
 
 # (chosen token's logprob, its rank, [(token_id, logprob), ...] top-n) for one sampled row.

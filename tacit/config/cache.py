@@ -21,6 +21,9 @@ class CacheConfig:
     # What the KV cache stores: "auto" the model's dtype, or int8 rows with a scale each
     # (kernels/kv_quant.py): half of bf16's bytes, so twice the tokens in the same pool.
     cache_dtype: str = "auto"
+    # The prefix cache (vLLM's name; on by default, as there): full blocks of verified tokens
+    # shared between requests by a hash chain, so a hit skips their prefill.
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         parse_kv_cache_dtype(self.cache_dtype, torch.float32)  # refuses an unknown one, naming the valid
@@ -30,5 +33,7 @@ class CacheConfig:
             raise ValueError(f"num_kv_blocks={self.num_kv_blocks!r} is invalid: must be an integer >= 1")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory={self.kv_cache_memory!r} is invalid: must be a byte count > 0")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching={self.enable_prefix_caching!r} is invalid: must be true or false")
         if not isinstance(self.swap_space, (int, float)) or self.swap_space < 0:
             raise ValueError(f"swap_space={self.swap_space!r} is invalid: must be GiB >= 0 (0 turns swapping off)")

@@ -2,15 +2,10 @@
 
 The engine's flags (`tacit generate | chat | serve`, `tacit bench latency | throughput`), the
 recipe sections (config/recipe.py), the LLM(...) and LLMEngine(...) keywords and the frozen
-configs the engine runs on are all generated from the fields below (their keyword, recipe and
-command-line views: config/knobs.py): a new knob is one field.
-
-Precedence, as a vLLM `--config` file: what the caller says explicitly (a flag, a keyword) wins
-over the recipe, and the recipe wins over the defaults.
-
-It sits a tier above the rest of tacit.config (tests/test_import_rules.py): it checks names
-against the registries of the scheduling policies and the communicators, and the policies
-import SchedulerConfig.
+configs are all generated from the fields below (config/knobs.py): a new knob is one field.
+Precedence, as a vLLM `--config` file: an explicit flag or keyword, then the recipe, then the
+defaults. It sits a tier above the rest of tacit.config (tests/test_import_rules.py): it checks
+names against the policies' and communicators' registries, and the policies import SchedulerConfig.
 """
 
 from __future__ import annotations
@@ -190,6 +185,15 @@ class EngineArgs(Knobs):
         "auto | bfloat16 | float16 | float32 | int8: what the KV cache stores (auto: the model's dtype; "
         "int8: values with a scale per token and kv head, half of bf16's bytes)",
     )
+    enable_prefix_caching: bool = knob(
+        config_default(CacheConfig, "enable_prefix_caching"),
+        "cache",
+        "share full KV blocks of identical prompt prefixes between requests (a hit skips their prefill)",
+        flag="--no-enable-prefix-caching",
+        action="store_const",
+        const=False,
+        cli_help="compute every prompt token: no KV block is shared between requests",
+    )
     # ---- scheduler ----
     scheduling_policy: str = knob(
         config_default(SchedulerConfig, "policy"), "scheduler", "fcfs | priority | sjf | sla", key="policy"
@@ -323,6 +327,7 @@ class EngineArgs(Knobs):
             # rank's pool than the one whose host copy it left (README, "Not supported yet").
             swap_space=0 if self.data_parallel_attention else self.swap_space,
             cache_dtype=self.kv_cache_dtype,
+            enable_prefix_caching=self.enable_prefix_caching,
         )
 
     def create_scheduler_config(self, max_model_len: int | None = None) -> SchedulerConfig:

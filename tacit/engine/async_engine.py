@@ -61,6 +61,7 @@ class _Add:
     priority: int
     stream: "RequestStream"
     check_queue: bool = True
+    cache_salt: str | None = None
 
 
 @dataclass
@@ -148,6 +149,7 @@ class AsyncLLMEngine:
         request_id: str | None = None,
         priority: int = 0,
         check_queue: bool = True,
+        cache_salt: str | None = None,
     ) -> RequestStream:
         """Queue a request; returns once the engine accepted it, or raises ValueError /
         QueueFullError / EngineDeadError. Iterate the returned stream for outputs."""
@@ -155,7 +157,7 @@ class AsyncLLMEngine:
             raise EngineDeadError("the engine is not running")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         stream = RequestStream(rid, asyncio.get_running_loop())
-        self._commands.put(_Add(rid, prompt, params, priority, stream, check_queue))
+        self._commands.put(_Add(rid, prompt, params, priority, stream, check_queue, cache_salt))
         try:
             while True:
                 done, _ = await asyncio.wait({stream.accepted}, timeout=1.0)
@@ -297,7 +299,7 @@ class AsyncLLMEngine:
             self.metrics.count_request("rejected")
         else:
             try:
-                self.engine.add_request(cmd.prompt, cmd.params, cmd.request_id, cmd.priority)
+                self.engine.add_request(cmd.prompt, cmd.params, cmd.request_id, cmd.priority, cmd.cache_salt)
                 self._streams[cmd.request_id] = cmd.stream
             except ValueError as e:  # the caller's fault (or, for sla admission, the load's): tell them
                 error = e

@@ -58,7 +58,12 @@ class InputProcessor:
         raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
     def process(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams | None, priority: int = 0
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None,
+        priority: int = 0,
+        cache_salt: str | None = None,
     ) -> ProcessedRequest:
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -84,6 +89,8 @@ class InputProcessor:
                 f"more than the whole KV pool holds ({self.kv_capacity_tokens}); "
                 f"lower max_tokens or raise num_kv_blocks / kv_cache_memory"
             )
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise ValueError(f"cache_salt={cache_salt!r} is invalid: must be a non-empty string or None")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority={priority!r} is invalid: must be an integer (lower runs first)")
         if params.structured_outputs is not None:
@@ -97,7 +104,16 @@ class InputProcessor:
             if i and params.prompt_logprobs is not None:  # the n sequences share one prompt: score it once
                 child_params = replace(child_params, prompt_logprobs=None)
             child_id = request_id if params.n == 1 else f"{request_id}#{i}"
-            req = Request(child_id, ids, child_params, max_tokens, priority=priority, parent_id=request_id, index=i)
+            req = Request(
+                child_id,
+                ids,
+                child_params,
+                max_tokens,
+                priority=priority,
+                parent_id=request_id,
+                index=i,
+                cache_salt=cache_salt,
+            )
             req.ttft_slo, req.tpot_slo = ttft, tpot
             children.append(req)
         return ProcessedRequest(request_id, text, ids, children)

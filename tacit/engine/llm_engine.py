@@ -110,7 +110,7 @@ class LLMEngine:
                 kv_config.bytes_per_block,
                 kv_config.swap_bytes_per_s,
             )
-        kv = PagedKVCacheManager.from_kv_cache_config(kv_config)
+        kv = PagedKVCacheManager.from_kv_cache_config(kv_config, self.config.cache.enable_prefix_caching)
         # The logits' width (vocab_size), which may exceed the tokenizer's: padding ids stay masked.
         structured_output = StructuredOutputManager(self.tokenizer, model_cfg.hf["vocab_size"], model_cfg.eos_token_ids)
         self.scheduler = Scheduler(
@@ -145,11 +145,14 @@ class LLMEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> str:
+        """cache_salt (vLLM's name): requests share prefix-cache blocks only with requests of the
+        same salt (one per tenant closes the timing side channel: docs/prefix_caching.md)."""
         parent = request_id if request_id is not None else f"req-{next(self._ids)}"
         if self.output_processor.has_request(parent):
             raise ValueError(f"request_id {parent!r} is already in use")
-        processed = self.input_processor.process(parent, prompt, params, priority)
+        processed = self.input_processor.process(parent, prompt, params, priority, cache_salt)
         added = []
         try:
             for req in processed.children:

@@ -53,6 +53,7 @@ class ParentState:
     first_token_time: float | None = None
     # With prompt_logprobs: an entry per prompt token scored so far (None for the first).
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    num_cached_tokens: int = 0
 
 
 class OutputProcessor:
@@ -109,6 +110,7 @@ class OutputProcessor:
             if out.prompt_logprobs is not None:
                 scored = out.prompt_logprobs
                 parent.prompt_logprobs += map(self._logprob_entry, scored.token_ids, scored.entries)
+            parent.num_cached_tokens = max(parent.num_cached_tokens, out.num_cached_tokens)
             if parent.first_token_time is None and out.new_token_ids:
                 parent.first_token_time = now
             stop = self._append(parent.sequences[out.req_id], out)
@@ -191,4 +193,5 @@ class OutputProcessor:
             finished=all(s.finished for s in parent.sequences.values()),
             metrics=metrics,
             prompt_logprobs=None if parent.prompt_logprobs is None else list(parent.prompt_logprobs),
+            num_cached_tokens=parent.num_cached_tokens,
         )

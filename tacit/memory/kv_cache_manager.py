@@ -25,9 +25,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from tacit.memory.block_hash import BlockHash
+
 
 class KVCacheManager(ABC):
     block_size: int
+    enable_caching: bool = False  # a prefix cache: the scheduler hashes blocks only for one
+    # Prompt tokens looked up in the prefix cache, and found (vLLM's prefix_cache_queries / hits).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_cached_blocks: int = 0  # blocks the prefix cache can find now
 
     # ---- placement: one pool per data-parallel attention rank -----------------------------
 
@@ -50,15 +57,35 @@ class KVCacheManager(ABC):
     # ---- a request's blocks -----------------------------------------------------------------
 
     @abstractmethod
-    def get_computed_blocks(self, request_id: str) -> tuple[list[int], int]:
-        """(blocks already holding this request's leading tokens, how many tokens they hold): a
-        prefix cache's hit, only ever whole shareable blocks."""
+    def get_computed_blocks(
+        self, request_id: str, block_hashes: list[BlockHash], num_tokens: int
+    ) -> tuple[list[int], int]:
+        """(blocks already holding the leading tokens of a request of num_tokens tokens whose
+        full blocks hash to block_hashes, how many tokens they hold): a prefix cache's hit, only
+        ever whole shareable blocks, and always short of the last token (its logits are needed).
+        Nothing is taken until allocate_slots is handed the blocks."""
 
     @abstractmethod
-    def allocate_slots(self, request_id: str, num_computed_tokens: int, num_new_tokens: int) -> list[int] | None:
+    def allocate_slots(
+        self,
+        request_id: str,
+        num_computed_tokens: int,
+        num_new_tokens: int,
+        new_computed_blocks: list[int] | None = None,
+    ) -> list[int] | None:
         """Make room for num_new_tokens more tokens (draft tokens to verify among them) past
-        num_computed_tokens (all verified): the blocks newly added (possibly none), or None, with
-        nothing allocated, when the pool is short."""
+        num_computed_tokens (all verified), first taking new_computed_blocks (a prefix hit from
+        get_computed_blocks, for a request holding no blocks): the blocks newly allocated
+        (possibly none), or None, with nothing taken or allocated, when the pool is short."""
+
+    @abstractmethod
+    def cache_blocks(self, request_id: str, block_hashes: list[BlockHash], num_verified_tokens: int) -> None:
+        """The request's first num_verified_tokens tokens are computed and kept: its blocks full
+        of them may now be found by later requests (a no-op without a prefix cache)."""
+
+    def cached_prefix_blocks(self, block_hashes: list[BlockHash], pool: int) -> int:
+        """How many leading blocks of these hashes `pool` holds (where to place a request)."""
+        return 0
 
     @abstractmethod
     def num_verified_tokens(self, request_id: str) -> int:

@@ -34,6 +34,7 @@ class Request:
         parent_id: str | None = None,
         index: int = 0,
         arrival_time: float | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.parent_id = parent_id or request_id
@@ -47,6 +48,12 @@ class Request:
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.num_computed_tokens = 0
+        # Prefix cache: the tenant's salt (requests with different salts share no block), the
+        # hashes of its full blocks so far (memory/block_hash.py), and how many prompt tokens its
+        # first schedule found cached (vLLM's num_cached_tokens; -1 until then).
+        self.cache_salt = cache_salt
+        self.block_hashes: list[bytes] = []
+        self.num_cached_tokens = -1
         # Draft tokens the runner's proposer offered after its last step (vLLM v1's name); the
         # next schedule() verifies as many as fit. Replaced every step, cleared on preemption.
         self.spec_token_ids: list[int] = []

@@ -34,6 +34,7 @@ import time
 from typing import Callable, Iterable
 
 from tacit.config import SchedulerConfig
+from tacit.memory.block_hash import extend_block_hashes
 from tacit.memory.kv_cache_manager import KVCacheManager
 from tacit.memory.swap import SwapSpace
 from tacit.outputs import ModelRunnerOutput
@@ -155,18 +156,45 @@ class Scheduler:
 
     def _place(self, req: Request, budget: StepBudget, long: bool) -> int:
         """The pool (data-parallel attention's rank) of a request about to be scheduled: one not
-        yet holding blocks goes to a pool with a long-prefill slot left if it is long, then the
-        most of this step's budget left, then the most free blocks."""
+        yet holding blocks goes to the pool caching most of its prefix, then to one with a
+        long-prefill slot left if it is long, then the most of this step's budget left, then the
+        most free blocks."""
         kv, rid = self.kv, req.request_id
         if kv.num_pools > 1 and not kv.num_blocks_of(rid):
+            hashes = req.block_hashes
+            if kv.enable_caching and not req.num_computed_tokens:
+                extend_block_hashes(hashes, req.all_token_ids, kv.block_size, req.cache_salt)
             kv.place(
                 rid,
                 max(
                     range(kv.num_pools),
-                    key=lambda p: (long and budget.long_left[p] > 0, budget.of(p), kv.num_free_blocks_in(p), -p),
+                    key=lambda p: (
+                        kv.cached_prefix_blocks(hashes, p) if hashes else 0,  # where its prefix is cached
+                        long and budget.long_left[p] > 0,
+                        budget.of(p),
+                        kv.num_free_blocks_in(p),
+                        -p,
+                    ),
                 ),
             )
         return kv.pool_of(rid)
+
+    def _prefix_hit(self, req: Request) -> list[int]:
+        """The prefix cache's blocks for a request starting from nothing (fresh, or preempted to
+        be recomputed), its num_computed_tokens moved past them. None for a request that wants
+        prompt_logprobs: the scored positions need their logits, which a hit would skip (like
+        vLLM v1, it still offers its own blocks to later requests)."""
+        kv = self.kv
+        if (
+            not kv.enable_caching
+            or req.num_computed_tokens
+            or kv.num_blocks_of(req.request_id)
+            or req.params.prompt_logprobs is not None
+        ):
+            return []
+        extend_block_hashes(req.block_hashes, req.all_token_ids, kv.block_size, req.cache_salt)
+        blocks, req.num_computed_tokens = kv.get_computed_blocks(req.request_id, req.block_hashes, req.num_tokens)
+        return blocks
 
     def _start(self, req: Request) -> None:
         self.waiting.remove(req)
@@ -249,15 +277,21 @@ class Scheduler:
             req = self._next_waiting(short_only=not budget.any_long_slot)
             if req is None:
                 break
+            pool = self._place(req, budget, self._is_long(req))
+            hit = self._prefix_hit(req)  # its computed tokens now start past the cached blocks
             long = self._is_long(req)
-            pool = self._place(req, budget, long)
             n = self._chunk(req, budget.of(pool))
-            if not n or (n < req.num_tokens - req.num_computed_tokens and not chunked):
+            if (
+                not n
+                or (n < req.num_tokens - req.num_computed_tokens and not chunked)
+                or (long and not budget.take_long_slot(pool))
+                or self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n, hit) is None
+            ):
+                if hit:
+                    req.num_computed_tokens = 0  # nothing was taken: it looks the prefix up again
                 break
-            if long and not budget.take_long_slot(pool):
-                break
-            if self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n) is None:
-                break
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = len(hit) * self.kv.block_size
             if self.swapper is not None and self.swapper.holds(req.request_id):
                 self.swapper.swap_in(req.request_id, self.kv.get_block_ids(req.request_id))
             self._start(req)

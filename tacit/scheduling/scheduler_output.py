@@ -103,6 +103,8 @@ class EngineCoreOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: RawPromptLogprobs | None = None
+    # Prompt tokens its first schedule found in the prefix cache (0 before it was scheduled).
+    num_cached_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -120,3 +122,6 @@ class SchedulerStats:
     num_cut_ins: int
     length_predictor_mae: float
     length_predictor_scored: int
+    prefix_cache_queries: int = 0  # prompt tokens looked up
+    prefix_cache_hits: int = 0  # of them, found
+    kv_blocks_cached: int = 0

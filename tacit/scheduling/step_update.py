@@ -9,6 +9,7 @@ import cycle (scheduler.py imports this module).
 
 from __future__ import annotations
 
+from tacit.memory.block_hash import extend_block_hashes
 from tacit.outputs import ModelRunnerOutput
 from tacit.scheduling.request import Request, RequestStatus
 from tacit.scheduling.scheduler_output import EngineCoreOutput, SchedulerOutput, SchedulerStats
@@ -51,10 +52,12 @@ def update_from_output(
             req.first_token_time = now
         req.last_token_time = now
         new, reason, stop_reason = append_tokens(s, req, tokens)
+        cache_verified_blocks(s, req)  # before a finish frees them: a later turn may hit them
         if reason is not None:
             finish_request(s, req_id, reason, stop_reason)
         kept = None if logprobs is None else logprobs[: len(new)]
-        outputs.append(EngineCoreOutput(req_id, new, kept, reason, stop_reason, scored.get(req_id)))
+        cached = max(req.num_cached_tokens, 0)
+        outputs.append(EngineCoreOutput(req_id, new, kept, reason, stop_reason, scored.get(req_id), cached))
     for req_id, drafts in runner_output.draft_token_ids.items():
         req = s.requests.get(req_id)
         if req is not None and req.status == RequestStatus.RUNNING:
@@ -65,6 +68,7 @@ def update_from_output(
         req = s.requests.get(req_id)
         if req_id in sampled or req is None or req.is_finished:
             continue
+        cache_verified_blocks(s, req)
         reason = None
         if req.max_tokens == 0 and req.num_computed_tokens >= req.num_tokens:
             reason = "length"
@@ -97,6 +101,15 @@ def check_stop(s, req: Request, token: int) -> tuple[str | None, int | None]:
     if n_out >= req.max_tokens:
         return "length", None
     return None, None
+
+
+def cache_verified_blocks(s, req: Request) -> None:
+    """Offer the prefix cache the request's blocks now full of verified tokens (computed, kept,
+    and part of its token list: a token sampled this step is neither)."""
+    if not s.kv.enable_caching:
+        return
+    extend_block_hashes(req.block_hashes, req.all_token_ids, s.kv.block_size, req.cache_salt)
+    s.kv.cache_blocks(req.request_id, req.block_hashes, min(req.num_computed_tokens, req.num_tokens))
 
 
 def finish_request(s, request_id: str, reason: str, stop_reason: int | str | None = None) -> None:
@@ -145,4 +158,7 @@ def make_stats(s) -> SchedulerStats:
         num_cut_ins=s.num_cut_ins,
         length_predictor_mae=s.predictor.mean_abs_error or 0.0,
         length_predictor_scored=s.predictor.num_scored,
+        prefix_cache_queries=s.kv.prefix_cache_queries,
+        prefix_cache_hits=s.kv.prefix_cache_hits,
+        kv_blocks_cached=s.kv.num_cached_blocks,
     )

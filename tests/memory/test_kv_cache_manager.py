@@ -53,7 +53,7 @@ def test_allocate_slots_returns_the_new_blocks_in_table_order():
     assert len(a) == 2 and len(b) == 1 and len(more) == 1
     assert kv.get_block_ids("a") == a + more and kv.num_blocks_of("a") == 3
     assert not set(kv.get_block_ids("a")) & set(b)
-    assert kv.get_computed_blocks("c") == ([], 0)  # no prefix cache: a new request starts from zero
+    assert kv.get_computed_blocks("c", [b"h"], 20) == ([], 0)  # no prefix cache: a new request starts from zero
 
 
 def test_short_pool_returns_false_and_allocates_nothing():

@@ -68,3 +68,25 @@ def test_each_rank_prefills_its_own_long_prompt():
         out = s.schedule()
         assert out.num_scheduled_tokens == expected
         assert sorted(r.dp_rank for r in out.scheduled_new_reqs) == list(range(len(expected)))
+
+
+def test_a_request_goes_to_the_rank_caching_its_prefix():
+    """With the prefix cache, the rank whose pool holds a request's leading blocks takes it,
+    even when the other rank has more budget and free blocks."""
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=16)
+    s = Scheduler(config, PagedKVCacheManager(64, block_size=16, num_pools=2, enable_caching=True))
+    first = make_req("a", 40)
+    s.add_request(first)
+    run_step(s)
+    cached_on = s.kv.pool_of("a")
+    while not first.is_finished:
+        run_step(s)
+    busy = make_req("busy", 60)
+    busy.prompt_token_ids = busy.all_token_ids = [500 + i for i in range(60)]  # shares nothing
+    s.add_request(busy)
+    run_step(s)
+    assert s.kv.pool_of("busy") == cached_on  # the tie goes to the same rank: now it is the busier
+    s.add_request(make_req("b", 40))  # the same 40 prompt tokens as "a"
+    out = s.schedule()
+    (new,) = [r for r in out.scheduled_new_reqs if r.req_id == "b"]
+    assert new.dp_rank == cached_on and new.num_computed_tokens == 32  # its two cached blocks of 16
