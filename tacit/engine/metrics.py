@@ -52,6 +52,9 @@ class EngineSnapshot:
     num_steps: int = 0
     length_predictor_mae: float = 0.0
     length_predictor_scored: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    kv_blocks_cached: int = 0
     # Streamed MoE experts (--expert-cache-memory; memory/expert_cache.py ExpertCacheStats).
     expert_cache_hit_rate: float = 0.0
     expert_prefetch_hit_rate: float = 0.0
@@ -83,6 +86,9 @@ class EngineSnapshot:
             num_steps=num_steps,
             length_predictor_mae=s.length_predictor_mae,
             length_predictor_scored=s.length_predictor_scored,
+            prefix_cache_queries=s.prefix_cache_queries,
+            prefix_cache_hits=s.prefix_cache_hits,
+            kv_blocks_cached=s.kv_blocks_cached,
         )
 
 
@@ -135,6 +141,18 @@ class ServingMetrics:
             s.num_cut_ins,
         )
         metric("tacit_engine_steps_total", "counter", "Engine steps (forward passes) run.", s.num_steps)
+        # vLLM's names (tokens, not requests) beside tacit's own, so existing dashboards read them.
+        for name in ("vllm:prefix_cache_queries", "tacit_prefix_cache_queries_total"):
+            metric(name, "counter", "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries)
+        for name in ("vllm:prefix_cache_hits", "tacit_prefix_cache_hits_total"):
+            metric(name, "counter", "Prompt tokens found in the prefix cache (not computed).", s.prefix_cache_hits)
+        metric(
+            "tacit_prefix_cache_hit_rate",
+            "gauge",
+            "Prefix cache hits over queries, in tokens, since start (0 before any query).",
+            s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0,
+        )
+        metric("tacit_kv_blocks_cached", "gauge", "KV blocks the prefix cache can hand out.", s.kv_blocks_cached)
         metric(
             "tacit_expert_cache_hit_rate",
             "gauge",

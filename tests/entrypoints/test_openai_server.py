@@ -309,12 +309,39 @@ def test_unknown_fields_are_400_naming_them_not_ignored(server, model_dir):
         assert err["param"] == field and "does not support" in err["message"], err
 
 
-def test_usage_reports_cached_prompt_tokens(client, model_dir):
-    # No prefix cache yet: every prompt token is computed, so the count is 0, and present.
-    r = client.completions.create(model=str(model_dir), prompt="Hello there", max_tokens=2)
-    assert r.usage.prompt_tokens_details.cached_tokens == 0
-    r = client.chat.completions.create(model=str(model_dir), messages=MESSAGES, max_tokens=2)
-    assert r.usage.prompt_tokens_details.cached_tokens == 0 and r.usage.prompt_tokens > 0
+def test_usage_reports_cached_prompt_tokens(server, client, model_dir):
+    """The second request with the same prompt skips its full cached blocks (16 tokens each,
+    short of the last token), reported as cached_tokens and in /metrics; another cache_salt
+    shares nothing."""
+    m = str(model_dir)
+    before = server.metrics()
+    prompt = [7 + (i * 13) % 200 for i in range(40)]  # 40 tokens: 2 full blocks before the last token
+    first = client.completions.create(model=m, prompt=prompt, max_tokens=2, temperature=0)
+    again = client.completions.create(model=m, prompt=prompt, max_tokens=2, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == 32
+    assert again.choices[0].text == first.choices[0].text
+    after = server.metrics()
+    for name in ("vllm:prefix_cache_hits", "tacit_prefix_cache_hits_total"):
+        assert after[name] - before[name] == 32
+    assert after["vllm:prefix_cache_queries"] - before["vllm:prefix_cache_queries"] == 80
+    assert 0 < after["tacit_prefix_cache_hit_rate"] <= 1 and after["tacit_kv_blocks_cached"] >= 2
+    salted = client.completions.create(model=m, prompt=prompt, max_tokens=2, extra_body={"cache_salt": "tenant-b"})
+    assert salted.usage.prompt_tokens_details.cached_tokens == 0
+    messages = [{"role": "system", "content": "You answer in one word. " * 6}, *MESSAGES[1:]]
+    chat = [client.chat.completions.create(model=m, messages=messages, max_tokens=2) for _ in range(2)]
+    assert chat[0].usage.prompt_tokens_details.cached_tokens == 0
+    hit = chat[1].usage.prompt_tokens_details.cached_tokens
+    assert hit > 0 and hit % 16 == 0 and hit < chat[1].usage.prompt_tokens
+    chunks = list(
+        client.chat.completions.create(
+            model=m, messages=messages, max_tokens=2, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == hit
+    r = client.responses.create(model=m, input=messages[0]["content"] + "?", max_output_tokens=2)
+    r2 = client.responses.create(model=m, input=messages[0]["content"] + "?", max_output_tokens=2)
+    assert r.usage.input_tokens_details.cached_tokens == 0 < r2.usage.input_tokens_details.cached_tokens
 
 
 def test_oversized_body_is_413_before_it_is_read(small_server, model_dir):

@@ -104,6 +104,9 @@ class SamplingRequest(OpenAIModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # vLLM's extension: the prefix cache shares blocks only among requests with the same salt
+    # (one per tenant: another tenant's prompts cannot be timed through cache hits).
+    cache_salt: StrictStr | None = None
     # vLLM's extension: logprob tokens as "token_id:123", lossless where bytes split a character.
     return_tokens_as_token_ids: StrictBool = False
     # Structured output: OpenAI's response_format, vLLM's guided_* fields and its newer
@@ -177,8 +180,7 @@ class SamplingRequest(OpenAIModel):
 
 
 class PromptTokensDetails(BaseModel):
-    # Prompt tokens whose KV came from a cache instead of being computed. tacit has no prefix
-    # cache yet, so every prompt token is computed and this is truly 0.
+    # Prompt tokens whose KV came from the prefix cache instead of being computed.
     cached_tokens: int = 0
 
 
@@ -187,6 +189,15 @@ class UsageInfo(BaseModel):
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+        )
 
 
 # vLLM's prompt_logprobs: per prompt token None (the first) or {token_id: Logprob}.

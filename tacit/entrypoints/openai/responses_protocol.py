@@ -75,6 +75,8 @@ class ResponsesRequest(OpenAIModel):
     text: TextConfig | None = None
     user: StrictStr | None = None
     metadata: dict[str, StrictStr] | None = None
+    # vLLM's extension, as on completions and chat: prefix-cache blocks are shared only within a salt.
+    cache_salt: StrictStr | None = None
 
     @field_validator("store")
     @classmethod
@@ -125,7 +127,7 @@ class OutputMessage(BaseModel):
 
 
 class InputTokensDetails(BaseModel):
-    cached_tokens: int = 0  # no prefix cache yet: every prompt token is computed
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 class OutputTokensDetails(BaseModel):

@@ -50,7 +50,7 @@ class ChatServing:
         ids = await ctx.encode_chat(messages, req.add_generation_prompt, tools.definitions)
         ctx.check_length(len(ids), req.requested_max_tokens)
         request_id = random_id("chatcmpl")
-        streams = await ctx.submit([ids], params, request_id, req.priority, structured_param)
+        streams = await ctx.submit([ids], params, request_id, req.priority, structured_param, req.cache_salt)
         if req.stream:
             return StreamingResponse(
                 self._stream(req, tools, raw, streams[0], request_id, len(ids)),
@@ -112,11 +112,7 @@ class ChatServing:
                 )
             )
         completion_tokens = sum(len(c.token_ids) for c in out.outputs)
-        usage = UsageInfo(
-            prompt_tokens=num_prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=num_prompt_tokens + completion_tokens,
-        )
+        usage = UsageInfo.of(num_prompt_tokens, completion_tokens, out.num_cached_tokens)
         body = ChatCompletionResponse(
             id=request_id,
             model=self.ctx.model_name,
@@ -171,10 +167,11 @@ class ChatServing:
         sent_tokens: dict[int, int] = {}
         parsers = {i: tools.stream_parser() for i in range(req.n)} if tools.active else {}
         done: set[int] = set()
-        completion_tokens = 0
+        completion_tokens = cached_tokens = 0
         async with abort_on_disconnect(raw, self.ctx, [stream]):
             try:
                 async for out in stream:
+                    cached_tokens = out.num_cached_tokens
                     for c in out.outputs:
                         if c.index in done:
                             continue  # a finished sibling of an n>1 request is reported every step
@@ -208,11 +205,7 @@ class ChatServing:
                 yield "data: [DONE]\n\n"
                 return
         if req.include_usage:
-            usage = UsageInfo(
-                prompt_tokens=num_prompt_tokens,
-                completion_tokens=completion_tokens,
-                total_tokens=num_prompt_tokens + completion_tokens,
-            )
+            usage = UsageInfo.of(num_prompt_tokens, completion_tokens, cached_tokens)
             c = ChatCompletionChunk(id=request_id, created=created, model=model, choices=[], usage=usage)
             yield f"data: {c.model_dump_json()}\n\n"
         yield "data: [DONE]\n\n"

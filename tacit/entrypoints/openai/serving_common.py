@@ -106,6 +106,7 @@ class ServingContext:
         request_id: str,
         priority: int,
         structured_param: str | None = None,
+        cache_salt: str | None = None,
     ) -> list[RequestStream]:
         """Add one engine request per prompt; all or none (a failure aborts those already in).
         The queue bound is checked for the first prompt only: the batch is one client request.
@@ -121,7 +122,9 @@ class ServingContext:
         try:
             for i, ids in enumerate(prompts):
                 rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-                streams.append(await self.engine.add_request(ids, params, rid, priority, check_queue=i == 0))
+                streams.append(
+                    await self.engine.add_request(ids, params, rid, priority, check_queue=i == 0, cache_salt=cache_salt)
+                )
         except BaseException as e:
             for s in streams:
                 self.engine.abort(s.request_id)

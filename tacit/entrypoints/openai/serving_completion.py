@@ -66,7 +66,7 @@ class CompletionServing:
                 lambda: [p if isinstance(p, str) else ctx.tokenizer.decode(p, False) for p in req.prompts()]
             )
         request_id = random_id("cmpl")
-        streams = await ctx.submit(prompts, params, request_id, req.priority, req.structured_param)
+        streams = await ctx.submit(prompts, params, request_id, req.priority, req.structured_param, req.cache_salt)
         num_prompt_tokens = sum(len(ids) for ids in prompts)
         if req.stream:
             return StreamingResponse(
@@ -140,11 +140,7 @@ class CompletionServing:
                     )
                 )
         completion_tokens = sum(len(c.token_ids) for out in outs for c in out.outputs)
-        usage = UsageInfo(
-            prompt_tokens=num_prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=num_prompt_tokens + completion_tokens,
-        )
+        usage = UsageInfo.of(num_prompt_tokens, completion_tokens, sum(out.num_cached_tokens for out in outs))
         body = CompletionResponse(id=request_id, model=self.ctx.model_name, choices=choices, usage=usage)
         return JSONResponse(body.model_dump())
 
@@ -163,9 +159,11 @@ class CompletionServing:
         echoed: set[int] = set()
         done: set[int] = set()
         completion_tokens = 0
+        cached_tokens: dict[int, int] = {}  # per prompt
         async with abort_on_disconnect(raw, self.ctx, streams):
             try:
                 async for pi, out in merge_streams(streams):
+                    cached_tokens[pi] = out.num_cached_tokens
                     for c in out.outputs:
                         index = pi * req.n + c.index
                         if index in done:
@@ -217,11 +215,7 @@ class CompletionServing:
                 yield "data: [DONE]\n\n"
                 return
         if req.include_usage:
-            usage = UsageInfo(
-                prompt_tokens=num_prompt_tokens,
-                completion_tokens=completion_tokens,
-                total_tokens=num_prompt_tokens + completion_tokens,
-            )
+            usage = UsageInfo.of(num_prompt_tokens, completion_tokens, sum(cached_tokens.values()))
             chunk = CompletionChunk(id=request_id, created=created, model=self.ctx.model_name, choices=[], usage=usage)
             yield f"data: {chunk.model_dump_json()}\n\n"
         yield "data: [DONE]\n\n"

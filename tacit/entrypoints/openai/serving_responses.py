@@ -13,6 +13,7 @@ from tacit.engine.request_stream import RequestStream
 from tacit.entrypoints.openai.protocol import random_id
 from tacit.entrypoints.openai.responses_protocol import (
     IncompleteDetails,
+    InputTokensDetails,
     OutputMessage,
     OutputText,
     ResponseObject,
@@ -40,7 +41,7 @@ class ResponsesServing:
         ids = await ctx.encode_chat(req.messages(), field="input")
         ctx.check_length(len(ids), req.max_output_tokens)
         response_id = random_id("resp")
-        (stream,) = await ctx.submit([ids], params, response_id, 0, "text.format.schema")
+        (stream,) = await ctx.submit([ids], params, response_id, 0, "text.format.schema", req.cache_salt)
         if req.stream:
             return StreamingResponse(
                 self._stream(req, raw, stream, response_id, len(ids)),
@@ -51,11 +52,17 @@ class ResponsesServing:
         if outs is None:
             return Response(status_code=499)
         (c,) = outs[0].outputs
-        body = self._response(req, response_id, random_id("msg"), len(ids), c)
+        body = self._response(req, response_id, random_id("msg"), len(ids), c, outs[0].num_cached_tokens)
         return JSONResponse(body.model_dump())
 
     def _response(
-        self, req: ResponsesRequest, response_id: str, message_id: str, num_prompt: int, c: CompletionOutput | None
+        self,
+        req: ResponsesRequest,
+        response_id: str,
+        message_id: str,
+        num_prompt: int,
+        c: CompletionOutput | None,
+        cached_tokens: int = 0,
     ) -> ResponseObject:
         """The response object: in progress (c is None) or final."""
         r = ResponseObject(
@@ -78,7 +85,12 @@ class ResponsesServing:
         r.incomplete_details = IncompleteDetails(reason="max_output_tokens") if incomplete else None
         r.output = [OutputMessage(id=message_id, status=r.status, content=[OutputText(text=c.text)])]
         n = len(c.token_ids)
-        r.usage = ResponseUsage(input_tokens=num_prompt, output_tokens=n, total_tokens=num_prompt + n)
+        r.usage = ResponseUsage(
+            input_tokens=num_prompt,
+            input_tokens_details=InputTokensDetails(cached_tokens=cached_tokens),
+            output_tokens=n,
+            total_tokens=num_prompt + n,
+        )
         return r
 
     async def _stream(
@@ -102,11 +114,11 @@ class ResponsesServing:
         item = OutputMessage(id=message_id, status="in_progress").model_dump()
         yield event("response.output_item.added", output_index=0, item=item)
         yield event("response.content_part.added", part=OutputText(text="").model_dump(), **where())
-        sent, last = 0, None
+        sent, last, cached_tokens = 0, None, 0
         async with abort_on_disconnect(raw, self.ctx, [stream]):
             try:
                 async for out in stream:
-                    last = out.outputs[0]
+                    last, cached_tokens = out.outputs[0], out.num_cached_tokens
                     if len(last.text) > sent:
                         yield event("response.output_text.delta", delta=last.text[sent:], logprobs=[], **where())
                         sent = len(last.text)
@@ -116,7 +128,7 @@ class ResponsesServing:
                 yield event("error", code=str(err.code), message=err.message, param=err.param)
                 return
         assert last is not None
-        final = self._response(req, response_id, message_id, num_prompt, last)
+        final = self._response(req, response_id, message_id, num_prompt, last, cached_tokens)
         text = final.output[0].content[0]
         yield event("response.output_text.done", text=text.text, logprobs=[], **where())
         yield event("response.content_part.done", part=text.model_dump(), **where())
