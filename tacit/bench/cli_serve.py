@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from tacit.bench.cli_output import log, table, write_json
+from tacit.bench.prefix_scenarios import PREFIX_SCENARIOS
 from tacit.bench.scenario import SCENARIOS
 from tacit.bench.workloads import DISTRIBUTIONS
 
@@ -36,12 +37,18 @@ def add_serve_parsers(bsub: argparse._SubParsersAction) -> None:
     sv.add_argument(
         "--scenario",
         default=None,
-        choices=SCENARIOS,
-        help="start a tacit server per --policies and run this workload against each (no --url)",
+        choices=SCENARIOS + PREFIX_SCENARIOS,
+        help="start tacit servers and run this workload against each (no --url): mixed-priority one per "
+        "--policies; multi-turn and shared-prefix one with the prefix cache and one without, --rounds times",
     )
     sv.add_argument("--policies", default="fcfs,priority,sjf,sla", help="scheduling policies the scenario compares")
     sv.add_argument("--server-args", default="", help="extra `tacit serve` flags for the scenario's servers")
     sv.add_argument("--idle-requests", type=int, default=10, help="interactive requests timed on an idle server")
+    sv.add_argument("--groups", type=int, default=8, help="multi-turn: conversations; shared-prefix: prefix groups")
+    sv.add_argument("--group-size", type=int, default=6, help="multi-turn: turns each; shared-prefix: requests a group")
+    sv.add_argument("--prefix-tokens", type=int, default=2000, help="the shared system prompt / prefix (tokens)")
+    sv.add_argument("--suffix-tokens", type=int, default=100, help="each user message / question (words ~ tokens)")
+    sv.add_argument("--rounds", type=int, default=2, help="cache-on / cache-off pairs a prefix scenario runs")
     sv.set_defaults(func=cmd_serve)
     wl = bsub.add_parser("workload", help="write a JSONL workload file (tacit bench serve's draw) for predict --serve")
     wl.add_argument("--out", required=True)
@@ -60,6 +67,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from tacit.bench import serve
 
+    if args.scenario in PREFIX_SCENARIOS:
+        return cmd_prefix_scenario(args)
     if args.scenario:
         return cmd_scenario(args)
     slo = serve.parse_slo(args.slo)
@@ -180,6 +189,37 @@ def cmd_scenario(args: argparse.Namespace) -> int:
         print(line)
     write_json(args, {"idle": idle, "rows": rows})
     return 0 if all(r["done"] for r in rows) else 1
+
+
+def cmd_prefix_scenario(args: argparse.Namespace) -> int:
+    import shlex
+
+    from tacit.bench import prefix_scenarios
+
+    for name in ("groups", "group_size", "prefix_tokens", "suffix_tokens", "rounds", "output_len"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid: must be >= 1")
+    rows = prefix_scenarios.run_prefix_scenario(
+        args.scenario,
+        shlex.split(args.server_args),
+        args.groups,
+        args.group_size,
+        args.prefix_tokens,
+        args.suffix_tokens,
+        args.output_len,
+        args.rounds,
+        args.seed,
+        log=log,
+    )
+    print(
+        f"scenario {args.scenario}: {args.groups} x {args.group_size} requests, {args.prefix_tokens}-token shared "
+        f"prefix, {args.suffix_tokens}-word messages, {args.output_len} tokens out"
+    )
+    print(table(rows))
+    for line in prefix_scenarios.verdicts(rows):
+        print(line)
+    write_json(args, {"rows": rows})
+    return 0
 
 
 def cmd_workload(args: argparse.Namespace) -> int:

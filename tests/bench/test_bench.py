@@ -243,3 +243,27 @@ def test_bare_bench_runs_the_latency_table_with_its_defaults(monkeypatch):
     seen.clear()
     assert main(["bench", "latency", "--batch-sizes", "1"]) == 0  # a subcommand still wins
     assert seen[0].batch_sizes == "1"
+
+
+@pytest.mark.parametrize("scenario", ["multi-turn", "shared-prefix"])
+def test_prefix_scenarios_run_with_the_cache_on_and_off(tiny_llama, tmp_path, scenario):
+    """Cache on: the later turns (or a group's later requests) find the shared prefix; off:
+    nothing is cached. Tiny sizes: 2 x 3 requests, a 64-token prefix, 4 tokens out; shared-prefix
+    sends all six at once, so a 32-token step budget makes them queue behind the first prefills
+    (in one step, none would have anything cached yet)."""
+    out = tmp_path / "prefix.json"
+    budget = " --max-num-batched-tokens 32" if scenario == "shared-prefix" else ""
+    args = ["--groups", "2", "--group-size", "3", "--prefix-tokens", "64", "--suffix-tokens", "6"]
+    args += ["--output-len", "4", "--rounds", "1", "--json", str(out)]
+    r = subprocess.run(
+        [sys.executable, "-m", "tacit.cli", "bench", "serve", "--scenario", scenario, *args]
+        + ["--server-args", f"--model {tiny_llama[2]} --dtype float32{budget}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    on, off = json.loads(out.read_text())["rows"]
+    assert (on["cache"], off["cache"]) == ("on", "off") and on["requests"] == off["requests"] == 6
+    assert off["cached_tokens"] == 0 and on["cached_tokens"] >= 4 * 48  # 4 later requests, 3 of 4 blocks at least
+    assert on["prompt_tokens"] == off["prompt_tokens"] and "later-request TTFT" in r.stdout
