@@ -67,6 +67,10 @@ class SchedulerView:
     def may_cut_in(self, req: Request) -> bool:
         return self._scheduler.may_cut_in(req)
 
+    def uncached_tokens(self, req: Request) -> int:
+        """Tokens req has left to prefill, less what the prefix cache holds of it."""
+        return self._scheduler.uncached_tokens(req)
+
 
 class SchedulingPolicy(ABC):
     name: str

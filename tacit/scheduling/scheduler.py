@@ -142,6 +142,22 @@ class Scheduler:
         cap = self.config.long_prefill_token_threshold
         return bool(cap) and req.num_tokens - req.num_computed_tokens > cap
 
+    def uncached_tokens(self, req: Request) -> int:
+        """Tokens req has left to compute: for one not started yet, less the leading blocks the
+        prefix cache holds for it now (what a policy's time estimates should count)."""
+        left = req.num_tokens - req.num_computed_tokens
+        kv = self.kv
+        if (
+            not kv.enable_caching
+            or req.num_computed_tokens
+            or req.params.prompt_logprobs is not None
+            or kv.num_blocks_of(req.request_id)
+        ):
+            return left
+        extend_block_hashes(req.block_hashes, req.all_token_ids, kv.block_size, req.cache_salt)
+        usable = req.block_hashes[: (req.num_tokens - 1) // kv.block_size]
+        return left - kv.cached_prefix_blocks(usable, kv.pool_of(req.request_id)) * kv.block_size
+
     def _outranks(self, waiting: Request, running: Request) -> bool:
         if running.aged:
             return False  # the aging bound: once it has aged and got in, nothing pushes it out

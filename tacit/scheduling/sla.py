@@ -83,7 +83,7 @@ class SLAPolicy(PriorityPolicy):
         return max(1, min(max_num_batched_tokens, s.num_running + int((target - decodes) / per_token)))
 
     def _latest_start(self, req: Request, s: SchedulerView) -> float:
-        remaining = req.num_tokens - req.num_computed_tokens
+        remaining = s.uncached_tokens(req)  # a prefix-cache hit is not prefilled
         return req.next_token_deadline - s.cost.prefill_s(remaining, s.prefill_tokens_per_step, s.num_running)
 
     def waiting_key(self, req: Request, state: SchedulerView) -> tuple:
@@ -109,9 +109,10 @@ class SLAPolicy(PriorityPolicy):
             # 1.0-1.6 s that cut-in would have served in ~0.2 s (mixed-priority benchmark).
             return s.cost.step_s(req.num_tokens, 0), 0
         key = self.waiting_key(req, s)
-        ahead = sum(r.num_tokens - r.num_computed_tokens for r in s.waiting if self.waiting_key(r, s) < key)
+        # Cached prefixes cost nothing: only the tokens the prefix cache does not hold are counted.
+        ahead = sum(s.uncached_tokens(r) for r in s.waiting if self.waiting_key(r, s) < key)
         ahead += sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in s.running)
-        total = ahead + req.num_tokens - req.num_computed_tokens
+        total = ahead + s.uncached_tokens(req)
         return s.cost.prefill_s(total, s.prefill_tokens_per_step, s.num_running), ahead
 
     def admit(self, req: Request, state: SchedulerView) -> None:

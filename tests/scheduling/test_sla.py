@@ -200,3 +200,23 @@ def test_admission_counts_on_cut_in_for_a_request_that_may_cut_in():
         else:
             s.add_request(urgent)
             assert s.policy.estimate_ttft(urgent, s.view)[0] < 0.05
+
+
+def test_admission_counts_only_the_tokens_the_prefix_cache_does_not_hold():
+    """A next turn whose 400-token prefix is cached is estimated at its 8 new tokens: admitted
+    under a target that the whole prompt would miss, and refused without the cache."""
+    clock = FakeClock()
+    kv = PagedKVCacheManager(num_blocks=1024, block_size=4, enable_caching=True)
+    s = Scheduler(SchedulerConfig(policy="sla"), kv, get_policy("sla"), clock=clock)
+    teach(s.cost)
+    first = make_req("a", 400)
+    s.add_request(first)
+    while not first.is_finished:
+        run_step(s)
+    turn = make_req("b", 408, ttft_ms=150)  # a's 400 tokens and 8 more; 400 tokens alone take ~0.4 s
+    assert s.view.uncached_tokens(turn) == 8 and s.policy.estimate_ttft(turn, s.view)[0] < 0.15
+    s.add_request(turn)  # admitted
+    cold = sla_scheduler(FakeClock())
+    teach(cold.cost)
+    with pytest.raises(SLOUnattainableError, match="cannot meet its TTFT target"):
+        cold.add_request(make_req("b", 408, ttft_ms=150))
