@@ -29,6 +29,12 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
+    p.add_argument(
+        "--prefix-hit-rate",
+        type=float,
+        default=0.0,
+        help="share of each prompt found in the prefix cache (attended over, not prefilled), in [0, 1)",
+    )
     p.add_argument("--json", default=None, help="write the prediction (or the validation) here")
     p.add_argument("--ops", action="store_true", help="also print every operator's time (compute / memory / link)")
     p.add_argument("--validate", action="store_true", help="measure the real engine on this CPU against the model")
@@ -89,13 +95,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
         kvdt,
         args.quantization_group_size,
         Parallel(args.tensor_parallel_size, args.expert_parallel, args.data_parallel_attention),
+        prefix_hit_rate=args.prefix_hit_rate,
     )
     pred = predict(shape, spec, work)
     out = pred.as_json()
     print(
         f"{args.model} on {spec.name} ({spec.description}), TP={work.parallel.tp}{' EP' if work.parallel.ep else ''}"
         f"{' DP-attention' if work.parallel.dp_attention else ''}, "
-        f"weights {wdt}, KV {kvdt}, batch {work.batch}, input {work.input_len}, output {work.output_len}"
+        f"weights {wdt}, KV {kvdt}, batch {work.batch}, input {work.input_len}"
+        f"{f' ({work.cached_tokens} cached)' if work.cached_tokens else ''}, output {work.output_len}"
     )
     print(f"  TTFT        {out['ttft_ms']:.2f} ms")
     print(f"  TPOT        {out['tpot_ms']:.3f} ms")

@@ -22,11 +22,20 @@ class Workload:
     kv_dtype: str = "bf16"
     group_size: int = 32
     parallel: Parallel = Parallel()
+    # Share of each prompt the prefix cache already holds: those tokens are attended over, not
+    # computed (the last prompt token always is).
+    prefix_hit_rate: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("batch", "input_len", "output_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.prefix_hit_rate < 1.0:
+            raise ValueError(f"prefix_hit_rate={self.prefix_hit_rate} is invalid: must be in [0, 1)")
+
+    @property
+    def cached_tokens(self) -> int:
+        return min(int(self.input_len * self.prefix_hit_rate), self.input_len - 1)
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,8 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
     spec = fitted_roofs(spec, profile)
     if s.is_moe and w.parallel.ep and s.num_experts % w.parallel.tp:
         raise ValueError(f"expert parallel over {w.parallel.tp} devices needs the {s.num_experts} experts to divide")
-    ttft, prefill = step_time(s, spec, profile, w, StepShape(w.batch, w.input_len, 0))
+    cached = w.cached_tokens
+    ttft, prefill = step_time(s, spec, profile, w, StepShape(w.batch, w.input_len - cached, cached))
     # Decode steps read a context growing from input_len to input_len + output_len - 2; attention
     # is linear in it, so the step at the mean context has the mean time.
     mean_context = w.input_len + max(w.output_len - 2, 0) / 2

@@ -74,3 +74,26 @@ def test_data_parallel_attention_refusals(extra, message, capsys):
     argv = ["predict", "--model", "DeepSeek-V3", "--hardware", "h200-sxm", "--data-parallel-attention"]
     assert main(argv + extra) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_prefix_hit_rate_prefills_only_the_uncached_tokens():
+    """--prefix-hit-rate 0.9 of a 2,000-token prompt: 200 tokens prefilled over 1,800 cached, the
+    same step the operator model prices for that shape; TPOT and memory do not move."""
+    from tacit.perf_model.efficiency import load_profile
+    from tacit.perf_model.operators import StepShape
+    from tacit.perf_model.predict import Workload, fitted_roofs, predict, step_time
+    from tacit.platforms.hardware_table import get_hardware_spec
+
+    shape = shape_from_hf(load_hf_config("random:qwen3-moe-2b"))
+    spec = get_hardware_spec("this-cpu")
+    cold = predict(shape, spec, Workload(1, 2000, 64))
+    warm = predict(shape, spec, Workload(1, 2000, 64, prefix_hit_rate=0.9))
+    assert warm.ttft_s < cold.ttft_s and warm.tpot_s == cold.tpot_s and warm.memory == cold.memory
+    w = Workload(1, 2000, 64)
+    profile = load_profile(spec.efficiency_profile)
+    direct, _ = step_time(shape, fitted_roofs(spec, profile), profile, w, StepShape(1, 200, 1800))
+    assert warm.ttft_s == pytest.approx(direct)
+    with pytest.raises(ValueError, match=r"prefix_hit_rate=1.0 is invalid: must be in \[0, 1\)"):
+        Workload(1, 10, 10, prefix_hit_rate=1.0)
+    out = _run(["predict", "--model", "random:qwen3-moe-2b", "--input-len", "2000", "--prefix-hit-rate", "0.9"])
+    assert "input 2000 (1800 cached)" in out
