@@ -255,5 +255,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                 for r in profile["ranks"]
             )
         )
+    tokens = profile["tokens"]
+    print(f"tokens: {tokens['computed']} computed, {tokens['cached']} prompt tokens from the prefix cache")
     print(f"wrote {out / 'profile.json'} and {out / 'report.html'}")
     return 0

@@ -34,6 +34,7 @@ class StepRecord:
     num_samples: int
     layers: dict[str, dict[str, float]]  # layer -> category -> seconds (host: only what was measured there)
     categories: dict[str, float] = field(default_factory=dict)  # every category; host = the remainder
+    cached_tokens: int = 0  # prompt tokens this step's new requests found in the prefix cache (not computed)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -43,6 +44,7 @@ class StepRecord:
             "num_samples": self.num_samples,
             "categories": self.categories,
             "layers": self.layers,
+            "cached_tokens": self.cached_tokens,
         }
 
 
@@ -155,6 +157,7 @@ class Profiler:
     def step(self) -> StepRecord | None:
         """One LLMEngine.step(), timed; None when it ran no model step."""
         comm0 = self.runner.communication_seconds()
+        hits0 = self.engine.get_stats().prefix_cache_hits
         self.timer.take()
         self._last_rows = None
         t0 = time.perf_counter()
@@ -163,6 +166,7 @@ class Profiler:
         spans = self.timer.take()
         phases = self._phase_times()
         comm1 = self.runner.communication_seconds()
+        cached = self.engine.get_stats().prefix_cache_hits - hits0
         if self._last_rows is None:
             return None
         layers: dict[str, dict[str, float]] = {}
@@ -182,7 +186,9 @@ class Profiler:
                     categories[category] = categories.get(category, 0.0) + s
         categories["host"] = step_s - sum(categories.values())
         rows = self._last_rows
-        return StepRecord(step_kind(rows), step_s, [(n, c) for n, c, _ in rows], self._last_samples, layers, categories)
+        return StepRecord(
+            step_kind(rows), step_s, [(n, c) for n, c, _ in rows], self._last_samples, layers, categories, cached
+        )
 
 
 def run_workload(engine: Any, requests: list[WorkloadRequest], seed: int = 0) -> list[StepRecord]:

@@ -133,6 +133,11 @@ def summarize(
         "categories": list(CATEGORIES),
         "hw": roofs.to_json() if roofs else None,
         "kinds": kinds,
+        # Prompt tokens the prefix cache supplied against the tokens the steps computed.
+        "tokens": {
+            "computed": sum(n for s in steps for n, _ in s.rows),
+            "cached": sum(s.cached_tokens for s in steps),
+        },
         "communication": communication_by_layer(steps),
         "predicted": pred,
         "deviations": deviations(kinds, pred),

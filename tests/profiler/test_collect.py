@@ -72,3 +72,24 @@ def test_moe_steps_split_routing_from_experts(tiny_model_factory, arch, dtype, s
         for category in ("moe_routing", "experts", "attention", "gemm"):
             flops, nbytes = work[sparse][category]
             assert flops > 0 and nbytes > 0, category
+
+
+def test_steps_count_the_prompt_tokens_the_prefix_cache_supplied(tiny_llama):
+    """A prompt seen before: its step computes only what the cache does not hold, and the
+    record says how many prompt tokens came from the cache instead."""
+    from tacit import SamplingParams
+    from tacit.profiler.collect import Profiler
+
+    engine = LLM(str(tiny_llama[2]), dtype="float32", block_size=4).engine
+    prompt, params = list(range(20, 30)), SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    records = []
+    with Profiler(engine) as prof:
+        for _ in range(2):
+            engine.add_request(prompt, params)
+            while engine.has_unfinished_requests():
+                record = prof.step()
+                if record is not None:
+                    records.append(record)
+    first, again = records[0], records[2]  # prefill, decode; prefill again
+    assert (first.cached_tokens, first.rows) == (0, [(10, 0)])
+    assert (again.cached_tokens, again.rows) == (8, [(2, 8)])  # 2 full blocks of 4 before the last token

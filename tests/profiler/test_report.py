@@ -61,6 +61,8 @@ def test_profile_json_has_kinds_layers_categories(profile_dir):
             assert r["intensity"] > 0 and r["achieved_flops"] > 0
     assert p["communication"] == {}  # one process
     assert len(p["steps"]) == sum(k["steps"] for k in p["kinds"].values())
+    # Random prompts share nothing: every token computed, none from the prefix cache.
+    assert p["tokens"] == {"computed": sum(r[0] for st in p["steps"] for r in st["rows"]), "cached": 0}
 
 
 def test_report_is_self_contained_with_every_section(profile_dir, tmp_path):
