@@ -23,6 +23,7 @@ from tacit.config.parallel import ParallelConfig
 from tacit.config.quantization import check_quantization, check_quantization_overrides, parse_quantization_overrides
 from tacit.config.recipe import Recipe
 from tacit.config.scheduler import SchedulerConfig, parse_slo_class
+from tacit.config.speculative import SpeculativeConfig, parse_speculative_config
 from tacit.distributed.communicators import COMMUNICATORS
 from tacit.kernels.cpu_kernels import cpu_kernels_default, ggml_bf16_activations_default
 from tacit.scheduling.policy import POLICIES  # the package import registers every policy
@@ -99,6 +100,15 @@ class EngineArgs(Knobs):
         "cache of this size, the next layer's prefetched on a background thread (a model larger than memory)",
         type=int,
         shown="every expert resident",
+    )
+    speculative_config: dict | None = knob(
+        None,
+        "model",
+        'vLLM\'s speculative decoding config, e.g. {"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_max": 4, "prompt_lookup_min": 2}: drafts verified in one step',
+        shown="none",
+        from_cli=parse_speculative_config,
+        metavar="JSON",
     )
     # ---- platform ----
     device: str = knob("auto", "platform", "auto | cpu | cuda")
@@ -283,6 +293,7 @@ class EngineArgs(Knobs):
             parse_dtype(self.dtype)
         check_quantization(self.quantization, self.quantization_group_size)
         check_quantization_overrides(self.quantization_overrides)
+        SpeculativeConfig.from_dict(self.speculative_config)
         self._check_plain_fields()
 
     def _check_plain_fields(self) -> None:
@@ -391,6 +402,7 @@ class EngineArgs(Knobs):
             device=platform.name,
             seed=self.seed,
             parallel=self.create_parallel_config(),
+            speculative=SpeculativeConfig.from_dict(self.speculative_config),
         )
 
 

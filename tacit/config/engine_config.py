@@ -9,6 +9,7 @@ from tacit.config.cache import CacheConfig
 from tacit.config.model import ModelConfig
 from tacit.config.parallel import ParallelConfig
 from tacit.config.scheduler import SchedulerConfig
+from tacit.config.speculative import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class EngineConfig:
     device: str = "cpu"
     seed: int = 0
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    speculative: SpeculativeConfig | None = None  # None: one token a step
 
     def __post_init__(self) -> None:
         if self.scheduler.preemption_mode == "swap" and self.parallel.data_parallel_attention:

@@ -55,6 +55,8 @@ class EngineSnapshot:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     kv_blocks_cached: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
     # Streamed MoE experts (--expert-cache-memory; memory/expert_cache.py ExpertCacheStats).
     expert_cache_hit_rate: float = 0.0
     expert_prefetch_hit_rate: float = 0.0
@@ -89,6 +91,8 @@ class EngineSnapshot:
             prefix_cache_queries=s.prefix_cache_queries,
             prefix_cache_hits=s.prefix_cache_hits,
             kv_blocks_cached=s.kv_blocks_cached,
+            spec_decode_num_draft_tokens=s.spec_decode_num_draft_tokens,
+            spec_decode_num_accepted_tokens=s.spec_decode_num_accepted_tokens,
         )
 
 
@@ -153,6 +157,18 @@ class ServingMetrics:
             s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0,
         )
         metric("tacit_kv_blocks_cached", "gauge", "KV blocks the prefix cache can hand out.", s.kv_blocks_cached)
+        metric(
+            "vllm:spec_decode_num_draft_tokens",
+            "counter",
+            "Draft tokens verified (speculative decoding).",
+            s.spec_decode_num_draft_tokens,
+        )
+        metric(
+            "vllm:spec_decode_num_accepted_tokens",
+            "counter",
+            "Draft tokens accepted: each one a token that cost no step of its own.",
+            s.spec_decode_num_accepted_tokens,
+        )
         metric(
             "tacit_expert_cache_hit_rate",
             "gauge",

@@ -75,6 +75,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.num_cut_ins = 0
+        self.num_draft_tokens = self.num_accepted_tokens = 0  # speculative decoding, since start
         self._finished_req_ids: list[str] = []  # for the runner, with the next SchedulerOutput
         self.view = SchedulerView(self)
 

@@ -125,3 +125,5 @@ class SchedulerStats:
     prefix_cache_queries: int = 0  # prompt tokens looked up
     prefix_cache_hits: int = 0  # of them, found
     kv_blocks_cached: int = 0
+    spec_decode_num_draft_tokens: int = 0  # draft tokens verified
+    spec_decode_num_accepted_tokens: int = 0  # of them, accepted

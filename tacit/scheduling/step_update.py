@@ -47,7 +47,11 @@ def update_from_output(
             continue  # aborted while its step ran
         # Rejected drafts: their KV slots lie past every kept token and are written over by
         # the tokens that take their positions; the blocks stay the request's.
-        req.num_computed_tokens -= len(verified.get(req_id, ())) + 1 - len(tokens)
+        num_drafts = len(verified.get(req_id, ()))
+        req.num_computed_tokens -= num_drafts + 1 - len(tokens)
+        if num_drafts:  # vLLM's spec-decode counters: drafts verified, and of them accepted
+            s.num_draft_tokens += num_drafts
+            s.num_accepted_tokens += len(tokens) - 1
         if req.first_token_time is None:
             req.first_token_time = now
         req.last_token_time = now
@@ -161,4 +165,6 @@ def make_stats(s) -> SchedulerStats:
         prefix_cache_queries=s.kv.prefix_cache_queries,
         prefix_cache_hits=s.kv.prefix_cache_hits,
         kv_blocks_cached=s.kv.num_cached_blocks,
+        spec_decode_num_draft_tokens=s.num_draft_tokens,
+        spec_decode_num_accepted_tokens=s.num_accepted_tokens,
     )

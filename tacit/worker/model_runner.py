@@ -45,6 +45,7 @@ from tacit.worker.paths.base import ExecutionPath, Steps, build_paths, finish, f
 from tacit.worker.paths.fused_binders import build_fused_decoder
 from tacit.worker.request_state import CachedRequestState, update_request_states
 from tacit.worker.sample_step import sample_and_verify
+from tacit.worker.speculative import build_drafter
 from tacit.worker.swap_store import KVSwapStore
 
 
@@ -145,8 +146,8 @@ class ModelRunner:
         self.paths: list[ExecutionPath] = build_paths(self.paths_context)
         self.requests: dict[str, CachedRequestState] = {}
         # Speculative decoding: proposes each sampling request's draft tokens for its next step
-        # (tacit/worker/drafter.py); None proposes nothing and every step yields one token.
-        self.drafter: DraftProposer | None = None
+        # (tacit/worker/drafter.py, --speculative-config); None: every step yields one token.
+        self.drafter: DraftProposer | None = build_drafter(config.speculative)
 
     # The context's mutable fields, where the engine, benchmarks and tests reach them.
     @property

@@ -1,0 +1,81 @@
+"""Speculative decoding with prompt-lookup (n-gram) drafts: the proposer, the config that turns
+it on (vLLM's --speculative-config), and greedy output unchanged by it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tacit import LLM, SamplingParams
+from tacit.config.speculative import SPECULATIVE_METHODS, SpeculativeConfig, parse_speculative_config
+from tacit.worker.drafter import DRAFT_PROPOSERS
+from tacit.worker.ngram_proposer import ngram_drafts
+from tacit.worker.speculative import build_drafter
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+def drafts(tokens, k=3, n_max=3, n_min=1):
+    return ngram_drafts(np.array(tokens), k, n_max, n_min)
+
+
+def test_the_latest_match_of_the_longest_suffix_proposes_what_followed_it():
+    assert drafts([1, 2, 3, 9, 9, 1, 2, 3, 7, 8, 5, 2, 3]) == [7, 8, 5]  # "2 3" last seen before 7 8 5
+    assert drafts([5, 6, 7, 1, 2, 5, 6, 7]) == [1, 2, 5]  # 3-gram "5 6 7"
+    assert drafts([4, 1, 2, 3, 4, 9], n_min=1) == []  # 9 never occurred before
+    assert drafts([1, 2, 1, 2, 1, 2], k=2) == [1, 2]
+    assert drafts([8, 8, 8, 8]) == [8]  # the match just before the end: only the last token follows
+    assert drafts([3]) == []
+
+
+def test_every_method_the_config_knows_has_a_proposer():
+    build_drafter(None)
+    config = SpeculativeConfig.from_dict(parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 2}'))
+    assert build_drafter(config).k == 2
+    assert sorted(DRAFT_PROPOSERS) == sorted(SPECULATIVE_METHODS)
+
+
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        ({"method": "eagle", "num_speculative_tokens": 3}, "method='eagle' is not known; valid: ngram"),
+        ({"method": "ngram"}, "needs num_speculative_tokens"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens=0 is invalid"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1}, r"keys \['lookahead'\] are not known"),
+        ({**NGRAM, "prompt_lookup_min": 4}, "prompt_lookup_min=4 is above prompt_lookup_max=3"),
+    ],
+)
+def test_bad_speculative_configs_are_named(tiny_llama, value, match):
+    with pytest.raises(ValueError, match=match):
+        LLM(str(tiny_llama[2]), dtype="float32", speculative_config=value)
+
+
+def test_the_cli_flag_takes_json_and_refuses_anything_else():
+    assert parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 2}')["num_speculative_tokens"] == 2
+    with pytest.raises(ValueError, match="is not JSON"):
+        parse_speculative_config("ngram:4")
+
+
+def test_ngram_drafts_change_no_greedy_token_and_save_steps_on_repetition(tiny_llama):
+    path = str(tiny_llama[2])
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1)
+    # A repetitive prompt: the model's greedy continuation of a loop tends to loop too.
+    prompts = [[5, 6, 7, 8] * 6, list(range(30, 50)), [9, 10] * 10]
+    plain = LLM(path, dtype="float32")
+    spec = LLM(path, dtype="float32", speculative_config=NGRAM)
+    want = plain.generate(prompts, params)
+    got = spec.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    for a, b in zip(got, want):
+        for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            assert {t: round(lp.logprob, 4) for t, lp in x.items()} == {t: round(lp.logprob, 4) for t, lp in y.items()}
+    stats = spec.engine.get_stats()
+    assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens  # right and wrong ones
+    alone = [LLM(path, dtype="float32", speculative_config=NGRAM).engine for _ in prompts]
+    for engine, p in zip(alone, prompts):
+        engine.add_request(p, params)
+        while engine.has_unfinished_requests():
+            engine.step()
+    # Each accepted draft is a step saved for its request (24 tokens: 24 steps one token a step).
+    assert sum(e.num_steps for e in alone) < 3 * 24
+    assert sum(e.get_stats().spec_decode_num_accepted_tokens for e in alone) == 3 * 24 - sum(e.num_steps for e in alone)
