@@ -70,3 +70,49 @@ def test_every_one_process_path_matches_the_torch_path(tiny_model_factory):
     finally:
         del runner.forward_steps
     assert checked == ONE_PROCESS - {"torch"}
+
+
+class _RepeatLast:
+    """Drafts for every other request: its last token twice (right or wrong, rows to verify)."""
+
+    def propose(self, requests):
+        return {r.req_id: [r.token_ids[-1]] * 2 for r in requests if int(r.req_id.rsplit("-", 1)[-1]) % 2 == 0}
+
+
+@pytest.mark.skipif(
+    not cpu_supports_avx512_bf16() or bool(os.environ.get("TACIT_NO_CPU_KERNELS")),
+    reason="without the CPU kernels only the torch path exists in one process",
+)
+def test_paths_give_one_logits_row_per_verified_draft_as_the_torch_path_does(tiny_model_factory):
+    """Verify rows (a request's token and its drafts) beside one-token decodes: the split path
+    runs the decodes fused and the verify rows on torch and must put every row back in place."""
+    _, _, path = tiny_model_factory("llama")
+    engine = LLM(str(path), dtype="bfloat16", block_size=4).engine
+    runner = engine.runner
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    for p in ([5, 6, 7], list(range(10, 31)), [40] * 9, [3, 1, 4, 1, 5]):
+        engine.add_request(p, params)
+    engine.step()
+    runner.drafter = _RepeatLast()
+    torch_path = next(p for p in runner.paths if isinstance(p, TorchPath))
+    real, checked = runner.forward_steps, set()
+
+    def checking(rows, pausable):
+        want = torch_path.run(rows)
+        for p in runner.paths:
+            if p is torch_path or not p.accepts(rows, False):
+                continue
+            out = p.run(rows)
+            assert out.samples == want.samples and out.values.shape == want.values.shape, p.name
+            scale = want.values.float().abs().max().item()
+            assert (out.values.float() - want.values.float()).abs().max().item() < LOGIT_TOLERANCE * scale, p.name
+            checked.add(p.name)
+        return (yield from real(rows, pausable))
+
+    runner.forward_steps = checking
+    try:
+        for _ in range(3):
+            engine.step()
+    finally:
+        del runner.forward_steps
+    assert "split" in checked

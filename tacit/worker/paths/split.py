@@ -55,5 +55,12 @@ class SplitPath(HiddenStatesPath):
         pre_samples, pre_hidden, prompt_logprobs = yield from rest.hidden_steps(other_rows, pausable)
         index = [decodes[i] for i in dec_samples] + [others[i] for i in pre_samples]
         order = sorted(range(len(index)), key=index.__getitem__)
-        hidden = torch.cat([dec_hidden, pre_hidden.to(dec_hidden.dtype)])[torch.tensor(order, dtype=torch.long)]
+        # Each sampling row's hidden rows: its last token's, and one per draft it verifies (only
+        # the torch side has drafts), contiguous; put back in scheduled order as blocks.
+        width = [1 + rows[i][0].num_draft_tokens for i in index]
+        start = [0] * len(index)
+        for j in range(1, len(index)):
+            start[j] = start[j - 1] + width[j - 1]
+        rows_in_order = [start[j] + w for j in order for w in range(width[j])]
+        hidden = torch.cat([dec_hidden, pre_hidden.to(dec_hidden.dtype)])[torch.tensor(rows_in_order, dtype=torch.long)]
         return PathResult([index[i] for i in order], hidden, prompt_logprobs)
