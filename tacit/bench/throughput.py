@@ -18,10 +18,11 @@ def run(
     progress=print,
 ) -> list[dict]:
     pairs = sample_lengths(dist, num_prompts, input_len, output_len, seed=0, max_total=max_model_len - 1)
-    prompts = random_prompts([i for i, _ in pairs], vocab)
-    requests = [(p, o) for p, (_, o) in zip(prompts, pairs)]
     best: dict[str, dict] = {}
     for r in range(repeats):
+        # New prompts (same lengths) every round: the same ones again would be prefix-cache hits.
+        prompts = random_prompts([i for i, _ in pairs], vocab, seed=r)
+        requests = [(p, o) for p, (_, o) in zip(prompts, pairs)]
         for e in engines:
             res = e.throughput(requests)
             if res is None:  # a peer that crashed or hung: reported by the caller
