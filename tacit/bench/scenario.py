@@ -132,7 +132,9 @@ def run_scenario(
         log(f"[{policy}] starting tacit serve --scheduling-policy {policy} {' '.join(server_args)}")
         with TacitServer(["--scheduling-policy", policy, *server_args]) as server:
             model = _model_name(server.url)
-            _load(server.url, model, specs[:2], float("inf"), seed)  # warm-up: first-step costs, page faults
+            # Warm-up (first-step costs, page faults) on prompts of its own: the measured ones
+            # would then be prefix-cache hits.
+            _load(server.url, model, workload(2, input_len, output_len, seed + 7), float("inf"), seed)
             if k == 0:
                 res, _ = _load(server.url, model, idle_specs[:idle_requests], float("inf"), seed, max_concurrency=1)
                 t = _stats([r.ttft for r in res if r.ok])
