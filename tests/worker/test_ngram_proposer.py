@@ -8,6 +8,7 @@ import pytest
 
 from tacit import LLM, SamplingParams
 from tacit.config.speculative import SPECULATIVE_METHODS, SpeculativeConfig, parse_speculative_config
+from tacit.engine.metrics import ServingMetrics
 from tacit.worker.drafter import DRAFT_PROPOSERS
 from tacit.worker.ngram_proposer import ngram_drafts
 from tacit.worker.speculative import build_drafter
@@ -71,6 +72,10 @@ def test_ngram_drafts_change_no_greedy_token_and_save_steps_on_repetition(tiny_l
             assert {t: round(lp.logprob, 4) for t, lp in x.items()} == {t: round(lp.logprob, 4) for t, lp in y.items()}
     stats = spec.engine.get_stats()
     assert 0 < stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens  # right and wrong ones
+    text = ServingMetrics(snapshot=stats).render_prometheus("m")
+    for name in ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens"):
+        value = getattr(stats, name.split(":")[1])
+        assert f'{name}{{model_name="m"}} {value}' in text
     alone = [LLM(path, dtype="float32", speculative_config=NGRAM).engine for _ in prompts]
     for engine, p in zip(alone, prompts):
         engine.add_request(p, params)
