@@ -39,6 +39,7 @@ from tacit.outputs import RequestOutput
 from tacit.sampling_params import SamplingParams
 from tacit.scheduling.errors import SLOUnattainableError
 from tacit.tokenizer import Tokenizer
+from tacit.worker.paths.base import finish
 
 # The handler-side types live in request_stream.py; they are re-exported here for the server.
 __all__ = [
@@ -272,15 +273,12 @@ class AsyncLLMEngine:
         in and let those the policy says may cut in prefill now (their own step, run here while
         this one waits), so an interactive request's first token does not wait for a loaded step
         to end."""
-        steps = self.engine.step_in_layers()
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
-            if not self._commands.empty():
-                self._apply_commands(block=False, adds_only=True)
-                self._deliver(self.engine.cut_in_step())
+        return finish(self.engine.step_in_layers(), self._cut_in)
+
+    def _cut_in(self) -> None:
+        if not self._commands.empty():
+            self._apply_commands(block=False, adds_only=True)
+            self._deliver(self.engine.cut_in_step())
 
     def _num_waiting_sequences(self) -> int:
         # Sequences, not parents: one request with n=100000 once queued 99,297 sequences past a

@@ -83,8 +83,9 @@ class KVCacheManager(ABC):
         """The request's first num_verified_tokens tokens are computed and kept: its blocks full
         of them may now be found by later requests (a no-op without a prefix cache)."""
 
-    def cached_prefix_blocks(self, block_hashes: list[BlockHash], pool: int) -> int:
-        """How many leading blocks of these hashes `pool` holds (where to place a request)."""
+    def cached_prefix_blocks(self, block_hashes: list[BlockHash], num_tokens: int, pool: int) -> int:
+        """How many leading blocks of a num_tokens request's hashes `pool` would hand it, as
+        get_computed_blocks would, without taking or counting anything (placement, estimates)."""
         return 0
 
     @abstractmethod

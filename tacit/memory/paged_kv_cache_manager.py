@@ -74,14 +74,19 @@ class PagedKVCacheManager(KVCacheManager):
     ) -> tuple[list[int], int]:
         if not self.enable_caching:
             return [], 0
-        usable = block_hashes[: (num_tokens - 1) // self.block_size]  # the last token is computed
-        blocks = self.pools[self._pool_of.get(request_id, 0)].lookup(usable)
+        blocks = self.pools[self._pool_of.get(request_id, 0)].lookup(self._usable(block_hashes, num_tokens))
         self.prefix_cache_queries += num_tokens
         self.prefix_cache_hits += len(blocks) * self.block_size
         return blocks, len(blocks) * self.block_size
 
-    def cached_prefix_blocks(self, block_hashes: list[BlockHash], pool: int) -> int:
-        return len(self.pools[pool].lookup(block_hashes)) if self.enable_caching else 0
+    def cached_prefix_blocks(self, block_hashes: list[BlockHash], num_tokens: int, pool: int) -> int:
+        if not self.enable_caching:
+            return 0
+        return len(self.pools[pool].lookup(self._usable(block_hashes, num_tokens)))
+
+    def _usable(self, block_hashes: list[BlockHash], num_tokens: int) -> list[BlockHash]:
+        """The blocks a hit may cover: never the one holding the last token (its logits are needed)."""
+        return block_hashes[: (num_tokens - 1) // self.block_size]
 
     def allocate_slots(
         self,

@@ -147,17 +147,27 @@ class Scheduler:
         """Tokens req has left to compute: for one not started yet, less the leading blocks the
         prefix cache holds for it now (what a policy's time estimates should count)."""
         left = req.num_tokens - req.num_computed_tokens
+        hashes = self._lookup_hashes(req)
+        if hashes is None:
+            return left
+        kv = self.kv
+        return left - kv.cached_prefix_blocks(hashes, req.num_tokens, kv.pool_of(req.request_id)) * kv.block_size
+
+    def _lookup_hashes(self, req: Request) -> list[bytes] | None:
+        """The block hashes of a request that may read the prefix cache, brought up to date; None
+        for one that may not: it has started (computed tokens or blocks), the cache is off, or it
+        wants prompt_logprobs (the scored positions need their logits, which a hit would skip;
+        like vLLM v1, it still offers its own blocks to later requests)."""
         kv = self.kv
         if (
             not kv.enable_caching
             or req.num_computed_tokens
-            or req.params.prompt_logprobs is not None
             or kv.num_blocks_of(req.request_id)
+            or req.params.prompt_logprobs is not None
         ):
-            return left
+            return None
         extend_block_hashes(req.block_hashes, req.all_token_ids, kv.block_size, req.cache_salt)
-        usable = req.block_hashes[: (req.num_tokens - 1) // kv.block_size]
-        return left - kv.cached_prefix_blocks(usable, kv.pool_of(req.request_id)) * kv.block_size
+        return req.block_hashes
 
     def _outranks(self, waiting: Request, running: Request) -> bool:
         if running.aged:
@@ -178,15 +188,13 @@ class Scheduler:
         most free blocks."""
         kv, rid = self.kv, req.request_id
         if kv.num_pools > 1 and not kv.num_blocks_of(rid):
-            hashes = req.block_hashes
-            if kv.enable_caching and not req.num_computed_tokens:
-                extend_block_hashes(hashes, req.all_token_ids, kv.block_size, req.cache_salt)
+            hashes = self._lookup_hashes(req)
             kv.place(
                 rid,
                 max(
                     range(kv.num_pools),
                     key=lambda p: (
-                        kv.cached_prefix_blocks(hashes, p) if hashes else 0,  # where its prefix is cached
+                        kv.cached_prefix_blocks(hashes, req.num_tokens, p) if hashes else 0,  # where it is cached
                         long and budget.long_left[p] > 0,
                         budget.of(p),
                         kv.num_free_blocks_in(p),
@@ -198,19 +206,11 @@ class Scheduler:
 
     def _prefix_hit(self, req: Request) -> list[int]:
         """The prefix cache's blocks for a request starting from nothing (fresh, or preempted to
-        be recomputed), its num_computed_tokens moved past them. None for a request that wants
-        prompt_logprobs: the scored positions need their logits, which a hit would skip (like
-        vLLM v1, it still offers its own blocks to later requests)."""
-        kv = self.kv
-        if (
-            not kv.enable_caching
-            or req.num_computed_tokens
-            or kv.num_blocks_of(req.request_id)
-            or req.params.prompt_logprobs is not None
-        ):
+        be recomputed), its num_computed_tokens moved past them ([] if it may not read the cache)."""
+        hashes = self._lookup_hashes(req)
+        if hashes is None:
             return []
-        extend_block_hashes(req.block_hashes, req.all_token_ids, kv.block_size, req.cache_salt)
-        blocks, req.num_computed_tokens = kv.get_computed_blocks(req.request_id, req.block_hashes, req.num_tokens)
+        blocks, req.num_computed_tokens = self.kv.get_computed_blocks(req.request_id, hashes, req.num_tokens)
         return blocks
 
     def _start(self, req: Request) -> None:

@@ -4,7 +4,6 @@ import os
 
 import pytest
 import torch
-from pausing import run_pausing
 
 from tacit import LLM, SamplingParams
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
@@ -175,7 +174,7 @@ def test_layer_by_layer_step_equals_one_call_and_lets_a_cut_in_run(tiny_model_fa
             assert engine.cut_in_step(), "the urgent request should have cut in"
 
     with torch.inference_mode():
-        by_layer = run_pausing(engine.runner.forward_steps(rows, True), hook).values
+        by_layer = finish(engine.runner.forward_steps(rows, True), hook).values
     assert len(calls) == engine.model.num_layers - 1  # one boundary between each two layers
     assert torch.equal(one_call, by_layer)
     assert engine.get_stats().num_cut_ins == 1

@@ -2,9 +2,9 @@
 and nobody's tokens change for it (greedy, float32, so every run must match token for token)."""
 
 import pytest
-from pausing import run_pausing
 
 from tacit import LLM, SamplingParams
+from tacit.worker.paths.base import finish
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 BATCH = [[5 + i] * (20 + 3 * i) for i in range(3)]
@@ -30,7 +30,7 @@ def _run_with_arrival(path: str, policy: str, urgent_priority: int = 0, **kw):
             state["urgent"] = e.add_request(URGENT, PARAMS, priority=urgent_priority)
         state["cut_in_outputs"] += e.cut_in_step()
 
-    run_pausing(e.step_in_layers(), between_layers)
+    finish(e.step_in_layers(), between_layers)
     done = {}
     while e.has_unfinished_requests():
         for out in e.step():
@@ -105,5 +105,5 @@ def test_a_cut_in_runs_beside_the_paused_step_not_inside_it(tiny_llama):
             urgent.append(e.add_request(URGENT, PARAMS, priority=0))
             assert e.cut_in_step(), "the urgent request should have cut in"
 
-    run_pausing(e.step_in_layers(), at_pause)
+    finish(e.step_in_layers(), at_pause)
     assert e.get_stats().num_cut_ins == 1 and depths[-2:] == [1, 1]

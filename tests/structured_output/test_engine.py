@@ -7,10 +7,10 @@ import json
 import re
 
 import pytest
-from pausing import run_pausing
 
 from tacit import LLM, SamplingParams, StructuredOutputsParams
 from tacit.structured_output.grammar import closed_objects
+from tacit.worker.paths.base import finish
 
 PROMPT = "Paris is the capital of"
 SCHEMA = {
@@ -182,7 +182,7 @@ def test_constrained_request_cutting_in_mid_step(tiny_llama):
             arrived.append(e.add_request(urgent, urgent_params, priority=0))
         e.cut_in_step()
 
-    run_pausing(e.step_in_layers(), between_layers)
+    finish(e.step_in_layers(), between_layers)
     done = {}
     while e.has_unfinished_requests():
         for out in e.step():

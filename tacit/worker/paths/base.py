@@ -31,13 +31,16 @@ T = TypeVar("T")
 Steps = Generator[None, None, T]
 
 
-def finish(steps: Steps[T]) -> T:
-    """Run a pausable forward to its end without pausing it anywhere (what nobody interleaves)."""
+def finish(steps: Steps[T], at_pause: Callable[[], None] | None = None) -> T:
+    """Run a pausable step to its end: the one driver of every pausable forward. at_pause() runs
+    in each pause (the online engine's cut-ins); without it nothing is interleaved."""
     while True:
         try:
             next(steps)
         except StopIteration as done:
             return done.value
+        if at_pause is not None:
+            at_pause()
 
 
 class PathResult(NamedTuple):
