@@ -152,6 +152,10 @@ class KVCacheConfig:
     # first bandwidth, memory/swap.py); None when swapping is off. A measurement, not part of
     # what the pool is: left out of equality, so two ranks' configs compare equal.
     swap_bytes_per_s: float | None = field(default=None, compare=False)
+    # The block hashes the prefix cache's second tier holds at start (a disk tier's valid files,
+    # least recently written first; the same on every rank, worker/rank.py). Left out of
+    # equality for the same reason.
+    offloaded_block_hashes: tuple[bytes, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if not self.kv_cache_groups:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,11 @@ class CacheConfig:
     # The prefix cache (vLLM's name; on by default, as there): full blocks of verified tokens
     # shared between requests by a hash chain, so a hit skips their prefill.
     enable_prefix_caching: bool = True
+    # The prefix cache's second tier (memory/kv_offload.py): GiB that blocks evicted from the
+    # pool move to (vLLM's --kv-offloading-size), 0 for none; in files under kv_offloading_dir
+    # (kept across restarts) when it is set, else in host memory.
+    kv_offloading_size: float = 0.0
+    kv_offloading_dir: str | None = None
 
     def __post_init__(self) -> None:
         parse_kv_cache_dtype(self.cache_dtype, torch.float32)  # refuses an unknown one, naming the valid
@@ -35,5 +41,14 @@ class CacheConfig:
             raise ValueError(f"kv_cache_memory={self.kv_cache_memory!r} is invalid: must be a byte count > 0")
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching={self.enable_prefix_caching!r} is invalid: must be true or false")
+        size = self.kv_offloading_size
+        if not isinstance(size, (int, float)) or not math.isfinite(size) or size < 0:
+            raise ValueError(f"kv_offloading_size={size!r} is invalid: must be GiB >= 0 (0: no second tier)")
+        if size and not self.enable_prefix_caching:
+            raise ValueError("kv_offloading_size > 0 needs the prefix cache: it holds the blocks the cache evicts")
+        if self.kv_offloading_dir is not None and not size:
+            raise ValueError(
+                f"kv_offloading_dir={self.kv_offloading_dir!r} needs kv_offloading_size > 0: the GiB the tier may hold"
+            )
         if not isinstance(self.swap_space, (int, float)) or self.swap_space < 0:
             raise ValueError(f"swap_space={self.swap_space!r} is invalid: must be GiB >= 0 (0 turns swapping off)")

@@ -204,6 +204,12 @@ class EngineArgs(Knobs):
         const=False,
         cli_help="compute every prompt token: no KV block is shared between requests",
     )
+    kv_offloading_size: float = knob(
+        0.0, "cache", "GiB of a second prefix-cache tier for blocks evicted from the pool (0: none)", type=float
+    )
+    kv_offloading_dir: str | None = knob(
+        None, "cache", "keep that tier in files here, across restarts (else in host memory)", shown="host memory"
+    )
     # ---- scheduler ----
     scheduling_policy: str = knob(
         config_default(SchedulerConfig, "policy"), "scheduler", "fcfs | priority | sjf | sla", key="policy"
@@ -339,6 +345,8 @@ class EngineArgs(Knobs):
             swap_space=0 if self.data_parallel_attention else self.swap_space,
             cache_dtype=self.kv_cache_dtype,
             enable_prefix_caching=self.enable_prefix_caching,
+            kv_offloading_size=self.kv_offloading_size,
+            kv_offloading_dir=self.kv_offloading_dir,
         )
 
     def create_scheduler_config(self, max_model_len: int | None = None) -> SchedulerConfig:

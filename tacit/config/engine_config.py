@@ -36,6 +36,11 @@ class EngineConfig:
                 "preemption_mode='swap' with data_parallel_attention: a resumed request may land on another rank's "
                 "KV pool, so preemption recomputes there; use preemption_mode 'auto' or 'recompute'"
             )
+        if self.cache.kv_offloading_size and self.parallel.data_parallel_attention:
+            raise ValueError(
+                "kv_offloading_size > 0 with data_parallel_attention: the second tier serves one KV pool, and "
+                "data-parallel attention keeps one per rank; turn one of them off"
+            )
         if self.scheduler.preemption_mode == "swap" and not self.cache.swap_space:
             raise ValueError("preemption_mode='swap' needs swap_space > 0 (GiB of host memory for swapped KV)")
         if (

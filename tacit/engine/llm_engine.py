@@ -24,6 +24,7 @@ from tacit.engine.metrics import EngineSnapshot
 from tacit.engine.output_processor import OutputProcessor
 from tacit.kv_cache_interface import KVCacheConfig
 from tacit.loader import ModelSource, open_model
+from tacit.memory.kv_offload import KVOffloadIndex
 from tacit.memory.paged_kv_cache_manager import PagedKVCacheManager
 from tacit.memory.swap import SwapSpace
 from tacit.outputs import ModelRunnerOutput, RequestOutput
@@ -48,6 +49,7 @@ class LLMEngine:
         elif model is not None or kwargs:
             raise ValueError("pass LLMEngine either engine_args or keyword arguments, not both")
         self.engine_args = engine_args
+        self._closed = False
         platform = get_platform(engine_args.device)
         self.platform = platform
         source: ModelSource = open_model(engine_args.model)
@@ -110,7 +112,16 @@ class LLMEngine:
                 kv_config.bytes_per_block,
                 kv_config.swap_bytes_per_s,
             )
-        kv = PagedKVCacheManager.from_kv_cache_config(kv_config, self.config.cache.enable_prefix_caching)
+        cache = self.config.cache
+        offload = None
+        if cache.kv_offloading_size:
+            offload = KVOffloadIndex(
+                int(cache.kv_offloading_size * (1 << 30)) // kv_config.bytes_per_block,
+                kv_config.offloaded_block_hashes,
+            )
+        kv = PagedKVCacheManager.from_kv_cache_config(
+            kv_config, cache.enable_prefix_caching, record_evictions=offload is not None
+        )
         # The logits' width (vocab_size), which may exceed the tokenizer's: padding ids stay masked.
         structured_output = StructuredOutputManager(self.tokenizer, model_cfg.hf["vocab_size"], model_cfg.eos_token_ids)
         self.scheduler = Scheduler(
@@ -118,6 +129,7 @@ class LLMEngine:
             kv,
             get_policy(scheduling_policy),
             swapper=swapper,
+            offload=offload,
             eos_token_ids=model_cfg.eos_token_ids,
             structured_output=structured_output,
         )
@@ -172,7 +184,14 @@ class LLMEngine:
         self._hand_over_finished_when_idle()
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers, if any (they also exit when this process does)."""
+        """Save the prefix cache to its second tier when that is on disk (so a restart finds it),
+        then stop the tensor-parallel workers, if any (they also exit when this process does)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.scheduler.offload is not None and self.config.cache.kv_offloading_dir is not None:
+            self._run(self.scheduler.save_prefix_cache())
+        self.runner.close()
         self.executor.shutdown()
 
     def has_unfinished_requests(self) -> bool:

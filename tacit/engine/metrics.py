@@ -55,6 +55,11 @@ class EngineSnapshot:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     kv_blocks_cached: int = 0
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
+    kv_offload_blocks: int = 0
+    kv_offload_stored: int = 0
+    kv_offload_loaded: int = 0
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     # Streamed MoE experts (--expert-cache-memory; memory/expert_cache.py ExpertCacheStats).
@@ -91,6 +96,11 @@ class EngineSnapshot:
             prefix_cache_queries=s.prefix_cache_queries,
             prefix_cache_hits=s.prefix_cache_hits,
             kv_blocks_cached=s.kv_blocks_cached,
+            external_prefix_cache_queries=s.external_prefix_cache_queries,
+            external_prefix_cache_hits=s.external_prefix_cache_hits,
+            kv_offload_blocks=s.kv_offload_blocks,
+            kv_offload_stored=s.kv_offload_stored,
+            kv_offload_loaded=s.kv_offload_loaded,
             spec_decode_num_draft_tokens=s.spec_decode_num_draft_tokens,
             spec_decode_num_accepted_tokens=s.spec_decode_num_accepted_tokens,
         )
@@ -157,6 +167,37 @@ class ServingMetrics:
             s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0,
         )
         metric("tacit_kv_blocks_cached", "gauge", "KV blocks the prefix cache can hand out.", s.kv_blocks_cached)
+        # The second tier (--kv-offloading-size): vLLM's names for a KV connector's hits.
+        for name in ("vllm:external_prefix_cache_queries", "tacit_kv_offload_queries_total"):
+            metric(
+                name,
+                "counter",
+                "Prompt tokens looked up in the KV offloading tier (past the pool's hit).",
+                s.external_prefix_cache_queries,
+            )
+        for name in ("vllm:external_prefix_cache_hits", "tacit_kv_offload_hits_total"):
+            metric(
+                name,
+                "counter",
+                "Prompt tokens loaded from the KV offloading tier (not computed).",
+                s.external_prefix_cache_hits,
+            )
+        metric(
+            "tacit_kv_offload_hit_rate",
+            "gauge",
+            "KV offloading tier hits over its queries, in tokens, since start (0 before any query).",
+            s.external_prefix_cache_hits / s.external_prefix_cache_queries if s.external_prefix_cache_queries else 0.0,
+        )
+        metric("tacit_kv_offload_blocks", "gauge", "KV blocks the offloading tier holds.", s.kv_offload_blocks)
+        metric(
+            "tacit_kv_offload_stored_total", "counter", "KV blocks stored in the offloading tier.", s.kv_offload_stored
+        )
+        metric(
+            "tacit_kv_offload_loaded_total",
+            "counter",
+            "KV blocks loaded from the offloading tier.",
+            s.kv_offload_loaded,
+        )
         metric(
             "vllm:spec_decode_num_draft_tokens",
             "counter",

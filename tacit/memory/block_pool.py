@@ -18,8 +18,11 @@ from tacit.memory.block_hash import BlockHash
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, record_evictions: bool = False) -> None:
+        """record_evictions: keep the (block, hash) of each cached block handed out for something
+        else, for take_evicted (the second tier stores them before they are written over)."""
         self.num_blocks = num_blocks
+        self._evicted: list[tuple[int, BlockHash]] | None = [] if record_evictions else None
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._ref = [0] * num_blocks
         self._block_of: dict[BlockHash, int] = {}
@@ -46,9 +49,22 @@ class BlockPool:
             cached = self._hash_of.pop(block, None)
             if cached is not None:  # evicted: its tokens are about to be written over
                 del self._block_of[cached]
+                if self._evicted is not None:
+                    self._evicted.append((block, cached))
             self._ref[block] = 1
             out.append(block)
         return out
+
+    def take_evicted(self) -> list[tuple[int, BlockHash]]:
+        """The (block, hash) of every cached block allocate handed out since the last call."""
+        out, self._evicted = self._evicted or [], [] if self._evicted is not None else None
+        return out
+
+    def cached_blocks(self) -> list[tuple[int, BlockHash]]:
+        """Every cached (block, hash): the ones requests hold, then the free ones from the most
+        recently freed (the order a tier of less room should keep them in)."""
+        held = [(b, h) for b, h in self._hash_of.items() if self._ref[b] > 0]
+        return held + [(b, self._hash_of[b]) for b in reversed(self._free) if b in self._hash_of]
 
     def free(self, blocks: Iterable[int]) -> None:
         """Drop one reference to each block; a block no one holds any more joins the free queue's

@@ -88,6 +88,22 @@ class KVCacheManager(ABC):
         get_computed_blocks would, without taking or counting anything (placement, estimates)."""
         return 0
 
+    def usable_prefix(self, block_hashes: list[BlockHash], num_tokens: int) -> list[BlockHash]:
+        """The hashes of the blocks a hit may cover for a num_tokens request: never the block
+        holding its last token (that token's logits are needed)."""
+        return block_hashes[: (num_tokens - 1) // self.block_size]
+
+    def take_evicted(self) -> list[tuple[int, BlockHash]]:
+        """The (block, hash) of every cached block handed out for something else since the last
+        call, while their tokens are still in them (a second tier stores them; memory/kv_offload.py).
+        Empty for a manager that does not record evictions."""
+        return []
+
+    def cached_blocks(self) -> list[tuple[int, BlockHash]]:
+        """Every (block, hash) the prefix cache holds, most valuable first (what a second tier
+        saves at shutdown). Empty without a prefix cache."""
+        return []
+
     @abstractmethod
     def num_verified_tokens(self, request_id: str) -> int:
         """The request's tokens whose KV is written and kept (0 if it holds no blocks)."""

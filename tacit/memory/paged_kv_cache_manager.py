@@ -24,23 +24,38 @@ from tacit.memory.kv_cache_manager import KVCacheManager
 
 
 class PagedKVCacheManager(KVCacheManager):
-    def __init__(self, num_blocks: int, block_size: int, num_pools: int = 1, enable_caching: bool = False) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        num_pools: int = 1,
+        enable_caching: bool = False,
+        record_evictions: bool = False,
+    ) -> None:
         """num_blocks per pool; num_pools: one per data-parallel attention rank (1 otherwise);
-        enable_caching: the prefix cache."""
+        enable_caching: the prefix cache; record_evictions: for a second tier (take_evicted),
+        which needs the prefix cache and one pool."""
         if num_pools < 1:
             raise ValueError(f"num_pools={num_pools} is invalid: must be >= 1")
+        if record_evictions and (not enable_caching or num_pools != 1):
+            raise ValueError(
+                f"a second KV tier needs the prefix cache on and one pool (enable_caching={enable_caching}, "
+                f"num_pools={num_pools})"
+            )
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.pools = [BlockPool(num_blocks) for _ in range(num_pools)]
+        self.pools = [BlockPool(num_blocks, record_evictions) for _ in range(num_pools)]
         self._block_ids: dict[str, list[int]] = {}
         self._pool_of: dict[str, int] = {}
         self._verified: dict[str, int] = {}
         self._num_cached: dict[str, int] = {}  # leading blocks of each request already cached
 
     @classmethod
-    def from_kv_cache_config(cls, config: KVCacheConfig, enable_caching: bool = False) -> PagedKVCacheManager:
+    def from_kv_cache_config(
+        cls, config: KVCacheConfig, enable_caching: bool = False, record_evictions: bool = False
+    ) -> PagedKVCacheManager:
         """The manager of the pool the worker allocated (Executor.kv_cache_config)."""
-        return cls(config.num_blocks, config.block_size, config.num_pools, enable_caching)
+        return cls(config.num_blocks, config.block_size, config.num_pools, enable_caching, record_evictions)
 
     @property
     def num_pools(self) -> int:
@@ -74,7 +89,7 @@ class PagedKVCacheManager(KVCacheManager):
     ) -> tuple[list[int], int]:
         if not self.enable_caching:
             return [], 0
-        blocks = self.pools[self._pool_of.get(request_id, 0)].lookup(self._usable(block_hashes, num_tokens))
+        blocks = self.pools[self._pool_of.get(request_id, 0)].lookup(self.usable_prefix(block_hashes, num_tokens))
         self.prefix_cache_queries += num_tokens
         self.prefix_cache_hits += len(blocks) * self.block_size
         return blocks, len(blocks) * self.block_size
@@ -82,11 +97,7 @@ class PagedKVCacheManager(KVCacheManager):
     def cached_prefix_blocks(self, block_hashes: list[BlockHash], num_tokens: int, pool: int) -> int:
         if not self.enable_caching:
             return 0
-        return len(self.pools[pool].lookup(self._usable(block_hashes, num_tokens)))
-
-    def _usable(self, block_hashes: list[BlockHash], num_tokens: int) -> list[BlockHash]:
-        """The blocks a hit may cover: never the one holding the last token (its logits are needed)."""
-        return block_hashes[: (num_tokens - 1) // self.block_size]
+        return len(self.pools[pool].lookup(self.usable_prefix(block_hashes, num_tokens)))
 
     def allocate_slots(
         self,
@@ -131,6 +142,12 @@ class PagedKVCacheManager(KVCacheManager):
         for i in range(done, full):
             pool.cache(table[i], block_hashes[i])
         self._num_cached[request_id] = full
+
+    def take_evicted(self) -> list[tuple[int, BlockHash]]:
+        return [e for p in self.pools for e in p.take_evicted()]
+
+    def cached_blocks(self) -> list[tuple[int, BlockHash]]:
+        return [e for p in self.pools for e in p.cached_blocks()]
 
     def num_verified_tokens(self, request_id: str) -> int:
         return self._verified.get(request_id, 0)

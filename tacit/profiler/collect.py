@@ -154,10 +154,15 @@ class Profiler:
         self._phase_before = now
         return out
 
+    def _cached_tokens(self) -> int:
+        """Prompt tokens not computed since start: the pool's hits and the second tier's."""
+        stats = self.engine.get_stats()
+        return stats.prefix_cache_hits + stats.external_prefix_cache_hits
+
     def step(self) -> StepRecord | None:
         """One LLMEngine.step(), timed; None when it ran no model step."""
         comm0 = self.runner.communication_seconds()
-        hits0 = self.engine.get_stats().prefix_cache_hits
+        hits0 = self._cached_tokens()
         self.timer.take()
         self._last_rows = None
         t0 = time.perf_counter()
@@ -166,7 +171,7 @@ class Profiler:
         spans = self.timer.take()
         phases = self._phase_times()
         comm1 = self.runner.communication_seconds()
-        cached = self.engine.get_stats().prefix_cache_hits - hits0
+        cached = self._cached_tokens() - hits0
         if self._last_rows is None:
             return None
         layers: dict[str, dict[str, float]] = {}

@@ -27,6 +27,10 @@ def build_scheduler_output(
     s._finished_req_ids = []
     if s.swapper is not None:
         out.swap_ops = s.swapper.take_ops()
+    if s.offload is not None:
+        # This step's allocations handed these cached blocks out: copy them down before it runs.
+        s.offload.store(s.kv.take_evicted())
+        out.kv_offload_ops = s.offload.take_ops()
     for req, n, new_blocks in scheduled:
         out.num_scheduled_tokens[req.request_id] = n
         if new_blocks is None:

@@ -36,6 +36,7 @@ from typing import Callable, Iterable
 from tacit.config import SchedulerConfig
 from tacit.memory.block_hash import extend_block_hashes
 from tacit.memory.kv_cache_manager import KVCacheManager
+from tacit.memory.kv_offload import KVOffloadIndex
 from tacit.memory.swap import SwapSpace
 from tacit.outputs import ModelRunnerOutput
 from tacit.scheduling import cut_in, output_builder, preemption, step_update
@@ -56,6 +57,7 @@ class Scheduler:
         policy: SchedulingPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
         swapper: SwapSpace | None = None,
+        offload: KVOffloadIndex | None = None,
         eos_token_ids: Iterable[int] = (),
         structured_output: StructuredOutputManager | None = None,
     ) -> None:
@@ -67,6 +69,7 @@ class Scheduler:
         self.cost = StepCostModel()  # learns every step's measured time (update_from_output)
         self.predictor = OutputLengthPredictor()  # learns every finished request's length
         self.swapper = swapper  # None: preemption always recomputes
+        self.offload = offload  # the prefix cache's second tier (None: blocks evicted are gone)
         self.eos_token_ids = frozenset(eos_token_ids)
         # Matchers of the requests with a grammar (None: this scheduler refuses them).
         self.structured_output = structured_output
@@ -151,7 +154,9 @@ class Scheduler:
         if hashes is None:
             return left
         kv = self.kv
-        return left - kv.cached_prefix_blocks(hashes, req.num_tokens, kv.pool_of(req.request_id)) * kv.block_size
+        pooled = kv.cached_prefix_blocks(hashes, req.num_tokens, kv.pool_of(req.request_id))
+        tiered = self.offload.peek(kv.usable_prefix(hashes, req.num_tokens)[pooled:]) if self.offload else 0
+        return left - (pooled + tiered) * kv.block_size
 
     def _lookup_hashes(self, req: Request) -> list[bytes] | None:
         """The block hashes of a request that may read the prefix cache, brought up to date; None
@@ -204,14 +209,21 @@ class Scheduler:
             )
         return kv.pool_of(rid)
 
-    def _prefix_hit(self, req: Request) -> list[int]:
+    def _prefix_hit(self, req: Request) -> tuple[list[int], list[bytes]]:
         """The prefix cache's blocks for a request starting from nothing (fresh, or preempted to
-        be recomputed), its num_computed_tokens moved past them ([] if it may not read the cache)."""
+        be recomputed), and the hashes of the blocks the second tier holds right after them, its
+        num_computed_tokens moved past both ([], [] if it may not read the cache)."""
         hashes = self._lookup_hashes(req)
         if hashes is None:
-            return []
-        blocks, req.num_computed_tokens = self.kv.get_computed_blocks(req.request_id, hashes, req.num_tokens)
-        return blocks
+            return [], []
+        kv = self.kv
+        blocks, req.num_computed_tokens = kv.get_computed_blocks(req.request_id, hashes, req.num_tokens)
+        if self.offload is None:
+            return blocks, []
+        rest = kv.usable_prefix(hashes, req.num_tokens)[len(blocks) :]
+        tiered = rest[: self.offload.lookup(rest, req.num_tokens - req.num_computed_tokens, kv.block_size)]
+        req.num_computed_tokens += len(tiered) * kv.block_size
+        return blocks, tiered
 
     def _start(self, req: Request) -> None:
         self.waiting.remove(req)
@@ -295,26 +307,35 @@ class Scheduler:
             if req is None:
                 break
             pool = self._place(req, budget, self._is_long(req))
-            hit = self._prefix_hit(req)  # its computed tokens now start past the cached blocks
+            # Its computed tokens now start past the cached blocks (the pool's, then the tier's).
+            hit, tiered = self._prefix_hit(req)
             long = self._is_long(req)
             n = self._chunk(req, budget.of(pool))
+            new_blocks = None
             if (
                 not n
                 or (n < req.num_tokens - req.num_computed_tokens and not chunked)
                 or (long and not budget.take_long_slot(pool))
-                or self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n, hit) is None
+                or (new_blocks := self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n, hit)) is None
             ):
-                if hit:
+                if hit or tiered:
                     req.num_computed_tokens = 0  # nothing was taken: it looks the prefix up again
                 break
+            if tiered:  # its first new blocks are filled from the tier before the step runs
+                self.offload.load(tiered, new_blocks[: len(tiered)])
             if req.num_cached_tokens < 0:
-                req.num_cached_tokens = len(hit) * self.kv.block_size
+                req.num_cached_tokens = (len(hit) + len(tiered)) * self.kv.block_size
             if self.swapper is not None and self.swapper.holds(req.request_id):
                 self.swapper.swap_in(req.request_id, self.kv.get_block_ids(req.request_id))
             self._start(req)
             scheduled.append((req, n, None))
             budget.spend(pool, n)
         return output_builder.build_scheduler_output(self, scheduled, preempted, drafts)
+
+    def save_prefix_cache(self) -> SchedulerOutput:
+        """A step that only stores the pool's cached blocks in the second tier (at shutdown)."""
+        self.offload.save_all(self.kv.cached_blocks())
+        return output_builder.build_scheduler_output(self, [], [])
 
     def may_cut_in(self, req: Request) -> bool:
         """Would req be prefilled inside the step in flight if it arrived now (blocks allowing)?"""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tacit.memory.kv_offload import OffloadOp
 from tacit.memory.swap import SwapOp
 from tacit.outputs import RawLogprobs, RawPromptLogprobs
 from tacit.sampling_params import SamplingParams
@@ -72,6 +73,10 @@ class SchedulerOutput:
     # KV copies to or from host memory that every rank's runner makes before the forward, in
     # order (preemption by swap; tacit/memory/swap.py).
     swap_ops: list[SwapOp] = field(default_factory=list)
+    # Copies between the pool and the prefix cache's second tier that every rank's runner makes
+    # before the forward: stores and discards first, then the swap ops, then loads
+    # (tacit/memory/kv_offload.py).
+    kv_offload_ops: list[OffloadOp] = field(default_factory=list)
     # Speculative decoding (vLLM's name): req_id -> the draft tokens this step verifies. They
     # are scheduled tokens: such a request's num_scheduled_tokens is 1 + len(drafts), its last
     # token and then the drafts, each computed (its KV written) as if accepted.
@@ -125,5 +130,12 @@ class SchedulerStats:
     prefix_cache_queries: int = 0  # prompt tokens looked up
     prefix_cache_hits: int = 0  # of them, found
     kv_blocks_cached: int = 0
+    # The second tier (memory/kv_offload.py): prompt tokens looked up there past the pool's hit,
+    # and found (vLLM's external_prefix_cache_*); the blocks it holds, stored and loaded.
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
+    kv_offload_blocks: int = 0
+    kv_offload_stored: int = 0
+    kv_offload_loaded: int = 0
     spec_decode_num_draft_tokens: int = 0  # draft tokens verified
     spec_decode_num_accepted_tokens: int = 0  # of them, accepted

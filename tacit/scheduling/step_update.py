@@ -149,7 +149,7 @@ def finish_request(s, request_id: str, reason: str, stop_reason: int | str | Non
 
 
 def make_stats(s) -> SchedulerStats:
-    swap = s.swapper
+    swap, tier = s.swapper, s.offload
     return SchedulerStats(
         num_running=len(s.running),
         num_waiting=len(s.waiting),
@@ -165,6 +165,11 @@ def make_stats(s) -> SchedulerStats:
         prefix_cache_queries=s.kv.prefix_cache_queries,
         prefix_cache_hits=s.kv.prefix_cache_hits,
         kv_blocks_cached=s.kv.num_cached_blocks,
+        external_prefix_cache_queries=tier.queries if tier else 0,
+        external_prefix_cache_hits=tier.hits if tier else 0,
+        kv_offload_blocks=tier.num_blocks if tier else 0,
+        kv_offload_stored=tier.num_stored if tier else 0,
+        kv_offload_loaded=tier.num_loaded if tier else 0,
         spec_decode_num_draft_tokens=s.num_draft_tokens,
         spec_decode_num_accepted_tokens=s.num_accepted_tokens,
     )

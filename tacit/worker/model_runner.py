@@ -40,6 +40,7 @@ from tacit.scheduling.scheduler_output import SchedulerOutput
 from tacit.worker.drafter import DraftProposer
 from tacit.worker.input_batch import PromptScores, Rows
 from tacit.worker.kv_allocation import allocate_kv_caches, kv_cache_groups, num_kv_blocks
+from tacit.worker.kv_offload_store import KVOffloadId, make_kv_offload_store
 from tacit.worker.paths import PathContext, PathResult
 from tacit.worker.paths.base import ExecutionPath, Steps, build_paths, finish, first_accepting
 from tacit.worker.paths.fused_binders import build_fused_decoder
@@ -63,9 +64,11 @@ class ModelRunner:
         free_memory: int,
         comm: Communicator | None = None,
         agree_num_blocks: Callable[[int], int] | None = None,
+        kv_offload_id: KVOffloadId | None = None,
     ) -> None:
         """comm: the tensor-parallel group's communicator (one rank of several); agree_num_blocks
-        turns this rank's KV block count into the one every rank uses (the smallest)."""
+        turns this rank's KV block count into the one every rank uses (the smallest);
+        kv_offload_id: who this rank is to the prefix cache's second tier, when there is one."""
         self.config = config
         self.model = model
         self.device = device
@@ -115,6 +118,10 @@ class ModelRunner:
         if self.swap_store is not None:
             probe = min(self.num_blocks, 4)  # one timed copy: the first cost comparison's bandwidth
             swap_bytes_per_s = probe * bytes_per_block / max(self.swap_store.probe(probe), 1e-9)
+        # The prefix cache's second tier: blocks evicted from the pool, kept below it.
+        self.kv_offload_store = (
+            make_kv_offload_store(config.cache, list(layers.values()), kv_offload_id) if kv_offload_id else None
+        )
         parallel = config.parallel
         # What this rank answers the engine (Executor.kv_cache_config): the engine reads nothing else of the pool.
         self.kv_cache_config = KVCacheConfig(
@@ -124,6 +131,7 @@ class ModelRunner:
             # Data-parallel attention: one pool of num_blocks per rank, each request in one of them.
             num_pools=parallel.tensor_parallel_size if parallel.data_parallel_attention and comm is not None else 1,
             swap_bytes_per_s=swap_bytes_per_s,
+            offloaded_block_hashes=tuple(self.kv_offload_store.held()) if self.kv_offload_store else (),
         )
         # Decode-only steps run as one C++ call when the model and CPU allow it.
         # Its rope tables cover every position a sequence can reach: no more than the pool
@@ -213,6 +221,11 @@ class ModelRunner:
             if state is not None:
                 state.settle(tokens)
 
+    def close(self) -> None:
+        """Finish what runs beside the steps (the second tier's file writes) before the process ends."""
+        if self.kv_offload_store is not None:
+            self.kv_offload_store.close()
+
     def execute(self, scheduler_output: SchedulerOutput, sample: bool = True) -> ModelRunnerOutput:
         """The whole step at once (see execute_steps)."""
         return finish(self.execute_steps(scheduler_output, pausable=False, sample=sample))
@@ -225,10 +238,17 @@ class ModelRunner:
         decoder-layer boundaries; the time it spends paused is left out of execute_s."""
         with torch.inference_mode():
             update_request_states(self.requests, scheduler_output)
-            # Before the forward: a swapped-out request's blocks may be this step's new blocks.
+            # Before the forward, in this order: blocks evicted to the second tier are copied out
+            # before anything writes them, a swapped-out request's blocks may be this step's new
+            # blocks, and loads fill new blocks last.
+            offload_ops = scheduler_output.kv_offload_ops
+            if offload_ops:
+                self.kv_offload_store.apply_stores(offload_ops)
             swap_blocks, swap_s = (
                 self.swap_store.apply(scheduler_output.swap_ops) if scheduler_output.swap_ops else (0, 0.0)
             )
+            if offload_ops:
+                self.kv_offload_store.apply_loads(offload_ops)
             if scheduler_output.is_empty():
                 return ModelRunnerOutput(swap_blocks=swap_blocks, swap_s=swap_s)
             rows = self.rows(scheduler_output)

@@ -8,6 +8,7 @@ forward (joining its collectives) without sampling.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import sys
@@ -22,8 +23,11 @@ from tacit.distributed.communicators import COMMUNICATORS
 from tacit.distributed.parallel_state import TensorParallel
 from tacit.kv_cache_interface import KVCacheConfig
 from tacit.loader import ModelSource, open_model
+from tacit.memory.kv_offload import OffloadOp
 from tacit.models.build import build_model
 from tacit.platforms import Platform, get_platform
+from tacit.worker.kv_offload_store import KVOffloadId
+from tacit.worker.model_fingerprint import model_fingerprint
 from tacit.worker.model_runner import ModelRunner
 from tacit.worker.step_channel import BroadcastChannel, PipeChannel
 
@@ -90,10 +94,27 @@ def load_rank(config: EngineConfig, source: ModelSource, platform: Platform, tp:
     )
     comm = make_communicator(platform, config.parallel.communicator) if tp.size > 1 else None
     agree = agree_num_blocks if tp.size > 1 else None
-    runner = ModelRunner(config, model, device, platform.free_memory_bytes(), comm, agree)
+    offload_id = None
+    if config.cache.kv_offloading_size:
+        offload_id = KVOffloadId(model_fingerprint(source, config, device.type), tp.rank, tp.size)
+    runner = ModelRunner(config, model, device, platform.free_memory_bytes(), comm, agree, offload_id)
     if tp.size > 1:  # the handshake: the engine keeps rank 0's, the same as every rank's
+        if runner.kv_offload_store is not None:
+            runner.kv_cache_config = agree_offloaded_blocks(runner)
         agree_kv_cache_config(runner.kv_cache_config)
     return runner
+
+
+def agree_offloaded_blocks(runner: ModelRunner) -> KVCacheConfig:
+    """A block is in the tier only if every rank holds its shard (one rank's file may have been
+    dropped as corrupt): the blocks all ranks hold, in rank 0's order, each rank discarding the
+    others (a collective)."""
+    held = list(runner.kv_cache_config.offloaded_block_hashes)
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, held)
+    common = set.intersection(*(set(h) for h in every))
+    runner.kv_offload_store.apply_stores([OffloadOp("discard", h) for h in held if h not in common])
+    return dataclasses.replace(runner.kv_cache_config, offloaded_block_hashes=tuple(h for h in every[0] if h in common))
 
 
 def torchrun_rank() -> tuple[int, int, int, int] | None:
@@ -132,6 +153,7 @@ def worker_main(
                 break
             runner.append_sampled(msg.sampled_req_ids, msg.sampled_token_ids)
             runner.execute(msg.scheduler_output, sample=False)
+        runner.close()
     except Exception as e:  # the driver sees the process end; say why here
         print(f"tacit: tensor-parallel worker rank {rank} failed: {type(e).__name__}: {e}", file=sys.stderr)
         raise
