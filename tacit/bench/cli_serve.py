@@ -37,9 +37,10 @@ def add_serve_parsers(bsub: argparse._SubParsersAction) -> None:
     sv.add_argument(
         "--scenario",
         default=None,
-        choices=SCENARIOS + PREFIX_SCENARIOS,
+        choices=SCENARIOS + PREFIX_SCENARIOS + ("restart",),
         help="start tacit servers and run this workload against each (no --url): mixed-priority one per "
-        "--policies; multi-turn and shared-prefix one with the prefix cache and one without, --rounds times",
+        "--policies; multi-turn and shared-prefix one with the prefix cache and one without, --rounds times; "
+        "restart: --groups prefixes before and after a server restart, with the disk tier and without",
     )
     sv.add_argument("--policies", default="fcfs,priority,sjf,sla", help="scheduling policies the scenario compares")
     sv.add_argument("--server-args", default="", help="extra `tacit serve` flags for the scenario's servers")
@@ -49,6 +50,7 @@ def add_serve_parsers(bsub: argparse._SubParsersAction) -> None:
     sv.add_argument("--prefix-tokens", type=int, default=2000, help="the shared system prompt / prefix (tokens)")
     sv.add_argument("--suffix-tokens", type=int, default=100, help="each user message / question (words ~ tokens)")
     sv.add_argument("--rounds", type=int, default=2, help="cache-on / cache-off pairs a prefix scenario runs")
+    sv.add_argument("--tier-gib", type=float, default=2.0, help="restart: the disk tier's --kv-offloading-size")
     sv.set_defaults(func=cmd_serve)
     wl = bsub.add_parser("workload", help="write a JSONL workload file (tacit bench serve's draw) for predict --serve")
     wl.add_argument("--out", required=True)
@@ -67,7 +69,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from tacit.bench import serve
 
-    if args.scenario in PREFIX_SCENARIOS:
+    if args.scenario in PREFIX_SCENARIOS or args.scenario == "restart":
         return cmd_prefix_scenario(args)
     if args.scenario:
         return cmd_scenario(args)
@@ -199,6 +201,8 @@ def cmd_prefix_scenario(args: argparse.Namespace) -> int:
     for name in ("groups", "group_size", "prefix_tokens", "suffix_tokens", "rounds", "output_len"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid: must be >= 1")
+    if args.scenario == "restart":
+        return cmd_restart_scenario(args)
     rows = prefix_scenarios.run_prefix_scenario(
         args.scenario,
         shlex.split(args.server_args),
@@ -217,6 +221,35 @@ def cmd_prefix_scenario(args: argparse.Namespace) -> int:
     )
     print(table(rows))
     for line in prefix_scenarios.verdicts(rows):
+        print(line)
+    write_json(args, {"rows": rows})
+    return 0
+
+
+def cmd_restart_scenario(args: argparse.Namespace) -> int:
+    import shlex
+
+    from tacit.bench import restart_scenario
+
+    if not args.tier_gib > 0:
+        raise ValueError(f"--tier-gib {args.tier_gib} is invalid: must be > 0")
+    rows = restart_scenario.run_restart_scenario(
+        shlex.split(args.server_args),
+        args.groups,
+        args.prefix_tokens,
+        args.suffix_tokens,
+        args.output_len,
+        args.rounds,
+        args.seed,
+        args.tier_gib,
+        log=log,
+    )
+    print(
+        f"scenario restart: {args.groups} prefixes of {args.prefix_tokens} tokens, a {args.suffix_tokens}-word "
+        f"question each before and after a restart, {args.output_len} tokens out"
+    )
+    print(table(rows))
+    for line in restart_scenario.verdicts(rows):
         print(line)
     write_json(args, {"rows": rows})
     return 0
