@@ -100,6 +100,13 @@ class SchedulingPolicy(ABC):
     def victim_key(self, req: Request) -> tuple:
         """Larger is preempted first."""
 
+    def victim_class(self, req: Request) -> tuple:
+        """The leading part of victim_key no other consideration may cross (priority, for the
+        policies that have it): preemption for blocks may pass over the policy's victim when it
+        frees none, for one in the same class that frees some (preemption.pick_victim_for_blocks),
+        never for one in another."""
+        return ()
+
     def outranks(self, waiting: Request, running: Request) -> bool:
         """May `waiting` preempt `running` to get in? FCFS never lets a newcomer preempt."""
         return False
@@ -132,6 +139,9 @@ class PriorityPolicy(SchedulingPolicy):
 
     def victim_key(self, req: Request) -> tuple:
         return (req.priority, req.arrival_time, req.arrival_seq)
+
+    def victim_class(self, req: Request) -> tuple:
+        return (req.priority,)
 
     def outranks(self, waiting: Request, running: Request) -> bool:
         return waiting.priority < running.priority

@@ -269,8 +269,8 @@ class Scheduler:
             while new_blocks is None:
                 # Only requests not yet given slots this step are candidates (they sit at i and
                 # after), and only those whose blocks share req's pool (data-parallel attention).
-                victim = preemption.pick_victim(
-                    self, [r for r in self.running[i:] if self.kv.same_pool(r.request_id, req.request_id)]
+                victim = preemption.pick_victim_for_blocks(
+                    self, [r for r in self.running[i:] if self.kv.same_pool(r.request_id, req.request_id)], req
                 )
                 self._preempt(victim, preempted)
                 if victim is req:
