@@ -277,6 +277,16 @@ class EngineArgs(Knobs):
         "(tacit serve; 0: never)",
         type=int,
     )
+    enable_cache_aware_scheduling: bool = knob(
+        config_default(SchedulerConfig, "enable_cache_aware_scheduling"),
+        "scheduler",
+        "with the prefix cache, waiting requests of equal rank (fcfs; priority within a priority) "
+        "that arrived in the same second go longest cached prefix first (SGLang's lpm)",
+        flag="--no-enable-cache-aware-scheduling",
+        action="store_const",
+        const=False,
+        cli_help="serve waiting requests of equal rank in arrival order, whatever the prefix cache holds of them",
+    )
 
     # ---- the scheduler's flags alone ---------------------------------------------------------
 
@@ -375,6 +385,7 @@ class EngineArgs(Knobs):
             slo_admission=self.slo_admission,
             preemption_mode=self.preemption_mode,
             cut_in_prefill_tokens=self.cut_in_prefill_tokens,
+            enable_cache_aware_scheduling=self.enable_cache_aware_scheduling,
         )
 
     def create_model_config(self, source: ModelSource, platform: Platform) -> ModelConfig:

@@ -51,6 +51,10 @@ class SchedulerConfig:
     # prompt tokens, is prefilled between two of that step's layers rather than after it (the
     # online engine only; fcfs never lets anyone cut in). 0: never. See DEFAULT_CUT_IN_PREFILL_TOKENS.
     cut_in_prefill_tokens: int = DEFAULT_CUT_IN_PREFILL_TOKENS
+    # With the prefix cache on: among waiting requests the policy ranks equal up to arrival (fcfs;
+    # priority within a priority), those with a longer cached prefix go first (SGLang's lpm, bounded
+    # against starving cache-cold requests; tacit/scheduling/prefix_order.py). False: arrival order.
+    enable_cache_aware_scheduling: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_long_partial_prefills"):
@@ -60,6 +64,10 @@ class SchedulerConfig:
         if not isinstance(self.enable_chunked_prefill, bool):
             raise ValueError(
                 f"enable_chunked_prefill={self.enable_chunked_prefill!r} is invalid: must be true or false"
+            )
+        if not isinstance(self.enable_cache_aware_scheduling, bool):
+            raise ValueError(
+                f"enable_cache_aware_scheduling={self.enable_cache_aware_scheduling!r} is invalid: must be true or false"
             )
         t = self.long_prefill_token_threshold
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:

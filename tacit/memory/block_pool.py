@@ -88,6 +88,10 @@ class BlockPool:
         """How many of these (cached) blocks sit in the free queue: a hit on them takes them out."""
         return sum(self._ref[b] == 0 for b in blocks)
 
+    def num_unshared_among(self, blocks: list[int]) -> int:
+        """How many of these held blocks no one else holds: what dropping this holder frees."""
+        return sum(self._ref[b] == 1 for b in blocks)
+
     def touch(self, blocks: list[int]) -> None:
         """A request takes a reference to cached blocks it hit."""
         for block in blocks:

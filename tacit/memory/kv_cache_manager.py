@@ -116,6 +116,13 @@ class KVCacheManager(ABC):
     def num_blocks_of(self, request_id: str) -> int: ...
 
     @abstractmethod
+    def num_unshared_blocks(self, request_id: str) -> int:
+        """The request's blocks no other request holds: how many free() would return to the free
+        queue now. Blocks it shares through the prefix cache stay held by the others, so a
+        request whose blocks are all shared frees nothing (what preemption asks before choosing
+        a victim for room)."""
+
+    @abstractmethod
     def free(self, request_id: str) -> None:
         """Give back the request's blocks (finished, or preempted: placed anew when it next gets blocks)."""
 

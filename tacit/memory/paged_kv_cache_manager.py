@@ -158,6 +158,9 @@ class PagedKVCacheManager(KVCacheManager):
     def num_blocks_of(self, request_id: str) -> int:
         return len(self._block_ids.get(request_id, ()))
 
+    def num_unshared_blocks(self, request_id: str) -> int:
+        return self.pools[self._pool_of.get(request_id, 0)].num_unshared_among(self._block_ids.get(request_id, []))
+
     def free(self, request_id: str) -> None:
         pool = self._pool_of.pop(request_id, 0)
         self._verified.pop(request_id, None)

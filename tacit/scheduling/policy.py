@@ -9,6 +9,9 @@ sjf: priority first, then shortest predicted output first (OutputLengthPredictor
 answers leave the batch sooner, so fewer requests wait behind long ones (mean latency).
 sla: by slack against TTFT/TPOT targets, with admission control (tacit/scheduling/sla.py).
 
+With the prefix cache, fcfs and priority serve the requests of one class (all; one priority) that
+arrived in the same second longest cached prefix first (prefix_order.py, arrival_class).
+
 Every policy but fcfs is bounded by the scheduler's aging rule (SchedulerConfig.aging_s): a
 request that has waited that long goes ahead of all that have not, so none starves.
 """
@@ -100,6 +103,20 @@ class SchedulingPolicy(ABC):
     def victim_key(self, req: Request) -> tuple:
         """Larger is preempted first."""
 
+    def victim_class(self, req: Request) -> tuple:
+        """The leading part of victim_key no other consideration may cross (priority, for the
+        policies that have it): preemption for blocks may pass over the policy's victim when it
+        frees none, for one in the same class that frees some (preemption.pick_victim_for_blocks),
+        never for one in another."""
+        return ()
+
+    def arrival_class(self, req: Request) -> tuple | None:
+        """The part of waiting_key ahead of arrival order (fcfs: nothing; priority: the
+        priority): requests of one class are served by arrival, and cache-aware scheduling may
+        put those with a longer cached prefix first among them (prefix_order.py). None for a
+        policy whose order within a class is its own (sjf: predicted length; sla: slack)."""
+        return None
+
     def outranks(self, waiting: Request, running: Request) -> bool:
         """May `waiting` preempt `running` to get in? FCFS never lets a newcomer preempt."""
         return False
@@ -124,6 +141,9 @@ class FCFSPolicy(SchedulingPolicy):
     def victim_key(self, req: Request) -> tuple:
         return (req.arrival_time, req.arrival_seq)
 
+    def arrival_class(self, req: Request) -> tuple | None:
+        return ()
+
 
 @register_policy("priority")
 class PriorityPolicy(SchedulingPolicy):
@@ -132,6 +152,12 @@ class PriorityPolicy(SchedulingPolicy):
 
     def victim_key(self, req: Request) -> tuple:
         return (req.priority, req.arrival_time, req.arrival_seq)
+
+    def victim_class(self, req: Request) -> tuple:
+        return (req.priority,)
+
+    def arrival_class(self, req: Request) -> tuple | None:
+        return (req.priority,)
 
     def outranks(self, waiting: Request, running: Request) -> bool:
         return waiting.priority < running.priority
@@ -149,3 +175,6 @@ class SJFPolicy(PriorityPolicy):
 
     def victim_key(self, req: Request) -> tuple:
         return (req.priority, predicted_remaining(req), req.arrival_time, req.arrival_seq)
+
+    def arrival_class(self, req: Request) -> tuple | None:
+        return None  # shortest predicted output first within a priority, not arrival

@@ -5,6 +5,16 @@ docstring; Scheduler._preempt carries a decision out).
 A request that has aged past SchedulerConfig.aging_s is a victim only when every candidate
 has: the aging bound promises it will not be pushed out again once it got in.
 
+A victim is preempted for its blocks, and with the prefix cache some of its blocks may be
+shared with other running requests: those stay held, so a victim whose blocks are all shared
+frees nothing and loses its work for nothing. When the policy's victim is such a one, the
+policy's next choice in the same class (same priority) that frees at least one block goes
+instead; never one of another class, so priority order holds. Among the candidates that free
+something the policy's order still decides, rather than "whoever frees the most": the most
+blocks belong to the oldest, longest request, and preempting it first would throw away the most
+computed work and let it be preempted again each time it resumes (fcfs preempts the newest so
+the oldest always finishes).
+
 Each function takes the Scheduler as `s`, untyped: importing Scheduler here would close an
 import cycle (scheduler.py imports this module).
 """
@@ -25,8 +35,27 @@ def should_swap(s, request: Request, num_blocks: int) -> bool:
 
 
 def pick_victim(s, candidates: list[Request]) -> Request:
+    """The request to preempt for a batch slot (max_num_seqs): the policy's victim."""
     fresh = [r for r in candidates if not r.aged]
     return s.policy.pick_victim(fresh or candidates)
+
+
+def pick_victim_for_blocks(s, candidates: list[Request], requester: Request | None = None) -> Request:
+    """The request to preempt for KV blocks: the policy's victim, unless it frees no block (all
+    its blocks are shared), then the policy's next in the same class that frees one. requester
+    (the request the room is for, among the candidates) ends the walk: reaching it, it yields
+    its own blocks rather than take those of someone the policy ranks below it."""
+    fresh = [r for r in candidates if not r.aged] or candidates
+    victim = s.policy.pick_victim(fresh)
+    cls = s.policy.victim_class(victim)
+    rest = [r for r in fresh if s.policy.victim_class(r) == cls]
+    choice = victim
+    while choice is not requester and not s.kv.num_unshared_blocks(choice.request_id):
+        rest.remove(choice)
+        if not rest:
+            return victim  # no one in its class frees anything: the policy's choice stands
+        choice = s.policy.pick_victim(rest)
+    return choice
 
 
 def make_room_for_urgent(s, preempted: list[Request]) -> None:
@@ -44,6 +73,6 @@ def make_room_for_urgent(s, preempted: list[Request]) -> None:
         short_of_blocks = need > s.kv.num_free_blocks
         if not (short_of_slots or short_of_blocks) or not outranked:
             return
-        victim = pick_victim(s, outranked)
+        victim = pick_victim_for_blocks(s, outranked) if short_of_blocks else pick_victim(s, outranked)
         outranked.remove(victim)
         s._preempt(victim, preempted)

@@ -43,6 +43,7 @@ from tacit.scheduling import cut_in, output_builder, preemption, step_update
 from tacit.scheduling.cost_model import StepCostModel
 from tacit.scheduling.length_predictor import OutputLengthPredictor
 from tacit.scheduling.policy import FCFSPolicy, SchedulerView, SchedulingPolicy
+from tacit.scheduling.prefix_order import PrefixOrder
 from tacit.scheduling.request import Request, RequestStatus
 from tacit.scheduling.scheduler_output import EngineCoreOutput, SchedulerOutput, SchedulerStats
 from tacit.scheduling.step_budget import StepBudget
@@ -81,6 +82,7 @@ class Scheduler:
         self.num_draft_tokens = self.num_accepted_tokens = 0  # speculative decoding, since start
         self._finished_req_ids: list[str] = []  # for the runner, with the next SchedulerOutput
         self.view = SchedulerView(self)
+        self.prefix_order = PrefixOrder(self)  # the waiting queue's cache-aware order
 
     @property
     def prefill_tokens_per_step(self) -> int:
@@ -130,13 +132,13 @@ class Scheduler:
         preempted.append(request)
 
     def _waiting_key(self, req: Request) -> tuple:
-        # Aged requests first (FCFS among them), then the policy's order.
+        # Aged requests first (FCFS among them), then the policy's order (cache-aware: prefix_order.py).
         aging = self.config.aging_s
         if not req.aged and aging is not None and self.now - req.arrival_time >= aging:
             req.aged = True
         if req.aged:
             return (0, req.arrival_time, req.arrival_seq)
-        return (1, *self.policy.waiting_key(req, self.view))
+        return (1, *self.prefix_order.waiting_key(req))
 
     def _next_waiting(self, short_only: bool = False) -> Request | None:
         pool = [r for r in self.waiting if not self._is_long(r)] if short_only else self.waiting
@@ -247,6 +249,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         self.now = self.clock()
+        self.prefix_order.begin_step()
         scheduled: list[tuple[Request, int, list[int] | None]] = []
         preempted: list[Request] = []
         drafts: dict[str, list[int]] = {}
@@ -281,8 +284,8 @@ class Scheduler:
             while new_blocks is None:
                 # Only requests not yet given slots this step are candidates (they sit at i and
                 # after), and only those whose blocks share req's pool (data-parallel attention).
-                victim = preemption.pick_victim(
-                    self, [r for r in self.running[i:] if self.kv.same_pool(r.request_id, req.request_id)]
+                victim = preemption.pick_victim_for_blocks(
+                    self, [r for r in self.running[i:] if self.kv.same_pool(r.request_id, req.request_id)], req
                 )
                 self._preempt(victim, preempted)
                 if victim is req:

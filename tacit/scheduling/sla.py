@@ -101,6 +101,9 @@ class SLAPolicy(PriorityPolicy):
         # Lowest class first, then whoever's next token is due latest (no target: never due).
         return (req.priority, req.next_token_deadline, req.arrival_time, req.arrival_seq)
 
+    def arrival_class(self, req: Request) -> tuple | None:
+        return None  # least slack first within a priority, not arrival
+
     def estimate_ttft(self, req: Request, s: SchedulerView) -> tuple[float, int]:
         """(seconds to its first token if it joined the queue now, prefill tokens queued ahead)."""
         if s.may_cut_in(req):

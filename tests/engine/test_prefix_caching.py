@@ -134,3 +134,28 @@ def test_a_next_turn_hits_the_previous_answer_but_not_its_last_token(tiny_model_
     (want,), _ = _one_by_one(plain, [turn], params)
     assert got.num_cached_tokens == 16 and computed == [len(turn) - 16 + 6]
     assert got.outputs[0].token_ids == want.outputs[0].token_ids
+
+
+def test_cache_aware_order_serves_the_hit_first_and_changes_no_token(tiny_model_factory):
+    """One request a step: of a cold request and a later one whose prefix is cached (same
+    arrival time, so the same arrival window), the cached one goes first with the cache on and
+    second without; each one's tokens are the same either way (prefix_order.py)."""
+    _, _, path = tiny_model_factory("llama")
+    cold, hot = [70 + i for i in range(13)], PROMPTS[0] + [44]
+    outs, orders = {}, {}
+    for llm in _engines(path, max_num_seqs=1):
+        engine = llm.engine
+        _one_by_one(llm, [PROMPTS[0]])  # caches SHARED's blocks and more
+        a, b = engine.add_request(cold, GREEDY), engine.add_request(hot, GREEDY)
+        engine.scheduler.requests[b].arrival_time = engine.scheduler.requests[a].arrival_time
+        order, got = [], {}
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                if o.finished:
+                    order.append(o.request_id)
+                    got[o.request_id] = o.outputs[0].token_ids
+        caching = engine.scheduler.kv.enable_caching
+        outs[caching] = [got[a], got[b]]
+        orders[caching] = [{a: "cold", b: "hot"}[r] for r in order]
+    assert orders == {True: ["hot", "cold"], False: ["cold", "hot"]}
+    assert outs[True] == outs[False]
