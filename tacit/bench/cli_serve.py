@@ -5,6 +5,7 @@ requests as a JSONL workload file for `tacit predict --serve`."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from tacit.bench.cli_output import log, table, write_json
 from tacit.bench.prefix_scenarios import PREFIX_SCENARIOS
@@ -50,6 +51,18 @@ def add_serve_parsers(bsub: argparse._SubParsersAction) -> None:
     sv.add_argument("--prefix-tokens", type=int, default=2000, help="the shared system prompt / prefix (tokens)")
     sv.add_argument("--suffix-tokens", type=int, default=100, help="each user message / question (words ~ tokens)")
     sv.add_argument("--rounds", type=int, default=2, help="cache-on / cache-off pairs a prefix scenario runs")
+    sv.add_argument(
+        "--peer",
+        default=None,
+        choices=("llama.cpp",),
+        help="multi-turn: run the conversations against llama.cpp's server (its RAM prompt cache on) on the same "
+        ".gguf too, alternating with tacit; --max-concurrency 1 unless given",
+    )
+    sv.add_argument(
+        "--llama-cpp-python",
+        default=sys.executable,
+        help="--peer llama.cpp: the Python with llama-cpp-python[server] installed (default: this one)",
+    )
     sv.add_argument("--tier-gib", type=float, default=2.0, help="restart: the disk tier's --kv-offloading-size")
     sv.set_defaults(func=cmd_serve)
     wl = bsub.add_parser("workload", help="write a JSONL workload file (tacit bench serve's draw) for predict --serve")
@@ -203,6 +216,8 @@ def cmd_prefix_scenario(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid: must be >= 1")
     if args.scenario == "restart":
         return cmd_restart_scenario(args)
+    if args.peer is not None:
+        return cmd_peer_multi_turn(args)
     rows = prefix_scenarios.run_prefix_scenario(
         args.scenario,
         shlex.split(args.server_args),
@@ -214,6 +229,7 @@ def cmd_prefix_scenario(args: argparse.Namespace) -> int:
         args.rounds,
         args.seed,
         log=log,
+        max_concurrency=args.max_concurrency,
     )
     print(
         f"scenario {args.scenario}: {args.groups} x {args.group_size} requests, {args.prefix_tokens}-token shared "
@@ -221,6 +237,38 @@ def cmd_prefix_scenario(args: argparse.Namespace) -> int:
     )
     print(table(rows))
     for line in prefix_scenarios.verdicts(rows):
+        print(line)
+    write_json(args, {"rows": rows})
+    return 0
+
+
+def cmd_peer_multi_turn(args: argparse.Namespace) -> int:
+    import shlex
+
+    from tacit.bench import peer_multi_turn
+
+    if args.scenario != "multi-turn":
+        raise ValueError(f"--peer {args.peer} runs with --scenario multi-turn, not {args.scenario}")
+    concurrency = args.max_concurrency or 1
+    rows = peer_multi_turn.run_peer_multi_turn(
+        shlex.split(args.server_args),
+        args.llama_cpp_python,
+        args.groups,
+        args.group_size,
+        args.prefix_tokens,
+        args.suffix_tokens,
+        args.output_len,
+        args.rounds,
+        args.seed,
+        concurrency,
+        log=log,
+    )
+    print(
+        f"scenario multi-turn against {args.peer}: {args.groups} x {args.group_size} turns, {concurrency} at once, "
+        f"{args.prefix_tokens}-token system prompt, {args.suffix_tokens}-word messages, {args.output_len} tokens out"
+    )
+    print(table(rows))
+    for line in peer_multi_turn.verdicts(rows):
         print(line)
     write_json(args, {"rows": rows})
     return 0

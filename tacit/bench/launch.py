@@ -1,4 +1,5 @@
-"""Start a `tacit serve` subprocess on a free loopback port, wait until /health, stop it."""
+"""Start a server subprocess on a free loopback port (`tacit serve`, or llama.cpp's server as a
+peer), wait until it answers, stop it."""
 
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, output: Callable[[], str]) -> None:
-    """Return once GET /health answers 200; RuntimeError (with the server's output) if the
+def wait_healthy(
+    url: str, proc: subprocess.Popen, timeout_s: float, output: Callable[[], str], path: str = "/health"
+) -> None:
+    """Return once GET `path` answers 200; RuntimeError (with the server's output) if the
     process exits first or timeout_s passes."""
     import httpx
 
@@ -41,7 +44,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, output: Cal
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with {proc.returncode}:\n{output()}")
         try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+            if httpx.get(f"{url}{path}", timeout=1).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -61,19 +64,19 @@ def stop_process(proc: subprocess.Popen, timeout_s: float = 30.0) -> int:
     return proc.returncode
 
 
-class TacitServer:
-    def __init__(self, args: list[str], ready_timeout_s: float = 300.0) -> None:
+class ServerProcess:
+    """An OpenAI-compatible server in its own process: command(port) starts it; ready once GET
+    health_path answers 200."""
+
+    def __init__(self, command: Callable[[int], list[str]], health_path: str, ready_timeout_s: float) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty server never blocks
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tacit.cli", "serve", "--port", str(self.port), *args],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env=dict(os.environ),
+            command(self.port), stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ)
         )
         try:
-            wait_healthy(self.url, self.proc, ready_timeout_s, self.output)
+            wait_healthy(self.url, self.proc, ready_timeout_s, self.output, health_path)
         except RuntimeError:
             self.stop()
             raise
@@ -91,8 +94,51 @@ class TacitServer:
         stop_process(self.proc)
         self.log.close()
 
-    def __enter__(self) -> "TacitServer":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class TacitServer(ServerProcess):
+    def __init__(self, args: list[str], ready_timeout_s: float = 300.0) -> None:
+        super().__init__(
+            lambda port: [sys.executable, "-m", "tacit.cli", "serve", "--port", str(port), *args],
+            "/health",
+            ready_timeout_s,
+        )
+
+
+class LlamaCppServer(ServerProcess):
+    """llama-cpp-python's server (`python -m llama_cpp.server`, the bench extra with its [server]
+    deps) on a GGUF, with its prompt cache in RAM (`--cache true --cache_type ram`), on as many
+    threads as this process may use. python: the interpreter that has it installed."""
+
+    def __init__(self, gguf: str, n_ctx: int, python: str = sys.executable, ready_timeout_s: float = 300.0) -> None:
+        threads = str(len(os.sched_getaffinity(0)))
+        super().__init__(
+            lambda port: [
+                python,
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                gguf,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--n_ctx",
+                str(n_ctx),
+                "--n_threads",
+                threads,
+                "--n_threads_batch",
+                threads,
+                "--cache",
+                "true",
+                "--cache_type",
+                "ram",
+            ],  # fmt: skip
+            "/v1/models",
+            ready_timeout_s,
+        )

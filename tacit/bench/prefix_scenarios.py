@@ -69,8 +69,11 @@ def tool_definitions(num_tokens: int, count) -> str:
     return text
 
 
-async def _chat(client, url: str, model: str, messages: list[dict], max_tokens: int) -> tuple[Turn, str]:
+async def _chat(
+    client, url: str, model: str, messages: list[dict], max_tokens: int, extra: dict | None = None
+) -> tuple[Turn, str]:
     body = {
+        **(extra or {}),
         "model": model,
         "messages": messages,
         "max_tokens": max_tokens,
@@ -101,21 +104,35 @@ async def _chat(client, url: str, model: str, messages: list[dict], max_tokens: 
     return turn, "".join(text)
 
 
-async def _multi_turn(url: str, model: str, system: str, groups: int, turns: int, suffix: int, out: int, seed: int):
+async def _multi_turn(
+    url: str,
+    model: str,
+    system: str,
+    groups: int,
+    turns: int,
+    suffix: int,
+    out: int,
+    seed: int,
+    max_concurrency: int | None = None,
+    extra: dict | None = None,
+):
+    """max_concurrency: conversations at once (None: all); extra: fields every request adds."""
     import httpx
 
+    limit = asyncio.Semaphore(max_concurrency or groups)
     async with httpx.AsyncClient(timeout=httpx.Timeout(1200.0, connect=10.0)) as client:
 
         async def conversation(g: int) -> list[Turn]:
             rng = np.random.default_rng(seed * 1000 + g)
             messages = [{"role": "system", "content": system}]
             done = []
-            for t in range(turns):
-                messages.append({"role": "user", "content": _words(suffix, rng)})
-                turn, answer = await _chat(client, url, model, messages, out)
-                turn.group, turn.index = g, t
-                done.append(turn)
-                messages.append({"role": "assistant", "content": answer})
+            async with limit:
+                for t in range(turns):
+                    messages.append({"role": "user", "content": _words(suffix, rng)})
+                    turn, answer = await _chat(client, url, model, messages, out, extra)
+                    turn.group, turn.index = g, t
+                    done.append(turn)
+                    messages.append({"role": "assistant", "content": answer})
             return done
 
         t0 = time.perf_counter()
@@ -178,8 +195,10 @@ def run_prefix_scenario(
     rounds: int,
     seed: int,
     log=print,
+    max_concurrency: int | None = None,
 ) -> list[dict]:
-    """One summary row per run: cache on, then off, `rounds` times."""
+    """One summary row per run: cache on, then off, `rounds` times. max_concurrency: multi-turn
+    conversations at once (None: all of them)."""
     import httpx
 
     rows = []
@@ -193,7 +212,9 @@ def run_prefix_scenario(
                 count = _token_counter(url, model)
                 if scenario == "multi-turn":
                     system = tool_definitions(prefix_tokens, count)
-                    coro = _multi_turn(url, model, system, groups, group_size, suffix_tokens, output_len, seed)
+                    coro = _multi_turn(
+                        url, model, system, groups, group_size, suffix_tokens, output_len, seed, max_concurrency
+                    )
                 else:  # each group its own prefix: tools, then its own words
                     base = tool_definitions(prefix_tokens // 2, count)
                     rng = np.random.default_rng(seed + 1)
