@@ -1,8 +1,10 @@
 """The benchmark's plumbing (not its speed): workloads, SLO parsing, ratios, the CLI end to end."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -267,3 +269,64 @@ def test_prefix_scenarios_run_with_the_cache_on_and_off(tiny_llama, tmp_path, sc
     assert (on["cache"], off["cache"]) == ("on", "off") and on["requests"] == off["requests"] == 6
     assert off["cached_tokens"] == 0 and on["cached_tokens"] >= 4 * 48  # 4 later requests, 3 of 4 blocks at least
     assert on["prompt_tokens"] == off["prompt_tokens"] and "later-request TTFT" in r.stdout
+
+
+def test_restart_scenario_finds_the_prefixes_on_disk_only_with_the_tier(tiny_llama, tmp_path):
+    """Two 64-token prefixes answered, the server restarted, two new questions on them: with the
+    disk tier the prefixes' full blocks come back from its files; without it nothing is cached."""
+    out = tmp_path / "restart.json"
+    args = ["--groups", "2", "--prefix-tokens", "64", "--suffix-tokens", "6", "--output-len", "4"]
+    args += ["--rounds", "1", "--tier-gib", "0.01", "--json", str(out)]
+    r = subprocess.run(
+        [sys.executable, "-m", "tacit.cli", "bench", "serve", "--scenario", "restart", *args]
+        + ["--server-args", f"--model {tiny_llama[2]} --dtype float32"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    tier, plain = json.loads(out.read_text())["rows"]
+    assert (tier["tier"], plain["tier"]) == ("disk tier", "no tier") and tier["requests"] == 4
+    assert plain["after_cached_tokens"] == 0 and tier["after_cached_tokens"] >= 2 * 48  # 3 of 4+ blocks each
+    assert "TTFT after a restart" in r.stdout
+
+
+def test_multi_turn_against_llama_cpp_runs_its_server_as_the_issue_asks(tiny_llama, tmp_path):
+    """--peer llama.cpp on a stand-in of llama-cpp-python's server (the real one is an optional
+    extra): it is started on the same .gguf as tacit with its RAM prompt cache, gets the
+    conversations one at a time, and its requests ban end-of-sequence with logit_bias (it has no
+    ignore_eos)."""
+    from tacit.bench.peer_multi_turn import gguf_of
+    from tacit.loader.gguf_writer import export_hf_to_gguf
+
+    with pytest.raises(ValueError, match="needs a .gguf model"):
+        gguf_of(["--model", str(tiny_llama[2])])
+    gguf = export_hf_to_gguf(tiny_llama[2], tmp_path / "tiny.gguf")
+    log = tmp_path / "llama.jsonl"
+    env = dict(os.environ, FAKE_LLAMA_CPP_LOG=str(log))
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent / "fake_llama_cpp"), env.get("PYTHONPATH", "")])
+    out = tmp_path / "peer.json"
+    args = ["--groups", "2", "--group-size", "2", "--prefix-tokens", "64", "--suffix-tokens", "6"]
+    args += ["--output-len", "3", "--rounds", "1", "--json", str(out), "--peer", "llama.cpp"]
+    r = subprocess.run(
+        [sys.executable, "-m", "tacit.cli", "bench", "serve", "--scenario", "multi-turn", *args]
+        + ["--server-args", f"--model {gguf} --dtype float32"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    tacit, peer = json.loads(out.read_text())["rows"]
+    assert (tacit["engine"], peer["engine"]) == ("tacit", "llama.cpp") and tacit["requests"] == peer["requests"] == 4
+    assert tacit["cached_tokens"] > 0  # tacit's later turns hit its prefix cache
+    seen = [json.loads(line) for line in log.read_text().splitlines()]
+    argv = seen[0]["argv"]
+    assert argv[argv.index("--model") + 1] == str(gguf)
+    assert argv[argv.index("--cache") + 1] == "true" and argv[argv.index("--cache_type") + 1] == "ram"
+    bodies = [e["body"] for e in seen[1:]]
+    assert len(bodies) == 4 and all(b["logit_bias"] for b in bodies)
+    # One conversation at a time: the first conversation's two turns come before the second's.
+    systems = [b["messages"][0]["content"] for b in bodies]
+    assert [len(b["messages"]) for b in bodies] == [2, 4, 2, 4] and len(set(systems)) == 1
+    assert "lower with tacit" in r.stdout
