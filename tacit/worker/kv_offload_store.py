@@ -11,6 +11,7 @@ the pool; a load of a block still being written takes the copy held for the writ
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import ABC, abstractmethod
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,6 +24,8 @@ from tacit.config import CacheConfig
 from tacit.layers.kv_cache import KVCacheLayer
 from tacit.memory.kv_offload import OffloadOp
 from tacit.worker import kv_offload_disk
+
+logger = logging.getLogger("tacit.kv_offload")
 
 
 class KVOffloadStore(ABC):
@@ -119,6 +122,10 @@ class HostKVOffloadStore(KVOffloadStore):
         self._blocks.pop(block_hash, None)
 
 
+_KEPT: Future = Future()  # the "write" of a block kept in memory after its write failed: never done
+_KEPT.set_running_or_notify_cancel()
+
+
 class DiskKVOffloadStore(KVOffloadStore):
     """Offloaded blocks in files (worker/kv_offload_disk.py), written on one background thread."""
 
@@ -135,6 +142,7 @@ class DiskKVOffloadStore(KVOffloadStore):
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tacit-kv-offload")
         # Written or being written: the copy a load takes until the file is on disk.
         self._pending: dict[bytes, tuple[list[torch.Tensor], Future]] = {}
+        self._write_failed = False
 
     def held(self) -> list[bytes]:
         return list(self._held)
@@ -143,8 +151,23 @@ class DiskKVOffloadStore(KVOffloadStore):
         return self.directory / (block_hash.hex() + ".kv")
 
     def _prune(self) -> None:
+        """Forget the copies of blocks now on disk. A write that failed (a full disk) keeps its
+        block's copy in memory, so that the tier still holds what the scheduler's index says it
+        does, and says so once."""
         for h in [h for h, (_, f) in self._pending.items() if f.done()]:
-            self._pending.pop(h)[1].result()  # a write that failed raises here, naming its error
+            tensors, f = self._pending[h]
+            error = f.exception()
+            if error is None:
+                del self._pending[h]
+                continue
+            if not self._write_failed:
+                logger.warning(
+                    "KV offloading: writing to %s failed (%s); blocks that cannot be written stay in host memory",
+                    self.directory,
+                    error,
+                )
+                self._write_failed = True
+            self._pending[h] = (tensors, _KEPT)
 
     def _put(self, block_hash: bytes, tensors: list[torch.Tensor]) -> None:
         self._prune()

@@ -242,3 +242,31 @@ def test_the_tier_discards_its_least_recently_used_but_never_a_block_being_loade
     assert b"b" in tier and b"y" in tier and b"x" not in tier
     tier.save_all([(5, b"x"), (6, b"z")])  # no room: nothing held is discarded for it
     assert tier.take_ops() == []
+
+
+def test_a_full_disk_keeps_the_blocks_in_memory_and_says_so_once(tiny_model_factory, tmp_path, monkeypatch, caplog):
+    """Writes that fail (ENOSPC) leave the tier holding what its index says: the blocks stay in
+    host memory, a hit on them still loads them, and one warning names the directory."""
+    from tacit.worker import kv_offload_disk
+
+    def full(*args, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(kv_offload_disk, "write_block", full)
+    _, _, path = tiny_model_factory("llama")
+    sequence = [PROMPT, *OTHERS, PROMPT, *OTHERS, PROMPT]
+    with caplog.at_level(logging.WARNING, logger="tacit.kv_offload"):
+        llm = LLM(
+            str(path),
+            dtype="float32",
+            block_size=4,
+            num_kv_blocks=8,
+            kv_offloading_size=TIER,
+            kv_offloading_dir=str(tmp_path),
+        )
+        got, _ = _run(llm, sequence)
+    assert _tokens(got) == _plain(path, sequence)
+    assert [got[4].num_cached_tokens, got[-1].num_cached_tokens] == [12, 12]
+    warnings = [r.getMessage() for r in caplog.records if "No space left" in r.getMessage()]
+    assert len(warnings) == 1 and str(tmp_path) in warnings[0]
+    assert not list(tmp_path.rglob("*.kv"))
