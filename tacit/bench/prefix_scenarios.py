@@ -100,7 +100,9 @@ async def _chat(
                     text.append(piece)
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     ttft = ttft if ttft is not None else float("nan")
-    turn = Turn(0, 0, ttft, usage.get("completion_tokens", 0), cached, usage.get("prompt_tokens", 0))
+    # A server that sends no usage when streaming (llama.cpp's): one content delta a token.
+    out_tokens = usage.get("completion_tokens", len(text))
+    turn = Turn(0, 0, ttft, out_tokens, cached, usage.get("prompt_tokens", 0))
     return turn, "".join(text)
 
 
