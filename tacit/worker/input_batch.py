@@ -33,10 +33,24 @@ def prompt_tokens_scored(r: CachedRequestState, n: int) -> tuple[int, int]:
 
 
 def fusable(r: CachedRequestState, n: int) -> bool:
-    """One-token rows may run on the fused decoder, which hands back only the sampling rows'
-    hidden states; a row that scores a prompt token needs its own, from the torch path."""
+    """Decode rows may run on the fused decoder: one token, or a verify row (its last token and
+    the drafts after it, each run as a decode row of its own: the decoder writes every row's KV
+    of a layer before any row attends, so draft j sees the drafts before it). A row that scores
+    a prompt token needs its own hidden states, from the torch path."""
     first, end = prompt_tokens_scored(r, n)
-    return n == 1 and first == end
+    return n == 1 + r.num_draft_tokens and first == end
+
+
+def decode_row_sampled(rows: Rows) -> list[int]:
+    """Of the decode rows a fused step runs (each of `rows` as 1 + its drafts rows, in order),
+    those whose hidden states the sampler takes: every row of a request that samples (its last
+    token's and one per draft: logit_rows' order)."""
+    out, start = [], 0
+    for r, n in rows:
+        if samples(r, n):
+            out.extend(range(start, start + n))
+        start += n
+    return out
 
 
 class TorchInputs(NamedTuple):

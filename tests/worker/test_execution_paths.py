@@ -84,10 +84,12 @@ class _RepeatLast:
     reason="without the CPU kernels only the torch path exists in one process",
 )
 def test_paths_give_one_logits_row_per_verified_draft_as_the_torch_path_does(tiny_model_factory):
-    """Verify rows (a request's token and its drafts) beside one-token decodes: the split path
-    runs the decodes fused and the verify rows on torch and must put every row back in place."""
+    """Verify rows (a request's token and its drafts) beside one-token decodes: the fused decoder
+    runs each verify row as its tokens' rows, alone and inside a split step beside a prefill, and
+    every path must put every row back in place."""
     _, _, path = tiny_model_factory("llama")
     engine = LLM(str(path), dtype="bfloat16", block_size=4).engine
+    engine.scheduler.spec.min_tokens = 1 << 30  # every draft verified, whatever the controller would say
     runner = engine.runner
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     for p in ([5, 6, 7], list(range(10, 31)), [40] * 9, [3, 1, 4, 1, 5]):
@@ -111,8 +113,10 @@ def test_paths_give_one_logits_row_per_verified_draft_as_the_torch_path_does(tin
 
     runner.forward_steps = checking
     try:
-        for _ in range(3):
+        for _ in range(2):
             engine.step()
+        engine.add_request(list(range(50, 63)), params)  # a prefill beside the verifies: a split step
+        engine.step()
     finally:
         del runner.forward_steps
-    assert "split" in checked
+    assert {"split", "fused_decode"} <= checked

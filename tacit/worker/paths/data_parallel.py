@@ -17,6 +17,7 @@ from tacit.worker.input_batch import (
     Rows,
     TorchInputs,
     build_inputs,
+    decode_row_sampled,
     fusable,
     prompt_tokens_scored,
     samples,
@@ -52,7 +53,7 @@ class DataParallelPath(ExecutionPath):
             ctx.fused_decode.set_data_parallel_rows(sum(counts[: comm.rank]), sum(counts))
             with set_forward_context(None, dp):  # the vocabulary-split embedding gathers the ids
                 hidden = finish(fused_decode_hidden(ctx, own, False))
-            return hidden, hidden[[j for j, (r, n) in enumerate(own) if samples(r, n)]], None
+            return hidden, hidden[decode_row_sampled(own)], None
         built = build_inputs(own, ctx.block_size, ctx.attn_backend, ctx.device) if own else None
         if built is None:
             empty = torch.empty(0, dtype=torch.long, device=ctx.device)

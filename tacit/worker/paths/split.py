@@ -55,8 +55,8 @@ class SplitPath(HiddenStatesPath):
         pre_samples, pre_hidden, prompt_logprobs = yield from rest.hidden_steps(other_rows, pausable)
         index = [decodes[i] for i in dec_samples] + [others[i] for i in pre_samples]
         order = sorted(range(len(index)), key=index.__getitem__)
-        # Each sampling row's hidden rows: its last token's, and one per draft it verifies (only
-        # the torch side has drafts), contiguous; put back in scheduled order as blocks.
+        # Each sampling row's hidden rows: its last token's, and one per draft it verifies,
+        # contiguous on either side; put back in scheduled order as blocks.
         width = [1 + rows[i][0].num_draft_tokens for i in index]
         start = [0] * len(index)
         for j in range(1, len(index)):
