@@ -4,11 +4,22 @@ it proposes a step (the runner verifies them all in one forward: worker/sample_s
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields
 
 # The proposers tacit ships (worker/drafter.py registers one class per name; a test keeps the
 # two lists equal, since this module sits below the worker and cannot read its registry).
-SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_METHODS = ("ngram", "suffix")
+# Keys only one method reads: given with another method they are refused (a likely mistake).
+METHOD_KEYS = {
+    "ngram": ("prompt_lookup_max", "prompt_lookup_min"),
+    "suffix": (
+        "suffix_decoding_max_tree_depth",
+        "suffix_decoding_max_cached_requests",
+        "suffix_decoding_max_spec_factor",
+        "suffix_decoding_min_token_prob",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -19,16 +30,46 @@ class SpeculativeConfig:
     # looked for earlier in them; the tokens after the latest match are the drafts.
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 2
+    # The draft length controller's lower bound (scheduling/spec_controller.py): it verifies
+    # between this many and num_speculative_tokens of a request's drafts a step, as measured
+    # acceptance and step costs say; equal to num_speculative_tokens, every draft is verified.
+    min_speculative_tokens: int = 0
+    # suffix (vLLM's names, worker/suffix_proposer.py): the longest match looked for, the finished
+    # requests whose outputs are searched too, drafts per matched token, and the share of the
+    # earlier occurrences a draft token must be the majority continuation of.
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 1000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
             raise ValueError(
                 f"speculative_config method={self.method!r} is not known; valid: {', '.join(SPECULATIVE_METHODS)}"
             )
-        for name in ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"):
+        for name in (
+            "num_speculative_tokens",
+            "prompt_lookup_max",
+            "prompt_lookup_min",
+            "suffix_decoding_max_tree_depth",
+            "suffix_decoding_max_cached_requests",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"speculative_config {name}={v!r} is invalid: must be an integer >= 1")
+        for name, low, high in (
+            ("suffix_decoding_max_spec_factor", 0.0, math.inf),
+            ("suffix_decoding_min_token_prob", 0.0, 1.0),
+        ):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (low < v <= high) or math.isnan(v):
+                raise ValueError(f"speculative_config {name}={v!r} is invalid: must be a number in ({low}, {high}]")
+        m = self.min_speculative_tokens
+        if not isinstance(m, int) or isinstance(m, bool) or not 0 <= m <= self.num_speculative_tokens:
+            raise ValueError(
+                f"speculative_config min_speculative_tokens={m!r} is invalid: must be an integer from 0 to "
+                f"num_speculative_tokens ({self.num_speculative_tokens})"
+            )
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(
                 f"speculative_config prompt_lookup_min={self.prompt_lookup_min} is above "
@@ -49,6 +90,14 @@ class SpeculativeConfig:
         missing = [k for k in ("method", "num_speculative_tokens") if k not in value]
         if missing:
             raise ValueError(f"speculative_config needs {', '.join(missing)}, e.g. {EXAMPLE}")
+        other = sorted(
+            key for method, keys in METHOD_KEYS.items() if method != value["method"] for key in keys if key in value
+        )
+        if other:
+            raise ValueError(
+                f"speculative_config keys {other} belong to another method than {value['method']!r}; "
+                f"{value['method']!r} reads {', '.join(METHOD_KEYS.get(value['method'], ())) or 'none of its own'}"
+            )
         return cls(**value)
 
 

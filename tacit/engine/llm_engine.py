@@ -132,6 +132,7 @@ class LLMEngine:
             offload=offload,
             eos_token_ids=model_cfg.eos_token_ids,
             structured_output=structured_output,
+            min_speculative_tokens=self.config.speculative.min_speculative_tokens if self.config.speculative else 0,
         )
         self.max_model_len = model_cfg.max_model_len
         self.num_kv_blocks = kv.num_blocks  # every rank's pool under data-parallel attention

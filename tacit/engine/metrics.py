@@ -60,6 +60,7 @@ class EngineSnapshot:
     kv_offload_blocks: int = 0
     kv_offload_stored: int = 0
     kv_offload_loaded: int = 0
+    spec_decode_num_drafts: int = 0
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     # Streamed MoE experts (--expert-cache-memory; memory/expert_cache.py ExpertCacheStats).
@@ -101,6 +102,7 @@ class EngineSnapshot:
             kv_offload_blocks=s.kv_offload_blocks,
             kv_offload_stored=s.kv_offload_stored,
             kv_offload_loaded=s.kv_offload_loaded,
+            spec_decode_num_drafts=s.spec_decode_num_drafts,
             spec_decode_num_draft_tokens=s.spec_decode_num_draft_tokens,
             spec_decode_num_accepted_tokens=s.spec_decode_num_accepted_tokens,
         )
@@ -197,6 +199,26 @@ class ServingMetrics:
             "counter",
             "KV blocks loaded from the offloading tier.",
             s.kv_offload_loaded,
+        )
+        metric(
+            "vllm:spec_decode_num_drafts",
+            "counter",
+            "Verifies: a request's step that verified draft tokens (speculative decoding).",
+            s.spec_decode_num_drafts,
+        )
+        metric(
+            "tacit_spec_decode_acceptance_rate",
+            "gauge",
+            "Draft tokens accepted over draft tokens verified, since start (0 before any).",
+            s.spec_decode_num_accepted_tokens / s.spec_decode_num_draft_tokens
+            if s.spec_decode_num_draft_tokens
+            else 0.0,
+        )
+        metric(
+            "tacit_spec_decode_mean_accepted_length",
+            "gauge",
+            "Tokens a verify yields on average: 1 + its accepted drafts (0 before any verify).",
+            1 + s.spec_decode_num_accepted_tokens / s.spec_decode_num_drafts if s.spec_decode_num_drafts else 0.0,
         )
         metric(
             "vllm:spec_decode_num_draft_tokens",

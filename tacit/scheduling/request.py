@@ -57,6 +57,11 @@ class Request:
         # Draft tokens the runner's proposer offered after its last step (vLLM v1's name); the
         # next schedule() verifies as many as fit. Replaced every step, cleared on preemption.
         self.spec_token_ids: list[int] = []
+        # Its drafts' acceptance so far (decayed counts: scheduling/spec_controller.py), and the
+        # steps since its drafts were last all turned down.
+        self.spec_accepted = 0.0
+        self.spec_trials = 0.0
+        self.spec_idle_steps = 0
         self.status = RequestStatus.WAITING
         self.num_preemptions = 0
         self.finish_reason: str | None = None

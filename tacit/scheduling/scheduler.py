@@ -46,6 +46,7 @@ from tacit.scheduling.policy import FCFSPolicy, SchedulerView, SchedulingPolicy
 from tacit.scheduling.prefix_order import PrefixOrder
 from tacit.scheduling.request import Request, RequestStatus
 from tacit.scheduling.scheduler_output import EngineCoreOutput, SchedulerOutput, SchedulerStats
+from tacit.scheduling.spec_controller import DraftLengthController
 from tacit.scheduling.step_budget import StepBudget
 from tacit.structured_output import StructuredOutputManager
 
@@ -61,6 +62,7 @@ class Scheduler:
         offload: KVOffloadIndex | None = None,
         eos_token_ids: Iterable[int] = (),
         structured_output: StructuredOutputManager | None = None,
+        min_speculative_tokens: int = 0,
     ) -> None:
         self.config = config
         self.kv = kv
@@ -79,7 +81,10 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.num_cut_ins = 0
-        self.num_draft_tokens = self.num_accepted_tokens = 0  # speculative decoding, since start
+        # Speculative decoding since start: verifies, drafts verified, drafts accepted; and the
+        # one place each step's draft lengths are decided.
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
+        self.spec = DraftLengthController(self.cost, min_speculative_tokens)
         self._finished_req_ids: list[str] = []  # for the runner, with the next SchedulerOutput
         self.view = SchedulerView(self)
         self.prefix_order = PrefixOrder(self)  # the waiting queue's cache-aware order
@@ -245,7 +250,7 @@ class Scheduler:
         if self.structured_output is not None and req.request_id in self.structured_output:
             return []
         room = min(budget - 1, req.max_tokens - len(req.output_token_ids) - 1)
-        return drafts[: max(room, 0)]
+        return drafts[: self.spec.draft_length(req, max(min(room, len(drafts)), 0))]
 
     def schedule(self) -> SchedulerOutput:
         self.now = self.clock()
@@ -261,6 +266,7 @@ class Scheduler:
             self.config.max_long_partial_prefills,
         )
         chunked = self.config.enable_chunked_prefill
+        self.spec.begin_step(len(self.running))
         cut_in.trim_running(self, preempted)
         preemption.make_room_for_urgent(self, preempted)
         urgent_preemption = bool(preempted)

@@ -137,5 +137,6 @@ class SchedulerStats:
     kv_offload_blocks: int = 0
     kv_offload_stored: int = 0
     kv_offload_loaded: int = 0
+    spec_decode_num_drafts: int = 0  # verifies: steps of a request that verified drafts
     spec_decode_num_draft_tokens: int = 0  # draft tokens verified
     spec_decode_num_accepted_tokens: int = 0  # of them, accepted

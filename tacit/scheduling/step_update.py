@@ -25,7 +25,7 @@ def update_from_output(
     if s.swapper is not None:
         s.swapper.observe(runner_output.swap_blocks, runner_output.swap_s)
     verified = scheduler_output.scheduled_spec_decode_tokens
-    prefill_tokens = decodes = 0
+    prefill_tokens = decodes = draft_tokens = 0
     for req_id, n in scheduler_output.num_scheduled_tokens.items():
         req = s.requests.get(req_id)
         if req is not None:
@@ -34,9 +34,10 @@ def update_from_output(
         num_drafts = len(verified.get(req_id, ()))
         if n - num_drafts == 1:
             decodes += 1
-        # A verify step's drafts cost what prompt tokens do: more rows through every GEMM.
-        prefill_tokens += n if n - num_drafts > 1 else num_drafts
-    s.cost.observe(prefill_tokens, decodes, runner_output.execute_s)
+        else:
+            prefill_tokens += n
+        draft_tokens += num_drafts
+    s.cost.observe(prefill_tokens, decodes, runner_output.execute_s, draft_tokens)
     now = s.clock()
     outputs = []
     scored = runner_output.prompt_logprobs
@@ -49,9 +50,11 @@ def update_from_output(
         # the tokens that take their positions; the blocks stay the request's.
         num_drafts = len(verified.get(req_id, ()))
         req.num_computed_tokens -= num_drafts + 1 - len(tokens)
-        if num_drafts:  # vLLM's spec-decode counters: drafts verified, and of them accepted
+        if num_drafts:  # vLLM's spec-decode counters: verifies, drafts verified, and of them accepted
+            s.num_drafts += 1
             s.num_draft_tokens += num_drafts
             s.num_accepted_tokens += len(tokens) - 1
+            s.spec.observe(req, num_drafts, len(tokens) - 1)
         if req.first_token_time is None:
             req.first_token_time = now
         req.last_token_time = now
@@ -170,6 +173,7 @@ def make_stats(s) -> SchedulerStats:
         kv_offload_blocks=tier.num_blocks if tier else 0,
         kv_offload_stored=tier.num_stored if tier else 0,
         kv_offload_loaded=tier.num_loaded if tier else 0,
+        spec_decode_num_drafts=s.num_drafts,
         spec_decode_num_draft_tokens=s.num_draft_tokens,
         spec_decode_num_accepted_tokens=s.num_accepted_tokens,
     )

@@ -17,7 +17,12 @@ PROMPTS = ["Paris is", [5, 6, 7, 8, 9, 10, 11], "The quick brown fox jumps over 
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama):
-    return LLM(str(tiny_llama[2]), dtype="float32")
+    llm = LLM(str(tiny_llama[2]), dtype="float32")
+    # Every draft offered is verified (speculative_config's min_speculative_tokens at its top):
+    # these tests count the steps a scripted proposer's drafts save, not what the controller
+    # would choose on this machine's step costs (tests/scheduling/test_spec_controller.py).
+    llm.engine.scheduler.spec.min_tokens = 1 << 30
+    return llm
 
 
 def _generate(llm: LLM, params: SamplingParams, drafter: DraftProposer | None):

@@ -1,0 +1,81 @@
+"""DraftLengthController: how many of a request's draft tokens a step verifies, the one place
+the draft length is decided, between the speculative config's bounds (min_speculative_tokens,
+num_speculative_tokens: what the proposer offers).
+
+A draft token is worth verifying when what it is expected to save exceeds what it costs. Draft
+i of a request is kept only if drafts 1..i-1 were, so with a per-token acceptance rate a it is
+worth a^i tokens. It costs the step cost model's measured seconds a draft row
+(StepCostModel.draft_s_per_token), against which the step yields tokens at
+num_decodes / step_s(num_decodes) a second: keeping it raises the step's tokens a second when
+
+    a^i > draft_s_per_token * num_decodes / step_s(num_decodes)
+
+At batch 1 on the fused decoder a draft row is nearly free (the GEMVs read each weight once for
+up to 8 rows), so drafts of modest acceptance pay; at batch 16 a step's rows already fill the
+GEMVs and the bar rises to the acceptance that pays for a row's compute. Nothing here assumes a
+speed: before the cost model has seen a draft its cost is 0 and every draft is verified, which
+is how it learns.
+
+A request's rate a is estimated from its own verifies (each a run of accepted drafts ended by
+the first rejection: accepted successes in accepted + 1 trials, or all of them), decayed so it
+follows the text as it changes (code being rewritten, then prose), from a prior of 1/2. A
+request whose drafts are all turned down gets one every PROBE_EVERY steps, so a rate that has
+improved is seen.
+"""
+
+from __future__ import annotations
+
+from tacit.scheduling.cost_model import StepCostModel
+from tacit.scheduling.request import Request
+
+# Each draft token tried discounts what came before by 0.75 (~4 tokens' memory): a change of
+# text shows within a verify or two (a rejection weighs one trial, a run of 4 accepted four),
+# while one unlucky draft does not turn speculation off.
+_DECAY = 0.75
+PROBE_EVERY = 8
+
+
+class DraftLengthController:
+    def __init__(self, cost: StepCostModel, min_tokens: int = 0) -> None:
+        """min_tokens: verify at least this many of the drafts offered, whatever they cost."""
+        self.cost = cost
+        self.min_tokens = min_tokens
+        self.threshold = 0.0
+
+    def begin_step(self, num_decodes: int) -> None:
+        """The acceptance a draft must be expected to clear this step (see the module docstring)."""
+        step = self.cost.step_s(0, num_decodes)
+        per_draft = self.cost.draft_s_per_token
+        self.threshold = per_draft * max(num_decodes, 1) / step if step > 0 else 0.0
+
+    @staticmethod
+    def acceptance(req: Request) -> float:
+        return (req.spec_accepted + 1.0) / (req.spec_trials + 2.0)
+
+    def draft_length(self, req: Request, proposed: int) -> int:
+        """How many of req's `proposed` drafts to verify now."""
+        if not proposed:
+            return 0
+        a, worth, k = self.acceptance(req), 1.0, 0
+        while k < proposed:
+            worth *= a
+            if worth <= self.threshold:
+                break
+            k += 1
+        k = max(k, min(self.min_tokens, proposed))
+        if k:
+            req.spec_idle_steps = 0
+            return k
+        req.spec_idle_steps += 1
+        if req.spec_idle_steps >= PROBE_EVERY:
+            req.spec_idle_steps = 0
+            return 1
+        return 0
+
+    @staticmethod
+    def observe(req: Request, num_drafts: int, num_accepted: int) -> None:
+        """req's step verified num_drafts drafts and kept the first num_accepted."""
+        trials = num_accepted + (1 if num_accepted < num_drafts else 0)
+        keep = _DECAY**trials
+        req.spec_accepted = keep * req.spec_accepted + num_accepted
+        req.spec_trials = keep * req.spec_trials + trials
