@@ -4,7 +4,7 @@ ModelRunnerOutput.draft_token_ids (vLLM v1's spec_token_ids); the scheduler's ne
 verifies as many as its budget and the request's max_tokens leave room for.
 
 A proposer sees the runner's own request states after the step settled: every kept token in
-token_ids, the sampling parameters. Proposers (n-gram here; suffix, draft model, MTP to come)
+token_ids, the sampling parameters. Proposers (n-gram and suffix here; draft model, MTP to come)
 implement propose() and register under the method name --speculative-config gives
 (config/speculative.py lists the names); verification is tacit/worker/sample_step.py's.
 """
@@ -22,6 +22,10 @@ class DraftProposer(ABC):
     def propose(self, requests: list[CachedRequestState]) -> dict[str, list[int]]:
         """{req_id: draft tokens to follow its last token}; a request left out (or given an
         empty list) decodes one token in its next step."""
+
+    def request_finished(self, state: CachedRequestState) -> None:
+        """The request ended (its state as the runner drops it): a proposer that learns from
+        earlier requests' outputs keeps what it needs."""
 
 
 DRAFT_PROPOSERS = Registry("draft_proposer")

@@ -237,6 +237,10 @@ class ModelRunner:
         the logits, whose collectives every rank joins, and stop there). Pausable, it yields at
         decoder-layer boundaries; the time it spends paused is left out of execute_s."""
         with torch.inference_mode():
+            if self.drafter is not None:
+                for req_id in scheduler_output.finished_req_ids:
+                    if req_id in self.requests:
+                        self.drafter.request_finished(self.requests[req_id])
             update_request_states(self.requests, scheduler_output)
             # Before the forward, in this order: blocks evicted to the second tier are copied out
             # before anything writes them, a swapped-out request's blocks may be this step's new

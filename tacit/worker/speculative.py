@@ -6,8 +6,9 @@ from __future__ import annotations
 from tacit.config.speculative import SpeculativeConfig
 from tacit.worker.drafter import DRAFT_PROPOSERS, DraftProposer
 from tacit.worker.ngram_proposer import NgramProposer
+from tacit.worker.suffix_proposer import SuffixProposer
 
-__all__ = ["NgramProposer", "build_drafter"]
+__all__ = ["NgramProposer", "SuffixProposer", "build_drafter"]
 
 
 def build_drafter(config: SpeculativeConfig | None) -> DraftProposer | None:

@@ -3,12 +3,15 @@ it on (vLLM's --speculative-config), and greedy output unchanged by it."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 from tacit import LLM, SamplingParams
 from tacit.config.speculative import SPECULATIVE_METHODS, SpeculativeConfig, parse_speculative_config
 from tacit.engine.metrics import ServingMetrics
+from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
 from tacit.worker.drafter import DRAFT_PROPOSERS
 from tacit.worker.ngram_proposer import ngram_drafts
 from tacit.worker.speculative import build_drafter
@@ -39,7 +42,7 @@ def test_every_method_the_config_knows_has_a_proposer():
 @pytest.mark.parametrize(
     "value, match",
     [
-        ({"method": "eagle", "num_speculative_tokens": 3}, "method='eagle' is not known; valid: ngram"),
+        ({"method": "eagle", "num_speculative_tokens": 3}, "method='eagle' is not known; valid: ngram, suffix"),
         ({"method": "ngram"}, "needs num_speculative_tokens"),
         ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens=0 is invalid"),
         ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1}, r"keys \['lookahead'\] are not known"),
@@ -84,3 +87,32 @@ def test_ngram_drafts_change_no_greedy_token_and_save_steps_on_repetition(tiny_l
     # Each accepted draft is a step saved for its request (24 tokens: 24 steps one token a step).
     assert sum(e.num_steps for e in alone) < 3 * 24
     assert sum(e.get_stats().spec_decode_num_accepted_tokens for e in alone) == 3 * 24 - sum(e.num_steps for e in alone)
+
+
+@pytest.mark.skipif(
+    not cpu_supports_avx512_bf16() or bool(os.environ.get("TACIT_NO_CPU_KERNELS")),
+    reason="the fused C++ decoder needs the CPU kernels",
+)
+def test_verify_rows_run_on_the_fused_decoder_and_change_no_bf16_token(tiny_llama, monkeypatch):
+    """In bf16 the fused decoder runs each verify row as its tokens' decode rows: the greedy
+    tokens are those of one token a step (each row's GEMV sums are the same whatever the row
+    count, and every row's KV of a layer is written before any row attends)."""
+    from tacit.worker.paths import fused_decode
+
+    path = str(tiny_llama[2])
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    prompts = [[5, 6, 7, 8] * 6, [9, 10] * 10, list(range(30, 50))]
+    want = [o.outputs[0].token_ids for o in LLM(path, dtype="bfloat16").generate(prompts, params)]
+    verify_rows = []
+    real = fused_decode.fused_decode_hidden
+
+    def counting(ctx, rows, pausable):
+        verify_rows.extend(n for _, n in rows if n > 1)
+        return (yield from real(ctx, rows, pausable))
+
+    monkeypatch.setattr(fused_decode, "fused_decode_hidden", counting)
+    spec = LLM(path, dtype="bfloat16", speculative_config={**NGRAM, "min_speculative_tokens": 3})
+    got = [o.outputs[0].token_ids for o in spec.generate(prompts, params)]
+    assert got == want
+    assert verify_rows and max(verify_rows) == 4  # 3 drafts and the last token, one fused call
+    assert spec.engine.get_stats().spec_decode_num_accepted_tokens > 0
