@@ -35,6 +35,15 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
         default=0.0,
         help="share of each prompt found in the prefix cache (attended over, not prefilled), in [0, 1)",
     )
+    p.add_argument("--speculative-tokens", type=int, default=0, help="draft tokens verified a step (0: none)")
+    p.add_argument(
+        "--acceptance", type=float, default=0.0, help="probability a draft is accepted given the ones before it were"
+    )
+    p.add_argument(
+        "--speculative-method",
+        default="ngram",
+        help="ngram | suffix (drafts cost a lookup) | mtp (a decoder layer a draft)",
+    )
     p.add_argument("--json", default=None, help="write the prediction (or the validation) here")
     p.add_argument("--ops", action="store_true", help="also print every operator's time (compute / memory / link)")
     p.add_argument("--validate", action="store_true", help="measure the real engine on this CPU against the model")
@@ -96,6 +105,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         args.quantization_group_size,
         Parallel(args.tensor_parallel_size, args.expert_parallel, args.data_parallel_attention),
         prefix_hit_rate=args.prefix_hit_rate,
+        speculative_tokens=args.speculative_tokens,
+        acceptance=args.acceptance,
+        speculative_method=args.speculative_method,
     )
     pred = predict(shape, spec, work)
     out = pred.as_json()
@@ -104,6 +116,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
         f"{' DP-attention' if work.parallel.dp_attention else ''}, "
         f"weights {wdt}, KV {kvdt}, batch {work.batch}, input {work.input_len}"
         f"{f' ({work.cached_tokens} cached)' if work.cached_tokens else ''}, output {work.output_len}"
+        + (
+            f", {work.speculative_method} drafts {work.speculative_tokens} a step at acceptance {work.acceptance} "
+            f"({work.tokens_per_verify:.2f} tokens a verify)"
+            if work.speculative_tokens
+            else ""
+        )
     )
     print(f"  TTFT        {out['ttft_ms']:.2f} ms")
     print(f"  TPOT        {out['tpot_ms']:.3f} ms")

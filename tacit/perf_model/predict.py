@@ -12,6 +12,10 @@ from tacit.perf_model.operators import Parallel, StepShape, step_ops
 from tacit.perf_model.roofline import OpTime, bottlenecks, op_time, step_seconds
 from tacit.platforms.specs import HardwareSpec, Sourced
 
+# What drafting one token costs, in decoder layers of a decode step: nothing for the lookups, one
+# layer for an MTP module (DeepSeek's is one decoder layer and a shared head; the head is left out).
+SPECULATIVE_COSTS = {"ngram": 0, "suffix": 0, "mtp": 1}
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -25,6 +29,13 @@ class Workload:
     # Share of each prompt the prefix cache already holds: those tokens are attended over, not
     # computed (the last prompt token always is).
     prefix_hit_rate: float = 0.0
+    # Speculative decoding: drafts verified a step, each accepted with this probability given the
+    # ones before it were (the acceptance rate vLLM and the DeepSeek-V3 report give), and whether
+    # drafting costs a model pass ("mtp": one decoder layer's worth a draft) or nothing (ngram,
+    # suffix: a lookup).
+    speculative_tokens: int = 0
+    acceptance: float = 0.0
+    speculative_method: str = "ngram"
 
     def __post_init__(self) -> None:
         for name in ("batch", "input_len", "output_len"):
@@ -32,6 +43,20 @@ class Workload:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.prefix_hit_rate < 1.0:
             raise ValueError(f"prefix_hit_rate={self.prefix_hit_rate} is invalid: must be in [0, 1)")
+        if not isinstance(self.speculative_tokens, int) or self.speculative_tokens < 0:
+            raise ValueError(f"speculative_tokens={self.speculative_tokens!r} is invalid: must be an integer >= 0")
+        if not 0.0 <= self.acceptance < 1.0:
+            raise ValueError(f"acceptance={self.acceptance} is invalid: must be in [0, 1)")
+        if self.speculative_method not in SPECULATIVE_COSTS:
+            raise ValueError(
+                f"speculative_method={self.speculative_method!r} is not known; valid: {', '.join(SPECULATIVE_COSTS)}"
+            )
+
+    @property
+    def tokens_per_verify(self) -> float:
+        """Tokens a verify step yields a sequence on average: 1 + a + a^2 + ... + a^k."""
+        a, k = self.acceptance, self.speculative_tokens
+        return (1 - a ** (k + 1)) / (1 - a)
 
     @property
     def cached_tokens(self) -> int:
@@ -99,6 +124,13 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
     # is linear in it, so the step at the mean context has the mean time.
     mean_context = w.input_len + max(w.output_len - 2, 0) / 2
     tpot, decode = step_time(s, spec, profile, w, StepShape(w.batch, 1, round(mean_context)))
+    if w.speculative_tokens:
+        # A verify step runs each sequence's token and its k drafts as k + 1 decode rows over the
+        # same context (how the fused decoder runs them); it yields tokens_per_verify of them.
+        k = w.speculative_tokens
+        verify, decode = step_time(s, spec, profile, w, StepShape(w.batch * (k + 1), 1, round(mean_context)))
+        drafting = k * SPECULATIVE_COSTS[w.speculative_method] * tpot / s.num_layers
+        tpot = (verify + drafting) / w.tokens_per_verify
     total = ttft + (w.output_len - 1) * tpot
     mem = device_memory(s, w.parallel, w.weight_dtype, w.kv_dtype, w.batch, w.input_len, w.output_len, w.group_size)
     return Prediction(

@@ -18,7 +18,7 @@ from tacit.layers.norm import RMSNorm
 
 # Report order. "host" is the step's wall time minus every other class: scheduling, input
 # building, output processing, Python between modules, the embedding lookup.
-CATEGORIES = ("gemm", "attention", "moe_routing", "experts", "norm", "communication", "sampling", "host")
+CATEGORIES = ("gemm", "attention", "moe_routing", "experts", "norm", "communication", "sampling", "proposer", "host")
 LABELS = {
     "gemm": "GEMM",
     "attention": "attention",
@@ -27,11 +27,13 @@ LABELS = {
     "norm": "norms",
     "communication": "communication",
     "sampling": "sampling",
+    "proposer": "draft proposer",
     "host": "Python/host",
 }
 # Where time outside the decoder layers goes: the final norm, lm_head and sampling.
 HEAD = "head"
-STEP_KINDS = ("prefill", "decode", "mixed")
+# verify: a decode step in which some request verifies draft tokens (speculative decoding).
+STEP_KINDS = ("prefill", "decode", "verify", "mixed")
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 

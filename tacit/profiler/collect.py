@@ -50,9 +50,11 @@ class StepRecord:
 
 def step_kind(rows: list[tuple[int, int, bool]]) -> str:
     """rows: (new tokens, computed before, past its prompt) -> decode if every row is past its
-    prompt, prefill if none is, else mixed."""
+    prompt (verify if one of them computes drafts too), prefill if none is, else mixed."""
     decodes = sum(past for _, _, past in rows)
-    return "decode" if decodes == len(rows) else "prefill" if decodes == 0 else "mixed"
+    if decodes == len(rows):
+        return "verify" if any(n > 1 for n, _, _ in rows) else "decode"
+    return "prefill" if decodes == 0 else "mixed"
 
 
 class _TimedFusedDecoder:
@@ -113,6 +115,10 @@ class Profiler:
         sampler = runner.sampler
         runner.sampler = timer.wrap(sampler, "sampling", HEAD)
         self._undo.append(lambda: setattr(runner, "sampler", sampler))
+        drafter = runner.drafter
+        if drafter is not None:  # speculative decoding: the proposer's time is its own class
+            drafter.propose = timer.wrap(drafter.propose, "proposer", HEAD)
+            self._undo.append(lambda: vars(drafter).pop("propose"))
         real_forward = runner.forward_steps
 
         def forward_steps(rows: Any, pausable: bool) -> Any:

@@ -8,7 +8,9 @@ from html import escape
 
 from tacit.profiler.categories import CATEGORIES, LABELS
 
-COLORS = dict(zip(CATEGORIES, ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#9c9c9c")))
+COLORS = dict(
+    zip(CATEGORIES, ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c9c9c"))
+)
 
 
 def _text(x: float, y: float, s: str, anchor: str = "start", size: int = 11) -> str:

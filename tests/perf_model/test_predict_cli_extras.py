@@ -97,3 +97,38 @@ def test_a_prefix_hit_rate_prefills_only_the_uncached_tokens():
         Workload(1, 10, 10, prefix_hit_rate=1.0)
     out = _run(["predict", "--model", "random:qwen3-moe-2b", "--input-len", "2000", "--prefix-hit-rate", "0.9"])
     assert "input 2000 (1800 cached)" in out
+
+
+def test_speculative_decoding_divides_a_verify_step_by_the_tokens_it_yields():
+    """k drafts at acceptance a: a verify step is the decode step of batch * (k + 1) rows (plus
+    one decoder layer's worth a draft for MTP), yielding 1 + a + ... + a^k tokens a sequence."""
+    from tacit.perf_model.efficiency import load_profile
+    from tacit.perf_model.operators import StepShape
+    from tacit.perf_model.predict import Workload, fitted_roofs, predict, step_time
+    from tacit.platforms.hardware_table import get_hardware_spec
+
+    shape = shape_from_hf(load_hf_config("random:deepseek-v3-1b"))
+    spec = get_hardware_spec("this-cpu")
+    plain = predict(shape, spec, Workload(1, 512, 64))
+    w = Workload(1, 512, 64, speculative_tokens=2, acceptance=0.8)
+    assert w.tokens_per_verify == pytest.approx(1 + 0.8 + 0.64)
+    lookup = predict(shape, spec, w)
+    profile = load_profile(spec.efficiency_profile)
+    verify, _ = step_time(shape, fitted_roofs(spec, profile), profile, w, StepShape(3, 1, round(512 + 31)))
+    assert lookup.tpot_s == pytest.approx(verify / 2.44)
+    mtp = predict(shape, spec, Workload(1, 512, 64, speculative_tokens=2, acceptance=0.8, speculative_method="mtp"))
+    assert lookup.tpot_s < plain.tpot_s and lookup.tpot_s < mtp.tpot_s
+    assert mtp.tpot_s == pytest.approx((verify + 2 * plain.tpot_s / shape.num_layers) / 2.44)
+    assert lookup.ttft_s == plain.ttft_s
+    for bad, message in (
+        ({"acceptance": 1.0}, r"acceptance=1.0 is invalid"),
+        ({"speculative_tokens": -1}, "speculative_tokens=-1 is invalid"),
+        ({"speculative_method": "eagle"}, "speculative_method='eagle' is not known"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            Workload(1, 10, 10, **bad)
+    out = _run(
+        ["predict", "--model", "random:deepseek-v3-1b", "--speculative-tokens", "2", "--acceptance", "0.8",
+         "--speculative-method", "mtp"]
+    )  # fmt: skip
+    assert "mtp drafts 2 a step at acceptance 0.8 (2.44 tokens a verify)" in out
