@@ -1,4 +1,4 @@
-"""`tacit bench hw | latency | attention | comm | throughput | serve | workload`: print a table,
+"""`tacit bench hw | latency | attention | comm | throughput | spec | serve | workload`: print a table,
 optionally write JSON. `tacit bench` alone runs `tacit bench latency` on the default model.
 
 One module per family of benchmarks, each with its parsers and command functions:

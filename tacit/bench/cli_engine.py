@@ -43,6 +43,20 @@ def add_engine_parsers(bsub: argparse._SubParsersAction) -> argparse.ArgumentPar
     tp.add_argument("--json", default=None)
     tp.add_argument("--plot", default=None, help="PNG: output tok/s per engine")
     tp.set_defaults(func=cmd_throughput)
+    sp = bsub.add_parser("spec", help="decode tok/s with speculative decoding against without (docs/workloads)")
+    EngineArgs.add_cli_args(sp)
+    sp.add_argument(
+        "--cases",
+        default="repetitive:1,chat:1,mixed:16",
+        help="workload:batch pairs; workloads: " + ", ".join(("repetitive", "chat", "mixed")),
+    )
+    sp.add_argument("--output-len", type=int, default=256)
+    sp.add_argument("--repeats", type=int, default=3)
+    sp.add_argument("--peer", action="append", default=[], choices=["llama.cpp"], help="llama.cpp: also with lookup")
+    sp.add_argument("--lookup-tokens", default="2,4,10", help="llama.cpp's prompt-lookup num_pred_tokens to try")
+    sp.add_argument("--peer-timeout", type=float, default=DEFAULT_TIMEOUT_S)
+    sp.add_argument("--json", default=None)
+    sp.set_defaults(func=cmd_spec)
     return lat
 
 
@@ -116,4 +130,57 @@ def cmd_throughput(args: argparse.Namespace) -> int:
         from tacit.bench.plot import plot_bars
 
         plot_bars(rows, "output_tok_s", args.plot, f"output tok/s, {args.num_prompts} {args.dist} requests")
+    return 0
+
+
+DEFAULT_SPECULATIVE_CONFIG = {"method": "ngram", "num_speculative_tokens": 4}
+
+
+def cmd_spec(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from tacit.bench import spec_decode
+    from tacit.bench.peers.process_peer import ProcessPeer
+    from tacit.bench.random_model import resolve_bench_model
+    from tacit.engine.llm_engine import LLMEngine
+
+    cases = []
+    for item in args.cases.split(","):
+        kind, _, size = item.partition(":")
+        if kind not in spec_decode.KINDS or not size.isdigit() or int(size) < 1:
+            raise ValueError(
+                f"--cases {item!r} is invalid: workload:batch, workload one of {', '.join(spec_decode.KINDS)}"
+            )
+        cases.append((kind, int(size)))
+    base = EngineArgs.from_cli_args(args)
+    base = replace(
+        base,
+        model=resolve_bench_model(base.model),
+        dtype="bfloat16" if base.dtype == "auto" else base.dtype,
+    )
+    spec = base.speculative_config or DEFAULT_SPECULATIVE_CONFIG
+    log(f"loading tacit twice: speculation off, and on with {spec} ...")
+    engines = {
+        "off": LLMEngine(engine_args=replace(base, speculative_config=None)),
+        "on": LLMEngine(engine_args=replace(base, speculative_config=spec)),
+    }
+    prompts = spec_decode.load_prompts(engines["off"].tokenizer)
+    peers = []
+    if args.peer:
+        gguf = engines["off"].source.path
+        if gguf.suffix != ".gguf":
+            raise ValueError(f"--peer llama.cpp needs a .gguf --model (both run the same file); got {gguf}")
+        n_ctx = engines["off"].max_model_len
+        factory = "tacit.bench.peers.llamacpp_peer:LlamaCppBench"
+        peers.append(ProcessPeer("llama.cpp", factory, (gguf, n_ctx), args.peer_timeout))
+        for n in (int(x) for x in args.lookup_tokens.split(",")):
+            peers.append(ProcessPeer(f"llama.cpp lookup {n}", factory, (gguf, n_ctx, n), args.peer_timeout))
+    rows = spec_decode.run(engines, prompts, cases, args.output_len, args.repeats, peers, progress=log)
+    print(f"model {engines['off'].source.path.name}, {engines['off'].config.model.dtype}, {args.output_len} tokens out")
+    print(table(rows))
+    lines = spec_decode.ratios(rows)
+    for line in lines:
+        print(line)
+    failed = report_failed_peers(peers)
+    write_json(args, {"speculative_config": spec, "rows": rows, "verdicts": lines, **failed})
     return 0

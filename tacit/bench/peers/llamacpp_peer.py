@@ -16,9 +16,12 @@ from tacit.bench.peers.base import BenchEngine, throughput_result
 class LlamaCppBench(BenchEngine):
     name = "llama.cpp"
 
-    def __init__(self, gguf_path: Path, n_ctx: int) -> None:
+    def __init__(self, gguf_path: Path, n_ctx: int, num_pred_tokens: int | None = None) -> None:
+        """num_pred_tokens: llama.cpp's prompt-lookup decoding (LlamaPromptLookupDecoding) with
+        that many draft tokens a step; None, one token a step."""
         try:
             from llama_cpp import Llama
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
         except ImportError:
             raise ValueError(
                 "--peer llama.cpp needs llama-cpp-python: pip install -e '.[bench]' "
@@ -33,6 +36,7 @@ class LlamaCppBench(BenchEngine):
             n_threads_batch=threads,
             verbose=False,
             logits_all=False,
+            draft_model=None if num_pred_tokens is None else LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens),
         )
 
     def _one(self, prompt: list[int], n: int) -> tuple[float, float]:

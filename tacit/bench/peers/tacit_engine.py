@@ -45,8 +45,16 @@ class TacitBench(BenchEngine):
 
     def latency(self, prompts: list[list[int]], output_len: int) -> dict[str, float]:
         comm_before, torch_before = self._all_reduce_seconds(), self._torch_comm_seconds()
+        spec_before = self.engine.get_stats()
         ttft, total, comm_at_first = self._run([(p, output_len) for p in prompts])
         out = {"ttft_s": ttft, "decode_tok_s": len(prompts) * (output_len - 1) / (total - ttft)}
+        spec = self.engine.get_stats()
+        drafts = spec.spec_decode_num_draft_tokens - spec_before.spec_decode_num_draft_tokens
+        if drafts:  # speculative decoding: how often a draft was right, and tokens a verify yielded
+            accepted = spec.spec_decode_num_accepted_tokens - spec_before.spec_decode_num_accepted_tokens
+            verifies = spec.spec_decode_num_drafts - spec_before.spec_decode_num_drafts
+            out["spec_acceptance"] = accepted / drafts
+            out["spec_mean_accepted_length"] = 1 + accepted / verifies
         if comm_before is not None:
             # Prefill runs the torch path: the C++ all-reduce time is all decode-phase time, and
             # so is the torch path's after the first token (a split vocabulary's embedding lookup).
