@@ -133,7 +133,10 @@ def cmd_throughput(args: argparse.Namespace) -> int:
     return 0
 
 
-DEFAULT_SPECULATIVE_CONFIG = {"method": "ngram", "num_speculative_tokens": 4}
+# 3 drafts: with its last token a batch-1 verify is 4 rows, the most the GGML int8 GEMVs run
+# with each row summed as alone (5-8 rows take the bf16 path, which rounds otherwise and on the
+# default model's Q4_1 weights costs 2x: docs/speculative_decoding.md).
+DEFAULT_SPECULATIVE_CONFIG = {"method": "ngram", "num_speculative_tokens": 3}
 
 
 def cmd_spec(args: argparse.Namespace) -> int:
