@@ -330,3 +330,32 @@ def test_multi_turn_against_llama_cpp_runs_its_server_as_the_issue_asks(tiny_lla
     systems = [b["messages"][0]["content"] for b in bodies]
     assert [len(b["messages"]) for b in bodies] == [2, 4, 2, 4] and len(set(systems)) == 1
     assert "lower with tacit" in r.stdout
+
+
+def test_bench_spec_compares_speculation_on_and_off_on_the_same_tokens(tiny_llama, tmp_path):
+    """`tacit bench spec` on the tiny checkpoint (float32, so every path computes alike): each
+    case alternates off and on, compares their tokens, and prints the ratio of the pairs."""
+    out = tmp_path / "spec.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "tacit.cli", "bench", "spec", "--model", str(tiny_llama[2]), "--dtype", "float32"]
+        + ["--cases", "repetitive:1,mixed:3", "--output-len", "12", "--repeats", "2", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    got = json.loads(out.read_text())
+    rows = got["rows"]
+    assert [(x["workload"], x["batch_size"], x["engine"]) for x in rows[:4]] == [
+        ("repetitive", 1, "tacit off"),
+        ("repetitive", 1, "tacit on"),
+        ("repetitive", 1, "tacit off"),
+        ("repetitive", 1, "tacit on"),
+    ]
+    assert all(x["identical"] for x in rows if x["engine"] == "tacit on")
+    assert got["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 3}
+    assert "repetitive batch 1: speculation" in r.stdout and "output identical" in r.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "tacit.cli", "bench", "spec", "--cases", "poetry:1"], capture_output=True, text=True
+    )
+    assert bad.returncode != 0 and "--cases 'poetry:1' is invalid" in bad.stderr

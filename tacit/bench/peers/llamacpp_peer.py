@@ -35,7 +35,8 @@ class LlamaCppBench(BenchEngine):
             n_threads=threads,
             n_threads_batch=threads,
             verbose=False,
-            logits_all=False,
+            # Prompt-lookup verification reads the logits of every drafted position.
+            logits_all=num_pred_tokens is not None,
             draft_model=None if num_pred_tokens is None else LlamaPromptLookupDecoding(num_pred_tokens=num_pred_tokens),
         )
 
