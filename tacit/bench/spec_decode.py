@@ -7,7 +7,9 @@ in one process, alternating, on docs/workloads/spec-decode.jsonl's prompts:
   speculation from costing anything);
 - mixed: both kinds together at batch 16.
 
-Every run is greedy with ignore_eos and --output-len tokens, so with and without speculation
+Each repeat takes the next prompts of its kind (the same for both engines), so a proposer that
+learns from finished requests never sees the answer it is asked for. Every run is greedy with
+ignore_eos and --output-len tokens, so with and without speculation
 must produce the same tokens: each run's are compared, and a difference is reported as
 `identical: false`. decode tok/s = tokens after each request's first / (time after the batch's
 first tokens), as `tacit bench latency` counts it.
@@ -37,14 +39,15 @@ def load_prompts(tokenizer, path: Path = WORKLOAD) -> dict[str, list[list[int]]]
     return out
 
 
-def batch_of(prompts: dict[str, list[list[int]]], kind: str, size: int) -> list[list[int]]:
-    """`size` prompts of `kind` (mixed: the two kinds alternating), cycling through the workload."""
+def batch_of(prompts: dict[str, list[list[int]]], kind: str, size: int, start: int = 0) -> list[list[int]]:
+    """`size` prompts of `kind` (mixed: the two kinds alternating) from the start-th on, cycling
+    through the workload."""
     pool = (
         [p for pair in zip(prompts["repetitive"] * 2, prompts["chat"]) for p in pair]
         if kind == "mixed"
         else prompts[kind]
     )
-    return [pool[i % len(pool)] for i in range(size)]
+    return [pool[(start + i) % len(pool)] for i in range(size)]
 
 
 def generate(engine, prompts: list[list[int]], output_len: int) -> tuple[dict[str, float], list[list[int]]]:
@@ -90,8 +93,10 @@ def run(
     batch 1 only) after them. One row per (case, engine, repeat)."""
     rows = []
     for kind, size in cases:
-        batch = batch_of(prompts, kind, size)
         for r in range(repeats):
+            # Each repeat its own prompts: a proposer that learns from finished requests (suffix)
+            # would otherwise draft a repeat's answer from the one before.
+            batch = batch_of(prompts, kind, size, r * size)
             outputs = {}
             for label, engine in engines.items():
                 progress(f"[{kind} batch {size} repeat {r + 1}] speculation {label}")
