@@ -94,15 +94,19 @@ def test_ngram_drafts_change_no_greedy_token_and_save_steps_on_repetition(tiny_l
     reason="the fused C++ decoder needs the CPU kernels",
 )
 def test_verify_rows_run_on_the_fused_decoder_and_change_no_bf16_token(tiny_llama, monkeypatch):
-    """In bf16 the fused decoder runs each verify row as its tokens' decode rows: the greedy
-    tokens are those of one token a step (each row's GEMV sums are the same whatever the row
-    count, and every row's KV of a layer is written before any row attends)."""
+    """In bf16 on GGML int4 weights (the default model's kind) the fused decoder runs each verify
+    row as its tokens' decode rows: with 3 drafts a batch-1 verify is 4 rows, the range in which
+    the int8-activation GEMVs sum each row exactly as alone (5-8 rows take their bf16 path), and
+    every row's KV of a layer is written before any row attends, so the greedy tokens are those
+    of one token a step. (Batches whose rows pass 4 round otherwise with speculation than
+    without, as a batch of 5-8 decodes already rounds otherwise than one.)"""
     from tacit.worker.paths import fused_decode
 
     path = str(tiny_llama[2])
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     prompts = [[5, 6, 7, 8] * 6, [9, 10] * 10, list(range(30, 50))]
-    want = [o.outputs[0].token_ids for o in LLM(path, dtype="bfloat16").generate(prompts, params)]
+    plain = LLM(path, dtype="bfloat16", quantization="int4")
+    want = [plain.generate([p], params)[0].outputs[0].token_ids for p in prompts]  # batch 1, each
     verify_rows = []
     real = fused_decode.fused_decode_hidden
 
@@ -111,8 +115,8 @@ def test_verify_rows_run_on_the_fused_decoder_and_change_no_bf16_token(tiny_llam
         return (yield from real(ctx, rows, pausable))
 
     monkeypatch.setattr(fused_decode, "fused_decode_hidden", counting)
-    spec = LLM(path, dtype="bfloat16", speculative_config={**NGRAM, "min_speculative_tokens": 3})
-    got = [o.outputs[0].token_ids for o in spec.generate(prompts, params)]
+    spec = LLM(path, dtype="bfloat16", quantization="int4", speculative_config={**NGRAM, "min_speculative_tokens": 3})
+    got = [spec.generate([p], params)[0].outputs[0].token_ids for p in prompts]
     assert got == want
     assert verify_rows and max(verify_rows) == 4  # 3 drafts and the last token, one fused call
     assert spec.engine.get_stats().spec_decode_num_accepted_tokens > 0
