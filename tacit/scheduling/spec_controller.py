@@ -4,17 +4,17 @@ num_speculative_tokens: what the proposer offers).
 
 A draft token is worth verifying when what it is expected to save exceeds what it costs. Draft
 i of a request is kept only if drafts 1..i-1 were, so with a per-token acceptance rate a it is
-worth a^i tokens. It costs the step cost model's measured seconds a draft row
-(StepCostModel.draft_s_per_token), against which the step yields tokens at
+worth a^i tokens. It costs the step cost model's measured seconds a decode row (a draft is one
+more row: StepCostModel.draft_s_per_token), against which the step yields tokens at
 num_decodes / step_s(num_decodes) a second: keeping it raises the step's tokens a second when
 
     a^i > draft_s_per_token * num_decodes / step_s(num_decodes)
 
-At batch 1 on the fused decoder a draft row is nearly free (the GEMVs read each weight once for
-up to 8 rows), so drafts of modest acceptance pay; at batch 16 a step's rows already fill the
-GEMVs and the bar rises to the acceptance that pays for a row's compute. Nothing here assumes a
-speed: before the cost model has seen a draft its cost is 0 and every draft is verified, which
-is how it learns.
+At batch 1 a draft row costs a fraction of the step (on the default model ~1.4 ms of ~4.9: its
+Q4 GEMVs are compute-bound at this size; on a memory-bound model far less), so drafts of fair
+acceptance pay; at batch 16 a row costs ~3 ms of ~52 and only drafts nearly sure to be kept do. Nothing here assumes a
+speed: until the cost model has seen a step with drafts every draft is verified, which is how
+it learns what they cost.
 
 A request's rate a is estimated from its own verifies (each a run of accepted drafts ended by
 the first rejection: accepted successes in accepted + 1 trials, or all of them), decayed so it
@@ -45,8 +45,10 @@ class DraftLengthController:
     def begin_step(self, num_decodes: int) -> None:
         """The acceptance a draft must be expected to clear this step (see the module docstring)."""
         step = self.cost.step_s(0, num_decodes)
-        per_draft = self.cost.draft_s_per_token
-        self.threshold = per_draft * max(num_decodes, 1) / step if step > 0 else 0.0
+        if not self.cost.num_observed_with_drafts or step <= 0:
+            self.threshold = 0.0  # nothing measured yet: verify, and learn what a draft costs
+            return
+        self.threshold = self.cost.draft_s_per_token * max(num_decodes, 1) / step
 
     @staticmethod
     def acceptance(req: Request) -> float:
