@@ -63,6 +63,7 @@ class Scheduler:
         eos_token_ids: Iterable[int] = (),
         structured_output: StructuredOutputManager | None = None,
         min_speculative_tokens: int = 0,
+        num_speculative_tokens: int = 8,
     ) -> None:
         self.config = config
         self.kv = kv
@@ -84,7 +85,7 @@ class Scheduler:
         # Speculative decoding since start: verifies, drafts verified, drafts accepted; and the
         # one place each step's draft lengths are decided.
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
-        self.spec = DraftLengthController(self.cost, min_speculative_tokens)
+        self.spec = DraftLengthController(self.cost, min_speculative_tokens, num_speculative_tokens)
         self._finished_req_ids: list[str] = []  # for the runner, with the next SchedulerOutput
         self.view = SchedulerView(self)
         self.prefix_order = PrefixOrder(self)  # the waiting queue's cache-aware order

@@ -81,6 +81,9 @@ class SchedulerOutput:
     # are scheduled tokens: such a request's num_scheduled_tokens is 1 + len(drafts), its last
     # token and then the drafts, each computed (its KV written) as if accepted.
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # Whether the runner's proposer should draft after this step: False when no draft could be
+    # worth verifying at the step's cost (scheduling/spec_controller.py), so it spends nothing.
+    propose_drafts: bool = True
 
     @property
     def total_num_scheduled_tokens(self) -> int:

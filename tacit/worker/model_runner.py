@@ -289,6 +289,6 @@ class ModelRunner:
         for state, kept in zip(states, tokens):
             state.settle(kept)
         out = ModelRunnerOutput([r.req_id for r in states], tokens, logprobs)
-        if self.drafter is not None:
+        if self.drafter is not None and scheduler_output.propose_drafts:
             out.draft_token_ids = self.drafter.propose(states)
         return out

@@ -78,3 +78,20 @@ def test_acceptance_follows_the_text_as_it_changes():
     for _ in range(6):
         c.observe(req, 4, 0)
     assert high > 0.85 and c.acceptance(req) < 0.35
+
+
+def test_a_bar_no_estimate_can_clear_stops_proposing_and_probing():
+    from tacit.scheduling.spec_controller import max_acceptance
+
+    c = DraftLengthController(_costs(0.0035, 0.0014), max_tokens=4)
+    req = _request()
+    for _ in range(10):
+        c.observe(req, 4, 4)  # every draft kept: the estimate at its ceiling
+    assert c.acceptance(req) == pytest.approx(max_acceptance(4), abs=0.01) and c.ceiling == max_acceptance(4)
+    c.cost = _costs(0.0035, 0.0020)
+    c.begin_step(16)  # bar 2.0 ms * 16 / 35.5 ms = 0.90 > 0.87
+    assert not c.worth_proposing
+    assert [c.draft_length(req, 4) for _ in range(2 * PROBE_EVERY)] == [0] * (2 * PROBE_EVERY)
+    c.begin_step(1)
+    assert c.worth_proposing and c.draft_length(req, 4) == 4
+    assert DraftLengthController(_costs(0.0035, 0.0014), min_tokens=1).worth_proposing
