@@ -52,7 +52,7 @@ class LLMEngine:
         self._closed = False
         platform = get_platform(engine_args.device)
         self.platform = platform
-        source: ModelSource = open_model(engine_args.model)
+        source: ModelSource = open_model(engine_args.model, engine_args.tokenizer, engine_args.chat_template)
         self.source = source
         self.config = engine_args.create_engine_config(source, platform)
         # The names the rest of __init__ reads, from the resolved configs.

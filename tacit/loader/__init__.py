@@ -15,7 +15,7 @@ from tacit.loader.hf import hf_eos_token_ids, iter_safetensors, read_json, safet
 from tacit.loader.prequantized import converted_weights, quant_method, quantized_weight_names
 from tacit.loader.shards import narrowed
 from tacit.model_config_checks import check_architecture_numbers
-from tacit.tokenizer import Tokenizer
+from tacit.tokenizer import Tokenizer, read_chat_template
 
 
 @dataclass
@@ -34,7 +34,34 @@ class ModelSource:
     quantized_weights: dict[str, int] = field(default_factory=dict)
 
 
-def open_model(model: str | Path | None) -> ModelSource:
+def open_model(
+    model: str | Path | None,
+    tokenizer: str | None = None,
+    chat_template: str | None = None,
+) -> ModelSource:
+    """The model at `model` (None: the default model), with another tokenizer directory or chat
+    template (a file or the template itself) if given."""
+    source = _open_model(model, tokenizer)
+    if chat_template is not None:
+        source.tokenizer = source.tokenizer.with_chat_template(read_chat_template(chat_template))
+    return source
+
+
+def _other_tokenizer(directory: str, hf_config: dict) -> Tokenizer:
+    path = Path(directory).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"tokenizer={directory!r} is not a directory; pass one holding tokenizer.json")
+    tok = Tokenizer.from_hf_dir(path)
+    vocab = hf_config.get("vocab_size")
+    if isinstance(vocab, int) and tok.vocab_size > vocab:
+        raise ValueError(
+            f"tokenizer={directory!r} has {tok.vocab_size} tokens but the model embeds {vocab}: "
+            f"ids past {vocab - 1} would index no embedding row; pass the tokenizer this model was trained with"
+        )
+    return tok
+
+
+def _open_model(model: str | Path | None, tokenizer: str | None) -> ModelSource:
     path = resolve_default_model() if model is None else Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(
@@ -48,7 +75,7 @@ def open_model(model: str | Path | None) -> ModelSource:
                 f"anything else must be a Hugging Face directory"
             )
         gguf = GGUFFile(path)
-        tok = gguf.tokenizer()
+        tok = _other_tokenizer(tokenizer, gguf.hf_config()) if tokenizer else gguf.tokenizer()
         eos = gguf.eos_token_ids() or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
         return ModelSource(
             path,
@@ -68,7 +95,8 @@ def open_model(model: str | Path | None) -> ModelSource:
     # Before anything reads the config (a list once ended in an AttributeError), naming the file.
     check_architecture_numbers(str(config_file), config)
     method = quant_method(path, config)
-    tok = Tokenizer.from_hf_dir(path)
+    # --tokenizer: a checkpoint without tokenizer files (or with another tokenizer) takes one from elsewhere.
+    tok = _other_tokenizer(tokenizer, config) if tokenizer else Tokenizer.from_hf_dir(path)
     eos = hf_eos_token_ids(path, config) or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
     if method is None:
         return ModelSource(path, config, tok, eos, lambda skip=None, shards=None: iter_safetensors(path, skip, shards))
