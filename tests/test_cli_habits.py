@@ -103,9 +103,12 @@ def test_served_model_name_names_the_model():
 
 
 def test_new_model_flags_reach_engine_args():
-    args = EngineArgs.from_cli_args(_serve("--threads", "3", "--tokenizer", "/tok", "--chat-template", "t.jinja"))
-    assert (args.tokenizer, args.chat_template) == ("/tok", "t.jinja")
+    args = EngineArgs.from_cli_args(
+        _serve("--threads", "3", "--tokenizer", "/tok", "--chat-template", "t.jinja", "--generation-config", "vllm")
+    )
+    assert (args.tokenizer, args.chat_template, args.generation_config) == ("/tok", "t.jinja", "vllm")
     assert args.create_parallel_config().threads == 3
+    assert EngineArgs().generation_config == "auto"  # vLLM's default: the model's generation_config.json
 
 
 @pytest.mark.parametrize("threads", [0, -2, 1.5, True])

@@ -90,6 +90,12 @@ class EngineArgs(Knobs):
     chat_template: str | None = knob(
         None, "model", "a Jinja chat template file (or the template itself) over the checkpoint's", shown="the model's"
     )
+    generation_config: str = knob(
+        "auto",
+        "model",
+        "where requests' unset temperature / top_p / top_k / min_p come from, as vLLM's: auto (the model's "
+        "generation_config.json), vllm (none: OpenAI's defaults) or a folder holding a generation_config.json",
+    )
     allow_special_tokens_in_chat_content: bool = knob(
         False,
         "model",
@@ -345,7 +351,7 @@ class EngineArgs(Knobs):
             v = getattr(self, key)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 raise ValueError(f"{key}={v!r} is invalid: must be an integer >= 0")
-        for key in ("model", "device", "tokenizer", "chat_template"):
+        for key in ("model", "device", "tokenizer", "chat_template", "generation_config"):
             v = getattr(self, key)
             if v is not None and not isinstance(v, str):
                 raise ValueError(f"{key}={v!r} is invalid: must be a string")

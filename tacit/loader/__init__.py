@@ -11,10 +11,11 @@ import torch
 from tacit.kernels.ggml_quant import GGMLTensor
 from tacit.loader.default_model import resolve_default_model
 from tacit.loader.gguf_file import GGUFFile
-from tacit.loader.hf import hf_eos_token_ids, iter_safetensors, read_json, safetensors_files
+from tacit.loader.hf import hf_eos_token_ids, hf_sampling_defaults, iter_safetensors, read_json, safetensors_files
 from tacit.loader.prequantized import converted_weights, quant_method, quantized_weight_names
 from tacit.loader.shards import narrowed
 from tacit.model_config_checks import check_architecture_numbers
+from tacit.sampling_params import SamplingParams
 from tacit.tokenizer import Tokenizer, read_chat_template
 
 
@@ -59,6 +60,30 @@ def _other_tokenizer(directory: str, hf_config: dict) -> Tokenizer:
             f"ids past {vocab - 1} would index no embedding row; pass the tokenizer this model was trained with"
         )
     return tok
+
+
+def sampling_defaults(path: Path, generation_config: str = "auto") -> dict[str, float | int]:
+    """The sampling values requests fall back to, as vLLM's --generation-config: auto (the model
+    directory's generation_config.json; a GGUF has none), vllm (none) or a folder holding one.
+    Validated here, so a bad value fails at start-up naming the file, not in each request omitting it."""
+    if generation_config == "vllm":
+        return {}
+    if generation_config == "auto":
+        folder = path
+        defaults = {} if path.is_file() else hf_sampling_defaults(path)
+    else:
+        folder = Path(generation_config).expanduser()
+        if not (folder / "generation_config.json").is_file():
+            raise FileNotFoundError(
+                f"generation_config={generation_config!r}: no generation_config.json there; valid: auto (the "
+                f"model's), vllm (none: OpenAI's defaults) or a folder holding a generation_config.json"
+            )
+        defaults = hf_sampling_defaults(folder)
+    try:
+        SamplingParams.from_model_defaults(defaults)
+    except ValueError as e:
+        raise ValueError(f"{folder / 'generation_config.json'}: {e}") from None
+    return defaults
 
 
 def _open_model(model: str | Path | None, tokenizer: str | None) -> ModelSource:
