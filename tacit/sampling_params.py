@@ -154,6 +154,13 @@ class SamplingParams:
         if self.top_k == 0:
             self.top_k = -1
 
+    @classmethod
+    def from_model_defaults(cls, defaults: dict[str, float | int]) -> "SamplingParams":
+        """The parameters a checkpoint's generation_config.json values make, those this class has a
+        field for (its repetition_penalty has none: tacit's sampler does not implement one)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in defaults.items() if k in names})
+
     @property
     def greedy(self) -> bool:
         return self.temperature < _GREEDY_EPS

@@ -212,3 +212,27 @@ class Tokenizer:
             return self._chat_content.encode(fields, render)
         # The template already wrote any BOS it wants; encoding must not add another.
         return self.encode(render(fields), add_special_tokens=False)
+
+    def with_chat_template(self, chat_template: str) -> "Tokenizer":
+        """This tokenizer with another chat template (--chat-template), its special tokens kept."""
+        try:
+            other = Tokenizer(self.tokenizer, chat_template, self.bos_token, self.eos_token, self.add_bos_token)
+        except TemplateError as e:
+            raise ValueError(f"the chat template does not parse: {e}") from None
+        other.allow_special_tokens_in_chat_content = self.allow_special_tokens_in_chat_content
+        return other
+
+
+def read_chat_template(spec: str) -> str:
+    """A chat template from a file, or the template itself when `spec` is one (as vLLM's
+    --chat-template takes either): text with Jinja's {{ or {% that names no file."""
+    path = Path(spec).expanduser()
+    try:
+        is_file = path.is_file()
+    except OSError:  # a template too long to be a file name (ENAMETOOLONG)
+        is_file = False
+    if is_file:
+        return path.read_text()
+    if "{{" in spec or "{%" in spec:
+        return spec
+    raise FileNotFoundError(f"chat_template={spec!r} is not a file; pass a Jinja template file or the template itself")

@@ -8,6 +8,8 @@ import time
 
 import torch
 
+from tacit.config import sizes
+
 UNITS = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 COLLECTIVES = ("all_reduce", "all_gather", "all_to_all", "reduce_scatter")
@@ -17,12 +19,8 @@ LATENCY_TARGET_US, LATENCY_AT = 20.0, 16 << 10
 
 
 def parse_size(text: str) -> int:
-    """'16KB' -> 16384 (binary units), '512' -> 512."""
-    t = text.strip().upper()
-    for unit in sorted(UNITS, key=len, reverse=True):
-        if t.endswith(unit) and t[: -len(unit)].strip():
-            return int(float(t[: -len(unit)]) * UNITS[unit])
-    return int(t)
+    """'16KB' -> 16384 (binary units, as every size flag reads them: config/sizes.py), '512' -> 512."""
+    return round(sizes.parse_size(text))
 
 
 def format_size(n: int) -> str:

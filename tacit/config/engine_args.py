@@ -23,6 +23,7 @@ from tacit.config.parallel import ParallelConfig
 from tacit.config.quantization import check_quantization, check_quantization_overrides, parse_quantization_overrides
 from tacit.config.recipe import Recipe
 from tacit.config.scheduler import SchedulerConfig, parse_slo_class
+from tacit.config.sizes import parse_bytes, parse_gib
 from tacit.config.speculative import SpeculativeConfig, parse_speculative_config
 from tacit.distributed.communicators import COMMUNICATORS
 from tacit.kernels.cpu_kernels import cpu_kernels_default, ggml_bf16_activations_default
@@ -83,6 +84,18 @@ class EngineArgs(Knobs):
     seed: int = knob(
         config_default(EngineConfig, "seed"), "model", "seed of torch's generator at engine start", type=int
     )
+    tokenizer: str | None = knob(
+        None, "model", "a tokenizer directory (tokenizer.json) other than the model's", shown="the model's"
+    )
+    chat_template: str | None = knob(
+        None, "model", "a Jinja chat template file (or the template itself) over the checkpoint's", shown="the model's"
+    )
+    generation_config: str = knob(
+        "auto",
+        "model",
+        "where requests' unset temperature / top_p / top_k / min_p come from, as vLLM's: auto (the model's "
+        "generation_config.json), vllm (none: OpenAI's defaults) or a folder holding a generation_config.json",
+    )
     allow_special_tokens_in_chat_content: bool = knob(
         False,
         "model",
@@ -98,7 +111,8 @@ class EngineArgs(Knobs):
         "model",
         "bytes of memory for MoE expert weights: experts stay in the safetensors checkpoint and pass through a "
         "cache of this size, the next layer's prefetched on a background thread (a model larger than memory)",
-        type=int,
+        type=parse_bytes,
+        metavar="SIZE",
         shown="every expert resident",
     )
     speculative_config: dict | None = knob(
@@ -135,6 +149,13 @@ class EngineArgs(Knobs):
         cli_help="GGML-quantized decode rows multiply bf16 activations, the dequantized model's arithmetic "
         "(by default activations rounded to int8 per block, llama.cpp's; also TACIT_GGML_BF16_ACTIVATIONS=1)",
     )
+    threads: int | None = knob(
+        None,
+        "platform",
+        "torch and CPU-kernel threads per process (each tensor-parallel rank), llama.cpp's --threads",
+        type=int,
+        shown="torch's own; a tensor-parallel rank's: one per core of its share",
+    )
     # ---- parallel ----
     tensor_parallel_size: int = knob(
         config_default(ParallelConfig, "tensor_parallel_size"),
@@ -149,6 +170,7 @@ class EngineArgs(Knobs):
         "intermediate features)",
         action="store_const",
         const=True,
+        aliases=("--enable-expert-parallel",),  # vLLM's spelling
         cli_help="MoE layers: each tensor-parallel rank holds 1/N of the experts, whole (by default 1/N of "
         "every expert's intermediate features)",
     )
@@ -168,6 +190,7 @@ class EngineArgs(Knobs):
         "SGLang's --enable-dp-attention",
         action="store_const",
         const=True,
+        aliases=("--enable-dp-attention",),
     )
     communicator: str = knob(
         config_default(ParallelConfig, "communicator"),
@@ -181,13 +204,19 @@ class EngineArgs(Knobs):
         None, "cache", "KV blocks in the pool", type=int, shown="what kv_cache_memory holds"
     )
     kv_cache_memory: int | None = knob(
-        None, "cache", "bytes for the KV pool", type=int, shown="half the free memory, at most 2 GiB"
+        None,
+        "cache",
+        "bytes for the KV pool (on the command line also 2GiB, 512MiB, 1.5GB)",
+        type=parse_bytes,
+        metavar="SIZE",
+        shown="half the free memory, at most 2 GiB",
     )
     swap_space: float = knob(
         config_default(CacheConfig, "swap_space"),
         "cache",
         "GiB of host memory for swapped-out KV blocks (0: no swapping)",
-        type=float,
+        type=parse_gib,
+        metavar="GIB",
     )
     kv_cache_dtype: str = knob(
         config_default(CacheConfig, "cache_dtype"),
@@ -205,7 +234,11 @@ class EngineArgs(Knobs):
         cli_help="compute every prompt token: no KV block is shared between requests",
     )
     kv_offloading_size: float = knob(
-        0.0, "cache", "GiB of a second prefix-cache tier for blocks evicted from the pool (0: none)", type=float
+        0.0,
+        "cache",
+        "GiB of a second prefix-cache tier for blocks evicted from the pool (0: none)",
+        type=parse_gib,
+        metavar="GIB",
     )
     kv_offloading_dir: str | None = knob(
         None, "cache", "keep that tier in files here, across restarts (else in host memory)", shown="host memory"
@@ -318,7 +351,7 @@ class EngineArgs(Knobs):
             v = getattr(self, key)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 raise ValueError(f"{key}={v!r} is invalid: must be an integer >= 0")
-        for key in ("model", "device"):
+        for key in ("model", "device", "tokenizer", "chat_template", "generation_config"):
             v = getattr(self, key)
             if v is not None and not isinstance(v, str):
                 raise ValueError(f"{key}={v!r} is invalid: must be a string")
@@ -343,6 +376,7 @@ class EngineArgs(Knobs):
             two_batch_overlap=self.two_batch_overlap,
             data_parallel_attention=self.data_parallel_attention,
             communicator=self.communicator,
+            threads=self.threads,
         )
 
     def create_cache_config(self) -> CacheConfig:
@@ -400,6 +434,7 @@ class EngineArgs(Knobs):
             quantization_group_size=self.quantization_group_size,
             quantization_overrides=self.quantization_overrides,
             expert_cache_memory=self.expert_cache_memory,
+            tokenizer=self.tokenizer,
             # Unsaid: the environment's, as before these were fields.
             cpu_kernels=cpu_kernels_default() if self.cpu_kernels is None else self.cpu_kernels,
             ggml_bf16_activations=(

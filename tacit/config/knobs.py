@@ -33,6 +33,7 @@ def knob(
     *,
     key: str | None = None,
     flag: str | None = None,
+    aliases: tuple[str, ...] = (),
     type: Callable[[str], Any] | None = None,
     shown: str | None = None,
     cli_help: str | None = None,
@@ -43,6 +44,8 @@ def knob(
 
     section/key: the recipe's `section: {key: ...}` (key defaults to the field's name).
     flag: the CLI flag (default --field-name); type and argparse_kwargs go to add_argument.
+    aliases: other spellings of the same flag, the ones users bring from vLLM, SGLang or llama.cpp
+    (--enable-expert-parallel for --expert-parallel): one field, one dest, several names.
     shown: how the help states the default when the value itself would not say it.
     cli_help: the flag's help, where the flag says something else than the keyword
     (--no-chunked-prefill turns enable_chunked_prefill off; --aging-s 0 means None).
@@ -55,6 +58,7 @@ def knob(
         "key": key,
         "help": help,
         "flag": flag,
+        "aliases": tuple(aliases),
         "type": type,
         "shown": shown,
         "cli_help": cli_help,
@@ -119,7 +123,7 @@ class Knobs:
             kwargs = dict(m["argparse"])
             if m["type"] is not None:
                 kwargs["type"] = m["type"]
-            parser.add_argument(_flag(f), dest=f.name, default=None, help=_help(f, cli=True), **kwargs)
+            parser.add_argument(_flag(f), *m["aliases"], dest=f.name, default=None, help=_help(f, cli=True), **kwargs)
         return parser
 
     @classmethod

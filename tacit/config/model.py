@@ -72,6 +72,8 @@ class ModelConfig:
     # GGML decode rows against bf16 activations (the dequantized model's arithmetic) rather than
     # int8-rounded ones (llama.cpp's; csrc/ggml_gemv.h).
     ggml_bf16_activations: bool = False
+    # The tokenizer directory when not the model's (--tokenizer): tensor-parallel workers open it too.
+    tokenizer: str | None = None
     rope: dict[str, Any] = field(init=False)
     # True when max_model_len came from the model rather than the user: only then is it capped.
     max_model_len_derived: bool = field(init=False)

@@ -25,11 +25,17 @@ class ParallelConfig:
     # The Communicator the ranks' collectives run on: "auto" (the platform's default) or a name
     # in distributed/communicator.py's registry (checked by EngineArgs, which sees the registry).
     communicator: str = "auto"
+    # Torch's intra-op threads, which the C++ kernels' OpenMP loops also take (at::get_num_threads), per
+    # process: llama.cpp's --threads. None: torch's own in one process; one per core of a rank's share.
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         n = self.tensor_parallel_size
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"tensor_parallel_size={n!r} is invalid: must be an integer >= 1")
+        t = self.threads
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or t < 1):
+            raise ValueError(f"threads={t!r} is invalid: must be an integer >= 1 (or unset: torch's own)")
         for flag in ("expert_parallel", "two_batch_overlap", "data_parallel_attention"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag}={getattr(self, flag)!r} is invalid: must be true or false")

@@ -129,6 +129,11 @@ class AsyncLLMEngine:
         return self.engine.config.model.hf["vocab_size"]
 
     @property
+    def sampling_defaults(self) -> dict[str, float | int]:
+        """generation_config.json's sampling values (LLMEngine.sampling_defaults)."""
+        return self.engine.sampling_defaults
+
+    @property
     def is_running(self) -> bool:
         return self._thread.is_alive()
 

@@ -25,6 +25,7 @@ import os
 import tempfile
 from abc import ABC, abstractmethod
 
+import torch
 import torch.distributed as dist
 
 from tacit.config import EngineConfig
@@ -73,6 +74,8 @@ class Executor(ABC):
 
 class UniProcExecutor(Executor):
     def __init__(self, config: EngineConfig, source: ModelSource, platform: Platform) -> None:
+        if config.parallel.threads is not None:  # --threads: the process's, as llama.cpp's (unset: torch's own)
+            torch.set_num_threads(config.parallel.threads)
         self.runner = load_rank(config, source, platform, TensorParallel())
         self.kv_cache_config = self.runner.kv_cache_config
 
@@ -110,7 +113,7 @@ class MultiProcExecutor(Executor):
                 self._spawn_workers(config, device, world_size)
             else:
                 _, _, local_rank, local_world = launched
-                pin_to_cores(rank_cores(local_rank, local_world))
+                pin_to_cores(rank_cores(local_rank, local_world), config.parallel.threads)
                 dist.init_process_group("gloo", init_method="env://")
                 self.channel = BroadcastChannel()
             parallel = config.parallel
@@ -143,7 +146,7 @@ class MultiProcExecutor(Executor):
             self.procs.append(proc)
             pipes.append(send_end)
         self.channel = PipeChannel(pipes)
-        pin_to_cores(rank_cores(0, world_size))
+        pin_to_cores(rank_cores(0, world_size), config.parallel.threads)
         # A worker killed before it reaches the rendezvous is reported, not waited for.
         init_rank_watching(0, world_size, init_file, self.check_health)
 
@@ -232,7 +235,7 @@ def make_executor(config: EngineConfig, device: str, source: ModelSource, platfo
                 f"tensor_parallel_size={world_size} but torchrun started {world} processes (WORLD_SIZE); they must match"
             )
         if rank > 0:
-            pin_to_cores(rank_cores(local_rank, local_world))
+            pin_to_cores(rank_cores(local_rank, local_world), config.parallel.threads)
             dist.init_process_group("gloo", init_method="env://")
             worker_main(rank, world, config, device, BroadcastChannel(), (local_rank, local_world))
             raise SystemExit(0)

@@ -23,7 +23,7 @@ from tacit.engine.input_processor import InputProcessor
 from tacit.engine.metrics import EngineSnapshot
 from tacit.engine.output_processor import OutputProcessor
 from tacit.kv_cache_interface import KVCacheConfig
-from tacit.loader import ModelSource, open_model
+from tacit.loader import ModelSource, open_model, sampling_defaults
 from tacit.memory.kv_offload import KVOffloadIndex
 from tacit.memory.paged_kv_cache_manager import PagedKVCacheManager
 from tacit.memory.swap import SwapSpace
@@ -52,9 +52,11 @@ class LLMEngine:
         self._closed = False
         platform = get_platform(engine_args.device)
         self.platform = platform
-        source: ModelSource = open_model(engine_args.model)
+        source: ModelSource = open_model(engine_args.model, engine_args.tokenizer, engine_args.chat_template)
         self.source = source
         self.config = engine_args.create_engine_config(source, platform)
+        # What a request that sets no temperature / top_p / top_k / min_p samples with (--generation-config).
+        self.sampling_defaults = sampling_defaults(source.path, engine_args.generation_config)
         # The names the rest of __init__ reads, from the resolved configs.
         model_cfg, seed = self.config.model, self.config.seed
         swap_space = self.config.cache.swap_space

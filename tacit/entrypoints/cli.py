@@ -8,7 +8,9 @@ import sys
 import time
 
 from tacit.config.engine_args import EngineArgs
+from tacit.config.sizes import parse_bytes
 from tacit.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BYTES
+from tacit.entrypoints.openai.tool_parser import TOOL_CALL_PARSERS
 
 
 def load_llm(args: argparse.Namespace):
@@ -121,6 +123,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return run_server(args)
 
 
+def _tool_call_parser(name: str) -> str:
+    if name not in TOOL_CALL_PARSERS:
+        raise argparse.ArgumentTypeError(
+            f"{name!r} is not a tool-call parser tacit has; valid: {', '.join(TOOL_CALL_PARSERS)} "
+            f"(<tool_call> JSON </tool_call>): a model that writes calls another way is not supported yet"
+        )
+    return name
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """generate, chat, serve, fetch and build-kernels, as subcommands of the `tacit` parser."""
     g = sub.add_parser("generate", help="complete one prompt, streaming the text")
@@ -151,11 +162,31 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-waiting", type=int, default=256)
     s.add_argument(
         "--max-request-bytes",
-        type=int,
+        type=parse_bytes,
+        metavar="SIZE",
         default=DEFAULT_MAX_REQUEST_BYTES,
         help="largest request body accepted; a larger one gets 413 before it is read (default 16 MiB)",
     )
-    s.add_argument("--served-model-name", default=None)
+    s.add_argument(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
+        help="the model name requests give and responses carry (default: --model as given)",
+    )
+    s.add_argument(
+        "--tool-call-parser",
+        type=_tool_call_parser,
+        default=TOOL_CALL_PARSERS[0],
+        help=f"how tool calls are read out of generated text, vLLM's names: {' | '.join(TOOL_CALL_PARSERS)} "
+        f"(<tool_call> JSON </tool_call>, the format tacit's tools prompt and Qwen2.5/Qwen3 templates ask for; "
+        f"default {TOOL_CALL_PARSERS[0]})",
+    )
+    s.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="vLLM's switch for tool_choice auto, which tacit always serves: a request that sends tools may get "
+        "calls back",
+    )
     s.add_argument(
         "--shutdown-timeout",
         type=float,

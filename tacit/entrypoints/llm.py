@@ -40,6 +40,12 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate() samples with when given no SamplingParams, as vLLM's: the model's
+        generation_config.json temperature / top_p / top_k / min_p (generation_config=auto), the rest
+        SamplingParams' defaults."""
+        return SamplingParams.from_model_defaults(self.engine.sampling_defaults)
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
@@ -50,7 +56,7 @@ class LLM:
             prompts = [prompts]
         prompts = list(prompts)
         if isinstance(sampling_params, SamplingParams) or sampling_params is None:
-            params = [sampling_params or SamplingParams()] * len(prompts)
+            params = [sampling_params or self.get_default_sampling_params()] * len(prompts)
         else:
             params = list(sampling_params)
             if len(params) != len(prompts):
@@ -103,7 +109,7 @@ class LLM:
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """Yield text as it is generated, for one prompt (the CLI's chat and generate)."""
-        rid = self.engine.add_request(prompt, sampling_params)
+        rid = self.engine.add_request(prompt, sampling_params or self.get_default_sampling_params())
         sent = 0
         try:
             while True:

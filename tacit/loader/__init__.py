@@ -11,11 +11,12 @@ import torch
 from tacit.kernels.ggml_quant import GGMLTensor
 from tacit.loader.default_model import resolve_default_model
 from tacit.loader.gguf_file import GGUFFile
-from tacit.loader.hf import hf_eos_token_ids, iter_safetensors, read_json, safetensors_files
+from tacit.loader.hf import hf_eos_token_ids, hf_sampling_defaults, iter_safetensors, read_json, safetensors_files
 from tacit.loader.prequantized import converted_weights, quant_method, quantized_weight_names
 from tacit.loader.shards import narrowed
 from tacit.model_config_checks import check_architecture_numbers
-from tacit.tokenizer import Tokenizer
+from tacit.sampling_params import SamplingParams
+from tacit.tokenizer import Tokenizer, read_chat_template
 
 
 @dataclass
@@ -34,7 +35,58 @@ class ModelSource:
     quantized_weights: dict[str, int] = field(default_factory=dict)
 
 
-def open_model(model: str | Path | None) -> ModelSource:
+def open_model(
+    model: str | Path | None,
+    tokenizer: str | None = None,
+    chat_template: str | None = None,
+) -> ModelSource:
+    """The model at `model` (None: the default model), with another tokenizer directory or chat
+    template (a file or the template itself) if given."""
+    source = _open_model(model, tokenizer)
+    if chat_template is not None:
+        source.tokenizer = source.tokenizer.with_chat_template(read_chat_template(chat_template))
+    return source
+
+
+def _other_tokenizer(directory: str, hf_config: dict) -> Tokenizer:
+    path = Path(directory).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"tokenizer={directory!r} is not a directory; pass one holding tokenizer.json")
+    tok = Tokenizer.from_hf_dir(path)
+    vocab = hf_config.get("vocab_size")
+    if isinstance(vocab, int) and tok.vocab_size > vocab:
+        raise ValueError(
+            f"tokenizer={directory!r} has {tok.vocab_size} tokens but the model embeds {vocab}: "
+            f"ids past {vocab - 1} would index no embedding row; pass the tokenizer this model was trained with"
+        )
+    return tok
+
+
+def sampling_defaults(path: Path, generation_config: str = "auto") -> dict[str, float | int]:
+    """The sampling values requests fall back to, as vLLM's --generation-config: auto (the model
+    directory's generation_config.json; a GGUF has none), vllm (none) or a folder holding one.
+    Validated here, so a bad value fails at start-up naming the file, not in each request omitting it."""
+    if generation_config == "vllm":
+        return {}
+    if generation_config == "auto":
+        folder = path
+        defaults = {} if path.is_file() else hf_sampling_defaults(path)
+    else:
+        folder = Path(generation_config).expanduser()
+        if not (folder / "generation_config.json").is_file():
+            raise FileNotFoundError(
+                f"generation_config={generation_config!r}: no generation_config.json there; valid: auto (the "
+                f"model's), vllm (none: OpenAI's defaults) or a folder holding a generation_config.json"
+            )
+        defaults = hf_sampling_defaults(folder)
+    try:
+        SamplingParams.from_model_defaults(defaults)
+    except ValueError as e:
+        raise ValueError(f"{folder / 'generation_config.json'}: {e}") from None
+    return defaults
+
+
+def _open_model(model: str | Path | None, tokenizer: str | None) -> ModelSource:
     path = resolve_default_model() if model is None else Path(model).expanduser()
     if not path.exists():
         raise FileNotFoundError(
@@ -48,7 +100,7 @@ def open_model(model: str | Path | None) -> ModelSource:
                 f"anything else must be a Hugging Face directory"
             )
         gguf = GGUFFile(path)
-        tok = gguf.tokenizer()
+        tok = _other_tokenizer(tokenizer, gguf.hf_config()) if tokenizer else gguf.tokenizer()
         eos = gguf.eos_token_ids() or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
         return ModelSource(
             path,
@@ -68,7 +120,8 @@ def open_model(model: str | Path | None) -> ModelSource:
     # Before anything reads the config (a list once ended in an AttributeError), naming the file.
     check_architecture_numbers(str(config_file), config)
     method = quant_method(path, config)
-    tok = Tokenizer.from_hf_dir(path)
+    # --tokenizer: a checkpoint without tokenizer files (or with another tokenizer) takes one from elsewhere.
+    tok = _other_tokenizer(tokenizer, config) if tokenizer else Tokenizer.from_hf_dir(path)
     eos = hf_eos_token_ids(path, config) or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
     if method is None:
         return ModelSource(path, config, tok, eos, lambda skip=None, shards=None: iter_safetensors(path, skip, shards))

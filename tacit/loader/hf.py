@@ -104,3 +104,20 @@ def hf_eos_token_ids(path: Path, config: dict) -> list[int]:
     if eos is None:
         return []
     return list(eos) if isinstance(eos, list) else [int(eos)]
+
+
+# generation_config.json's sampling values a request falls back to where it sets none (vLLM's
+# get_diff_sampling_param, less max_new_tokens). repetition_penalty is read to be reported: tacit's
+# sampler has no repetition penalty, so it is never applied (the server's start-up line says so).
+GENERATION_CONFIG_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def hf_sampling_defaults(directory: Path) -> dict[str, float | int]:
+    """The sampling values the generation_config.json in `directory` sets ({} without one)."""
+    gen = directory / "generation_config.json"
+    if not gen.exists():
+        return {}
+    doc = read_json(gen)
+    if not isinstance(doc, dict):
+        raise ValueError(f"{gen} is invalid: must be a JSON object")
+    return {k: doc[k] for k in GENERATION_CONFIG_SAMPLING_KEYS if doc.get(k) is not None}

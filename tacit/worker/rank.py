@@ -40,11 +40,12 @@ def rank_cores(rank: int, world_size: int) -> list[int]:
     return mine or [cores[rank % len(cores)]]
 
 
-def pin_to_cores(cores: list[int]) -> None:
+def pin_to_cores(cores: list[int], threads: int | None = None) -> None:
     """Run this process's threads (torch's and the C++ kernels' OpenMP) on `cores` only: ranks
-    sharing a core would each wait for the other's time slice at every all-reduce."""
+    sharing a core would each wait for the other's time slice at every all-reduce. threads: how
+    many (--threads), else one per core."""
     os.sched_setaffinity(0, cores)
-    torch.set_num_threads(len(cores))
+    torch.set_num_threads(threads or len(cores))
 
 
 def agree_num_blocks(num_blocks: int) -> int:
@@ -143,7 +144,7 @@ def worker_main(
         platform.bind_local_rank(*(local or (rank, world_size)))
         parallel = config.parallel
         tp = TensorParallel(rank, world_size, parallel.expert_parallel, parallel.data_parallel_attention)
-        runner = load_rank(config, open_model(config.model.path), platform, tp)
+        runner = load_rank(config, open_model(config.model.path, config.model.tokenizer), platform, tp)
         while True:
             msg = channel.recv()
             if msg.collect_stats:
@@ -176,6 +177,6 @@ def spawned_worker(
                 f"tensor-parallel rank {rank}: the driver (pid {driver.pid}) exited before the rendezvous completed"
             )
 
-    pin_to_cores(rank_cores(rank, world_size))
+    pin_to_cores(rank_cores(rank, world_size), config.parallel.threads)
     init_rank_watching(rank, world_size, init_file, driver_alive)
     worker_main(rank, world_size, config, device, PipeChannel([pipe]))

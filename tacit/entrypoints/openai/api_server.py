@@ -202,6 +202,21 @@ def served_model_name(args: argparse.Namespace, model: str | None) -> str:
     return model
 
 
+def describe_sampling_defaults(defaults: dict[str, float | int]) -> str:
+    """What a request that sets no temperature / top_p / top_k / min_p samples with, for the start-up line."""
+    applied = {k: v for k, v in defaults.items() if k != "repetition_penalty"}
+    if applied:
+        text = "sampling defaults from generation_config.json: " + ", ".join(f"{k} {v}" for k, v in applied.items())
+    else:
+        text = "sampling defaults: OpenAI's (temperature 1, top_p 1)"
+    if "repetition_penalty" in defaults:
+        text += (
+            f"; generation_config.json's repetition_penalty {defaults['repetition_penalty']} is not applied "
+            f"(tacit's sampler has no repetition penalty)"
+        )
+    return text
+
+
 def run_server(args: argparse.Namespace) -> int:
     """Load the model, serve until SIGTERM/SIGINT, then drain and exit 0 (1 if the engine died)."""
     import uvicorn
@@ -222,7 +237,7 @@ def run_server(args: argparse.Namespace) -> int:
     print(
         f"tacit: loaded {Path(e.source.path).name} in {time.perf_counter() - t0:.1f}s ({e.config.model.dtype}, "
         f"{e.num_kv_blocks} KV blocks, max_model_len {e.max_model_len}); serving `{name}` on "
-        f"http://{args.host}:{args.port}/v1",
+        f"http://{args.host}:{args.port}/v1; {describe_sampling_defaults(e.sampling_defaults)}",
         file=sys.stderr,
         flush=True,
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
@@ -85,9 +85,10 @@ class ChatCompletionRequest(SamplingRequest):
             return None
         return [t.model_dump(exclude_none=True) for t in self.tools]
 
-    def to_sampling_params(self) -> SamplingParams:
+    def to_sampling_params(self, defaults: Mapping[str, Any] | None = None) -> SamplingParams:
+        """defaults: the model's sampling values, for the fields left unset (SamplingRequest)."""
         max_tokens = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self._sampling_params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None)
+        return self._sampling_params(max_tokens, (self.top_logprobs or 0) if self.logprobs else None, None, defaults)
 
     @property
     def requested_max_tokens(self) -> int | None:

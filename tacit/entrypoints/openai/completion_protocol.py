@@ -4,7 +4,7 @@ prompt, echo and logprobs) and the response and stream chunk built from it."""
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr, model_validator
 
@@ -42,11 +42,12 @@ class CompletionRequest(SamplingRequest):
         """echo with logprobs: the logprobs object covers the prompt's tokens before the generated ones."""
         return self.echo and self.logprobs is not None
 
-    def to_sampling_params(self) -> SamplingParams:
+    def to_sampling_params(self, defaults: Mapping[str, Any] | None = None) -> SamplingParams:
+        """defaults: the model's sampling values, for the fields left unset (SamplingRequest)."""
         prompt_logprobs = self.prompt_logprobs
         if self.echoes_logprobs:  # as vLLM: the echoed prompt is scored like the generated tokens
             prompt_logprobs = max(prompt_logprobs or 0, self.logprobs)
-        return self._sampling_params(self.max_tokens, self.logprobs, prompt_logprobs)
+        return self._sampling_params(self.max_tokens, self.logprobs, prompt_logprobs, defaults)
 
 
 class CompletionLogprobs(BaseModel):

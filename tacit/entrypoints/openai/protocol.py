@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
@@ -74,6 +74,20 @@ class StructuredOutputsRequest(OpenAIModel):
     choice: list[StrictStr] | None = None
     grammar: StrictStr | None = None
     json_object: StrictBool | None = None
+
+
+def sampling_fields(request: BaseModel, names: tuple[str, ...], defaults: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The request's values of these fields, else the model's defaults (--generation-config), else
+    nothing: SamplingParams' own, OpenAI's (temperature 1, top_p 1; "unset" means that, not greedy).
+    A field is unset when it is None: a request that sends temperature 1.0 gets 1.0, as vLLM."""
+    out = {}
+    for name in names:
+        value = getattr(request, name)
+        if value is None and defaults:
+            value = defaults.get(name)
+        if value is not None:
+            out[name] = value
+    return out
 
 
 class SamplingRequest(OpenAIModel):
@@ -146,9 +160,14 @@ class SamplingRequest(OpenAIModel):
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
     def _sampling_params(
-        self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+        self,
+        max_tokens: int | None,
+        logprobs: int | None,
+        prompt_logprobs: int | None = None,
+        defaults: Mapping[str, Any] | None = None,
     ) -> SamplingParams:
-        """Raises ValueError naming the field when a value is out of range."""
+        """Raises ValueError naming the field when a value is out of range. defaults: the model's
+        generation_config.json values, for the fields this request leaves unset (None, not a value)."""
         kw: dict[str, Any] = dict(
             max_tokens=max_tokens,
             n=self.n,
@@ -168,11 +187,7 @@ class SamplingRequest(OpenAIModel):
         spec = self.structured_outputs_spec()
         if spec is not None:
             kw["structured_outputs"] = spec[1]
-        # OpenAI's defaults are temperature 1, top_p 1: "unset" means that, not greedy.
-        for name in ("temperature", "top_p", "top_k", "min_p"):
-            value = getattr(self, name)
-            if value is not None:
-                kw[name] = value
+        kw.update(sampling_fields(self, ("temperature", "top_p", "top_k", "min_p"), defaults))
         return SamplingParams(**kw)
 
 

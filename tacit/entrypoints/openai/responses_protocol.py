@@ -9,11 +9,11 @@ A field that needs more (tools, stored responses, reasoning) is refused by name,
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, StrictStr, field_validator
 
-from tacit.entrypoints.openai.protocol import OpenAIModel
+from tacit.entrypoints.openai.protocol import OpenAIModel, sampling_fields
 from tacit.sampling_params import SamplingParams, StructuredOutputsParams
 
 
@@ -100,15 +100,15 @@ class ResponsesRequest(OpenAIModel):
             turns.insert(0, {"role": "system", "content": self.instructions})
         return turns
 
-    def to_sampling_params(self) -> SamplingParams:
-        """Raises ValueError naming the field when a value is out of range. OpenAI's defaults
-        (temperature 1, top_p 1) apply when unset."""
+    def to_sampling_params(self, defaults: Mapping[str, Any] | None = None) -> SamplingParams:
+        """Raises ValueError naming the field when a value is out of range. Unset temperature and
+        top_p are the model's defaults, else OpenAI's (1, 1); top_k and min_p, which the Responses
+        API has no field for, the model's where it sets them."""
         kw: dict[str, Any] = {"max_tokens": self.max_output_tokens}
         if self.text is not None:
             kw["structured_outputs"] = self.text.format.structured_outputs()
-        for name in ("temperature", "top_p"):
-            if getattr(self, name) is not None:
-                kw[name] = getattr(self, name)
+        kw.update(sampling_fields(self, ("temperature", "top_p"), defaults))
+        kw.update({k: v for k, v in (defaults or {}).items() if k in ("top_k", "min_p")})
         return SamplingParams(**kw)
 
 

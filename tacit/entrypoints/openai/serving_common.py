@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import AsyncIterator, Callable, Iterable
+from typing import AsyncIterator, Callable, Iterable, Mapping
 
 from jinja2 import TemplateError
 from starlette.requests import Request
@@ -38,6 +38,8 @@ class ServingContext:
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.vocab_size
+        # The model's generation_config.json sampling values, for requests that leave them unset.
+        self.sampling_defaults = engine.sampling_defaults
         self.max_token_bytes = self.tokenizer.max_token_bytes  # read once here, not per request
 
     def refuse_surely_too_long(self, texts: Iterable[str], field: str) -> None:
@@ -92,10 +94,10 @@ class ServingContext:
                 "max_tokens",
             )
 
-    @staticmethod
-    def sampling_params(make: Callable[[], SamplingParams]) -> SamplingParams:
+    def sampling_params(self, make: Callable[[Mapping[str, float | int]], SamplingParams]) -> SamplingParams:
+        """make(the model's sampling defaults): a request's to_sampling_params; its ValueError is a 400."""
         try:
-            return make()
+            return make(self.sampling_defaults)
         except ValueError as e:
             raise from_value_error(e) from None
 

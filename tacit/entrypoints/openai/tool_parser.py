@@ -12,6 +12,9 @@ import json
 import re
 from dataclasses import dataclass
 
+# vLLM's --tool-call-parser names of the formats parsed here: tacit reads Hermes's alone (the tools prompt
+# it writes asks for it; Qwen2.5/Qwen3 and Hermes templates do too).
+TOOL_CALL_PARSERS = ("hermes",)
 START, END = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(START) + r"(.*?)(?:" + re.escape(END) + r"|$)", re.DOTALL)
 
