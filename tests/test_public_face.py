@@ -1,9 +1,11 @@
-"""`import tacit` is cheap: the public names are bound on first use (tacit/__init__.py, PEP 562),
+"""What a newcomer meets first. The README: short, its set-up commands the ones CI runs, its links
+resolving. `import tacit`: cheap, the public names bound on first use (tacit/__init__.py, PEP 562),
 so the bare import loads neither torch nor the engine and leaves the process as it was."""
 
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +15,8 @@ import pytest
 import tacit
 
 INIT = Path(tacit.__file__)
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
 PUBLIC = [
     "LLM",
     "EngineArgs",
@@ -69,3 +73,28 @@ def test_the_type_checking_imports_name_what_getattr_binds():
             for imp in node.body:
                 typed.update({a.name: imp.module for a in imp.names})
     assert typed == tacit._LAZY and sorted(tacit.__all__) == sorted(tacit._LAZY)
+
+
+def test_the_readme_reads_in_two_minutes():
+    # Issue 35: at most ~120 lines; the long material lives in docs/ (mkdocs.yml's site).
+    assert len(README.splitlines()) <= 120, len(README.splitlines())
+
+
+def test_the_readme_shows_the_commands_ci_runs():
+    """.ci/run runs "the README's two commands" (scripts/setup.sh installs): the same lines, in a bash block."""
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", README, re.S))
+    ci = (ROOT / ".ci" / "run").read_text()
+    for command in ("bash scripts/setup.sh", ".venv/bin/python -m pytest -q"):
+        assert re.search(rf"^{re.escape(command)}(\s|$)", blocks, re.M), command
+        assert command in ci, command
+    # Install, chat, serve, a curl and a benchmark, each found from the README.
+    for shown in (".venv/bin/tacit chat", ".venv/bin/tacit serve", "curl -s localhost:8000/v1/", "tacit bench latency"):
+        assert shown in blocks, shown
+
+
+def test_the_readme_links_resolve():
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README)
+    local = [link for link in links if not link.startswith(("http://", "https://"))]
+    assert local, "the README links to the docs"
+    missing = [link for link in local if not (ROOT / link).exists()]
+    assert not missing, missing

@@ -1,0 +1,92 @@
+"""The documentation site (mkdocs.yml, docs/): it builds strictly, every page is in the nav, the
+generated engine-arguments page matches EngineArgs, and the tacit command lines it shows parse."""
+
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def _nav_pages(nav: list) -> list[str]:
+    pages = []
+    for item in nav:
+        value = next(iter(item.values())) if isinstance(item, dict) else item
+        pages += _nav_pages(value) if isinstance(value, list) else [value]
+    return pages
+
+
+def test_every_page_is_in_the_nav_and_every_nav_entry_is_a_page():
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    nav = _nav_pages(config["nav"])
+    pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
+    assert sorted(nav) == pages, {"not in nav": sorted(set(pages) - set(nav)), "missing": sorted(set(nav) - set(pages))}
+
+
+def test_the_engine_arguments_page_is_what_the_script_writes():
+    spec = importlib.util.spec_from_file_location("gen_cli_reference", ROOT / "scripts" / "gen_cli_reference.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    page = gen.render()
+    assert (DOCS / "reference" / "engine_args.md").read_text() == page, (
+        "docs/reference/engine_args.md is stale: run python scripts/gen_cli_reference.py"
+    )
+    from tacit.config.engine_args import EngineArgs
+
+    for name in EngineArgs.names():  # every knob is on the page, by keyword
+        assert f"Keyword `{name}`" in page, name
+
+
+def _command_lines(text: str) -> list[str]:
+    """The `tacit ...` lines of a page's bash blocks, comments and a leading `echo ... |` cut off;
+    lines with [optional] parts or placeholders in capitals are left out (they are usage, not commands)."""
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" | ")[-1].split("  #")[0].strip()
+            if line.startswith(".venv/bin/tacit "):
+                line = line.removeprefix(".venv/bin/")
+            if line.startswith("tacit ") and "[" not in line and not re.search(r"\b[A-Z]{2,}\b(?!\.)", line):
+                lines.append(line)
+    return lines
+
+
+def test_the_command_lines_in_the_readme_and_the_docs_parse():
+    from tacit.cli import build_parser
+
+    pages = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    lines = {(p.name, line) for p in pages for line in _command_lines(p.read_text())}
+    assert len(lines) >= 10, lines  # the README alone shows chat, generate, serve and bench
+    bad = []
+    for page, line in sorted(lines):
+        try:
+            build_parser().parse_args(shlex.split(line)[1:])
+        except SystemExit:
+            bad.append(f"{page}: {line}")
+    assert not bad, bad
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None,
+    reason="mkdocs-material is not installed (pip install -e '.[dev]' installs it)",
+)
+def test_the_site_builds_strictly(tmp_path):
+    # --strict: a broken link or anchor, or a page left out of the nav, is an error (mkdocs.yml's validation).
+    out = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,  # mkdocs.yml's snippets (the recipe pages) are read relative to the repository root
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},  # mkdocs-material's banner about its successor
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / "site" / "reference" / "engine_args" / "index.html").is_file()
