@@ -118,7 +118,7 @@ def report_failed_peers(engines: list) -> dict[str, dict[str, str]]:
         print(f"peer {name} failed: {why}; its results are missing, the others stand")
         if name == "llama.cpp" and "SIGSEGV" in why:
             print(
-                "  llama-cpp-python's native build crashes on some CPUs that advertise AMX: the README's `tacit bench` section "
+                "  llama-cpp-python's native build crashes on some CPUs that advertise AMX: docs/performance/bench.md "
                 "says how to rebuild it without AMX"
             )
     for e in engines:
