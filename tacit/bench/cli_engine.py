@@ -5,6 +5,7 @@ workload of N requests."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from tacit.bench.cli_output import log, print_ratios, table, write_json
 from tacit.bench.cli_peers import PEERS, check_peers, report_failed_peers, setup_engines
@@ -49,6 +50,11 @@ def add_engine_parsers(bsub: argparse._SubParsersAction) -> argparse.ArgumentPar
         "--cases",
         default="repetitive:1,chat:1,mixed:16",
         help="workload:batch pairs; workloads: " + ", ".join(("repetitive", "chat", "mixed")),
+    )
+    sp.add_argument(
+        "--workload",
+        default=None,
+        help="JSONL of {kind: repetitive|chat, messages: [...]} (default: docs/workloads/spec-decode.jsonl)",
     )
     sp.add_argument("--output-len", type=int, default=256)
     sp.add_argument("--repeats", type=int, default=3)
@@ -167,7 +173,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
         "off": LLMEngine(engine_args=replace(base, speculative_config=None)),
         "on": LLMEngine(engine_args=replace(base, speculative_config=spec)),
     }
-    prompts = spec_decode.load_prompts(engines["off"].tokenizer)
+    prompts = spec_decode.load_prompts(engines["off"].tokenizer, Path(args.workload or spec_decode.WORKLOAD))
     peers = []
     if args.peer:
         gguf = engines["off"].source.path

@@ -32,10 +32,15 @@ KINDS = ("repetitive", "chat", "mixed")
 def load_prompts(tokenizer, path: Path = WORKLOAD) -> dict[str, list[list[int]]]:
     """{kind: [chat-templated prompt ids]} for the repetitive and chat prompts of the workload."""
     out: dict[str, list[list[int]]] = {"repetitive": [], "chat": []}
-    for line in path.read_text().splitlines():
+    for i, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip():
             row = json.loads(line)
+            if row.get("kind") not in out or not isinstance(row.get("messages"), list):
+                raise ValueError(f"{path}:{i}: needs kind repetitive or chat and a messages list")
             out[row["kind"]].append(tokenizer.encode_chat(row["messages"]))
+    empty = [k for k, v in out.items() if not v]
+    if empty:
+        raise ValueError(f"{path} has no {' or '.join(empty)} prompts")
     return out
 
 

@@ -336,9 +336,17 @@ def test_bench_spec_compares_speculation_on_and_off_on_the_same_tokens(tiny_llam
     """`tacit bench spec` on the tiny checkpoint (float32, so every path computes alike): each
     case alternates off and on, compares their tokens, and prints the ratio of the pairs."""
     out = tmp_path / "spec.json"
+    # The tiny tokenizer spells the shipped workload's files in more tokens than it has positions:
+    # a workload of its own, in the same form.
+    code = "def add(a, b):\n    return a + b\n\n" * 6
+    rows = [{"kind": "repetitive", "messages": [{"role": "user", "content": f"Repeat this file:\n{code}"}]}]
+    rows += [{"kind": "chat", "messages": [{"role": "user", "content": f"Question {i}?"}]} for i in range(3)]
+    workload = tmp_path / "spec.jsonl"
+    workload.write_text("".join(json.dumps(x) + "\n" for x in rows))
     r = subprocess.run(
         [sys.executable, "-m", "tacit.cli", "bench", "spec", "--model", str(tiny_llama[2]), "--dtype", "float32"]
-        + ["--cases", "repetitive:1,mixed:3", "--output-len", "12", "--repeats", "2", "--json", str(out)],
+        + ["--workload", str(workload), "--cases", "repetitive:1,mixed:3", "--output-len", "12", "--repeats", "2"]
+        + ["--json", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -359,3 +367,16 @@ def test_bench_spec_compares_speculation_on_and_off_on_the_same_tokens(tiny_llam
         [sys.executable, "-m", "tacit.cli", "bench", "spec", "--cases", "poetry:1"], capture_output=True, text=True
     )
     assert bad.returncode != 0 and "--cases 'poetry:1' is invalid" in bad.stderr
+
+
+def test_the_shipped_spec_workload_loads_and_a_bad_one_is_refused(tiny_llama, tmp_path):
+    from tacit.bench.spec_decode import WORKLOAD, load_prompts
+    from tacit.loader import open_model
+
+    tok = open_model(str(tiny_llama[2])).tokenizer
+    prompts = load_prompts(tok, WORKLOAD)
+    assert (len(prompts["repetitive"]), len(prompts["chat"])) == (4, 8)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"kind": "poetry", "messages": []}) + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1: needs kind repetitive or chat"):
+        load_prompts(tok, bad)
