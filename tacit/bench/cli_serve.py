@@ -231,15 +231,13 @@ def cmd_prefix_scenario(args: argparse.Namespace) -> int:
         log=log,
         max_concurrency=args.max_concurrency,
     )
-    print(
+    return _report(
+        args,
+        rows,
+        prefix_scenarios.verdicts(rows),
         f"scenario {args.scenario}: {args.groups} x {args.group_size} requests, {args.prefix_tokens}-token shared "
-        f"prefix, {args.suffix_tokens}-word messages, {args.output_len} tokens out"
+        f"prefix, {args.suffix_tokens}-word messages, {args.output_len} tokens out",
     )
-    print(table(rows))
-    for line in prefix_scenarios.verdicts(rows):
-        print(line)
-    write_json(args, {"rows": rows})
-    return 0
 
 
 def cmd_peer_multi_turn(args: argparse.Namespace) -> int:
@@ -263,15 +261,13 @@ def cmd_peer_multi_turn(args: argparse.Namespace) -> int:
         concurrency,
         log=log,
     )
-    print(
+    return _report(
+        args,
+        rows,
+        peer_multi_turn.verdicts(rows),
         f"scenario multi-turn against {args.peer}: {args.groups} x {args.group_size} turns, {concurrency} at once, "
-        f"{args.prefix_tokens}-token system prompt, {args.suffix_tokens}-word messages, {args.output_len} tokens out"
+        f"{args.prefix_tokens}-token system prompt, {args.suffix_tokens}-word messages, {args.output_len} tokens out",
     )
-    print(table(rows))
-    for line in peer_multi_turn.verdicts(rows):
-        print(line)
-    write_json(args, {"rows": rows})
-    return 0
 
 
 def cmd_restart_scenario(args: argparse.Namespace) -> int:
@@ -292,12 +288,20 @@ def cmd_restart_scenario(args: argparse.Namespace) -> int:
         args.tier_gib,
         log=log,
     )
-    print(
+    return _report(
+        args,
+        rows,
+        restart_scenario.verdicts(rows),
         f"scenario restart: {args.groups} prefixes of {args.prefix_tokens} tokens, a {args.suffix_tokens}-word "
-        f"question each before and after a restart, {args.output_len} tokens out"
+        f"question each before and after a restart, {args.output_len} tokens out",
     )
+
+
+def _report(args: argparse.Namespace, rows: list[dict], verdicts: list[str], header: str) -> int:
+    """A scenario's header, its table, its verdict lines, and --json."""
+    print(header)
     print(table(rows))
-    for line in restart_scenario.verdicts(rows):
+    for line in verdicts:
         print(line)
     write_json(args, {"rows": rows})
     return 0
