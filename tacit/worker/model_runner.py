@@ -43,11 +43,22 @@ from tacit.worker.kv_allocation import allocate_kv_caches, kv_cache_groups, num_
 from tacit.worker.kv_offload_store import KVOffloadId, make_kv_offload_store
 from tacit.worker.paths import PathContext, PathResult
 from tacit.worker.paths.base import ExecutionPath, Steps, build_paths, finish, first_accepting
-from tacit.worker.paths.fused_binders import build_fused_decoder
+from tacit.worker.paths.fused_binders import build_fused_decoder, fused_decoder_unsupported_reason
 from tacit.worker.request_state import CachedRequestState, update_request_states
 from tacit.worker.sample_step import sample_and_verify
 from tacit.worker.speculative import build_drafter
 from tacit.worker.swap_store import KVSwapStore
+
+
+def why_not_fused(device_type: str, dtype: torch.dtype, kernels, model: nn.Module) -> str:
+    """Why decode steps run on the torch path rather than the fused C++ step."""
+    if device_type != "cpu":
+        return f"device {device_type}: the fused step is the CPU's"
+    if dtype != torch.bfloat16:
+        return f"dtype {str(dtype).removeprefix('torch.')}: the fused step runs bfloat16"
+    if kernels is None:
+        return "the CPU kernels are not loaded: no AVX512-BF16, or cpu_kernels off"
+    return fused_decoder_unsupported_reason(model) or "the model's shapes: see the message above"
 
 
 def kv_cache_layers(model: nn.Module) -> dict[str, KVCacheLayer]:
@@ -138,6 +149,12 @@ class ModelRunner:
         # holds, even when an explicit max_model_len is longer.
         positions = min(config.model.max_model_len, self.num_blocks * self.block_size)
         fused_decode = build_fused_decoder(model, kernels, self.block_size, positions, int8_activations)
+        # What runs a decode step, for the start-up line: users ask why a model decodes slowly.
+        self.decode_path = (
+            "fused C++ decode step"
+            if fused_decode is not None
+            else f"torch path ({why_not_fused(device.type, config.model.dtype, kernels, model)})"
+        )
         self.paths_context = PathContext(
             model=model,
             device=device,

@@ -140,3 +140,19 @@ def test_the_start_up_line_states_the_served_defaults(gen_model):
     loaded = next(line for line in "".join(log).splitlines() if line.startswith("tacit: loaded"))
     assert "sampling defaults from generation_config.json: temperature 0.6, top_p 0.9, top_k 20" in loaded
     assert "repetition_penalty 1.05 is not applied" in loaded
+
+
+def test_serving_beyond_loopback_without_a_key_is_warned_of():
+    from tacit.entrypoints.openai.api_server import open_bind_warning
+
+    assert open_bind_warning("127.0.0.1", None) is None and open_bind_warning("::1", None) is None
+    assert open_bind_warning("0.0.0.0", "secret") is None
+    warning = open_bind_warning("0.0.0.0", None)
+    assert "serving on 0.0.0.0 without --api-key" in warning and "bind 127.0.0.1" in warning
+
+
+def test_the_runner_says_what_runs_a_decode_step(tiny_llama):
+    from tacit import LLM
+
+    runner = LLM(str(tiny_llama[2]), dtype="float32").engine.runner
+    assert runner.decode_path == "torch path (dtype float32: the fused step runs bfloat16)"

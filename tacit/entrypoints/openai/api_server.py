@@ -217,6 +217,19 @@ def describe_sampling_defaults(defaults: dict[str, float | int]) -> str:
     return text
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def open_bind_warning(host: str, api_key: str | None) -> str | None:
+    """What to warn of when the server listens beyond this machine with no API key (None: nothing)."""
+    if api_key or host in LOOPBACK or host.startswith("127."):
+        return None
+    return (
+        f"serving on {host} without --api-key (or TACIT_API_KEY): anyone who can reach this port can use "
+        "the model; set one, or bind 127.0.0.1"
+    )
+
+
 def run_server(args: argparse.Namespace) -> int:
     """Load the model, serve until SIGTERM/SIGINT, then drain and exit 0 (1 if the engine died)."""
     import uvicorn
@@ -237,10 +250,14 @@ def run_server(args: argparse.Namespace) -> int:
     print(
         f"tacit: loaded {Path(e.source.path).name} in {time.perf_counter() - t0:.1f}s ({e.config.model.dtype}, "
         f"{e.num_kv_blocks} KV blocks, max_model_len {e.max_model_len}); serving `{name}` on "
-        f"http://{args.host}:{args.port}/v1; {describe_sampling_defaults(e.sampling_defaults)}",
+        f"http://{args.host}:{args.port}/v1; decode: {e.runner.decode_path}; "
+        f"{describe_sampling_defaults(e.sampling_defaults)}",
         file=sys.stderr,
         flush=True,
     )
+    warning = open_bind_warning(args.host, args.api_key)
+    if warning:
+        print(f"tacit: warning: {warning}", file=sys.stderr, flush=True)
     app = build_app(engine, name, args.api_key, args.max_request_bytes)
     config = uvicorn.Config(
         app,
