@@ -46,14 +46,22 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    from tacit.entrypoints.chat_session import ChatSession
     from tacit.sampling_params import SamplingParams
 
     llm = load_llm(args)
-    params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
-    history: list[dict] = []
-    if args.system:
-        history.append({"role": "system", "content": args.system})
+    params = SamplingParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens
+    )
+    context = max(1, llm.engine.max_model_len - args.max_tokens)
+    session = ChatSession(llm.chat_prompt_ids, context, args.system)
     interactive = sys.stdin.isatty()
+    if interactive:
+        try:
+            import readline  # noqa: F401  line editing and history for input()
+        except ImportError:
+            pass
+        print("tacit: /help lists the commands; Ctrl-C stops a reply, Ctrl-D ends the session", file=sys.stderr)
     while True:
         if interactive:
             try:
@@ -68,13 +76,48 @@ def cmd_chat(args: argparse.Namespace) -> int:
         line = line.strip()
         if not line:
             continue
-        history.append({"role": "user", "content": line})
-        reply = []
-        for piece in llm.stream(llm.chat_prompt_ids(history), params):
+        try:
+            said = session.command(line)
+        except SystemExit:
+            return 0
+        if said is not None:
+            print(said, flush=True)
+            continue
+        try:
+            ids, dropped = session.prompt(line)
+        except ValueError as e:
+            print(f"tacit: {e}", file=sys.stderr, flush=True)
+            continue
+        if dropped:
+            print(
+                f"(the {dropped} earliest turn(s) dropped to fit the context: {context} prompt tokens)",
+                file=sys.stderr,
+                flush=True,
+            )
+        session.answered(_stream_reply(llm, ids, params))
+
+
+def _stream_reply(llm, ids: list[int], params) -> str:
+    """Print the reply as it comes; Ctrl-C stops it after the current step (the engine is never
+    interrupted mid-step) and the session goes on with what was printed."""
+    import signal
+
+    stop = []
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.append(True))
+    reply = []
+    stream = llm.stream(ids, params)
+    try:
+        for piece in stream:
             reply.append(piece)
             print(piece, end="", flush=True)
-        print(flush=True)
-        history.append({"role": "assistant", "content": "".join(reply)})
+            if stop:
+                print(" [stopped]", end="")
+                break
+    finally:
+        stream.close()  # aborts the request if it was stopped
+        signal.signal(signal.SIGINT, previous)
+    print(flush=True)
+    return "".join(reply)
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
@@ -142,11 +185,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--seed-sample", type=int, default=None, help="seed of the sampler for this request")
     g.set_defaults(func=cmd_generate)
 
-    c = sub.add_parser("chat", help="chat with the model's chat template; reads one turn per line when piped")
+    c = sub.add_parser(
+        "chat",
+        help="chat with the model's chat template (/help: the session's commands); reads one turn per line when piped",
+    )
     EngineArgs.add_cli_args(c)
     c.add_argument("--max-tokens", type=int, default=256)
     c.add_argument("--temperature", type=float, default=0.0)
-    c.add_argument("--system", default=None, help="system prompt")
+    c.add_argument("--top-p", type=float, default=1.0)
+    c.add_argument("--top-k", type=int, default=-1, help="-1: every token")
+    c.add_argument("--system", default=None, help="system prompt (/system TEXT changes it in the session)")
     c.set_defaults(func=cmd_chat)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
