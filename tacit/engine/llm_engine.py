@@ -135,7 +135,7 @@ class LLMEngine:
             eos_token_ids=model_cfg.eos_token_ids,
             structured_output=structured_output,
             min_speculative_tokens=self.config.speculative.min_speculative_tokens if self.config.speculative else 0,
-            num_speculative_tokens=self.config.speculative.num_speculative_tokens if self.config.speculative else 8,
+            num_speculative_tokens=self.config.speculative.num_speculative_tokens if self.config.speculative else 0,
         )
         self.max_model_len = model_cfg.max_model_len
         self.num_kv_blocks = kv.num_blocks  # every rank's pool under data-parallel attention

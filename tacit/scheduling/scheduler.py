@@ -63,7 +63,7 @@ class Scheduler:
         eos_token_ids: Iterable[int] = (),
         structured_output: StructuredOutputManager | None = None,
         min_speculative_tokens: int = 0,
-        num_speculative_tokens: int = 8,
+        num_speculative_tokens: int = 0,
     ) -> None:
         self.config = config
         self.kv = kv
@@ -85,7 +85,10 @@ class Scheduler:
         # Speculative decoding since start: verifies, drafts verified, drafts accepted; and the
         # one place each step's draft lengths are decided.
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
-        self.spec = DraftLengthController(self.cost, min_speculative_tokens, num_speculative_tokens)
+        # num_speculative_tokens 0: no speculative config, so no step prices drafts (a proposer a
+        # test attaches by hand still has every draft it offers verified).
+        self.speculative = num_speculative_tokens > 0
+        self.spec = DraftLengthController(self.cost, min_speculative_tokens, num_speculative_tokens or 8)
         self._finished_req_ids: list[str] = []  # for the runner, with the next SchedulerOutput
         self.view = SchedulerView(self)
         self.prefix_order = PrefixOrder(self)  # the waiting queue's cache-aware order
@@ -267,7 +270,8 @@ class Scheduler:
             self.config.max_long_partial_prefills,
         )
         chunked = self.config.enable_chunked_prefill
-        self.spec.begin_step(len(self.running))
+        if self.speculative:  # the cost model's fit, once a step, only where drafts are priced
+            self.spec.begin_step(len(self.running))
         cut_in.trim_running(self, preempted)
         preemption.make_room_for_urgent(self, preempted)
         urgent_preemption = bool(preempted)

@@ -10,9 +10,10 @@ import logging
 import shutil
 
 import pytest
+from counted_steps import GREEDY, one_by_one
 from safetensors.torch import load_file, save_file
 
-from tacit import LLM, SamplingParams
+from tacit import LLM
 from tacit.config.engine_args import EngineArgs
 from tacit.engine.metrics import ServingMetrics
 from tacit.loader import open_model
@@ -21,31 +22,10 @@ from tacit.memory.kv_offload import KVOffloadIndex
 from tacit.platforms import get_platform
 from tacit.worker.model_fingerprint import model_fingerprint
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 SHARED = list(range(20, 30))  # 10 tokens: with 4-token blocks, 2 full blocks and half a third
 PROMPT = SHARED + [40, 41, 42]  # 13 tokens: 3 full blocks a hit may cover (never the last token's)
 OTHERS = [[90 + i] * 20 for i in range(3)]  # 5 full blocks each: a pool of 8 evicts PROMPT's blocks
 TIER = 1 / 64  # GiB: far more than the tiny models' blocks need
-
-
-def _run(llm: LLM, prompts):
-    """Each prompt alone, in order -> (outputs, tokens each one computed)."""
-    engine = llm.engine
-    computed: dict[str, int] = {}
-    real = engine.scheduler.schedule
-
-    def counting():
-        out = real()
-        for rid, n in out.num_scheduled_tokens.items():
-            computed[rid] = computed.get(rid, 0) + n
-        return out
-
-    engine.scheduler.schedule = counting
-    try:
-        outs = [llm.generate([p], GREEDY)[0] for p in prompts]
-    finally:
-        del engine.scheduler.schedule
-    return outs, [computed[o.request_id] for o in outs]
 
 
 def _tokens(outs):
@@ -54,7 +34,7 @@ def _tokens(outs):
 
 def _plain(path, prompts):
     llm = LLM(str(path), dtype="float32", block_size=4, enable_prefix_caching=False)
-    return _tokens(_run(llm, prompts)[0])
+    return _tokens(one_by_one(llm, prompts)[0])
 
 
 @pytest.mark.parametrize("arch,kw", [("llama", {}), ("llama", {"kv_cache_dtype": "int8"}), ("deepseek_v3", {})])
@@ -62,7 +42,7 @@ def test_evicted_blocks_come_back_from_the_host_tier(tiny_model_factory, arch, k
     _, _, path = tiny_model_factory(arch)
     sequence = [PROMPT, *OTHERS, PROMPT]
     llm = LLM(str(path), dtype="float32", block_size=4, num_kv_blocks=8, kv_offloading_size=TIER, **kw)
-    got, computed = _run(llm, sequence)
+    got, computed = one_by_one(llm, sequence)
     assert _tokens(got) == _plain(path, sequence)
     # The pool lost PROMPT's blocks to the others; the tier gave all 3 back, none recomputed.
     assert got[-1].num_cached_tokens == 12
@@ -81,7 +61,7 @@ def test_without_the_tier_the_same_eviction_recomputes(tiny_model_factory):
     """The control of the test above: the same pool without a tier finds nothing."""
     _, _, path = tiny_model_factory("llama")
     llm = LLM(str(path), dtype="float32", block_size=4, num_kv_blocks=8)
-    got, _ = _run(llm, [PROMPT, *OTHERS, PROMPT])
+    got, _ = one_by_one(llm, [PROMPT, *OTHERS, PROMPT])
     assert got[-1].num_cached_tokens == 0
 
 
@@ -94,7 +74,7 @@ def test_a_full_tier_keeps_its_most_recently_used_blocks(tiny_model_factory):
         str(path), dtype="float32", block_size=4, num_kv_blocks=8, kv_offloading_size=3 * bytes_per_block / (1 << 30)
     )
     sequence = [PROMPT, *OTHERS, PROMPT]
-    got, _ = _run(llm, sequence)
+    got, _ = one_by_one(llm, sequence)
     assert _tokens(got) == _plain(path, sequence)
     assert llm.engine.get_stats().kv_offload_blocks == 3
     assert got[-1].num_cached_tokens == 0
@@ -103,13 +83,13 @@ def test_a_full_tier_keeps_its_most_recently_used_blocks(tiny_model_factory):
 def test_a_restart_finds_the_prefix_on_disk(tiny_model_factory, tmp_path):
     _, _, path = tiny_model_factory("llama")
     first = LLM(str(path), dtype="float32", block_size=4, kv_offloading_size=TIER, kv_offloading_dir=str(tmp_path))
-    _run(first, [PROMPT])
+    one_by_one(first, [PROMPT])
     first.shutdown()  # saves the pool's cached blocks to the tier
     # 13 prompt tokens and 5 computed output tokens: 4 full blocks.
     assert len(list(tmp_path.rglob("*.kv"))) == 4
     again = LLM(str(path), dtype="float32", block_size=4, kv_offloading_size=TIER, kv_offloading_dir=str(tmp_path))
     prompts = [SHARED + [50, 51, 52, 53], PROMPT]
-    got, computed = _run(again, prompts)
+    got, computed = one_by_one(again, prompts)
     assert _tokens(got) == _plain(path, prompts)
     # The first finds the 2 shared blocks on disk; the second all 3 (the pool now holds 2 of them).
     assert [o.num_cached_tokens for o in got] == [8, 12]
@@ -133,11 +113,11 @@ def test_another_checkpoint_never_reuses_the_disk_tier(tiny_model_factory, tmp_p
     _, _, path = tiny_model_factory("llama")
     tier = tmp_path / "tier"
     first = LLM(str(path), dtype="float32", block_size=4, kv_offloading_size=TIER, kv_offloading_dir=str(tier))
-    _run(first, [PROMPT])
+    one_by_one(first, [PROMPT])
     first.shutdown()
     other = _perturbed_copy(path, tmp_path / "other")
     llm = LLM(str(other), dtype="float32", block_size=4, kv_offloading_size=TIER, kv_offloading_dir=str(tier))
-    got, _ = _run(llm, [PROMPT])
+    got, _ = one_by_one(llm, [PROMPT])
     assert got[0].num_cached_tokens == 0
     assert _tokens(got) == _plain(other, [PROMPT])
     llm.shutdown()
@@ -172,7 +152,7 @@ def test_the_fingerprint_names_what_the_kv_depends_on(tiny_model_factory, tmp_pa
 def test_corrupt_and_truncated_files_are_dropped_with_a_warning(tiny_model_factory, tmp_path, caplog):
     _, _, path = tiny_model_factory("llama")
     first = LLM(str(path), dtype="float32", block_size=4, kv_offloading_size=TIER, kv_offloading_dir=str(tmp_path))
-    _run(first, [PROMPT])
+    one_by_one(first, [PROMPT])
     first.shutdown()
     files = {p.name: p for p in tmp_path.rglob("*.kv")}
     assert len(files) == 4
@@ -190,7 +170,7 @@ def test_corrupt_and_truncated_files_are_dropped_with_a_warning(tiny_model_facto
     assert second.name in dropped and "truncated" in dropped
     assert third.name in dropped and "crc32" in dropped
     assert not second.exists() and not third.exists()
-    got, _ = _run(llm, [PROMPT])
+    got, _ = one_by_one(llm, [PROMPT])
     assert got[0].num_cached_tokens == 4  # only the first block was still whole
     assert _tokens(got) == _plain(path, [PROMPT])
     llm.shutdown()
@@ -264,7 +244,7 @@ def test_a_full_disk_keeps_the_blocks_in_memory_and_says_so_once(tiny_model_fact
             kv_offloading_size=TIER,
             kv_offloading_dir=str(tmp_path),
         )
-        got, _ = _run(llm, sequence)
+        got, _ = one_by_one(llm, sequence)
     assert _tokens(got) == _plain(path, sequence)
     assert [got[4].num_cached_tokens, got[-1].num_cached_tokens] == [12, 12]
     warnings = [r.getMessage() for r in caplog.records if "No space left" in r.getMessage()]

@@ -6,10 +6,10 @@ without, one request after another so the earlier ones' blocks are cached."""
 from __future__ import annotations
 
 import pytest
+from counted_steps import GREEDY, one_by_one
 
 from tacit import LLM, SamplingParams
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
 SHARED = list(range(20, 30))  # 10 tokens: with 4-token blocks, 2 full blocks and half a third
 PROMPTS = [SHARED + [40, 41, 42], SHARED + [50, 51, 52, 53, 54, 55], SHARED + [40, 41, 42, 43], SHARED[:9]]
 
@@ -21,39 +21,12 @@ def _engines(path, **kw):
     )
 
 
-def _one_by_one(llm: LLM, prompts, params=GREEDY, **kw):
-    """Each prompt alone, in order; the tokens each step computed for it are counted."""
-    engine = llm.engine
-    computed: dict[str, int] = {}
-    real = engine.scheduler.schedule
-
-    def counting():
-        out = real()
-        for rid, n in out.num_scheduled_tokens.items():
-            computed[rid] = computed.get(rid, 0) + n
-        return out
-
-    engine.scheduler.schedule = counting
-    try:
-        outs = []
-        for p in prompts:
-            rid = engine.add_request(p, params, **kw)
-            while engine.has_unfinished_requests():
-                for o in engine.step():
-                    if o.finished and o.request_id == rid:
-                        outs.append(o)
-    finally:
-        del engine.scheduler.schedule
-    # A request's one sequence runs under its own id (n=1: the parent's).
-    return outs, [computed[o.request_id] for o in outs]
-
-
 @pytest.mark.parametrize("arch,kw", [("llama", {}), ("llama", {"kv_cache_dtype": "int8"}), ("deepseek_v3", {})])
 def test_hits_skip_their_blocks_and_change_no_token(tiny_model_factory, arch, kw):
     _, _, path = tiny_model_factory(arch)
     cached, plain = _engines(path, **kw)
-    got, computed = _one_by_one(cached, PROMPTS)
-    want, full = _one_by_one(plain, PROMPTS)
+    got, computed = one_by_one(cached, PROMPTS)
+    want, full = one_by_one(plain, PROMPTS)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     # The first prompt finds nothing; the others find the shared prefix's 2 full blocks (its
     # third block is partly shared: never), and the third also the blocks the first finished.
@@ -70,8 +43,8 @@ def test_a_hit_after_eviction_and_reinsertion(tiny_model_factory):
     cached, plain = _engines(path, num_kv_blocks=8)
     others = [[90 + i] * 20 for i in range(3)]  # 5 full blocks each: the prefix's blocks go
     sequence = [PROMPTS[0], *others, PROMPTS[0], PROMPTS[0]]
-    got, _ = _one_by_one(cached, sequence)
-    want, _ = _one_by_one(plain, sequence)
+    got, _ = one_by_one(cached, sequence)
+    want, _ = one_by_one(plain, sequence)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     assert [o.num_cached_tokens for o in got][-2:] == [0, 12]
 
@@ -97,24 +70,24 @@ def test_prompt_logprobs_requests_compute_their_prompt_but_share_it(tiny_model_f
     _, _, path = tiny_model_factory("llama")
     cached, plain = _engines(path)
     scored = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, prompt_logprobs=2)
-    got, _ = _one_by_one(cached, [PROMPTS[0], PROMPTS[0]], scored)
-    want, _ = _one_by_one(plain, [PROMPTS[0]], scored)
+    got, _ = one_by_one(cached, [PROMPTS[0], PROMPTS[0]], scored)
+    want, _ = one_by_one(plain, [PROMPTS[0]], scored)
     assert [o.num_cached_tokens for o in got] == [0, 0]  # the scored positions need their logits
     for o in got:
         assert o.outputs[0].token_ids == want[0].outputs[0].token_ids
         for a, b in zip(o.prompt_logprobs[1:], want[0].prompt_logprobs[1:]):
             assert {t: round(l.logprob, 4) for t, l in a.items()} == {t: round(l.logprob, 4) for t, l in b.items()}
-    (after,), _ = _one_by_one(cached, [PROMPTS[0]])
+    (after,), _ = one_by_one(cached, [PROMPTS[0]])
     assert after.num_cached_tokens == 12  # what the scored requests computed is found by others
 
 
 def test_requests_with_different_cache_salts_share_nothing(tiny_model_factory):
     _, _, path = tiny_model_factory("llama")
     cached, _ = _engines(path)
-    a, _ = _one_by_one(cached, [PROMPTS[0]], cache_salt="tenant-a")
-    b, _ = _one_by_one(cached, [PROMPTS[0]], cache_salt="tenant-b")
-    unsalted, _ = _one_by_one(cached, [PROMPTS[0]])
-    again, _ = _one_by_one(cached, [PROMPTS[0]], cache_salt="tenant-a")
+    a, _ = one_by_one(cached, [PROMPTS[0]], cache_salt="tenant-a")
+    b, _ = one_by_one(cached, [PROMPTS[0]], cache_salt="tenant-b")
+    unsalted, _ = one_by_one(cached, [PROMPTS[0]])
+    again, _ = one_by_one(cached, [PROMPTS[0]], cache_salt="tenant-a")
     assert [x[0].num_cached_tokens for x in (a, b, unsalted, again)] == [0, 0, 0, 12]
     assert len({tuple(x[0].outputs[0].token_ids) for x in (a, b, unsalted, again)}) == 1
     with pytest.raises(ValueError, match="cache_salt=''"):
@@ -128,10 +101,10 @@ def test_a_next_turn_hits_the_previous_answer_but_not_its_last_token(tiny_model_
     _, _, path = tiny_model_factory("llama")
     cached, plain = _engines(path)
     params = SamplingParams(temperature=0.0, max_tokens=7, ignore_eos=True)
-    (first,), _ = _one_by_one(cached, [PROMPTS[0]], params)
+    (first,), _ = one_by_one(cached, [PROMPTS[0]], params)
     turn = PROMPTS[0] + list(first.outputs[0].token_ids) + [60, 61, 62]
-    (got,), computed = _one_by_one(cached, [turn], params)
-    (want,), _ = _one_by_one(plain, [turn], params)
+    (got,), computed = one_by_one(cached, [turn], params)
+    (want,), _ = one_by_one(plain, [turn], params)
     assert got.num_cached_tokens == 16 and computed == [len(turn) - 16 + 6]
     assert got.outputs[0].token_ids == want.outputs[0].token_ids
 
@@ -145,7 +118,7 @@ def test_cache_aware_order_serves_the_hit_first_and_changes_no_token(tiny_model_
     outs, orders = {}, {}
     for llm in _engines(path, max_num_seqs=1):
         engine = llm.engine
-        _one_by_one(llm, [PROMPTS[0]])  # caches SHARED's blocks and more
+        one_by_one(llm, [PROMPTS[0]])  # caches SHARED's blocks and more
         a, b = engine.add_request(cold, GREEDY), engine.add_request(hot, GREEDY)
         engine.scheduler.requests[b].arrival_time = engine.scheduler.requests[a].arrival_time
         order, got = [], {}
