@@ -80,6 +80,9 @@ def make_config(arch: str, vocab: int):
     kw = common_kwargs(vocab)
     if arch == "llama":
         return tf.LlamaConfig(**kw, rope_theta=10000.0)
+    if arch == "llama_draft":  # one layer, the same tokenizer: a draft model for every tiny target
+        kw.update(num_hidden_layers=1)
+        return tf.LlamaConfig(**kw, rope_theta=10000.0)
     if arch == "llama_odd_vocab":  # a vocabulary no tensor-parallel size divides: embedding replicated
         kw.update(vocab_size=vocab + 1)
         return tf.LlamaConfig(**kw, rope_theta=10000.0)

@@ -7,9 +7,11 @@ import json
 import math
 from dataclasses import dataclass, fields
 
+from tacit.config.quantization import check_quantization
+
 # The proposers tacit ships (worker/drafter.py registers one class per name; a test keeps the
 # two lists equal, since this module sits below the worker and cannot read its registry).
-SPECULATIVE_METHODS = ("ngram", "suffix")
+SPECULATIVE_METHODS = ("ngram", "suffix", "draft_model")
 # Keys only one method reads: given with another method they are refused (a likely mistake).
 METHOD_KEYS = {
     "ngram": ("prompt_lookup_max", "prompt_lookup_min"),
@@ -19,6 +21,7 @@ METHOD_KEYS = {
         "suffix_decoding_max_spec_factor",
         "suffix_decoding_min_token_prob",
     ),
+    "draft_model": ("model", "quantization", "draft_tensor_parallel_size"),
 }
 
 
@@ -41,6 +44,13 @@ class SpeculativeConfig:
     suffix_decoding_max_cached_requests: int = 1000
     suffix_decoding_max_spec_factor: float = 1.0
     suffix_decoding_min_token_prob: float = 0.1
+    # draft_model (vLLM's names, worker/draft_model_proposer.py): a smaller checkpoint with the
+    # target's tokenizer (an HF directory or a GGUF file), its weight quantization (as
+    # --quantization: auto, int8, int4, ...), and its tensor-parallel size (1: it runs unsplit in
+    # the process that samples).
+    model: str | None = None
+    quantization: str | None = None
+    draft_tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
@@ -70,6 +80,22 @@ class SpeculativeConfig:
                 f"speculative_config min_speculative_tokens={m!r} is invalid: must be an integer from 0 to "
                 f"num_speculative_tokens ({self.num_speculative_tokens})"
             )
+        if self.method == "draft_model":
+            if not isinstance(self.model, str) or not self.model:
+                raise ValueError(
+                    'speculative_config method="draft_model" needs "model": the draft checkpoint (a Hugging Face '
+                    "directory or a GGUF file) with the target's tokenizer"
+                )
+            if self.quantization is not None:
+                try:
+                    check_quantization(self.quantization)
+                except ValueError as e:
+                    raise ValueError(f"speculative_config {e}") from None
+            if self.draft_tensor_parallel_size != 1:
+                raise ValueError(
+                    f"speculative_config draft_tensor_parallel_size={self.draft_tensor_parallel_size!r} is not "
+                    "supported: the draft model runs unsplit (1) in the process that samples"
+                )
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(
                 f"speculative_config prompt_lookup_min={self.prompt_lookup_min} is above "
@@ -87,6 +113,8 @@ class SpeculativeConfig:
         unknown = sorted(set(value) - known)
         if unknown:
             raise ValueError(f"speculative_config keys {unknown} are not known; valid: {', '.join(sorted(known))}")
+        if "method" not in value and "model" in value:  # vLLM's reading of a config naming only a model
+            value = {**value, "method": "draft_model"}
         missing = [k for k in ("method", "num_speculative_tokens") if k not in value]
         if missing:
             raise ValueError(f"speculative_config needs {', '.join(missing)}, e.g. {EXAMPLE}")

@@ -46,7 +46,6 @@ from tacit.worker.paths.base import ExecutionPath, Steps, build_paths, finish, f
 from tacit.worker.paths.fused_binders import build_fused_decoder, fused_decoder_unsupported_reason
 from tacit.worker.request_state import CachedRequestState, update_request_states
 from tacit.worker.sample_step import sample_and_verify
-from tacit.worker.speculative import build_drafter
 from tacit.worker.swap_store import KVSwapStore
 
 
@@ -171,8 +170,10 @@ class ModelRunner:
         self.paths: list[ExecutionPath] = build_paths(self.paths_context)
         self.requests: dict[str, CachedRequestState] = {}
         # Speculative decoding: proposes each sampling request's draft tokens for its next step
-        # (tacit/worker/drafter.py, --speculative-config); None: every step yields one token.
-        self.drafter: DraftProposer | None = build_drafter(config.speculative)
+        # (tacit/worker/drafter.py, --speculative-config); None: every step yields one token. Set
+        # by load_rank (worker/rank.py) on the rank that samples, once this runner's pool exists:
+        # a draft model sizes its own pool from it.
+        self.drafter: DraftProposer | None = None
 
     # The context's mutable fields, where the engine, benchmarks and tests reach them.
     @property

@@ -26,9 +26,11 @@ from tacit.loader import ModelSource, open_model
 from tacit.memory.kv_offload import OffloadOp
 from tacit.models.build import build_model
 from tacit.platforms import Platform, get_platform
+from tacit.worker.drafter import DraftTarget
 from tacit.worker.kv_offload_store import KVOffloadId
 from tacit.worker.model_fingerprint import model_fingerprint
 from tacit.worker.model_runner import ModelRunner
+from tacit.worker.speculative import build_drafter
 from tacit.worker.step_channel import BroadcastChannel, PipeChannel
 
 
@@ -99,6 +101,9 @@ def load_rank(config: EngineConfig, source: ModelSource, platform: Platform, tp:
     if config.cache.kv_offloading_size:
         offload_id = KVOffloadId(model_fingerprint(source, config, device.type), tp.rank, tp.size)
     runner = ModelRunner(config, model, device, platform.free_memory_bytes(), comm, agree, offload_id)
+    if tp.rank == 0:  # the rank that samples proposes the drafts (a draft model runs in its process)
+        target = DraftTarget(runner.config, source.tokenizer, platform, runner.num_blocks)
+        runner.drafter = build_drafter(config.speculative, target)
     if tp.size > 1:  # the handshake: the engine keeps rank 0's, the same as every rank's
         if runner.kv_offload_store is not None:
             runner.kv_cache_config = agree_offloaded_blocks(runner)

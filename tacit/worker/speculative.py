@@ -4,15 +4,16 @@ proposer, so each registers, and nothing it imports imports it back)."""
 from __future__ import annotations
 
 from tacit.config.speculative import SpeculativeConfig
-from tacit.worker.drafter import DRAFT_PROPOSERS, DraftProposer
+from tacit.worker.draft_model_proposer import DraftModelProposer
+from tacit.worker.drafter import DRAFT_PROPOSERS, DraftProposer, DraftTarget
 from tacit.worker.ngram_proposer import NgramProposer
 from tacit.worker.suffix_proposer import SuffixProposer
 
-__all__ = ["NgramProposer", "SuffixProposer", "build_drafter"]
+__all__ = ["DraftModelProposer", "NgramProposer", "SuffixProposer", "build_drafter"]
 
 
-def build_drafter(config: SpeculativeConfig | None) -> DraftProposer | None:
-    """The proposer the config names (None: one token a step)."""
+def build_drafter(config: SpeculativeConfig | None, target: DraftTarget | None = None) -> DraftProposer | None:
+    """The proposer the config names (None: one token a step), for the target it drafts for."""
     if config is None:
         return None
-    return DRAFT_PROPOSERS.lookup(config.method)(config)
+    return DRAFT_PROPOSERS.lookup(config.method).create(config, target)

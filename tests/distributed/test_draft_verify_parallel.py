@@ -29,3 +29,17 @@ def test_verify_steps_across_ranks_give_one_process_tokens(tiny_model_factory, l
         assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)] == ref
     finally:
         llm.engine.shutdown()
+
+
+def test_a_draft_model_on_the_driver_drafts_for_a_tensor_parallel_target(tiny_model_factory):
+    """The draft model runs unsplit in the driver's process; the target's ranks verify."""
+    _, _, path = tiny_model_factory("qwen3")
+    draft = tiny_model_factory("llama_draft")[2]
+    ref = [o.outputs[0].token_ids for o in LLM(str(path), dtype="float32").generate(PROMPTS, PARAMS)]
+    config = {"model": str(draft), "num_speculative_tokens": 3, "min_speculative_tokens": 3}
+    llm = LLM(str(path), dtype="float32", tensor_parallel_size=2, speculative_config=config)
+    try:
+        assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)] == ref
+        assert llm.engine.get_stats().spec_decode_num_draft_tokens > 0
+    finally:
+        llm.engine.shutdown()

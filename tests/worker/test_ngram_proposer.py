@@ -17,6 +17,10 @@ from tacit.worker.ngram_proposer import ngram_drafts
 from tacit.worker.speculative import build_drafter
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+# Every draft verified: what the draft-length controller would choose depends on this host's step
+# times (a cold first step once made it verify none here); tests/scheduling/test_spec_controller.py
+# tests the controller.
+NGRAM_ALL = {**NGRAM, "min_speculative_tokens": 3}
 
 
 def drafts(tokens, k=3, n_max=3, n_min=1):
@@ -42,7 +46,7 @@ def test_every_method_the_config_knows_has_a_proposer():
 @pytest.mark.parametrize(
     "value, match",
     [
-        ({"method": "eagle", "num_speculative_tokens": 3}, "method='eagle' is not known; valid: ngram, suffix"),
+        ({"method": "eagle", "num_speculative_tokens": 3}, "method='eagle' is not known; valid: ngram, suffix, draft_model"),
         ({"method": "ngram"}, "needs num_speculative_tokens"),
         ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens=0 is invalid"),
         ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1}, r"keys \['lookahead'\] are not known"),
@@ -66,7 +70,7 @@ def test_ngram_drafts_change_no_greedy_token_and_save_steps_on_repetition(tiny_l
     # A repetitive prompt: the model's greedy continuation of a loop tends to loop too.
     prompts = [[5, 6, 7, 8] * 6, list(range(30, 50)), [9, 10] * 10]
     plain = LLM(path, dtype="float32")
-    spec = LLM(path, dtype="float32", speculative_config=NGRAM)
+    spec = LLM(path, dtype="float32", speculative_config=NGRAM_ALL)
     want = plain.generate(prompts, params)
     got = spec.generate(prompts, params)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
@@ -79,7 +83,7 @@ def test_ngram_drafts_change_no_greedy_token_and_save_steps_on_repetition(tiny_l
     for name in ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens"):
         value = getattr(stats, name.split(":")[1])
         assert f'{name}{{model_name="m"}} {value}' in text
-    alone = [LLM(path, dtype="float32", speculative_config=NGRAM).engine for _ in prompts]
+    alone = [LLM(path, dtype="float32", speculative_config=NGRAM_ALL).engine for _ in prompts]
     for engine, p in zip(alone, prompts):
         engine.add_request(p, params)
         while engine.has_unfinished_requests():
