@@ -23,15 +23,7 @@ OUT = ROOT / "docs" / "reference" / "engine_args.md"
 sys.path.insert(0, str(ROOT))
 
 from tacit.config.engine_args import EngineArgs  # noqa: E402
-from tacit.config.knobs import RECIPE_SECTIONS, _flag, _shown  # noqa: E402
-
-SECTION_TITLES = {
-    "model": "Model and weights",
-    "platform": "Platform",
-    "parallel": "Parallelism",
-    "cache": "KV cache",
-    "scheduler": "Scheduler",
-}
+from tacit.config.knobs import RECIPE_SECTIONS, SECTION_TITLES, _flag, _shown  # noqa: E402
 
 
 def _text(s: str) -> str:

@@ -13,6 +13,7 @@ import difflib
 import sys
 
 from tacit import __version__
+from tacit.cli_help import HelpfulParser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="tacit", description="tacit: an LLM inference engine")
     parser.add_argument("--version", action="version", version=f"tacit {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    # HelpfulParser: every subcommand's --help takes =GROUP, =listgroup or =KEYWORD, as vLLM's.
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=HelpfulParser)
     add_parsers(sub)
     add_bench_parser(sub)
     add_eval_parser(sub)

@@ -88,8 +88,11 @@ class Tokenizer:
         bos_token: str | None = None,
         eos_token: str | None = None,
         add_bos_token: bool = False,
+        config: dict[str, Any] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        # tokenizer_config.json as read (empty for a GGUF's tokenizer): what /tokenizer_info serves.
+        self.config = dict(config or {})
         self.chat_template = chat_template
         self.bos_token, self.eos_token = bos_token, eos_token
         # Only for tokenizers whose post-processor does not add BOS itself (GGUF-built ones).
@@ -138,6 +141,7 @@ class Tokenizer:
             template,
             _token_text(cfg.get("bos_token")),
             _token_text(cfg.get("eos_token")),
+            config=cfg,
         )
 
     @functools.cached_property
@@ -216,7 +220,9 @@ class Tokenizer:
     def with_chat_template(self, chat_template: str) -> "Tokenizer":
         """This tokenizer with another chat template (--chat-template), its special tokens kept."""
         try:
-            other = Tokenizer(self.tokenizer, chat_template, self.bos_token, self.eos_token, self.add_bos_token)
+            other = Tokenizer(
+                self.tokenizer, chat_template, self.bos_token, self.eos_token, self.add_bos_token, self.config
+            )
         except TemplateError as e:
             raise ValueError(f"the chat template does not parse: {e}") from None
         other.allow_special_tokens_in_chat_content = self.allow_special_tokens_in_chat_content

@@ -16,6 +16,15 @@ from tacit.config.recipe import Recipe, read_recipe
 
 # The recipe's sections in the order a recipe (and its error messages) lists them.
 RECIPE_SECTIONS = ("model", "platform", "parallel", "cache", "scheduler")
+# What each section holds, in words: the heading of its flags' argument group in `--help` (and
+# `--help=SECTION`) and of its part of docs/reference/engine_args.md.
+SECTION_TITLES = {
+    "model": "Model and weights",
+    "platform": "Platform",
+    "parallel": "Parallelism",
+    "cache": "KV cache",
+    "scheduler": "Scheduler",
+}
 
 K = TypeVar("K", bound="Knobs")
 
@@ -102,15 +111,19 @@ class Knobs:
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        """--recipe and one flag per field. Every flag defaults to None, meaning "not given", so the
-        recipe fills what the command line leaves out and the defaults fill the rest."""
+        """--recipe and one flag per field, each recipe section's flags in an argument group titled
+        with the section's name (what `--help=cache` shows). Every flag defaults to None, meaning
+        "not given", so the recipe fills what the command line leaves out and the defaults fill the rest."""
         parser.add_argument(
             "--recipe",
             default=None,
             metavar="PATH",
             help="recipe YAML (or its folder, e.g. recipes/smollm2-135m-cpu); flags given here override it",
         )
-        return cls.add_section_cli_args(parser, RECIPE_SECTIONS)
+        for section in RECIPE_SECTIONS:
+            group = parser.add_argument_group(section, f"{SECTION_TITLES[section]} (the recipe's `{section}:`)")
+            cls.add_section_cli_args(group, (section,))
+        return parser
 
     @classmethod
     def add_section_cli_args(cls, parser: Any, sections: tuple[str, ...]) -> Any:

@@ -364,8 +364,8 @@ class AsyncLLMEngine:
             n = len(c.token_ids)
             if n <= seen:
                 continue
-            if not stream.first_token_seen:
-                stream.first_token_seen = True
+            if stream.first_token_time is None:
+                stream.first_token_time = now
                 self.metrics.ttft.observe(now - stream.arrival_time)
             elif seen:
                 gap = (now - stream.last_token_time[c.index]) / (n - seen)

@@ -39,9 +39,10 @@ class RequestStream:
         self.accepted: asyncio.Future[None] = loop.create_future()
         self.finished = False
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        # Engine-thread bookkeeping for the latency histograms (handlers never read these).
+        # Engine-thread bookkeeping for the latency histograms; the server's access log reads the
+        # first token's time and the token counts once the request is over (access_log.py).
         self.arrival_time = time.monotonic()
-        self.first_token_seen = False
+        self.first_token_time: float | None = None  # time.monotonic() of the first generated token
         self.tokens_seen: dict[int, int] = {}
         self.last_token_time: dict[int, float] = {}
 

@@ -9,6 +9,7 @@ import time
 
 from tacit.config.engine_args import EngineArgs
 from tacit.config.sizes import parse_bytes
+from tacit.entrypoints.openai.access_log import ACCESS_LOG_FORMATS
 from tacit.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BYTES
 from tacit.entrypoints.openai.tool_parser import TOOL_CALL_PARSERS
 
@@ -199,29 +200,31 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     EngineArgs.add_cli_args(s)
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument(
+    # The server's own flags, one argument group (vLLM's title): `tacit serve --help=frontend`.
+    front = s.add_argument_group("frontend", "the HTTP server: tacit serve's own flags")
+    front.add_argument("--host", default="127.0.0.1")
+    front.add_argument("--port", type=int, default=8000)
+    front.add_argument(
         "--api-key",
         default=os.environ.get("TACIT_API_KEY"),
         help="require this bearer key on /v1 and /tokenize (default: $TACIT_API_KEY, which keeps the key out of "
         "the process list)",
     )
-    s.add_argument("--max-waiting", type=int, default=256)
-    s.add_argument(
+    front.add_argument("--max-waiting", type=int, default=256)
+    front.add_argument(
         "--max-request-bytes",
         type=parse_bytes,
         metavar="SIZE",
         default=DEFAULT_MAX_REQUEST_BYTES,
         help="largest request body accepted; a larger one gets 413 before it is read (default 16 MiB)",
     )
-    s.add_argument(
+    front.add_argument(
         "--served-model-name",
         default=None,
         metavar="NAME",
         help="the model name requests give and responses carry (default: --model as given)",
     )
-    s.add_argument(
+    front.add_argument(
         "--tool-call-parser",
         type=_tool_call_parser,
         default=TOOL_CALL_PARSERS[0],
@@ -229,17 +232,36 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         f"(<tool_call> JSON </tool_call>, the format tacit's tools prompt and Qwen2.5/Qwen3 templates ask for; "
         f"default {TOOL_CALL_PARSERS[0]})",
     )
-    s.add_argument(
+    front.add_argument(
         "--enable-auto-tool-choice",
         action="store_true",
         help="vLLM's switch for tool_choice auto, which tacit always serves: a request that sends tools may get "
         "calls back",
     )
-    s.add_argument(
+    front.add_argument(
         "--shutdown-timeout",
         type=float,
         default=20.0,
         help="seconds in-flight requests get to finish after SIGTERM before they are aborted",
+    )
+    front.add_argument(
+        "--enable-log-requests",
+        action="store_true",
+        help="log one line per request when it ends (logger tacit.access): request id, route, status, "
+        "prompt and completion tokens, TTFT and total time; errors too, with their status",
+    )
+    front.add_argument(
+        "--log-format",
+        choices=ACCESS_LOG_FORMATS,
+        default=ACCESS_LOG_FORMATS[0],
+        help="how --enable-log-requests writes a line: text (key=value) or json (one JSON object a line) "
+        "(default text)",
+    )
+    front.add_argument(
+        "--enable-tokenizer-info-endpoint",
+        action="store_true",
+        help="serve GET /tokenizer_info (vLLM's: the tokenizer's config, special tokens and chat template, "
+        "which lm-evaluation-harness's remote tokenizer reads); without it the route is 404",
     )
     s.set_defaults(func=cmd_serve)
 

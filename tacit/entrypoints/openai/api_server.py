@@ -3,8 +3,10 @@
 POST /v1/completions        POST /v1/chat/completions       (stream: SSE)
 POST /v1/responses          (OpenAI's Responses API: text in and out, streamed as typed events)
 POST /tokenize              POST /detokenize                (vLLM's shapes)
+GET  /tokenizer_info        (with --enable-tokenizer-info-endpoint, as vLLM)
 GET  /v1/models             GET  /health                    GET /metrics (Prometheus text)
-Every response carries X-Request-Id (the client's, or a new one).
+Every response carries X-Request-Id (the client's, or a new one). With --enable-log-requests
+each request ends with one line on the logger tacit.access (access_log.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from tacit.config.engine_args import EngineArgs
 from tacit.engine.async_engine import AsyncLLMEngine
+from tacit.entrypoints.openai.access_log import AccessLogMiddleware, configure_access_log
 from tacit.entrypoints.openai.chat_protocol import ChatCompletionRequest
 from tacit.entrypoints.openai.completion_protocol import CompletionRequest
 from tacit.entrypoints.openai.errors import (
@@ -61,8 +64,12 @@ def build_app(
     model_name: str,
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    enable_log_requests: bool = False,
+    enable_tokenizer_info_endpoint: bool = False,
 ) -> FastAPI:
-    """The ASGI app. The engine is started by the caller; the app stops it on shutdown."""
+    """The ASGI app. The engine is started by the caller; the app stops it on shutdown.
+    enable_log_requests: an access line per request (AccessLogMiddleware); off, as vLLM's.
+    enable_tokenizer_info_endpoint: serve GET /tokenizer_info; off (404), as vLLM's."""
     ctx = ServingContext(engine, model_name)
     completions, chat, tokenization = CompletionServing(ctx), ChatServing(ctx), TokenizationServing(ctx)
     responses = ResponsesServing(ctx)
@@ -78,6 +85,8 @@ def build_app(
     app = FastAPI(title="tacit", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
     app.add_middleware(RequestIdMiddleware)
+    if enable_log_requests:  # added last, so outermost: it sees the X-Request-Id the client gets
+        app.add_middleware(AccessLogMiddleware)
 
     async def check_api_key(request: Request) -> None:
         if api_key is None:
@@ -115,6 +124,13 @@ def build_app(
     @app.post("/detokenize", dependencies=v1)
     async def detokenize(request: Request) -> DetokenizeResponse:
         return await tokenization.detokenize(await parse_body(request, DetokenizeRequest, max_request_bytes))
+
+    if enable_tokenizer_info_endpoint:
+        info = tokenization.tokenizer_info()  # the tokenizer never changes while serving
+
+        @app.get("/tokenizer_info", dependencies=v1)
+        async def tokenizer_info() -> JSONResponse:
+            return JSONResponse(info)
 
     @app.get("/openapi.json", dependencies=v1, include_in_schema=False)
     async def openapi_schema() -> JSONResponse:
@@ -258,7 +274,16 @@ def run_server(args: argparse.Namespace) -> int:
     warning = open_bind_warning(args.host, args.api_key)
     if warning:
         print(f"tacit: warning: {warning}", file=sys.stderr, flush=True)
-    app = build_app(engine, name, args.api_key, args.max_request_bytes)
+    if args.enable_log_requests:
+        configure_access_log(args.log_format)
+    app = build_app(
+        engine,
+        name,
+        args.api_key,
+        args.max_request_bytes,
+        enable_log_requests=args.enable_log_requests,
+        enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
+    )
     config = uvicorn.Config(
         app,
         host=args.host,

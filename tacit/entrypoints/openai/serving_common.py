@@ -18,6 +18,7 @@ from tacit.engine.async_engine import (
     RequestAbortedError,
     RequestStream,
 )
+from tacit.entrypoints.openai.access_log import note_submitted
 from tacit.entrypoints.openai.errors import OpenAIError, bad_request, from_value_error, overloaded
 from tacit.outputs import CompletionOutput, Logprob, RequestOutput
 from tacit.sampling_params import SamplingParams
@@ -139,6 +140,7 @@ class ServingContext:
             if isinstance(e, EngineDeadError):
                 raise OpenAIError(503, str(e), "server_error") from None
             raise
+        note_submitted(request_id, prompts, streams)
         return streams
 
     def abort_unfinished(self, streams: list[RequestStream]) -> None:

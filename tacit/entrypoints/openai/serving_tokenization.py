@@ -1,9 +1,10 @@
-"""/tokenize and /detokenize, in vLLM's shapes: what a client needs to count or inspect tokens
-(prompt budgeting, lm-evaluation-harness) without generating."""
+"""/tokenize, /detokenize and /tokenizer_info, in vLLM's shapes: what a client needs to count or
+inspect tokens (prompt budgeting, lm-evaluation-harness) without generating."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from tacit.engine.input_processor import check_token_ids
 from tacit.entrypoints.openai.errors import bad_request
@@ -40,3 +41,33 @@ class TokenizationServing:
         except ValueError as e:
             raise bad_request(str(e), "tokens") from None
         return DetokenizeResponse(prompt=ctx.tokenizer.decode(req.tokens, False))
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        """GET /tokenizer_info (behind --enable-tokenizer-info-endpoint), vLLM's shape: the
+        tokenizer's tokenizer_config.json less its file paths, AddedToken entries as their text,
+        tokenizer_class, and the chat template in use (--chat-template's, else the checkpoint's).
+        bos_token, eos_token and pad_token are always there (null when the tokenizer has none):
+        lm-evaluation-harness's remote tokenizer takes a reply without eos_token for no support.
+        max_model_len is tacit's addition, the context the server accepts (as /tokenize gives it)."""
+        tok = self.ctx.tokenizer
+        info = {k: _plain(v) for k, v in tok.config.items() if k not in ("vocab_file", "merges_file", "chat_template")}
+        # tacit serves the tokenizer.json, which transformers loads as the class's fast variant.
+        name = info.get("tokenizer_class") or "PreTrainedTokenizerFast"
+        info["tokenizer_class"] = name if name.endswith("Fast") else name + "Fast"
+        info["bos_token"], info["eos_token"] = tok.bos_token, tok.eos_token
+        info.setdefault("pad_token", None)
+        if tok.chat_template:
+            info["chat_template"] = tok.chat_template
+        info["max_model_len"] = self.ctx.max_model_len
+        return info
+
+
+def _plain(value: Any) -> Any:
+    """A tokenizer_config.json value as vLLM serves it: an AddedToken ({"content": ..., ...}) as its text."""
+    if isinstance(value, dict):
+        if isinstance(value.get("content"), str):
+            return value["content"]
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
