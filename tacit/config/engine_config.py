@@ -43,6 +43,8 @@ class EngineConfig:
             )
         if self.scheduler.preemption_mode == "swap" and not self.cache.swap_space:
             raise ValueError("preemption_mode='swap' needs swap_space > 0 (GiB of host memory for swapped KV)")
+        if self.speculative is not None and self.speculative.method == "mtp":
+            self._check_mtp()
         if (
             not self.scheduler.enable_chunked_prefill
             and self.scheduler.max_num_batched_tokens < self.model.max_model_len
@@ -52,6 +54,41 @@ class EngineConfig:
                 f"enable_chunked_prefill=False needs max_num_batched_tokens >= max_model_len "
                 f"({self.scheduler.max_num_batched_tokens} < {self.model.max_model_len}): "
                 f"a whole prompt must fit in one step"
+            )
+
+    def _check_mtp(self) -> None:
+        """MTP drafts with the checkpoint's own next-token-prediction layers (DeepSeek-V3/R1's)."""
+        model = self.model
+        if model.architecture != "DeepseekV3ForCausalLM":
+            raise ValueError(
+                f"speculative_config method='mtp' runs DeepSeek-V3/R1's MTP layers; {model.path} is "
+                f"{model.architecture}: use ngram, suffix or draft_model"
+            )
+        if int(model.hf.get("num_nextn_predict_layers") or 0) < 1:
+            raise ValueError(
+                f"speculative_config method='mtp' needs a checkpoint with MTP layers (num_nextn_predict_layers >= 1); "
+                f"{model.path} has none (Kimi-K2 ships none): use ngram, suffix or draft_model"
+            )
+        if model.path.endswith(".gguf"):
+            raise ValueError(
+                f"speculative_config method='mtp' reads the MTP layers from a Hugging Face checkpoint directory; "
+                f"{model.path} is a GGUF file"
+            )
+        if self.parallel.tensor_parallel_size > 1:
+            raise ValueError(
+                "speculative_config method='mtp' with tensor_parallel_size > 1 is not supported yet: the MTP layer "
+                "runs unsplit on the driver, and the target's embedding and head it shares are split; use ngram, "
+                "suffix or draft_model"
+            )
+        if model.expert_cache_memory is not None:
+            raise ValueError(
+                "speculative_config method='mtp' with expert_cache_memory: the MTP layer's experts are loaded whole, "
+                "not streamed; drop one of them"
+            )
+        if self.parallel.data_parallel_attention:
+            raise ValueError(
+                "speculative_config method='mtp' with data_parallel_attention: the MTP layer drafts on the driver "
+                "from every request's hidden states, which data-parallel attention leaves on the rank that ran them"
             )
 
 

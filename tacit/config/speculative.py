@@ -11,7 +11,11 @@ from tacit.config.quantization import check_quantization
 
 # The proposers tacit ships (worker/drafter.py registers one class per name; a test keeps the
 # two lists equal, since this module sits below the worker and cannot read its registry).
-SPECULATIVE_METHODS = ("ngram", "suffix", "draft_model")
+SPECULATIVE_METHODS = ("ngram", "suffix", "draft_model", "mtp")
+# Methods that draft from the target's final hidden states of every token (the runner keeps them).
+HIDDEN_STATE_METHODS = ("mtp",)
+# vLLM's older spellings of a method.
+METHOD_ALIASES = {"deepseek_mtp": "mtp"}
 # Keys only one method reads: given with another method they are refused (a likely mistake).
 METHOD_KEYS = {
     "ngram": ("prompt_lookup_max", "prompt_lookup_min"),
@@ -51,6 +55,10 @@ class SpeculativeConfig:
     model: str | None = None
     quantization: str | None = None
     draft_tensor_parallel_size: int = 1
+
+    @property
+    def uses_target_hidden_states(self) -> bool:
+        return self.method in HIDDEN_STATE_METHODS
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
@@ -115,6 +123,8 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config keys {unknown} are not known; valid: {', '.join(sorted(known))}")
         if "method" not in value and "model" in value:  # vLLM's reading of a config naming only a model
             value = {**value, "method": "draft_model"}
+        if value.get("method") in METHOD_ALIASES:
+            value = {**value, "method": METHOD_ALIASES[value["method"]]}
         missing = [k for k in ("method", "num_speculative_tokens") if k not in value]
         if missing:
             raise ValueError(f"speculative_config needs {', '.join(missing)}, e.g. {EXAMPLE}")

@@ -136,6 +136,11 @@ class LLMEngine:
             structured_output=structured_output,
             min_speculative_tokens=self.config.speculative.min_speculative_tokens if self.config.speculative else 0,
             num_speculative_tokens=self.config.speculative.num_speculative_tokens if self.config.speculative else 0,
+            num_lookahead_tokens=(
+                self.config.speculative.num_speculative_tokens
+                if self.config.speculative and self.config.speculative.uses_target_hidden_states
+                else 0
+            ),
         )
         self.max_model_len = model_cfg.max_model_len
         self.num_kv_blocks = kv.num_blocks  # every rank's pool under data-parallel attention

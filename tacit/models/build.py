@@ -37,6 +37,7 @@ def build_model(
     free_memory: int | None = None,
     quantized_weights: dict[str, int] | None = None,
     tp: TensorParallel = SINGLE,
+    model_class: type[nn.Module] | None = None,
 ) -> nn.Module:
     """weights: opens the checkpoint's tensors (ModelSource.weights); called once the architecture
     is known to be supported and before any allocation, since opening checks the files (a
@@ -47,8 +48,9 @@ def build_model(
     quantization.keeps_ggml_weights says. cfg.quantization int8/int4 quantizes a Hugging Face
     checkpoint's linear weights as they load instead (models/quantization.py picks the config).
     tp: the tensor-parallel shard this process builds and loads (each rank reads only its slice
-    of each tensor)."""
-    cls = get_model_class(cfg.architecture)
+    of each tensor). model_class: the module to build instead of the architecture's (DeepSeek's
+    MTP layers, models/deepseek_mtp.py, from the same checkpoint)."""
+    cls = model_class or get_model_class(cfg.architecture)
     if tp.size > 1 and not getattr(cls, "supports_tensor_parallel", False):
         raise ValueError(
             f"tensor_parallel_size={tp.size}: {cfg.architecture} does not run tensor-parallel yet; "

@@ -41,7 +41,7 @@ def schedule_cut_in(s) -> SchedulerOutput:
         n = req.num_tokens
         if n > budget or not may_cut_in(s, req):
             continue
-        if s.kv.allocate_slots(req.request_id, 0, n) is None:
+        if s.kv.allocate_slots(req.request_id, 0, s._slots(req, n)) is None:
             break
         s._start(req)
         scheduled.append((req, n, None))

@@ -64,7 +64,13 @@ class Scheduler:
         structured_output: StructuredOutputManager | None = None,
         min_speculative_tokens: int = 0,
         num_speculative_tokens: int = 0,
+        num_lookahead_tokens: int = 0,
     ) -> None:
+        """num_lookahead_tokens (vLLM's name): KV slots held past each step's tokens, for a
+        proposer whose layers write the target's pool ahead of them (MTP: its chained drafts).
+        Such a proposer's first KV entry of a prefix hit needs the target's hidden state of the
+        token before it, so a hit gives back its last block to be recomputed (vLLM's rule for
+        EAGLE)."""
         self.config = config
         self.kv = kv
         self.policy = policy or FCFSPolicy()
@@ -89,6 +95,7 @@ class Scheduler:
         # test attaches by hand still has every draft it offers verified).
         self.speculative = num_speculative_tokens > 0
         self.spec = DraftLengthController(self.cost, min_speculative_tokens, num_speculative_tokens or 8)
+        self.num_lookahead_tokens = num_lookahead_tokens
         self._finished_req_ids: list[str] = []  # for the runner, with the next SchedulerOutput
         self.view = SchedulerView(self)
         self.prefix_order = PrefixOrder(self)  # the waiting queue's cache-aware order
@@ -229,12 +236,23 @@ class Scheduler:
             return [], []
         kv = self.kv
         blocks, req.num_computed_tokens = kv.get_computed_blocks(req.request_id, hashes, req.num_tokens)
-        if self.offload is None:
-            return blocks, []
-        rest = kv.usable_prefix(hashes, req.num_tokens)[len(blocks) :]
-        tiered = rest[: self.offload.lookup(rest, req.num_tokens - req.num_computed_tokens, kv.block_size)]
-        req.num_computed_tokens += len(tiered) * kv.block_size
+        tiered = []
+        if self.offload is not None:
+            rest = kv.usable_prefix(hashes, req.num_tokens)[len(blocks) :]
+            tiered = rest[: self.offload.lookup(rest, req.num_tokens - req.num_computed_tokens, kv.block_size)]
+            req.num_computed_tokens += len(tiered) * kv.block_size
+        if self.num_lookahead_tokens and (blocks or tiered):  # the hit's last block is recomputed
+            tiered, blocks = (tiered[:-1], blocks) if tiered else ([], blocks[:-1])
+            req.num_computed_tokens -= kv.block_size
         return blocks, tiered
+
+    def _slots(self, req: Request, n: int) -> int:
+        """The KV slots past req's computed tokens a step of n tokens holds: n, and the lookahead
+        up to the last position req can reach."""
+        if not self.num_lookahead_tokens:
+            return n
+        end = req.num_prompt_tokens + req.max_tokens
+        return n + max(0, min(self.num_lookahead_tokens, end - req.num_computed_tokens - n))
 
     def _start(self, req: Request) -> None:
         self.waiting.remove(req)
@@ -291,7 +309,7 @@ class Scheduler:
             ):
                 i += 1
                 continue
-            new_blocks = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n)
+            new_blocks = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, self._slots(req, n))
             while new_blocks is None:
                 # Only requests not yet given slots this step are candidates (they sit at i and
                 # after), and only those whose blocks share req's pool (data-parallel attention).
@@ -301,7 +319,7 @@ class Scheduler:
                 self._preempt(victim, preempted)
                 if victim is req:
                     break
-                new_blocks = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n)
+                new_blocks = self.kv.allocate_slots(req.request_id, req.num_computed_tokens, self._slots(req, n))
             if new_blocks is not None:
                 scheduled.append((req, n, new_blocks))
                 if verify:
@@ -330,7 +348,12 @@ class Scheduler:
                 not n
                 or (n < req.num_tokens - req.num_computed_tokens and not chunked)
                 or (long and not budget.take_long_slot(pool))
-                or (new_blocks := self.kv.allocate_slots(req.request_id, req.num_computed_tokens, n, hit)) is None
+                or (
+                    new_blocks := self.kv.allocate_slots(
+                        req.request_id, req.num_computed_tokens, self._slots(req, n), hit
+                    )
+                )
+                is None
             ):
                 if hit or tiered:
                     req.num_computed_tokens = 0  # nothing was taken: it looks the prefix up again

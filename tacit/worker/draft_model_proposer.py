@@ -106,11 +106,12 @@ class DraftModelProposer(DraftProposer):
         if target is None:
             raise ValueError('speculative_config method="draft_model" drafts for a target engine; none was given')
         source = open_model(config.model)
-        check_same_vocabulary(source.tokenizer, target.tokenizer, config.model, target.config.model.path)
-        scheduler = target.config.scheduler
-        extra = -(-config.num_speculative_tokens // target.config.cache.block_size) + 1
-        num_blocks = target.num_blocks + scheduler.max_num_seqs * extra
-        draft_config = draft_engine_config(config, source, target.config, num_blocks)
+        target_config = target.runner.config
+        check_same_vocabulary(source.tokenizer, target.source.tokenizer, config.model, target_config.model.path)
+        scheduler = target_config.scheduler
+        extra = -(-config.num_speculative_tokens // target_config.cache.block_size) + 1
+        num_blocks = target.runner.num_blocks + scheduler.max_num_seqs * extra
+        draft_config = draft_engine_config(config, source, target_config, num_blocks)
         platform = target.platform
         device = platform.device()
         model = build_model(

@@ -16,26 +16,47 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from tacit.config import EngineConfig
+import torch
+from torch import nn
+
+from tacit.config import EngineConfig, ModelConfig
 from tacit.config.speculative import SpeculativeConfig
+from tacit.loader import ModelSource
 from tacit.platforms import Platform
 from tacit.registry import Registry
-from tacit.tokenizer import Tokenizer
 from tacit.worker.request_state import CachedRequestState
+
+
+class TargetRunner(Protocol):
+    """What a proposer reads of the target's ModelRunner (which holds the proposer, so the
+    proposer seam names these instead of importing it)."""
+
+    config: EngineConfig  # its max_model_len capped to the pool
+    num_blocks: int
+    model: nn.Module
+    paths_context: Any  # worker/paths/base.py's PathContext: block size, attention backend, device
 
 
 @dataclass(frozen=True)
 class DraftTarget:
-    """What a proposer running a model of its own learns of the target it drafts for."""
+    """What a proposer running layers of its own learns of the target it drafts for."""
 
-    config: EngineConfig  # the target's, resolved (its max_model_len already capped to its pool)
-    tokenizer: Tokenizer
+    runner: TargetRunner  # the target's, its pool allocated
+    source: ModelSource
     platform: Platform
-    num_blocks: int  # the target's KV pool: a draft never holds more tokens than it can
 
 
 class DraftProposer(ABC):
+    @classmethod
+    def pool_layers(
+        cls, config: SpeculativeConfig, target: ModelConfig, source: ModelSource, device: torch.device, free_memory: int
+    ) -> nn.Module | None:
+        """Layers the proposer runs inside the target's KV pool (their KV cache layers get blocks
+        beside the target's), built before the pool is sized; None: it needs none."""
+        return None
+
     @classmethod
     def create(cls, config: SpeculativeConfig, target: DraftTarget | None) -> DraftProposer:
         """The proposer for this config (target None: a proposer that runs no model is built
@@ -46,6 +67,15 @@ class DraftProposer(ABC):
     def propose(self, requests: list[CachedRequestState]) -> dict[str, list[int]]:
         """{req_id: draft tokens to follow its last token}; a request left out (or given an
         empty list) decodes one token in its next step."""
+
+    def observe(self, rows: list[tuple[CachedRequestState, int]], row_hidden: torch.Tensor) -> None:
+        """Every token's final hidden states of the step just run (rows in scheduled order, each
+        row's n tokens from its num_computed_tokens on, before the step settles), for a proposer
+        whose config says uses_target_hidden_states (MTP drafts from them)."""
+
+    def advance(self, requests: list[CachedRequestState]) -> None:
+        """The step settled and no drafts are wanted this time: a proposer whose state follows
+        every request's tokens (MTP's KV entries) brings it up to date."""
 
     def request_finished(self, state: CachedRequestState) -> None:
         """The request ended (its state as the runner drops it): a proposer that learns from

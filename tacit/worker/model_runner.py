@@ -23,22 +23,18 @@ from tacit.config import EngineConfig, fit_kv_capacity
 from tacit.distributed.communicator import Communicator
 from tacit.kernels.kv_quant import parse_kv_cache_dtype
 from tacit.kv_cache_interface import KVCacheConfig, bytes_per_block_of
-from tacit.layers.attention_selector import select_attention_backend
-from tacit.layers.kv_cache import KVCacheLayer
 from tacit.layers.linear import (
     communication_seconds,
     hidden_communication_seconds,
-    select_linear_method,
     use_communicator,
-    use_linear_method,
 )
-from tacit.layers.moe import select_moe_kernel, use_moe_kernel
 from tacit.layers.sampler import Sampler
 from tacit.models.expert_streaming import stream_experts
 from tacit.outputs import ModelRunnerOutput
 from tacit.scheduling.scheduler_output import SchedulerOutput
 from tacit.worker.drafter import DraftProposer
 from tacit.worker.input_batch import PromptScores, Rows
+from tacit.worker.kernel_binding import bind_attention_backend, bind_compute_kernels, load_kernels
 from tacit.worker.kv_allocation import allocate_kv_caches, kv_cache_groups, num_kv_blocks
 from tacit.worker.kv_offload_store import KVOffloadId, make_kv_offload_store
 from tacit.worker.paths import PathContext, PathResult
@@ -58,11 +54,6 @@ def why_not_fused(device_type: str, dtype: torch.dtype, kernels, model: nn.Modul
     if kernels is None:
         return "the CPU kernels are not loaded: no AVX512-BF16, or cpu_kernels off"
     return fused_decoder_unsupported_reason(model) or "the model's shapes: see the message above"
-
-
-def kv_cache_layers(model: nn.Module) -> dict[str, KVCacheLayer]:
-    """{module name: layer} of every layer that owns a slice of the KV cache, in model order."""
-    return {name: m for name, m in model.named_modules() if isinstance(m, KVCacheLayer)}
 
 
 class ModelRunner:
@@ -85,16 +76,11 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.sampler = Sampler()
         self.execute_seconds = 0.0  # execute_s summed since load (rank_stats)
-        kernels = None
-        cpu_kernels, int8_activations = config.model.cpu_kernels, not config.model.ggml_bf16_activations
-        if device.type == "cpu" and config.model.dtype == torch.bfloat16:
-            from tacit.kernels.cpu_kernels import load_cpu_kernels
-
-            kernels = load_cpu_kernels(cpu_kernels)
+        int8_activations = not config.model.ggml_bf16_activations
+        kernels = load_kernels(config.model, device)
         # Chosen once for the model: how its linear layers multiply, which kernel runs its
-        # experts, which backend attends.
-        use_linear_method(model, select_linear_method(device.type, config.model.dtype, cpu_kernels))
-        use_moe_kernel(model, select_moe_kernel(device.type, config.model.dtype, cpu_kernels, int8_activations))
+        # experts (then, below, which backend attends).
+        bind_compute_kernels(model, config.model, device)
         if comm is not None:
             use_communicator(model, comm)
         # MoE experts read from the checkpoint through a cache, when they do not all fit.
@@ -107,10 +93,7 @@ class ModelRunner:
                 config.scheduler.max_num_batched_tokens,
                 config.model.dtype,
             )
-        self.attn_backend = select_attention_backend(device.type, config.model.dtype, config.model)
-        layers = kv_cache_layers(model)
-        for m in layers.values():
-            m.set_attention_backend(self.attn_backend)
+        self.attn_backend, layers = bind_attention_backend(model, config.model, device)
         # --kv-cache-dtype parsed once; from here on it lives in each layer's spec.
         dtype = parse_kv_cache_dtype(config.cache.cache_dtype, config.model.dtype)
         groups = kv_cache_groups(layers, self.block_size, dtype)
@@ -166,6 +149,8 @@ class ModelRunner:
             two_batch_overlap=config.parallel.two_batch_overlap and comm is not None,
             # Data-parallel attention: this rank runs only the rows of the requests placed on it.
             data_parallel=config.parallel.data_parallel_attention and comm is not None,
+            # MTP drafts from every token's final hidden states: every rank builds the same paths.
+            keep_row_hidden=config.speculative is not None and config.speculative.uses_target_hidden_states,
         )
         self.paths: list[ExecutionPath] = build_paths(self.paths_context)
         self.requests: dict[str, CachedRequestState] = {}
@@ -210,7 +195,7 @@ class ModelRunner:
     def compute_logits(self, rows: Rows) -> tuple[list[int], torch.Tensor | None, PromptScores]:
         """The step's forward without pauses: (indexes of the rows that sample, their logits, the
         prompt logprobs its chunks scored)."""
-        return tuple(finish(self.forward_steps(rows, False)))
+        return tuple(finish(self.forward_steps(rows, False)))[:3]
 
     def rank_stats(self) -> dict[str, float]:
         """This rank's totals since load: seconds in its steps (execute_s summed) and seconds of
@@ -289,6 +274,8 @@ class ModelRunner:
             yield  # paused at a layer boundary: whoever drives this step may run other work now
         t = time.perf_counter()
         with torch.inference_mode():
+            if result.row_hidden is not None and self.drafter is not None:
+                self.drafter.observe(rows, result.row_hidden)
             out = self._sample(scheduler_output, rows, result) if sample else ModelRunnerOutput()
         out.prompt_logprobs = result.prompt_logprobs
         for req_id, scored in result.prompt_logprobs.items():
@@ -307,6 +294,9 @@ class ModelRunner:
         for state, kept in zip(states, tokens):
             state.settle(kept)
         out = ModelRunnerOutput([r.req_id for r in states], tokens, logprobs)
-        if self.drafter is not None and scheduler_output.propose_drafts:
-            out.draft_token_ids = self.drafter.propose(states)
+        if self.drafter is not None:
+            if scheduler_output.propose_drafts:
+                out.draft_token_ids = self.drafter.propose(states)
+            else:
+                self.drafter.advance(states)
         return out

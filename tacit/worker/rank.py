@@ -30,7 +30,7 @@ from tacit.worker.drafter import DraftTarget
 from tacit.worker.kv_offload_store import KVOffloadId
 from tacit.worker.model_fingerprint import model_fingerprint
 from tacit.worker.model_runner import ModelRunner
-from tacit.worker.speculative import build_drafter
+from tacit.worker.speculative import build_drafter, drafter_class
 from tacit.worker.step_channel import BroadcastChannel, PipeChannel
 
 
@@ -95,6 +95,11 @@ def load_rank(config: EngineConfig, source: ModelSource, platform: Platform, tp:
     model = build_model(
         config.model, source.weights, device, platform.free_memory_bytes(), source.quantized_weights, tp
     )
+    spec = config.speculative
+    if tp.rank == 0 and spec is not None:  # a proposer's layers that write the target's pool join it first
+        layers = drafter_class(spec).pool_layers(spec, config.model, source, device, platform.free_memory_bytes())
+        if layers is not None:
+            model.draft_layers = layers
     comm = make_communicator(platform, config.parallel.communicator) if tp.size > 1 else None
     agree = agree_num_blocks if tp.size > 1 else None
     offload_id = None
@@ -102,8 +107,7 @@ def load_rank(config: EngineConfig, source: ModelSource, platform: Platform, tp:
         offload_id = KVOffloadId(model_fingerprint(source, config, device.type), tp.rank, tp.size)
     runner = ModelRunner(config, model, device, platform.free_memory_bytes(), comm, agree, offload_id)
     if tp.rank == 0:  # the rank that samples proposes the drafts (a draft model runs in its process)
-        target = DraftTarget(runner.config, source.tokenizer, platform, runner.num_blocks)
-        runner.drafter = build_drafter(config.speculative, target)
+        runner.drafter = build_drafter(spec, DraftTarget(runner, source, platform))
     if tp.size > 1:  # the handshake: the engine keeps rank 0's, the same as every rank's
         if runner.kv_offload_store is not None:
             runner.kv_cache_config = agree_offloaded_blocks(runner)

@@ -46,11 +46,13 @@ def finish(steps: Steps[T], at_pause: Callable[[], None] | None = None) -> T:
 class PathResult(NamedTuple):
     """Indexes of the rows that sample (in scheduled order), their final hidden states (from
     HiddenStatesPath.hidden) or logits (from ExecutionPath.run), and the prompt logprobs the
-    step's chunks scored."""
+    step's chunks scored; with PathContext.keep_row_hidden, every token's final hidden states
+    (rows in scheduled order, each row's tokens in order)."""
 
     samples: list[int]
     values: torch.Tensor | None
     prompt_logprobs: PromptScores
+    row_hidden: torch.Tensor | None = None
 
 
 @dataclass
@@ -73,6 +75,9 @@ class PathContext:
     # Set by LLMEngine.score_full_logprobs for the length of one call: (req_id, first prompt
     # token, [rows, vocab] float32 log-softmax) for every slice a prompt_logprobs request scores.
     full_prompt_logprobs: Callable[[str, int, torch.Tensor], None] | None = None
+    # Set when the drafter reads every token's final hidden states (MTP drafts from them): only
+    # the paths that export them are built (ExecutionPath.exports_row_hidden).
+    keep_row_hidden: bool = False
 
     def score_prompt(self, r: CachedRequestState, first: int, end: int, hidden: torch.Tensor) -> RawPromptLogprobs:
         """r's prompt tokens [first, end) scored from the hidden states of the positions before them."""
@@ -94,7 +99,8 @@ class PathContext:
             rows[i][0].req_id: self.score_prompt(rows[i][0], first, end, hidden[row : row + end - first])
             for i, first, end, row in built.scored
         }
-        return PathResult(built.samples, hidden[built.sample_rows], prompt_logprobs)
+        row_hidden = hidden if self.keep_row_hidden else None
+        return PathResult(built.samples, hidden[built.sample_rows], prompt_logprobs, row_hidden)
 
 
 def run_layers(run: Callable[[int, int], None], num_layers: int, pausable: bool) -> Steps[None]:
@@ -116,6 +122,8 @@ class ExecutionPath(ABC):
     name: ClassVar[str]
     # Lower runs first: the runner takes the first available path that accepts the rows.
     preference: ClassVar[int]
+    # Whether its PathResult carries row_hidden when PathContext.keep_row_hidden asks.
+    exports_row_hidden: ClassVar[bool] = False
 
     def __init__(self, ctx: PathContext) -> None:
         self.ctx = ctx
@@ -152,8 +160,8 @@ class HiddenStatesPath(ExecutionPath):
     def steps(self, rows: Rows, pausable: bool) -> Steps[PathResult]:
         out = yield from self.hidden_steps(rows, pausable)
         if not out.samples:
-            return PathResult([], None, out.prompt_logprobs)
-        return PathResult(out.samples, self.ctx.model.compute_logits(out.values), out.prompt_logprobs)
+            return PathResult([], None, out.prompt_logprobs, out.row_hidden)
+        return PathResult(out.samples, self.ctx.model.compute_logits(out.values), out.prompt_logprobs, out.row_hidden)
 
 
 EXECUTION_PATHS = Registry("execution_path")
@@ -163,7 +171,7 @@ register_execution_path = EXECUTION_PATHS.register
 def build_paths(ctx: PathContext) -> list[ExecutionPath]:
     """Every registered path that applies to this rank, in order of preference."""
     classes = sorted(EXECUTION_PATHS.values(), key=lambda cls: cls.preference)
-    paths = [cls(ctx) for cls in classes if cls.available(ctx)]
+    paths = [cls(ctx) for cls in classes if cls.available(ctx) and (cls.exports_row_hidden or not ctx.keep_row_hidden)]
     for p in paths:
         p.compose(paths)
     return paths

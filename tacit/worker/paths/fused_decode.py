@@ -54,6 +54,7 @@ def fused_decode_hidden(ctx: PathContext, rows: Rows, pausable: bool) -> Steps[t
 @register_execution_path("fused_decode")
 class FusedDecodePath(HiddenStatesPath):
     preference = 10
+    exports_row_hidden = True
 
     def accepts(self, rows: Rows, pausable: bool) -> bool:
         return self.ctx.fused_decode is not None and all(fusable(r, n) for r, n in rows)
@@ -64,4 +65,5 @@ class FusedDecodePath(HiddenStatesPath):
         # not yet level with its request (only those level with all their tokens sample).
         sampling = [i for i, (r, n) in enumerate(rows) if samples(r, n)]
         kept = decode_row_sampled(rows)
-        return PathResult(sampling, hidden if len(kept) == hidden.shape[0] else hidden[kept], {})
+        row_hidden = hidden if self.ctx.keep_row_hidden else None
+        return PathResult(sampling, hidden if len(kept) == hidden.shape[0] else hidden[kept], {}, row_hidden)

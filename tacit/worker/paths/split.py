@@ -30,6 +30,7 @@ from tacit.worker.paths.fused_decode import FusedDecodePath
 @register_execution_path("split")
 class SplitPath(HiddenStatesPath):
     preference = 20  # after the all-fused step, before the paths that take every row
+    exports_row_hidden = True
 
     @classmethod
     def available(cls, ctx: PathContext) -> bool:
@@ -50,9 +51,9 @@ class SplitPath(HiddenStatesPath):
         decodes = [i for i, (r, n) in enumerate(rows) if fusable(r, n)]
         others = [i for i, (r, n) in enumerate(rows) if not fusable(r, n)]
         dec_rows, other_rows = [rows[i] for i in decodes], [rows[i] for i in others]
-        dec_samples, dec_hidden, _ = yield from self.decodes.hidden_steps(dec_rows, pausable)
+        dec_samples, dec_hidden, _, dec_rows_hidden = yield from self.decodes.hidden_steps(dec_rows, pausable)
         rest = first_accepting(self.rest, other_rows, pausable)
-        pre_samples, pre_hidden, prompt_logprobs = yield from rest.hidden_steps(other_rows, pausable)
+        pre_samples, pre_hidden, prompt_logprobs, pre_rows_hidden = yield from rest.hidden_steps(other_rows, pausable)
         index = [decodes[i] for i in dec_samples] + [others[i] for i in pre_samples]
         order = sorted(range(len(index)), key=index.__getitem__)
         # Each sampling row's hidden rows: its last token's, and one per draft it verifies,
@@ -63,4 +64,10 @@ class SplitPath(HiddenStatesPath):
             start[j] = start[j - 1] + width[j - 1]
         rows_in_order = [start[j] + w for j in order for w in range(width[j])]
         hidden = torch.cat([dec_hidden, pre_hidden.to(dec_hidden.dtype)])[torch.tensor(rows_in_order, dtype=torch.long)]
-        return PathResult([index[i] for i in order], hidden, prompt_logprobs)
+        row_hidden = None
+        if self.ctx.keep_row_hidden:  # every token's, row blocks put back in scheduled order
+            part = [n for _, n in dec_rows] + [n for _, n in other_rows]
+            blocks = torch.cat([dec_rows_hidden, pre_rows_hidden.to(dec_rows_hidden.dtype)]).split(part)
+            where = {row: j for j, row in enumerate(decodes + others)}
+            row_hidden = torch.cat([blocks[where[i]] for i in range(len(rows))])
+        return PathResult([index[i] for i in order], hidden, prompt_logprobs, row_hidden)

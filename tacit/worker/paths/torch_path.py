@@ -10,6 +10,7 @@ from tacit.worker.paths.base import HiddenStatesPath, PathResult, Steps, registe
 @register_execution_path("torch")
 class TorchPath(HiddenStatesPath):
     preference = 100  # the fallback
+    exports_row_hidden = True
 
     def accepts(self, rows: Rows, pausable: bool) -> bool:
         return True

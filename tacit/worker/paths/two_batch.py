@@ -32,7 +32,7 @@ class TwoBatchPath(HiddenStatesPath):
         run_two_batches(
             [(model.forward_stages(state, 0, model.num_layers), b.meta) for state, b in zip(states, built)], ctx.comm
         )
-        (samples_a, hidden_a, scores_a), (samples_b, hidden_b, scores_b) = [
+        (samples_a, hidden_a, scores_a, _), (samples_b, hidden_b, scores_b, _) = [
             ctx.torch_outputs(half, b, model.end_forward(state)) for half, b, state in zip(halves, built, states)
         ]
         return PathResult(samples_a + [k + i for i in samples_b], torch.cat([hidden_a, hidden_b]), scores_a | scores_b)
