@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from types import ModuleType
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -104,6 +104,12 @@ def for_this_rank(model: nn.Module, decoder: Any) -> Any:
         return decoder
     decoder.set_all_reduce(*model.comm.c_all_reduce_f32())
     return ShardedDecoder(decoder, model.model.embed_tokens, model.tp.data_parallel)
+
+
+def decoder_parameters(model: nn.Module) -> Iterator[torch.Tensor]:
+    """The parameters the fused step reads: all but a proposer's layers built into the model
+    (model.draft_layers: MTP's, which run on the torch path between steps)."""
+    return (p for name, p in model.named_parameters() if not name.startswith("draft_layers."))
 
 
 def weights_not_bf16(params: Iterable[torch.Tensor]) -> bool:

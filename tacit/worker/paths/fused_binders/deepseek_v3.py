@@ -18,6 +18,7 @@ from tacit.layers.ggml_linear_method import MixedGGMLLinearMethod, ggml_or_bf16
 from tacit.models.deepseek_v3 import DeepseekV3MoE
 from tacit.worker.paths.fused_binders.base import (
     FusedDecoderBinder,
+    decoder_parameters,
     dense_intermediate,
     for_this_rank,
     one_eps,
@@ -63,7 +64,7 @@ class DeepseekV3FusedBinder(FusedDecoderBinder):
             for p in layer.mlp.gate.parameters()
         }
         # The routers are float32 by design (DeepseekV3Gate).
-        if weights_not_bf16(p for p in model.parameters() if id(p) not in routers):
+        if weights_not_bf16(p for p in decoder_parameters(model) if id(p) not in routers):
             return "weights are not bf16"
         return None
 

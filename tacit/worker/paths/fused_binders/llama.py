@@ -17,6 +17,7 @@ from tacit.models.llama import LlamaAttention
 from tacit.models.qwen3_moe import Qwen3MoeSparseBlock
 from tacit.worker.paths.fused_binders.base import (
     FusedDecoderBinder,
+    decoder_parameters,
     dense_intermediate,
     for_this_rank,
     one_eps,
@@ -54,7 +55,7 @@ class LlamaFusedBinder(FusedDecoderBinder):
                 return f"layer {i} has no bf16 or int8 CPU KV cache"
             if spec.quantized and attn.num_heads // attn.num_kv_heads > INT8_KV_MAX_GROUP:
                 return f"more than {INT8_KV_MAX_GROUP} query heads per kv head over an int8 KV cache"
-        if weights_not_bf16(model.parameters()):
+        if weights_not_bf16(decoder_parameters(model)):
             return "weights are not bf16"
         return None
 
