@@ -120,7 +120,10 @@ def ensure_random_model(spec: str) -> Path:
         valid = ", ".join(f"random:{s}[{FP8_SUFFIX}]" for s in SHAPES)
         raise ValueError(f"random model {name!r} is not known; valid: {valid}")
     path = cache_dir() / f"random-{name}"
-    if (path / "model.safetensors").exists():
+    # DeepSeek-V3 shapes carry an MTP layer (model-mtp.safetensors); a copy written before they
+    # did is written again (the same seed gives the same weights).
+    with_mtp = SHAPES[base]["arch"] == "DeepseekV3Config" and name == base
+    if (path / "model.safetensors").exists() and (not with_mtp or (path / "model-mtp.safetensors").exists()):
         return path
     if name != base:
         from tacit.loader.fp8_writer import write_fp8_checkpoint
@@ -141,6 +144,10 @@ def write_random_model(shape: dict, path: Path) -> Path:
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
+    if isinstance(cfg, transformers.DeepseekV3Config):  # its MTP layer, for speculative_config method mtp
+        from tacit.bench.random_mtp import write_mtp_layer
+
+        write_mtp_layer(model, path, std=0.02)
     _byte_level_tokenizer(shape["vocab_size"]).save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>"}))
     return path
