@@ -73,6 +73,10 @@ class ModelRunnerOutput:
     # Seconds the runner spent on this step's own forward and sampling, not counting work run
     # between its layers (a cut-in prefill): what the step-cost model learns from.
     execute_s: float = 0.0
+    # Of execute_s, the seconds the draft proposer took (a draft model's or MTP's forwards): the
+    # cost model leaves them out of the step's time and the draft-length controller prices
+    # each proposed token with them.
+    propose_s: float = 0.0
     # KV blocks this runner copied for the step's swap_ops, and the seconds it took (the
     # scheduler's copy-bandwidth estimate learns from them).
     swap_blocks: int = 0

@@ -23,7 +23,7 @@ def build_scheduler_output(
         preempted_req_ids=[r.request_id for r in preempted],
         finished_req_ids=s._finished_req_ids,
         scheduled_spec_decode_tokens=drafts or {},
-        propose_drafts=s.spec.worth_proposing,
+        propose_drafts=s.spec.propose_after_step(),
     )
     s._finished_req_ids = []
     if s.swapper is not None:

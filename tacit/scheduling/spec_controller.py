@@ -16,6 +16,15 @@ acceptance pay; at batch 16 a row costs ~3 ms of ~52 and only drafts nearly sure
 speed: until the cost model has seen a step with drafts every draft is verified, which is how
 it learns what they cost.
 
+A proposer that runs a model (a draft model, MTP) costs time too, paid for every token it
+proposes whether or not the token is verified: the measured seconds per proposed token
+(observe_proposer, a moving average) join the row's cost in the bar:
+
+    a^i > (draft_s_per_token + propose_s_per_token) * num_decodes / step_s(num_decodes)
+
+On the default model drafting for itself (a draft as costly as the target) this bar is never
+cleared and the proposer stops running; prompt lookup costs ~0.1 ms a call and barely moves it.
+
 A request's rate a is estimated from its own verifies (each a run of accepted drafts ended by
 the first rejection: accepted successes in accepted + 1 trials, or all of them), decayed so it
 follows the text as it changes (code being rewritten, then prose), from a prior of 1/2. A
@@ -33,6 +42,9 @@ from tacit.scheduling.request import Request
 # while one unlucky draft does not turn speculation off.
 _DECAY = 0.75
 PROBE_EVERY = 8
+# A proposer too costly to run is run again after this many steps, so a cheaper cost (a larger
+# batch sharing a draft model's forwards) is seen: at most one proposal in 64 steps wasted.
+REMEASURE_PROPOSER_EVERY = 64
 
 
 def max_acceptance(k: int) -> float:
@@ -52,6 +64,9 @@ class DraftLengthController:
         self.min_tokens = min_tokens
         self.ceiling = max_acceptance(max(max_tokens, 1))
         self.threshold = 0.0
+        # Seconds the proposer spends per token it proposes (None: not measured yet).
+        self.propose_s_per_token: float | None = None
+        self.steps_not_proposing = 0
 
     def begin_step(self, num_decodes: int) -> None:
         """The acceptance a draft must be expected to clear this step (see the module docstring)."""
@@ -59,12 +74,25 @@ class DraftLengthController:
         if not self.cost.num_observed_with_drafts or step <= 0:
             self.threshold = 0.0  # nothing measured yet: verify, and learn what a draft costs
             return
-        self.threshold = self.cost.draft_s_per_token * max(num_decodes, 1) / step
+        per_token = self.cost.draft_s_per_token + (self.propose_s_per_token or 0.0)
+        self.threshold = per_token * max(num_decodes, 1) / step
 
     @property
     def worth_proposing(self) -> bool:
         """Whether any draft could be verified at this step's bar (else the proposer need not run)."""
         return self.threshold < self.ceiling or self.min_tokens > 0
+
+    def propose_after_step(self) -> bool:
+        """Whether the runner proposes drafts after the step being built: when worth it, and
+        otherwise once every REMEASURE_PROPOSER_EVERY steps, which measures its cost again."""
+        if self.worth_proposing:
+            self.steps_not_proposing = 0
+            return True
+        self.steps_not_proposing += 1
+        if self.steps_not_proposing >= REMEASURE_PROPOSER_EVERY:
+            self.steps_not_proposing = 0
+            return True
+        return False
 
     @staticmethod
     def acceptance(req: Request) -> float:
@@ -89,6 +117,14 @@ class DraftLengthController:
             req.spec_idle_steps = 0
             return 1
         return 0
+
+    def observe_proposer(self, seconds: float, num_proposed: int) -> None:
+        """The proposer took `seconds` to propose num_proposed tokens (one step's proposals)."""
+        if num_proposed <= 0:
+            return
+        per_token = seconds / num_proposed
+        last = self.propose_s_per_token
+        self.propose_s_per_token = per_token if last is None else _DECAY * last + (1 - _DECAY) * per_token
 
     @staticmethod
     def observe(req: Request, num_drafts: int, num_accepted: int) -> None:

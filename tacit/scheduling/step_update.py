@@ -37,7 +37,10 @@ def update_from_output(
         else:
             prefill_tokens += n
         draft_tokens += num_drafts
-    s.cost.observe(prefill_tokens, decodes, runner_output.execute_s, draft_tokens)
+    s.cost.observe(prefill_tokens, decodes, runner_output.execute_s - runner_output.propose_s, draft_tokens)
+    if runner_output.draft_token_ids:
+        proposed = sum(len(d) for d in runner_output.draft_token_ids.values())
+        s.spec.observe_proposer(runner_output.propose_s, proposed)
     now = s.clock()
     outputs = []
     scored = runner_output.prompt_logprobs

@@ -295,8 +295,10 @@ class ModelRunner:
             state.settle(kept)
         out = ModelRunnerOutput([r.req_id for r in states], tokens, logprobs)
         if self.drafter is not None:
+            t = time.perf_counter()
             if scheduler_output.propose_drafts:
                 out.draft_token_ids = self.drafter.propose(states)
             else:
                 self.drafter.advance(states)
+            out.propose_s = time.perf_counter() - t
         return out

@@ -10,7 +10,7 @@ import pytest
 from tacit.sampling_params import SamplingParams
 from tacit.scheduling.cost_model import StepCostModel
 from tacit.scheduling.request import Request
-from tacit.scheduling.spec_controller import PROBE_EVERY, DraftLengthController
+from tacit.scheduling.spec_controller import PROBE_EVERY, REMEASURE_PROPOSER_EVERY, DraftLengthController
 
 
 def _request() -> Request:
@@ -95,3 +95,19 @@ def test_a_bar_no_estimate_can_clear_stops_proposing_and_probing():
     c.begin_step(1)
     assert c.worth_proposing and c.draft_length(req, 4) == 4
     assert DraftLengthController(_costs(0.0035, 0.0014), min_tokens=1).worth_proposing
+
+
+def test_a_costly_proposer_raises_the_bar_and_stops_running_until_measured_again():
+    """A draft model as costly as the target (the default model drafting for itself: ~4 ms a
+    proposed token against a 4.9 ms step) never pays; a cheap proposer barely moves the bar."""
+    c = DraftLengthController(_costs(0.0035, 0.0014))
+    c.observe_proposer(0.0001, 3)  # prompt lookup: ~0.1 ms a call
+    c.begin_step(1)
+    assert c.threshold == pytest.approx((0.0014 + 0.0001 / 3) / 0.0049)
+    assert c.propose_after_step()
+    for _ in range(20):
+        c.observe_proposer(0.012, 3)
+    c.begin_step(1)
+    assert c.threshold > c.ceiling and not c.worth_proposing
+    runs = [c.propose_after_step() for _ in range(2 * REMEASURE_PROPOSER_EVERY)]
+    assert runs.count(True) == 2 and runs[REMEASURE_PROPOSER_EVERY - 1]

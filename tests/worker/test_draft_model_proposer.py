@@ -15,6 +15,7 @@ from tacit import LLM, SamplingParams
 from tacit.config.speculative import SpeculativeConfig
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
 from tacit.sampling_params import StructuredOutputsParams
+
 from tiny_models import build_tokenizer, save_tokenizer
 
 PROMPTS = [[5, 6, 7, 8] * 6, list(range(30, 50)), [9, 10] * 10, [3, 14, 15, 92, 65, 35, 89, 79]]
@@ -100,7 +101,10 @@ def test_seeded_sampling_is_reproducible_and_structured_output_holds(tiny_llama,
     first = tokens(spec.generate(PROMPTS, sampled))
     assert tokens(spec.generate(PROMPTS[::-1], sampled))[::-1] == first  # batch order changes nothing
     regex = SamplingParams(
-        temperature=0.0, max_tokens=10, ignore_eos=True, structured_outputs=StructuredOutputsParams(regex="[a-z ]{3,12}")
+        temperature=0.0,
+        max_tokens=10,
+        ignore_eos=True,
+        structured_outputs=StructuredOutputsParams(regex="[a-z ]{3,12}"),
     )
     plain = LLM(path, dtype="float32")
     assert [o.outputs[0].text for o in spec.generate(["Paris is"], regex)] == [
@@ -155,9 +159,23 @@ def test_bf16_int4_draft_on_the_fused_decoder_changes_no_token(tiny_llama, draft
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     plain = LLM(path, dtype="bfloat16", quantization="int4")
     want = [tokens(plain.generate([p], params))[0] for p in PROMPTS]
-    spec = LLM(
-        path, dtype="bfloat16", quantization="int4", speculative_config=draft_config(draft, quantization="int4")
-    )
+    spec = LLM(path, dtype="bfloat16", quantization="int4", speculative_config=draft_config(draft, quantization="int4"))
     assert spec.engine.runner.drafter.runner.fused_decode is not None
     assert [tokens(spec.generate([p], params))[0] for p in PROMPTS] == want
     assert spec.engine.get_stats().spec_decode_num_draft_tokens > 0
+
+
+def test_the_proposers_time_is_priced_apart_from_the_step(tiny_llama, draft):
+    """A step's execute_s includes the draft model's forwards; the step cost model learns the
+    step without them and the controller prices each proposed token with them instead."""
+    spec = LLM(str(tiny_llama[2]), dtype="float32", speculative_config=draft_config(draft))
+    engine = spec.engine
+    outs, fed = [], []
+    execute, observe = engine.runner.execute, engine.scheduler.cost.observe
+    engine.runner.execute = lambda so, *a, **k: outs.append(execute(so, *a, **k)) or outs[-1]
+    engine.scheduler.cost.observe = lambda *args: fed.append(args) or observe(*args)
+    spec.generate(PROMPTS[:2], GREEDY)
+    proposing = [(o, f) for o, f in zip(outs, fed) if o.draft_token_ids]
+    assert proposing and all(o.propose_s > 0 for o, _ in proposing)
+    assert all(f[2] == pytest.approx(o.execute_s - o.propose_s) for o, f in zip(outs, fed))
+    assert engine.scheduler.spec.propose_s_per_token > 0

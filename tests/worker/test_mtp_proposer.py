@@ -10,10 +10,11 @@ import shutil
 import pytest
 import torch
 from near_ties import assert_bf16_runs_agree, save_bf16_valued
-from tiny_models import build_hf_model
 
 from tacit import LLM, SamplingParams
 from tacit.bench.random_mtp import write_mtp_layer
+
+from tiny_models import build_hf_model
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 40, 41], list(range(30, 70)), [9, 10] * 12]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)

@@ -46,7 +46,10 @@ def test_every_method_the_config_knows_has_a_proposer():
 @pytest.mark.parametrize(
     "value, match",
     [
-        ({"method": "eagle", "num_speculative_tokens": 3}, "method='eagle' is not known; valid: ngram, suffix, draft_model"),
+        (
+            {"method": "eagle", "num_speculative_tokens": 3},
+            "method='eagle' is not known; valid: ngram, suffix, draft_model",
+        ),
         ({"method": "ngram"}, "needs num_speculative_tokens"),
         ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens=0 is invalid"),
         ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1}, r"keys \['lookahead'\] are not known"),
