@@ -23,7 +23,8 @@ proposes whether or not the token is verified: the measured seconds per proposed
     a^i > (draft_s_per_token + propose_s_per_token) * num_decodes / step_s(num_decodes)
 
 On the default model drafting for itself (a draft as costly as the target) this bar is never
-cleared and the proposer stops running; prompt lookup costs ~0.1 ms a call and barely moves it.
+cleared and the proposer stops running (propose_after_step); prompt lookup costs ~0.1 ms a call
+and barely moves it.
 
 A request's rate a is estimated from its own verifies (each a run of accepted drafts ended by
 the first rejection: accepted successes in accepted + 1 trials, or all of them), decayed so it
@@ -42,9 +43,6 @@ from tacit.scheduling.request import Request
 # while one unlucky draft does not turn speculation off.
 _DECAY = 0.75
 PROBE_EVERY = 8
-# A proposer too costly to run is run again after this many steps, so a cheaper cost (a larger
-# batch sharing a draft model's forwards) is seen: at most one proposal in 64 steps wasted.
-REMEASURE_PROPOSER_EVERY = 64
 
 
 def max_acceptance(k: int) -> float:
@@ -66,10 +64,13 @@ class DraftLengthController:
         self.threshold = 0.0
         # Seconds the proposer spends per token it proposes (None: not measured yet).
         self.propose_s_per_token: float | None = None
-        self.steps_not_proposing = 0
+        # The decodes of the step whose proposals measured it, and of the step being built.
+        self.measured_at_decodes = 0
+        self.num_decodes = 0
 
     def begin_step(self, num_decodes: int) -> None:
         """The acceptance a draft must be expected to clear this step (see the module docstring)."""
+        self.num_decodes = num_decodes
         step = self.cost.step_s(0, num_decodes)
         if not self.cost.num_observed_with_drafts or step <= 0:
             self.threshold = 0.0  # nothing measured yet: verify, and learn what a draft costs
@@ -83,16 +84,15 @@ class DraftLengthController:
         return self.threshold < self.ceiling or self.min_tokens > 0
 
     def propose_after_step(self) -> bool:
-        """Whether the runner proposes drafts after the step being built: when worth it, and
-        otherwise once every REMEASURE_PROPOSER_EVERY steps, which measures its cost again."""
-        if self.worth_proposing:
-            self.steps_not_proposing = 0
-            return True
-        self.steps_not_proposing += 1
-        if self.steps_not_proposing >= REMEASURE_PROPOSER_EVERY:
-            self.steps_not_proposing = 0
-            return True
-        return False
+        """Whether the runner proposes drafts after the step being built: when worth it, and when
+        the batch has shrunk below the one the proposer's cost was measured at (each draft row
+        then weighs less against the step, so the cost is measured again). A proposer too
+        costly at a batch stays off at that batch and above: the bar only rises with the batch
+        (rows and proposals grow with it, a step's time less), and measuring again would pay a
+        whole context's catch-up (a draft model prefilling what it has not seen)."""
+        return self.worth_proposing or (
+            self.propose_s_per_token is not None and self.num_decodes < self.measured_at_decodes
+        )
 
     @staticmethod
     def acceptance(req: Request) -> float:
@@ -124,6 +124,7 @@ class DraftLengthController:
             return
         per_token = seconds / num_proposed
         last = self.propose_s_per_token
+        self.measured_at_decodes = self.num_decodes
         self.propose_s_per_token = per_token if last is None else _DECAY * last + (1 - _DECAY) * per_token
 
     @staticmethod

@@ -221,11 +221,20 @@ class DraftModelProposer(DraftProposer):
                 used += take
                 if take < n:
                     rest.append((s, n - take))
+            # A short catch-up (the last accepted draft and the token sampled after it) runs as
+            # decode rows on the draft's fused decoder, marked as drafts to verify: as a 2-token
+            # prefill row it took the torch path, ~15 ms against ~4 ms on the default model.
+            for s, n in batch:
+                if n <= self.k + 1 and s.num_computed_tokens + n == s.num_tokens:
+                    s.num_draft_tokens = n - 1
             sampled, logits, _ = self.runner.compute_logits(batch)
+            row = 0
+            for i in sampled:  # each sampling row's logits: one per draft, then its last token's
+                s = batch[i][0]
+                row += 1 + s.num_draft_tokens
+                first[s.req_id] = int(logits[row - 1, : self.vocab_size].argmax())
             for s, n in batch:
                 s.num_computed_tokens += n
-            if sampled:
-                for i, t in zip(sampled, self._argmax(logits)):
-                    first[batch[i][0].req_id] = t
+                s.num_draft_tokens = 0
             todo = rest
         return [first[s.req_id] for s in states]

@@ -10,7 +10,7 @@ import pytest
 from tacit.sampling_params import SamplingParams
 from tacit.scheduling.cost_model import StepCostModel
 from tacit.scheduling.request import Request
-from tacit.scheduling.spec_controller import PROBE_EVERY, REMEASURE_PROPOSER_EVERY, DraftLengthController
+from tacit.scheduling.spec_controller import PROBE_EVERY, DraftLengthController
 
 
 def _request() -> Request:
@@ -109,5 +109,10 @@ def test_a_costly_proposer_raises_the_bar_and_stops_running_until_measured_again
         c.observe_proposer(0.012, 3)
     c.begin_step(1)
     assert c.threshold > c.ceiling and not c.worth_proposing
-    runs = [c.propose_after_step() for _ in range(2 * REMEASURE_PROPOSER_EVERY)]
-    assert runs.count(True) == 2 and runs[REMEASURE_PROPOSER_EVERY - 1]
+    assert not any(c.propose_after_step() for _ in range(100))  # the bar only rises with the batch
+    c.begin_step(4)
+    c.observe_proposer(0.036, 12)  # measured at 4 decodes: 3 ms a token
+    c.begin_step(4)
+    assert not c.propose_after_step()
+    c.begin_step(2)  # a smaller batch than measured at: run it to measure again
+    assert c.propose_after_step()
