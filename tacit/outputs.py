@@ -77,6 +77,9 @@ class ModelRunnerOutput:
     # cost model leaves them out of the step's time and the draft-length controller prices
     # each proposed token with them.
     propose_s: float = 0.0
+    # Of propose_s, the seconds spent catching up on context the proposer had not seen (a draft
+    # model prefilling a prompt): a request's one-time cost, not a proposed token's.
+    propose_catch_up_s: float = 0.0
     # KV blocks this runner copied for the step's swap_ops, and the seconds it took (the
     # scheduler's copy-bandwidth estimate learns from them).
     swap_blocks: int = 0

@@ -18,7 +18,8 @@ it learns what they cost.
 
 A proposer that runs a model (a draft model, MTP) costs time too, paid for every token it
 proposes whether or not the token is verified: the measured seconds per proposed token
-(observe_proposer, a moving average) join the row's cost in the bar:
+(observe_proposer, a moving average; a request's one-time catch-up, a draft model prefilling
+its prompt, left out) join the row's cost in the bar:
 
     a^i > (draft_s_per_token + propose_s_per_token) * num_decodes / step_s(num_decodes)
 

@@ -40,7 +40,7 @@ def update_from_output(
     s.cost.observe(prefill_tokens, decodes, runner_output.execute_s - runner_output.propose_s, draft_tokens)
     if runner_output.draft_token_ids:
         proposed = sum(len(d) for d in runner_output.draft_token_ids.values())
-        s.spec.observe_proposer(runner_output.propose_s, proposed)
+        s.spec.observe_proposer(runner_output.propose_s - runner_output.propose_catch_up_s, proposed)
     now = s.clock()
     outputs = []
     scored = runner_output.prompt_logprobs

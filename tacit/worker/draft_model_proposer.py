@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections import OrderedDict
 
 import torch
@@ -227,7 +228,10 @@ class DraftModelProposer(DraftProposer):
             for s, n in batch:
                 if n <= self.k + 1 and s.num_computed_tokens + n == s.num_tokens:
                     s.num_draft_tokens = n - 1
+            t = time.perf_counter()
             sampled, logits, _ = self.runner.compute_logits(batch)
+            if any(n > self.k + 1 for _, n in batch):  # a prompt's prefill, not a step's catch-up
+                self.catch_up_s += time.perf_counter() - t
             row = 0
             for i in sampled:  # each sampling row's logits: one per draft, then its last token's
                 s = batch[i][0]

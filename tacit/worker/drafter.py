@@ -49,6 +49,10 @@ class DraftTarget:
 
 
 class DraftProposer(ABC):
+    # Seconds of the last propose()/advance() spent catching up on context the proposer had not
+    # seen (a prompt's prefill through a draft model or MTP layer); the runner reports them apart.
+    catch_up_s: float = 0.0
+
     @classmethod
     def pool_layers(
         cls, config: SpeculativeConfig, target: ModelConfig, source: ModelSource, device: torch.device, free_memory: int

@@ -296,9 +296,11 @@ class ModelRunner:
         out = ModelRunnerOutput([r.req_id for r in states], tokens, logprobs)
         if self.drafter is not None:
             t = time.perf_counter()
+            self.drafter.catch_up_s = 0.0
             if scheduler_output.propose_drafts:
                 out.draft_token_ids = self.drafter.propose(states)
             else:
                 self.drafter.advance(states)
             out.propose_s = time.perf_counter() - t
+            out.propose_catch_up_s = self.drafter.catch_up_s
         return out

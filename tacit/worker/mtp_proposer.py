@@ -21,6 +21,7 @@ before the first computed token is recomputed from a hidden state the step has.
 from __future__ import annotations
 
 import inspect
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -159,7 +160,10 @@ class MTPProposer(DraftProposer):
             live.append((r, e, shifted, last))
         if not rows:
             return {}
+        t = time.perf_counter()
         out, logits = self._forward(rows, torch.cat(hidden))
+        if any(n > self.k + 1 for _, n in rows):  # a prompt's entries, not a step's
+            self.catch_up_s += time.perf_counter() - t
         for r, e, _, last in live:
             e.advance(last + 1)
         if not k:

@@ -176,6 +176,7 @@ def test_the_proposers_time_is_priced_apart_from_the_step(tiny_llama, draft):
     engine.scheduler.cost.observe = lambda *args: fed.append(args) or observe(*args)
     spec.generate(PROMPTS[:2], GREEDY)
     proposing = [(o, f) for o, f in zip(outs, fed) if o.draft_token_ids]
-    assert proposing and all(o.propose_s > 0 for o, _ in proposing)
+    assert proposing and all(o.propose_s > o.propose_catch_up_s >= 0 for o, _ in proposing)
+    assert any(o.propose_catch_up_s > 0 for o in outs)  # the prompts, prefilled through the draft
     assert all(f[2] == pytest.approx(o.execute_s - o.propose_s) for o, f in zip(outs, fed))
     assert engine.scheduler.spec.propose_s_per_token > 0
