@@ -5,10 +5,11 @@ num_speculative_tokens: what the proposer offers).
 A draft token is worth verifying when what it is expected to save exceeds what it costs. Draft
 i of a request is kept only if drafts 1..i-1 were, so with a per-token acceptance rate a it is
 worth a^i tokens. It costs the step cost model's measured seconds a decode row (a draft is one
-more row: StepCostModel.draft_s_per_token), against which the step yields tokens at
-num_decodes / step_s(num_decodes) a second: keeping it raises the step's tokens a second when
+more row: StepCostModel.draft_s_per_token), against which a decode step without drafts yields
+num_decodes / decode_step_s(num_decodes) tokens a second (as measured at that batch): keeping it
+raises the step's tokens a second when
 
-    a^i > draft_s_per_token * num_decodes / step_s(num_decodes)
+    a^i > draft_s_per_token * num_decodes / decode_step_s(num_decodes)
 
 At batch 1 a draft row costs a fraction of the step (on the default model ~1.4 ms of ~4.9: its
 Q4 GEMVs are compute-bound at this size; on a memory-bound model far less), so drafts of fair
@@ -21,7 +22,7 @@ proposes whether or not the token is verified: the measured seconds per proposed
 (observe_proposer, a moving average; a request's one-time catch-up, a draft model prefilling
 its prompt, left out) join the row's cost in the bar:
 
-    a^i > (draft_s_per_token + propose_s_per_token) * num_decodes / step_s(num_decodes)
+    a^i > (draft_s_per_token + propose_s_per_token) * num_decodes / decode_step_s(num_decodes)
 
 On the default model drafting for itself (a draft as costly as the target) this bar is never
 cleared and the proposer stops running (propose_after_step); prompt lookup costs ~0.1 ms a call
@@ -72,7 +73,7 @@ class DraftLengthController:
     def begin_step(self, num_decodes: int) -> None:
         """The acceptance a draft must be expected to clear this step (see the module docstring)."""
         self.num_decodes = num_decodes
-        step = self.cost.step_s(0, num_decodes)
+        step = self.cost.decode_step_s(num_decodes)
         if not self.cost.num_observed_with_drafts or step <= 0:
             self.threshold = 0.0  # nothing measured yet: verify, and learn what a draft costs
             return
