@@ -42,7 +42,7 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--speculative-method",
         default="ngram",
-        help="ngram | suffix (drafts cost a lookup) | mtp (a decoder layer a draft)",
+        help="ngram | suffix (drafts cost a lookup) | mtp (a decoder layer and the head a draft)",
     )
     p.add_argument("--json", default=None, help="write the prediction (or the validation) here")
     p.add_argument("--ops", action="store_true", help="also print every operator's time (compute / memory / link)")

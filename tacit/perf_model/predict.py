@@ -12,9 +12,11 @@ from tacit.perf_model.operators import Parallel, StepShape, step_ops
 from tacit.perf_model.roofline import OpTime, bottlenecks, op_time, step_seconds
 from tacit.platforms.specs import HardwareSpec, Sourced
 
-# What drafting one token costs, in decoder layers of a decode step: nothing for the lookups, one
-# layer for an MTP module (DeepSeek's is one decoder layer and a shared head; the head is left out).
-SPECULATIVE_COSTS = {"ngram": 0, "suffix": 0, "mtp": 1}
+# What drafting one token costs, as (decoder layers, lm_head passes) of a decode step: nothing for
+# the lookups; an MTP module is one decoder layer and the shared head. The head is no detail: on
+# random:deepseek-v3-1b it was half of a measured 5 ms MTP draft (docs/speculative_decoding.md),
+# and V3's (129280 x 7168) reads about what one of its MoE layers does per token.
+SPECULATIVE_COSTS = {"ngram": (0, 0), "suffix": (0, 0), "mtp": (1, 1)}
 
 
 @dataclass(frozen=True)
@@ -128,8 +130,11 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
         # A verify step runs each sequence's token and its k drafts as k + 1 decode rows over the
         # same context (how the fused decoder runs them); it yields tokens_per_verify of them.
         k = w.speculative_tokens
+        plain_decode = decode
         verify, decode = step_time(s, spec, profile, w, StepShape(w.batch * (k + 1), 1, round(mean_context)))
-        drafting = k * SPECULATIVE_COSTS[w.speculative_method] * tpot / s.num_layers
+        layers, heads = SPECULATIVE_COSTS[w.speculative_method]
+        head = sum(t.seconds for t in plain_decode if t.op.op_class == "lm_head")
+        drafting = k * (layers * (tpot - head) / s.num_layers + heads * head)
         tpot = (verify + drafting) / w.tokens_per_verify
     total = ttft + (w.output_len - 1) * tpot
     mem = device_memory(s, w.parallel, w.weight_dtype, w.kv_dtype, w.batch, w.input_len, w.output_len, w.group_size)

@@ -101,7 +101,8 @@ def test_a_prefix_hit_rate_prefills_only_the_uncached_tokens():
 
 def test_speculative_decoding_divides_a_verify_step_by_the_tokens_it_yields():
     """k drafts at acceptance a: a verify step is the decode step of batch * (k + 1) rows (plus
-    one decoder layer's worth a draft for MTP), yielding 1 + a + ... + a^k tokens a sequence."""
+    one decoder layer's worth and the head a draft for MTP), yielding 1 + a + ... + a^k tokens a
+    sequence."""
     from tacit.perf_model.efficiency import load_profile
     from tacit.perf_model.operators import StepShape
     from tacit.perf_model.predict import Workload, fitted_roofs, predict, step_time
@@ -110,6 +111,8 @@ def test_speculative_decoding_divides_a_verify_step_by_the_tokens_it_yields():
     shape = shape_from_hf(load_hf_config("random:deepseek-v3-1b"))
     spec = get_hardware_spec("this-cpu")
     plain = predict(shape, spec, Workload(1, 512, 64))
+    head = sum(t.seconds for t in plain.decode_ops if t.op.op_class == "lm_head")
+    assert 0 < head < plain.tpot_s
     w = Workload(1, 512, 64, speculative_tokens=2, acceptance=0.8)
     assert w.tokens_per_verify == pytest.approx(1 + 0.8 + 0.64)
     lookup = predict(shape, spec, w)
@@ -118,7 +121,8 @@ def test_speculative_decoding_divides_a_verify_step_by_the_tokens_it_yields():
     assert lookup.tpot_s == pytest.approx(verify / 2.44)
     mtp = predict(shape, spec, Workload(1, 512, 64, speculative_tokens=2, acceptance=0.8, speculative_method="mtp"))
     assert lookup.tpot_s < plain.tpot_s and lookup.tpot_s < mtp.tpot_s
-    assert mtp.tpot_s == pytest.approx((verify + 2 * plain.tpot_s / shape.num_layers) / 2.44)
+    layer = (plain.tpot_s - head) / shape.num_layers
+    assert mtp.tpot_s == pytest.approx((verify + 2 * (layer + head)) / 2.44)
     assert lookup.ttft_s == plain.ttft_s
     for bad, message in (
         ({"acceptance": 1.0}, r"acceptance=1.0 is invalid"),
