@@ -119,7 +119,8 @@ class EngineArgs(Knobs):
         None,
         "model",
         'vLLM\'s speculative decoding config, e.g. {"method": "ngram", "num_speculative_tokens": 4, '
-        '"prompt_lookup_max": 4, "prompt_lookup_min": 2}: drafts verified in one step',
+        '"prompt_lookup_max": 4, "prompt_lookup_min": 2}: drafts verified in one step; methods ngram, '
+        'suffix, draft_model ({"model": PATH}: a smaller checkpoint, same tokenizer), mtp (DeepSeek-V3/R1)',
         shown="none",
         from_cli=parse_speculative_config,
         metavar="JSON",
