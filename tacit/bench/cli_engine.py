@@ -62,6 +62,7 @@ def add_engine_parsers(bsub: argparse._SubParsersAction) -> argparse.ArgumentPar
     sp.add_argument("--lookup-tokens", default="2,4,10", help="llama.cpp's prompt-lookup num_pred_tokens to try")
     sp.add_argument("--peer-timeout", type=float, default=DEFAULT_TIMEOUT_S)
     sp.add_argument("--json", default=None)
+    sp.add_argument("--plot", default=None, help="PNG: median decode tok/s per workload and engine")
     sp.set_defaults(func=cmd_spec)
     return lat
 
@@ -192,4 +193,10 @@ def cmd_spec(args: argparse.Namespace) -> int:
         print(line)
     failed = report_failed_peers(peers)
     write_json(args, {"speculative_config": spec, "rows": rows, "verdicts": lines, **failed})
+    if args.plot:
+        from tacit.bench.plot import plot_grouped_bars
+
+        name = engines["off"].source.path.name
+        plot_grouped_bars(spec_decode.medians(rows), "decode tok/s", args.plot, f"speculative decoding, {name}")
+        log(f"wrote {args.plot}")
     return 0

@@ -43,3 +43,18 @@ def plot_cdf(series: dict[str, list[float]], xlabel: str, path: str, title: str)
     ax.set_xlabel(xlabel), ax.set_ylabel("fraction of requests"), ax.set_title(title), ax.legend(), ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def plot_grouped_bars(groups: dict[str, dict[str, float]], ylabel: str, path: str, title: str) -> None:
+    """{group (a workload): {series (an engine): value}}: one cluster of bars per group."""
+    plt = _plt()
+    series = list(dict.fromkeys(s for values in groups.values() for s in values))
+    width = 0.8 / max(len(series), 1)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, name in enumerate(series):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(xs, [values.get(name, 0.0) for values in groups.values()], width, label=name)
+    ax.set_xticks(range(len(groups)), list(groups))
+    ax.set_ylabel(ylabel), ax.set_title(title), ax.legend(), ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

@@ -117,6 +117,18 @@ def run(
     return rows
 
 
+def medians(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """{"workload batch N": {engine: median decode tok/s over the repeats}} (--plot's bars)."""
+    from statistics import median
+
+    out: dict[str, dict[str, list[float]]] = {}
+    for r in rows:
+        out.setdefault(f"{r['workload']} batch {r['batch_size']}", {}).setdefault(r["engine"], []).append(
+            r["decode_tok_s"]
+        )
+    return {case: {e: median(v) for e, v in engines.items()} for case, engines in out.items()}
+
+
 def ratios(rows: list[dict]) -> list[str]:
     """Per case: tacit on over off (median of the repeats' pairs), and over each peer's best."""
     from statistics import median

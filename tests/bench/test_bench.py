@@ -363,6 +363,11 @@ def test_bench_spec_compares_speculation_on_and_off_on_the_same_tokens(tiny_llam
     assert all(x["identical"] for x in rows if x["engine"] == "tacit on")
     assert got["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 3}
     assert "repetitive batch 1: speculation" in r.stdout and "output identical" in r.stdout
+    from tacit.bench.spec_decode import medians  # --plot's bars: a median per case and engine
+
+    bars = medians(rows)
+    assert list(bars) == ["repetitive batch 1", "mixed batch 3"]
+    assert all(set(v) == {"tacit off", "tacit on"} and min(v.values()) > 0 for v in bars.values())
     bad = subprocess.run(
         [sys.executable, "-m", "tacit.cli", "bench", "spec", "--cases", "poetry:1"], capture_output=True, text=True
     )
@@ -380,3 +385,12 @@ def test_the_shipped_spec_workload_loads_and_a_bad_one_is_refused(tiny_llama, tm
     bad.write_text(json.dumps({"kind": "poetry", "messages": []}) + "\n")
     with pytest.raises(ValueError, match="bad.jsonl:1: needs kind repetitive or chat"):
         load_prompts(tok, bad)
+
+
+def test_grouped_bars_are_drawn_one_cluster_per_case(tmp_path):
+    pytest.importorskip("matplotlib")
+    from tacit.bench.plot import plot_grouped_bars
+
+    path = tmp_path / "spec.png"
+    plot_grouped_bars({"chat batch 1": {"tacit off": 200.0, "tacit on": 210.0}}, "decode tok/s", str(path), "t")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
