@@ -82,6 +82,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # vLLM's (CTRL's) multiplicative penalty over every token in the prompt or the output so far:
+    # a positive logit is divided by it, a negative one multiplied. 1.0 is off.
+    repetition_penalty: float = 1.0
     n: int = 1
     skip_special_tokens: bool = True
     # Scheduling hints ride here because every entry point already carries SamplingParams per
@@ -134,6 +137,8 @@ class SamplingParams:
             v = getattr(self, name)
             if not _is_number(v) or not -2.0 <= v <= 2.0:
                 raise bad(name, v, "must be in [-2, 2]")
+        if not _is_number(self.repetition_penalty) or not self.repetition_penalty > 0:
+            raise bad("repetition_penalty", self.repetition_penalty, "must be a finite number > 0 (1 means none)")
         top_seed = _SEED_MAX - (self.n - 1)
         if self.seed is not None and (not _is_int(self.seed) or not -_SEED_MAX - 1 <= self.seed <= top_seed):
             raise bad("seed", self.seed, f"must be an integer in [{-_SEED_MAX - 1}, {top_seed}] or None")
@@ -156,8 +161,8 @@ class SamplingParams:
 
     @classmethod
     def from_model_defaults(cls, defaults: dict[str, float | int]) -> "SamplingParams":
-        """The parameters a checkpoint's generation_config.json values make, those this class has a
-        field for (its repetition_penalty has none: tacit's sampler does not implement one)."""
+        """The parameters a checkpoint's generation_config.json values make (temperature, top_p,
+        top_k, min_p, repetition_penalty: tacit.loader.hf.GENERATION_CONFIG_SAMPLING_KEYS)."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in defaults.items() if k in names})
 
@@ -167,4 +172,10 @@ class SamplingParams:
 
     @property
     def needs_penalties(self) -> bool:
+        """Whether the sampler must look at this request's tokens at all (most requests: no)."""
+        return self.needs_additive_penalties or self.repetition_penalty != 1.0
+
+    @property
+    def needs_additive_penalties(self) -> bool:
+        """presence / frequency: they count the output tokens."""
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0

@@ -21,6 +21,12 @@ from tacit.scheduling.length_predictor import OutputLengthPredictor
         ("min_p", math.nan),
         ("presence_penalty", math.nan),
         ("frequency_penalty", -math.inf),
+        ("repetition_penalty", 0),
+        ("repetition_penalty", -1.0),
+        ("repetition_penalty", math.nan),
+        ("repetition_penalty", math.inf),
+        ("repetition_penalty", True),
+        ("repetition_penalty", "1.2"),
         ("ttft_slo_ms", math.inf),
         ("tpot_slo_ms", math.nan),
         ("expected_output_tokens", 10**400),
@@ -41,6 +47,7 @@ def test_bad_numbers_are_refused_naming_the_field(field, value):
 def test_the_edges_still_pass():
     SamplingParams(temperature=1e308, seed=2**63 - 1, n=1)
     SamplingParams(seed=-(2**63), n=MAX_N, expected_output_tokens=2**31 - 1)
+    SamplingParams(repetition_penalty=1e-6)  # any positive penalty, < 1 favouring repeats, as vLLM
     with pytest.raises(ValueError, match="seed"):
         SamplingParams(seed=2**63 - 1, n=2)  # the second sequence's seed would overflow
 

@@ -93,8 +93,9 @@ class EngineArgs(Knobs):
     generation_config: str = knob(
         "auto",
         "model",
-        "where requests' unset temperature / top_p / top_k / min_p come from, as vLLM's: auto (the model's "
-        "generation_config.json), vllm (none: OpenAI's defaults) or a folder holding a generation_config.json",
+        "where requests' unset temperature / top_p / top_k / min_p / repetition_penalty come from, as vLLM's: "
+        "auto (the model's generation_config.json), vllm (none: OpenAI's defaults) or a folder holding a "
+        "generation_config.json",
     )
     allow_special_tokens_in_chat_content: bool = knob(
         False,

@@ -55,7 +55,8 @@ class LLMEngine:
         source: ModelSource = open_model(engine_args.model, engine_args.tokenizer, engine_args.chat_template)
         self.source = source
         self.config = engine_args.create_engine_config(source, platform)
-        # What a request that sets no temperature / top_p / top_k / min_p samples with (--generation-config).
+        # What a request that sets no temperature / top_p / top_k / min_p / repetition_penalty samples
+        # with (--generation-config).
         self.sampling_defaults = sampling_defaults(source.path, engine_args.generation_config)
         # The names the rest of __init__ reads, from the resolved configs.
         model_cfg, seed = self.config.model, self.config.seed

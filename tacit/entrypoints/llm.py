@@ -42,8 +42,8 @@ class LLM:
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What generate() samples with when given no SamplingParams, as vLLM's: the model's
-        generation_config.json temperature / top_p / top_k / min_p (generation_config=auto), the rest
-        SamplingParams' defaults."""
+        generation_config.json temperature / top_p / top_k / min_p / repetition_penalty
+        (generation_config=auto), the rest SamplingParams' defaults."""
         return SamplingParams.from_model_defaults(self.engine.sampling_defaults)
 
     def generate(

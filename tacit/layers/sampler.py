@@ -9,6 +9,7 @@ only over the seeded ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import torch
@@ -31,6 +32,9 @@ class SamplingMetadata:
     # row is constrained and the sampler does nothing extra.
     grammar_bitmask: torch.Tensor | None = None
     grammar_rows: list[int] | None = None
+    # The prompt's ids, for the rows with a repetition penalty (which counts prompt and output);
+    # [] for the others, and None when no row has one.
+    prompt_token_ids: list[list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.params)
@@ -71,7 +75,7 @@ class Sampler:
         logits = logits.float()
         params = metadata.params
         if any(p.needs_penalties for p in params):
-            logits = self._apply_penalties(logits, metadata)
+            logits = apply_penalties(logits, metadata)
         # Logprobs report the model's distribution (vLLM's default), not the grammar's: a masked
         # top-n would be -inf entries, which JSON cannot carry.
         model_logits = logits
@@ -91,17 +95,6 @@ class Sampler:
         if want:
             logprobs = self._logprobs(model_logits, tokens, params, want)
         return SamplerOutput(token_list, logprobs)
-
-    def _apply_penalties(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-        # OpenAI semantics: subtract frequency * count and presence * [count > 0] over generated tokens.
-        counts = torch.zeros_like(logits)
-        for row, output_ids in enumerate(metadata.output_token_ids):
-            if output_ids:
-                ids = torch.tensor(output_ids, dtype=torch.long)
-                counts[row].index_add_(0, ids, torch.ones(len(ids)))
-        freq = torch.tensor([p.frequency_penalty for p in metadata.params])[:, None]
-        pres = torch.tensor([p.presence_penalty for p in metadata.params])[:, None]
-        return logits - freq * counts - pres * (counts > 0).float()
 
     def _sample(self, logits: torch.Tensor, metadata: SamplingMetadata, greedy_ids: torch.Tensor) -> torch.Tensor:
         params = metadata.params
@@ -150,6 +143,50 @@ class Sampler:
         for j, i in enumerate(rows):
             out[i] = picked[j][0], picked[j][1], picked[j][2][: params[i].logprobs]
         return out
+
+
+def apply_penalties(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    """logits with each row's repetition, presence and frequency penalties applied (vLLM's
+    apply_penalties); rows whose penalties are off come back unchanged."""
+    params = metadata.params
+    # vLLM's order: the repetition penalty first, then the additive ones.
+    rep = [p.repetition_penalty for p in params]
+    if any(r != 1.0 for r in rep):
+        prompts = metadata.prompt_token_ids or [[] for _ in params]
+        seen = [prompt + out if r != 1.0 else [] for r, prompt, out in zip(rep, prompts, metadata.output_token_ids)]
+        logits = apply_repetition_penalty(logits, seen, rep)
+    if any(p.needs_additive_penalties for p in params):
+        # OpenAI semantics: subtract frequency * count and presence * [count > 0] over generated tokens.
+        counts = torch.zeros_like(logits)
+        for row, output_ids in enumerate(metadata.output_token_ids):
+            if output_ids and params[row].needs_additive_penalties:
+                ids = torch.tensor(output_ids, dtype=torch.long)
+                counts[row].index_add_(0, ids, torch.ones(len(ids)))
+        freq = torch.tensor([p.frequency_penalty for p in params])[:, None]
+        pres = torch.tensor([p.presence_penalty for p in params])[:, None]
+        logits = logits - freq * counts - pres * (counts > 0).float()
+    return logits
+
+
+def apply_repetition_penalty(logits: torch.Tensor, token_ids: list[list[int]], penalties: list[float]) -> torch.Tensor:
+    """vLLM's (and transformers') repetition penalty: each row's listed tokens' logits divided by
+    its penalty where positive, multiplied where not, so a penalty > 1 never makes one more likely.
+    Only the listed entries are read and written (gathered, as transformers does): 32 rows of
+    2,300 tokens over a 49k vocabulary are 74k entries, not the 1.6M a full-width mask would touch.
+    Divided, not multiplied by 1 / penalty, so float32 logits equal transformers' bit for bit."""
+    lengths = [len(ids) for ids in token_ids]
+    if not sum(lengths):
+        return logits
+    # Flat indices into the row-major logits; numpy reads the lists 4x faster than torch.tensor.
+    flat = np.fromiter(chain.from_iterable(token_ids), dtype=np.int64, count=sum(lengths))
+    flat += np.repeat(np.arange(len(token_ids), dtype=np.int64) * logits.shape[-1], lengths)
+    index = torch.from_numpy(flat).to(logits.device)
+    penalty = torch.from_numpy(np.repeat(np.asarray(penalties, dtype=np.float32), lengths)).to(logits)
+    out = logits.contiguous().clone()
+    picked = out.view(-1).take(index)
+    # A token listed twice is written twice with the same value (both computed from `picked`).
+    out.view(-1).index_copy_(0, index, torch.where(picked > 0, picked / penalty, picked * penalty))
+    return out
 
 
 def gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: int) -> list[RawLogprobs]:

@@ -107,8 +107,7 @@ def hf_eos_token_ids(path: Path, config: dict) -> list[int]:
 
 
 # generation_config.json's sampling values a request falls back to where it sets none (vLLM's
-# get_diff_sampling_param, less max_new_tokens). repetition_penalty is read to be reported: tacit's
-# sampler has no repetition penalty, so it is never applied (the server's start-up line says so).
+# get_diff_sampling_param, less max_new_tokens).
 GENERATION_CONFIG_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 

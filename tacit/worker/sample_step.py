@@ -24,18 +24,23 @@ from tacit.worker.request_state import CachedRequestState
 def sampling_metadata(states: list[CachedRequestState], scheduler_output: SchedulerOutput) -> SamplingMetadata:
     """One metadata entry per logits row: a request's drafts each add a row whose penalties see
     the drafts before it as generated."""
-    params, output_ids, generators = [], [], []
+    params, output_ids, generators, prompt_ids = [], [], [], []
     for r in states:
         p = r.sampling_params
         # Only penalties read the generated ids; slicing them out of every row's token list
         # each step would copy the whole context of every sampling row for nothing.
         out = r.token_ids[r.num_prompt_tokens : len(r.token_ids) - r.num_draft_tokens] if p.needs_penalties else []
+        # The repetition penalty also counts the prompt (one slice shared by the request's rows).
+        prompt = r.token_ids[: r.num_prompt_tokens] if p.repetition_penalty != 1.0 else []
         drafts = r.draft_token_ids
         for j in range(1 + len(drafts)):
             params.append(p)
             output_ids.append(out + drafts[:j] if p.needs_penalties else [])
             generators.append(r.generator)
+            prompt_ids.append(prompt)
     metadata = SamplingMetadata(params, output_ids, generators)
+    if any(prompt_ids):
+        metadata.prompt_token_ids = prompt_ids
     if scheduler_output.grammar_bitmask is not None:
         add_grammar_bitmask(metadata, states, scheduler_output)
     return metadata

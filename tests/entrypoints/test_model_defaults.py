@@ -41,11 +41,15 @@ def gen_model(tiny_llama, tmp_path_factory) -> Path:
     return path
 
 
-def _served_params(model: Path, requests: list[tuple[str, dict]], **engine_kwargs) -> list[SamplingParams]:
-    """The SamplingParams the engine receives for each request, posted in order to the server's app."""
+def _served_params(
+    model: Path, requests: list[tuple[str, dict]], status: int = 200, **engine_kwargs
+) -> tuple[list[SamplingParams], list[dict]]:
+    """The SamplingParams the engine receives for the requests, posted in order to the server's
+    app, and their response bodies (each answered with `status`)."""
     engine = AsyncLLMEngine(lambda: LLMEngine(str(model), dtype="float32", **engine_kwargs))
     engine.start()
     seen: list[SamplingParams] = []
+    bodies: list[dict] = []
     add = engine.add_request
 
     async def spy(ids, params, *args, **kwargs):
@@ -59,41 +63,69 @@ def _served_params(model: Path, requests: list[tuple[str, dict]], **engine_kwarg
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             for route, body in requests:
                 r = await client.post(route, json={"model": "m", **body})
-                assert r.status_code == 200, r.text
+                assert r.status_code == status, r.text
+                bodies.append(r.json())
 
     try:
         asyncio.run(post_all())
     finally:
         engine.shutdown()
-    assert len(seen) == len(requests)
-    return seen
+    assert len(seen) == (len(requests) if status == 200 else 0)
+    return seen, bodies
 
 
 def _sampling(p: SamplingParams) -> tuple:
-    return p.temperature, p.top_p, p.top_k
+    return p.temperature, p.top_p, p.top_k, p.repetition_penalty
 
 
 def test_a_request_that_omits_sampling_gets_the_models_and_one_that_sets_it_wins(gen_model):
-    chat, completion, responses, set_to_openai_defaults, set_temperature_only = _served_params(
+    (chat, completion, responses, set_to_openai_defaults, set_temperature_only), _ = _served_params(
         gen_model,
         [
             ("/v1/chat/completions", CHAT),
             ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
             ("/v1/responses", {"input": "hi", "max_output_tokens": 2}),
             # The values OpenAI's defaults would give, sent explicitly: set, so they win.
-            ("/v1/chat/completions", {**CHAT, "temperature": 1.0, "top_p": 1.0, "top_k": -1}),
+            (
+                "/v1/chat/completions",
+                {**CHAT, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0},
+            ),
             ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "temperature": 0.0}),
         ],
     )
     for p in (chat, completion, responses):
-        assert _sampling(p) == (0.6, 0.9, 20)
-    assert _sampling(set_to_openai_defaults) == (1.0, 1.0, -1)
-    assert _sampling(set_temperature_only) == (0.0, 0.9, 20)
+        assert _sampling(p) == (0.6, 0.9, 20, 1.05)
+    assert _sampling(set_to_openai_defaults) == (1.0, 1.0, -1, 1.0)
+    assert _sampling(set_temperature_only) == (0.0, 0.9, 20, 1.05)
+
+
+def test_repetition_penalty_is_taken_and_a_bad_one_refused_naming_it(gen_model):
+    completion = {"prompt": "hi", "max_tokens": 2}
+    seen, _ = _served_params(
+        gen_model,
+        [
+            ("/v1/completions", {**completion, "repetition_penalty": 1.3}),
+            ("/v1/chat/completions", {**CHAT, "repetition_penalty": 0.8}),
+        ],
+    )
+    assert [p.repetition_penalty for p in seen] == [1.3, 0.8]
+    for value in (0, -1, 0.0):
+        _, bodies = _served_params(
+            gen_model,
+            [
+                ("/v1/completions", {**completion, "repetition_penalty": value}),
+                ("/v1/chat/completions", {**CHAT, "repetition_penalty": value}),
+            ],
+            status=400,
+        )
+        for body in bodies:
+            assert body["error"]["param"] == "repetition_penalty", body
+            assert "must be a finite number > 0" in body["error"]["message"], body
 
 
 def test_generation_config_vllm_ignores_the_models_values(gen_model):
-    (p,) = _served_params(gen_model, [("/v1/chat/completions", CHAT)], generation_config="vllm")
-    assert _sampling(p) == _sampling(SamplingParams()) == (1.0, 1.0, -1)
+    (p,), _ = _served_params(gen_model, [("/v1/chat/completions", CHAT)], generation_config="vllm")
+    assert _sampling(p) == _sampling(SamplingParams()) == (1.0, 1.0, -1, 1.0)
 
 
 def test_generation_config_folder_and_bad_values(gen_model, tmp_path):
@@ -105,6 +137,9 @@ def test_generation_config_folder_and_bad_values(gen_model, tmp_path):
     (tmp_path / "generation_config.json").write_text(json.dumps({"top_p": 0.0}))
     with pytest.raises(ValueError, match="generation_config.json: SamplingParams.top_p=0.0 is invalid"):
         sampling_defaults(gen_model, str(tmp_path))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"repetition_penalty": 0}))
+    with pytest.raises(ValueError, match="generation_config.json: SamplingParams.repetition_penalty=0 is invalid"):
+        sampling_defaults(gen_model, str(tmp_path))
 
 
 def test_llm_generate_without_params_samples_with_the_models_defaults(gen_model):
@@ -114,8 +149,8 @@ def test_llm_generate_without_params_samples_with_the_models_defaults(gen_model)
     llm.engine.add_request = lambda prompt, params, **kw: (seen.append(params), add(prompt, params, **kw))[1]
     llm.generate("hi")
     llm.generate("hi", SamplingParams(temperature=1.0, max_tokens=2))
-    assert _sampling(seen[0]) == (0.6, 0.9, 20)
-    assert _sampling(seen[1]) == (1.0, 1.0, -1)
+    assert _sampling(seen[0]) == (0.6, 0.9, 20, 1.05)
+    assert _sampling(seen[1]) == (1.0, 1.0, -1, 1.0)
 
 
 def test_the_start_up_line_states_the_served_defaults(gen_model):
@@ -138,8 +173,10 @@ def test_the_start_up_line_states_the_served_defaults(gen_model):
     finally:
         stop_process(proc)
     loaded = next(line for line in "".join(log).splitlines() if line.startswith("tacit: loaded"))
-    assert "sampling defaults from generation_config.json: temperature 0.6, top_p 0.9, top_k 20" in loaded
-    assert "repetition_penalty 1.05 is not applied" in loaded
+    want = (
+        "sampling defaults from generation_config.json: temperature 0.6, top_p 0.9, top_k 20, repetition_penalty 1.05"
+    )
+    assert want in loaded and "not applied" not in loaded
 
 
 def test_serving_beyond_loopback_without_a_key_is_warned_of():

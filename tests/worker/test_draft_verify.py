@@ -91,15 +91,23 @@ def test_stops_inside_accepted_drafts_end_the_output_where_one_token_a_step_woul
         ]
 
 
-def test_penalties_see_each_draft_before_it(llm):
+@pytest.mark.parametrize(
+    "penalties",
+    [{"frequency_penalty": 1.5, "presence_penalty": 0.5}, {"repetition_penalty": 1.3}],
+    ids=["additive", "repetition"],
+)
+def test_penalties_see_each_draft_before_it(llm, penalties):
     """Row j of a verify step counts drafts 1..j as generated: penalised greedy output is the
-    same as one token a step."""
-    params = SamplingParams(
-        temperature=0.0, max_tokens=15, ignore_eos=True, frequency_penalty=1.5, presence_penalty=0.5
-    )
+    same as one token a step. 30 tokens in runs of 5 right drafts: rows that missed the drafts
+    before them diverged from it for both kinds of penalty (and with 15 tokens, 3 drafts and
+    the second wrong, as this test once was, for neither)."""
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True, **penalties)
     base, _, refs = _reference(llm, params)
-    outs, _ = _generate(llm, params, ScriptedProposer(refs, k=3, wrong=lambda done, j: j == 2))
-    assert [o.token_ids for o in outs] == [o.token_ids for o in base]
+    plain, _ = _generate(llm, SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True), None)
+    assert [o.token_ids for o in base] != [o.token_ids for o in plain]  # the penalty matters here
+    for proposer in (ScriptedProposer(refs, k=5), ScriptedProposer(refs, k=3, wrong=lambda done, j: j == 2)):
+        outs, _ = _generate(llm, params, proposer)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in base]
 
 
 def test_structured_output_requests_get_no_drafts(llm):

@@ -219,18 +219,11 @@ def served_model_name(args: argparse.Namespace, model: str | None) -> str:
 
 
 def describe_sampling_defaults(defaults: dict[str, float | int]) -> str:
-    """What a request that sets no temperature / top_p / top_k / min_p samples with, for the start-up line."""
-    applied = {k: v for k, v in defaults.items() if k != "repetition_penalty"}
-    if applied:
-        text = "sampling defaults from generation_config.json: " + ", ".join(f"{k} {v}" for k, v in applied.items())
-    else:
-        text = "sampling defaults: OpenAI's (temperature 1, top_p 1)"
-    if "repetition_penalty" in defaults:
-        text += (
-            f"; generation_config.json's repetition_penalty {defaults['repetition_penalty']} is not applied "
-            f"(tacit's sampler has no repetition penalty)"
-        )
-    return text
+    """What a request that sets no temperature / top_p / top_k / min_p / repetition_penalty samples
+    with, for the start-up line."""
+    if defaults:
+        return "sampling defaults from generation_config.json: " + ", ".join(f"{k} {v}" for k, v in defaults.items())
+    return "sampling defaults: OpenAI's (temperature 1, top_p 1)"
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

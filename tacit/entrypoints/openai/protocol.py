@@ -106,6 +106,8 @@ class SamplingRequest(OpenAIModel):
     seed: StrictInt | None = None
     presence_penalty: StrictFloat = 0.0
     frequency_penalty: StrictFloat = 0.0
+    # vLLM's extension (unset: generation_config.json's, else 1.0, none).
+    repetition_penalty: StrictFloat | None = None
     ignore_eos: StrictBool = False
     min_tokens: StrictInt = 0
     priority: StrictInt = 0
@@ -187,7 +189,7 @@ class SamplingRequest(OpenAIModel):
         spec = self.structured_outputs_spec()
         if spec is not None:
             kw["structured_outputs"] = spec[1]
-        kw.update(sampling_fields(self, ("temperature", "top_p", "top_k", "min_p"), defaults))
+        kw.update(sampling_fields(self, ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"), defaults))
         return SamplingParams(**kw)
 
 

@@ -102,13 +102,13 @@ class ResponsesRequest(OpenAIModel):
 
     def to_sampling_params(self, defaults: Mapping[str, Any] | None = None) -> SamplingParams:
         """Raises ValueError naming the field when a value is out of range. Unset temperature and
-        top_p are the model's defaults, else OpenAI's (1, 1); top_k and min_p, which the Responses
-        API has no field for, the model's where it sets them."""
+        top_p are the model's defaults, else OpenAI's (1, 1); top_k, min_p and repetition_penalty,
+        which the Responses API has no field for, the model's where it sets them."""
         kw: dict[str, Any] = {"max_tokens": self.max_output_tokens}
         if self.text is not None:
             kw["structured_outputs"] = self.text.format.structured_outputs()
         kw.update(sampling_fields(self, ("temperature", "top_p"), defaults))
-        kw.update({k: v for k, v in (defaults or {}).items() if k in ("top_k", "min_p")})
+        kw.update({k: v for k, v in (defaults or {}).items() if k in ("top_k", "min_p", "repetition_penalty")})
         return SamplingParams(**kw)
 
 
