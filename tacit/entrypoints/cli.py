@@ -13,6 +13,7 @@ from tacit.entrypoints.list_models import add_models_parser
 from tacit.entrypoints.openai.access_log import ACCESS_LOG_FORMATS
 from tacit.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BYTES
 from tacit.entrypoints.openai.tool_parser import TOOL_CALL_PARSERS
+from tacit.loader.hf_cache import display_name
 
 
 def load_llm(args: argparse.Namespace):
@@ -27,7 +28,7 @@ def load_llm(args: argparse.Namespace):
     )
     llm = LLM(engine_args=engine_args)
     print(
-        f"tacit: loaded {llm.engine.source.path.name} in {time.perf_counter() - t0:.1f}s "
+        f"tacit: loaded {display_name(engine_args.model, llm.engine.source.path)} in {time.perf_counter() - t0:.1f}s "
         f"({llm.engine.config.model.dtype}, {llm.engine.num_kv_blocks} KV blocks, "
         f"max_model_len {llm.engine.max_model_len})",
         file=sys.stderr,

@@ -151,3 +151,11 @@ def cached_models() -> list[CachedModel]:
             name = repo.repo_id if len(ggufs) == 1 else f"{repo.repo_id}:{gguf_tag(repo.repo_id, snapshot, f)}"
             found.append(CachedModel(name, "gguf", sizes.get(f, f.stat().st_size), f))
     return found
+
+
+def display_name(model: str | None, path: Path) -> str:
+    """How start-up lines name a loaded model: its file or folder name, or the repo id it was named
+    by (the folder a repo id resolves to is named by a revision hash)."""
+    if model is not None and not Path(model).expanduser().exists() and split_repo_spec(str(model)):
+        return str(model)
+    return path.name

@@ -123,3 +123,11 @@ def test_a_recipe_may_name_a_repo_id(cached_tiny, tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("model: {path: tiny-org/tiny-llama}\n")
     assert load_recipe(recipe).engine_args["model"] == "tiny-org/tiny-llama"
+
+
+def test_start_up_lines_name_a_repo_model_by_its_id_not_its_revision(cached_tiny, tiny_llama):
+    from tacit.loader.hf_cache import display_name
+
+    assert display_name("tiny-org/tiny-llama", cached_tiny) == "tiny-org/tiny-llama"
+    assert display_name(str(tiny_llama[2]), Path(tiny_llama[2])) == Path(tiny_llama[2]).name
+    assert display_name(None, Path("/x/SmolLM2.gguf")) == "SmolLM2.gguf"
