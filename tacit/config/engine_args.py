@@ -46,7 +46,12 @@ def _slo_classes_from_cli(specs: list[str]) -> dict[int, dict[str, float]]:
 class EngineArgs(Knobs):
     # ---- model ----
     model: str | None = knob(
-        None, "model", "HF model directory or .gguf file", key="path", shown="embedded SmolLM2-135M-Instruct"
+        None,
+        "model",
+        "HF model directory, .gguf file, or a Hugging Face repo id in the local cache (ORG/NAME; ORG/NAME:TAG "
+        "picks a GGUF repo's file; never downloaded; `tacit models` lists them)",
+        key="path",
+        shown="embedded SmolLM2-135M-Instruct",
     )
     dtype: str = knob("auto", "model", "auto | float32 | bfloat16 | float16")
     max_model_len: int | None = knob(

@@ -72,9 +72,13 @@ def read_recipe(
                 raise ValueError(f"recipe {p}: unknown key {section}.{key}; valid in {section!r}: {', '.join(keys)}")
             args[keys[key]] = value
     if isinstance(args.get("model"), str):
-        # A relative model path means next to the recipe, so a recipe folder can ship its model.
+        # A relative model path means next to the recipe, so a recipe folder can ship its model;
+        # one that is not there is kept as written, for the loader to resolve (a Hugging Face repo
+        # id such as Qwen/Qwen3-0.6B, or its missing-path error).
         model = Path(args["model"]).expanduser()
-        args["model"] = str(model if model.is_absolute() else (p.parent / model).resolve())
+        beside = p.parent / model
+        if model.is_absolute() or beside.exists():
+            args["model"] = str(model if model.is_absolute() else beside.resolve())
     try:
         check(args)
     except (TypeError, ValueError) as e:

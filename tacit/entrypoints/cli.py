@@ -1,4 +1,4 @@
-"""`tacit generate | chat | serve | fetch | build-kernels`: the entrypoints' commands (the `tacit` parser itself: tacit/cli.py)."""
+"""`tacit generate | chat | serve | fetch | models | build-kernels`: the entrypoints' commands (the `tacit` parser itself: tacit/cli.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import time
 
 from tacit.config.engine_args import EngineArgs
 from tacit.config.sizes import parse_bytes
+from tacit.entrypoints.list_models import add_models_parser
 from tacit.entrypoints.openai.access_log import ACCESS_LOG_FORMATS
 from tacit.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BYTES
 from tacit.entrypoints.openai.tool_parser import TOOL_CALL_PARSERS
+from tacit.loader.hf_cache import display_name
 
 
 def load_llm(args: argparse.Namespace):
@@ -26,7 +28,7 @@ def load_llm(args: argparse.Namespace):
     )
     llm = LLM(engine_args=engine_args)
     print(
-        f"tacit: loaded {llm.engine.source.path.name} in {time.perf_counter() - t0:.1f}s "
+        f"tacit: loaded {display_name(engine_args.model, llm.engine.source.path)} in {time.perf_counter() - t0:.1f}s "
         f"({llm.engine.config.model.dtype}, {llm.engine.num_kv_blocks} KV blocks, "
         f"max_model_len {llm.engine.max_model_len})",
         file=sys.stderr,
@@ -177,7 +179,7 @@ def _tool_call_parser(name: str) -> str:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """generate, chat, serve, fetch and build-kernels, as subcommands of the `tacit` parser."""
+    """generate, chat, serve, fetch, models and build-kernels, as subcommands of the `tacit` parser."""
     g = sub.add_parser("generate", help="complete one prompt, streaming the text")
     EngineArgs.add_cli_args(g)
     g.add_argument("--prompt", required=True)
@@ -267,6 +269,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     f = sub.add_parser("fetch", help="fetch the embedded default model into the cache")
     f.set_defaults(func=cmd_fetch)
+
+    add_models_parser(sub)
 
     b = sub.add_parser("build-kernels", help="compile the C++ kernels now, not on first use (setup runs it)")
     b.set_defaults(func=cmd_build_kernels)

@@ -1,4 +1,5 @@
-"""Turn a model path (HF directory, .gguf file, or None for the default) into config, weights, tokenizer."""
+"""Turn a model (HF directory, .gguf file, a Hugging Face repo id in the local cache, or None for
+the default) into config, weights, tokenizer."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tacit.kernels.ggml_quant import GGMLTensor
 from tacit.loader.default_model import resolve_default_model
 from tacit.loader.gguf_file import GGUFFile
 from tacit.loader.hf import hf_eos_token_ids, hf_sampling_defaults, iter_safetensors, read_json, safetensors_files
+from tacit.loader.hf_cache import resolve_model_path
 from tacit.loader.prequantized import converted_weights, quant_method, quantized_weight_names
 from tacit.loader.shards import narrowed
 from tacit.model_config_checks import check_architecture_numbers
@@ -87,11 +89,13 @@ def sampling_defaults(path: Path, generation_config: str = "auto") -> dict[str, 
 
 
 def _open_model(model: str | Path | None, tokenizer: str | None) -> ModelSource:
-    path = resolve_default_model() if model is None else Path(model).expanduser()
+    # Resolved here, once: every command and LLM() take a repo id, and the engine's config (and
+    # so each worker, which opens config.model.path) carries the local path it resolved to.
+    path = resolve_default_model() if model is None else resolve_model_path(model)
     if not path.exists():
         raise FileNotFoundError(
-            f"model path {str(path)!r} does not exist; pass a Hugging Face model "
-            f"directory (config.json + *.safetensors) or a .gguf file"
+            f"model path {str(path)!r} does not exist; pass a Hugging Face model directory (config.json + "
+            f"*.safetensors), a .gguf file, or a Hugging Face repo id in the local cache (ORG/NAME, ORG/NAME:TAG)"
         )
     if path.is_file():
         if path.suffix != ".gguf":

@@ -50,6 +50,7 @@ from tacit.entrypoints.openai.tokenization_protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from tacit.loader.hf_cache import display_name
 
 logger = logging.getLogger("tacit.server")
 
@@ -257,7 +258,7 @@ def run_server(args: argparse.Namespace) -> int:
     name = served_model_name(args, engine_args.model)
     e = engine.engine
     print(
-        f"tacit: loaded {Path(e.source.path).name} in {time.perf_counter() - t0:.1f}s ({e.config.model.dtype}, "
+        f"tacit: loaded {display_name(engine_args.model, Path(e.source.path))} in {time.perf_counter() - t0:.1f}s ({e.config.model.dtype}, "
         f"{e.num_kv_blocks} KV blocks, max_model_len {e.max_model_len}); serving `{name}` on "
         f"http://{args.host}:{args.port}/v1; decode: {e.runner.decode_path}; "
         f"{describe_sampling_defaults(e.sampling_defaults)}",
