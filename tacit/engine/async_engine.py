@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator, Callable
 from tacit.engine.executor import WorkerDiedError
 from tacit.engine.llm_engine import LLMEngine
 from tacit.engine.metrics import ServingMetrics
+from tacit.engine.request_metrics import observe_finished, observe_step
 from tacit.engine.request_stream import (
     EngineDeadError,
     EngineStepError,
@@ -35,6 +36,7 @@ from tacit.engine.request_stream import (
     RequestStream,
     StepDelivery,
 )
+from tacit.engine.vllm_metrics import VllmRequestMetrics
 from tacit.outputs import RequestOutput
 from tacit.sampling_params import SamplingParams
 from tacit.scheduling.errors import SLOUnattainableError
@@ -163,6 +165,7 @@ class AsyncLLMEngine:
             raise EngineDeadError("the engine is not running")
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         stream = RequestStream(rid, asyncio.get_running_loop())
+        stream.params = params
         self._commands.put(_Add(rid, prompt, params, priority, stream, check_queue, cache_salt))
         try:
             while True:
@@ -198,6 +201,7 @@ class AsyncLLMEngine:
     def _run(self) -> None:
         try:
             self.engine = self._engine_factory()
+            self.metrics.vllm = VllmRequestMetrics(self.engine.max_model_len)
             self._publish()
         except BaseException as e:
             self._build_error = e
@@ -341,38 +345,26 @@ class AsyncLLMEngine:
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         now = time.monotonic()
         deliveries: dict[asyncio.AbstractEventLoop, StepDelivery] = {}
+        step_tokens = 0
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue
-            self._observe_latency(stream, out, now)
+            step_tokens += observe_step(self.metrics, stream, out, now)
             if out.finished:
                 del self._streams[out.request_id]
                 for c in out.outputs:
                     self.metrics.count_request(c.finish_reason or "unknown")
+                observe_finished(self.metrics, stream, out, now)
             deliveries.setdefault(stream.loop, StepDelivery()).items.append((stream, out))
+        if self.metrics.vllm is not None:
+            self.metrics.vllm.iteration_tokens.observe(step_tokens)
         for loop, delivery in deliveries.items():
             try:
                 loop.call_soon_threadsafe(delivery)
             except RuntimeError:  # that event loop is closed: nobody is listening any more
                 for stream, _ in delivery.items:
                     self._abort(stream.request_id)
-
-    def _observe_latency(self, stream: RequestStream, out: RequestOutput, now: float) -> None:
-        for c in out.outputs:
-            seen = stream.tokens_seen.get(c.index, 0)
-            n = len(c.token_ids)
-            if n <= seen:
-                continue
-            if stream.first_token_time is None:
-                stream.first_token_time = now
-                self.metrics.ttft.observe(now - stream.arrival_time)
-            elif seen:
-                gap = (now - stream.last_token_time[c.index]) / (n - seen)
-                for _ in range(n - seen):
-                    self.metrics.itl.observe(gap)
-            stream.tokens_seen[c.index] = n
-            stream.last_token_time[c.index] = now
 
     def _fail(self, request_id: str, error: BaseException) -> None:
         stream = self._streams.pop(request_id, None)

@@ -1,39 +1,27 @@
 """Serving metrics: what the engine thread observes, in a shape /metrics can render.
 
-The engine thread writes, HTTP handlers read. Histograms take a lock (an observation is a few
-adds; rendering copies the buckets); the gauges are published as one immutable snapshot per loop
-iteration, so a scrape never sees half of a step.
+The engine thread writes, HTTP handlers read. Histograms take a lock (prometheus.py); the gauges
+are published as one immutable snapshot per loop iteration, so a scrape never sees half of a step.
+tacit's own tacit_* names sit beside vLLM 0.11.0's vllm:* ones (vllm_metrics.py), which vLLM's
+Grafana dashboard reads.
 """
 
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tacit.engine.prometheus import Histogram, escape, write_histogram, write_metric
+from tacit.engine.vllm_metrics import ENGINE_LABEL, VllmRequestMetrics
 from tacit.scheduling.scheduler_output import SchedulerStats
+
+__all__ = ["EngineSnapshot", "Histogram", "ServingMetrics"]
 
 # Seconds. TTFT spans a queue wait plus a prefill (ms to tens of s under load); inter-token
 # latency is one decode step (sub-ms for a tiny model, ~10-100 ms for a 135M one on CPU).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
-
-
-class Histogram:
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.buckets = buckets
-        self._counts = [0] * (len(buckets) + 1)  # the last one is +Inf
-        self._sum = 0.0
-        self._lock = threading.Lock()
-
-    def observe(self, value: float) -> None:
-        with self._lock:
-            self._counts[bisect_left(self.buckets, value)] += 1
-            self._sum += value
-
-    def snapshot(self) -> tuple[list[int], float]:
-        with self._lock:
-            return list(self._counts), self._sum
 
 
 @dataclass(frozen=True)
@@ -115,6 +103,9 @@ class ServingMetrics:
     itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))
     # finish_reason -> count; "error" for a request a failed step took down, "rejected" for 503s.
     requests: dict[str, int] = field(default_factory=dict)
+    # vLLM's per-request histograms: their token buckets need max_model_len, so the engine thread
+    # sets this once the engine is built (None: only the snapshot's vllm:* metrics are rendered).
+    vllm: VllmRequestMetrics | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count_request(self, outcome: str) -> None:
@@ -122,13 +113,16 @@ class ServingMetrics:
             self.requests[outcome] = self.requests.get(outcome, 0) + 1
 
     def render_prometheus(self, model_name: str) -> str:
-        """Prometheus text exposition format 0.0.4, written by hand: no client library needed."""
+        """Prometheus text exposition format 0.0.4 (prometheus.py)."""
         s = self.snapshot
-        label = f'model_name="{_escape(model_name)}"'
+        label = f'model_name="{escape(model_name)}"'
+        vllm_label = f"{label},{ENGINE_LABEL}"
         lines: list[str] = []
 
         def metric(name: str, kind: str, help_text: str, value: float) -> None:
-            lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name}{{{label}}} {value}"])
+            write_metric(lines, name, kind, help_text, vllm_label if name.startswith("vllm:") else label, value)
+
+        _vllm_engine_metrics(metric, s)
 
         metric("tacit_num_requests_running", "gauge", "Sequences in the running batch.", s.num_running)
         metric("tacit_num_requests_waiting", "gauge", "Sequences waiting to be scheduled.", s.num_waiting)
@@ -270,22 +264,38 @@ class ServingMetrics:
             "# TYPE tacit_requests_total counter",
         ]
         for reason, n in sorted(requests.items()):
-            lines.append(f'tacit_requests_total{{{label},finish_reason="{_escape(reason)}"}} {n}')
+            lines.append(f'tacit_requests_total{{{label},finish_reason="{escape(reason)}"}} {n}')
 
-        for name, help_text, hist in (
-            ("tacit_time_to_first_token_seconds", "Time from request arrival to its first token.", self.ttft),
-            ("tacit_inter_token_latency_seconds", "Time between two tokens of one sequence.", self.itl),
-        ):
-            counts, total = hist.snapshot()
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-            cumulative = 0
-            for bound, n in zip((*hist.buckets, float("inf")), counts):
-                cumulative += n
-                le = "+Inf" if bound == float("inf") else repr(bound)
-                lines.append(f'{name}_bucket{{{label},le="{le}"}} {cumulative}')
-            lines += [f"{name}_sum{{{label}}} {total}", f"{name}_count{{{label}}} {cumulative}"]
+        write_histogram(
+            lines,
+            "tacit_time_to_first_token_seconds",
+            "Time from request arrival to its first token.",
+            label,
+            self.ttft,
+        )
+        write_histogram(
+            lines, "tacit_inter_token_latency_seconds", "Time between two tokens of one sequence.", label, self.itl
+        )
+        if self.vllm is not None:
+            self.vllm.render(lines, vllm_label)
         return "\n".join(lines) + "\n"
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def _vllm_engine_metrics(metric: Callable[[str, str, str, float], None], s: EngineSnapshot) -> None:
+    """vLLM 0.11.0's engine-wide gauges and counters (vllm/v1/metrics/loggers.py), its help texts."""
+    metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", s.num_running)
+    metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", s.num_waiting)
+    # vLLM's BlockPool.get_usage(): blocks held over all blocks, cached-but-free ones counting as free.
+    total = s.kv_blocks_used + s.kv_blocks_free
+    usage = s.kv_blocks_used / total if total else 0.0
+    metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", usage)
+    # Deprecated (hidden by default) in vLLM 0.11, but the 0.11.0 dashboard still plots it.
+    metric(
+        "vllm:gpu_cache_usage_perc",
+        "gauge",
+        "GPU KV-cache usage. 1 means 100 percent usage.DEPRECATED: Use vllm:kv_cache_usage_perc instead.",
+        usage,
+    )
+    metric("vllm:num_preemptions", "counter", "Cumulative number of preemption from the engine.", s.num_preemptions)
+    metric("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.", s.prompt_tokens)
+    metric("vllm:generation_tokens", "counter", "Number of generation tokens processed.", s.generation_tokens)

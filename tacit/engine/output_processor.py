@@ -50,6 +50,7 @@ class ParentState:
     prompt_token_ids: list[int]
     arrival_time: float
     sequences: dict[str, SequenceState]
+    requests: list[Request]  # the scheduler's, read for first_scheduled_time
     first_token_time: float | None = None
     # With prompt_logprobs: an entry per prompt token scored so far (None for the first).
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
@@ -84,6 +85,7 @@ class OutputProcessor:
             list(prompt_token_ids),
             children[0].arrival_time,
             sequences,
+            list(children),
             prompt_logprobs=None if children[0].params.prompt_logprobs is None else [None],
         )
 
@@ -185,6 +187,9 @@ class OutputProcessor:
         metrics = {"arrival_time": parent.arrival_time}
         if parent.first_token_time is not None:
             metrics["first_token_time"] = parent.first_token_time
+        scheduled = [r.first_scheduled_time for r in parent.requests if r.first_scheduled_time is not None]
+        if scheduled:  # vLLM's name; for n > 1 the first of its sequences to run
+            metrics["first_scheduled_time"] = min(scheduled)
         return RequestOutput(
             parent.request_id,
             parent.prompt,

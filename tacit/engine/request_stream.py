@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from tacit.outputs import RequestOutput
+from tacit.sampling_params import SamplingParams
 
 
 class QueueFullError(RuntimeError):
@@ -44,7 +45,9 @@ class RequestStream:
         self.arrival_time = time.monotonic()
         self.first_token_time: float | None = None  # time.monotonic() of the first generated token
         self.tokens_seen: dict[int, int] = {}
+        self.first_token_at: dict[int, float] = {}  # per sequence, for vLLM's prefill/decode times
         self.last_token_time: dict[int, float] = {}
+        self.params: SamplingParams | None = None  # the request's, for vLLM's request_params_* histograms
 
     # -- called on the event loop, scheduled by the engine thread --
     def _accept(self, error: BaseException | None) -> None:

@@ -68,6 +68,9 @@ class Request:
         self.stop_reason: int | str | None = None
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
+        # When a schedule() first ran it (vLLM's first_scheduled_time; a resume after a preemption
+        # keeps it): its queue time ends here.
+        self.first_scheduled_time: float | None = None
         # Scheduling state: targets in seconds (None: no target), the predicted output length,
         # and whether it has waited past the aging bound (sticky: it keeps that standing).
         self.ttft_slo: float | None = None

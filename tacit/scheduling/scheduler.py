@@ -257,6 +257,7 @@ class Scheduler:
     def _start(self, req: Request) -> None:
         self.waiting.remove(req)
         req.status = RequestStatus.RUNNING
+        req.first_scheduled_time = self.now if req.first_scheduled_time is None else req.first_scheduled_time
         self.running.append(req)
         self.policy.on_start(req)
 

@@ -322,9 +322,10 @@ def test_usage_reports_cached_prompt_tokens(server, client, model_dir):
     assert again.usage.prompt_tokens_details.cached_tokens == 32
     assert again.choices[0].text == first.choices[0].text
     after = server.metrics()
-    for name in ("vllm:prefix_cache_hits", "tacit_prefix_cache_hits_total"):
+    for name in ('vllm:prefix_cache_hits_total{engine="0"}', "tacit_prefix_cache_hits_total"):
         assert after[name] - before[name] == 32
-    assert after["vllm:prefix_cache_queries"] - before["vllm:prefix_cache_queries"] == 80
+    queries = 'vllm:prefix_cache_queries_total{engine="0"}'
+    assert after[queries] - before[queries] == 80
     assert 0 < after["tacit_prefix_cache_hit_rate"] <= 1 and after["tacit_kv_blocks_cached"] >= 2
     salted = client.completions.create(model=m, prompt=prompt, max_tokens=2, extra_body={"cache_salt": "tenant-b"})
     assert salted.usage.prompt_tokens_details.cached_tokens == 0

@@ -85,7 +85,7 @@ def test_ngram_drafts_change_no_greedy_token_and_save_steps_on_repetition(tiny_l
     text = ServingMetrics(snapshot=stats).render_prometheus("m")
     for name in ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens"):
         value = getattr(stats, name.split(":")[1])
-        assert f'{name}{{model_name="m"}} {value}' in text
+        assert f'{name}_total{{model_name="m",engine="0"}} {value}' in text
     alone = [LLM(path, dtype="float32", speculative_config=NGRAM_ALL).engine for _ in prompts]
     for engine, p in zip(alone, prompts):
         engine.add_request(p, params)
