@@ -22,7 +22,12 @@ def add_serve_parsers(bsub: argparse._SubParsersAction) -> None:
     sv.add_argument("--dist", default="longtail", choices=DISTRIBUTIONS)
     sv.add_argument("--input-len", type=int, default=128)
     sv.add_argument("--output-len", type=int, default=64)
-    sv.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (inf: all at once)")
+    sv.add_argument(
+        "--request-rate",
+        default="inf",
+        help="requests/s (inf: all at once); a list (1,2,4,inf) runs each in turn on the same prompts and "
+        "prints latency against rate (--plot draws it: where the knee is)",
+    )
     sv.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals; 1 = Poisson")
     sv.add_argument("--max-concurrency", type=int, default=None)
     sv.add_argument("--slo", default=None, help="goodput bounds, e.g. ttft:500,tpot:50 (ms)")
@@ -34,7 +39,7 @@ def add_serve_parsers(bsub: argparse._SubParsersAction) -> None:
         "on the same prompts and prints output tok/s relative to the first",
     )
     sv.add_argument("--json", default=None)
-    sv.add_argument("--plot", default=None, help="PNG: end-to-end latency CDF")
+    sv.add_argument("--plot", default=None, help="PNG: end-to-end latency CDF (several rates: latency against rate)")
     sv.add_argument(
         "--scenario",
         default=None,
@@ -82,6 +87,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from tacit.bench import serve
 
+    rates = parse_rates(args.request_rate)
+    args.request_rate = rates[0]
+    if args.scenario and len(rates) > 1:
+        raise ValueError("--scenario runs one --request-rate; a list of rates is for a server at --url")
     if args.scenario in PREFIX_SCENARIOS or args.scenario == "restart":
         return cmd_prefix_scenario(args)
     if args.scenario:
@@ -99,12 +108,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         fractions = [float(f) for f in args.structured_fraction.split(",")]
     except ValueError:
         raise ValueError(f"--structured-fraction {args.structured_fraction!r} is not a comma list of numbers") from None
+    if len(rates) > 1 and len(fractions) > 1:
+        raise ValueError("--request-rate and --structured-fraction: a list for one of them at a time")
     log(
         f"{args.num_prompts} requests to {args.url} (model {model}), rate {args.request_rate}, "
         f"max concurrency {args.max_concurrency}"
     )
 
-    def one_run(fraction: float, num_prompts: int, output_len: int) -> dict:
+    def one_run(fraction: float, num_prompts: int, output_len: int, rate: float | None = None) -> dict:
         return serve.run(
             args.url,
             model,
@@ -112,7 +123,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             args.dist,
             args.input_len,
             output_len,
-            args.request_rate,
+            args.request_rate if rate is None else rate,
             args.burstiness,
             args.max_concurrency,
             slo,
@@ -127,6 +138,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         one_run(1.0, 2, 4)
     if len(fractions) > 1:
         return _compare_structured(args, [one_run(f, args.num_prompts, args.output_len) for f in fractions])
+    if len(rates) > 1:
+        runs = []
+        for rate in rates:
+            log(f"request rate {rate}")
+            runs.append(one_run(fractions[0], args.num_prompts, args.output_len, rate))
+        return _latency_against_rate(args, rates, runs, model)
     res = one_run(fractions[0], args.num_prompts, args.output_len)
     e2e = res.pop("_e2e_values")
     print(
@@ -143,6 +160,60 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         plot_cdf({model: [x * 1000 for x in e2e]}, "end-to-end latency (ms)", args.plot, "latency CDF")
     return 0 if res["completed"] else 1
+
+
+def parse_rates(text: str) -> list[float]:
+    """--request-rate: one rate or a comma list, each > 0 (inf: every request at once)."""
+    try:
+        rates = [float(x) for x in str(text).split(",")]
+    except ValueError:
+        raise ValueError(f"--request-rate {text!r} is invalid: a number of requests/s, inf, or a comma list") from None
+    bad = [r for r in rates if not r > 0]
+    if bad:
+        raise ValueError(f"--request-rate {text!r} is invalid: every rate must be > 0 (inf: all at once)")
+    return rates
+
+
+def _latency_against_rate(args: argparse.Namespace, rates: list[float], runs: list[dict], model: str) -> int:
+    """One row per rate: throughput and the latency percentiles; --plot draws them against rate."""
+    rows = [
+        {
+            "request_rate": rate,
+            "completed": r["completed"],
+            "failed": r["failed"],
+            "req_s": r["request_throughput"],
+            "output_tok_s": r["output_tok_s"],
+            "ttft_p50_ms": r["ttft_ms"]["p50"],
+            "ttft_p99_ms": r["ttft_ms"]["p99"],
+            "tpot_p50_ms": r["tpot_ms"]["p50"],
+            "e2e_p50_ms": r["e2e_ms"]["p50"],
+            "e2e_p99_ms": r["e2e_ms"]["p99"],
+        }
+        for rate, r in zip(rates, runs)
+    ]
+    print(table(rows))
+    for r in runs:
+        r.pop("_e2e_values", None)
+    write_json(args, {"runs": runs, "rows": rows})
+    if args.plot:
+        from tacit.bench.plot import plot_lines
+
+        # A finite x for "all at once": just past the highest finite rate, labelled in the title.
+        finite = [r for r in rates if r != float("inf")]
+        top = max(finite, default=1.0) * 2
+        series = [
+            {"engine": f"{metric} {q}", "request_rate": min(row["request_rate"], top), "latency_ms": row[key]}
+            for row in rows
+            for metric, q, key in (
+                ("e2e", "p50", "e2e_p50_ms"),
+                ("e2e", "p99", "e2e_p99_ms"),
+                ("ttft", "p99", "ttft_p99_ms"),
+            )
+        ]
+        title = f"latency against request rate, {model}" + (f" (inf drawn at {top:g})" if top not in rates else "")
+        plot_lines(series, "request_rate", "latency_ms", args.plot, title)
+        log(f"wrote {args.plot}")
+    return 0 if all(r["completed"] for r in runs) else 1
 
 
 def _compare_structured(args: argparse.Namespace, runs: list[dict]) -> int:

@@ -1,0 +1,72 @@
+"""`tacit bench serve --request-rate 2,inf`: the same workload at each rate in turn against a real
+tiny `tacit serve`, latency percentiles per rate (the knee), and the rates checked up front."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tacit.bench.cli_serve import parse_rates
+from tacit.bench.launch import free_port, stop_process, wait_healthy
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_rates_parse_and_bad_ones_are_named():
+    assert parse_rates("1,2.5,inf") == [1.0, 2.5, float("inf")]
+    for bad in ("0", "-1", "fast", "1,,2"):
+        with pytest.raises(ValueError, match="--request-rate"):
+            parse_rates(bad)
+
+
+def test_bench_serve_sweeps_request_rates_in_one_run(tiny_llama, tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "tacit.cli", "serve", "--model", str(tiny_llama[2]), "--dtype", "float32"]
+    proc = subprocess.Popen(
+        [*cmd, "--port", str(port)], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        wait_healthy(url, proc, 120, lambda: "")
+        out = tmp_path / "rates.json"
+        r = subprocess.run(
+            [sys.executable, "-m", "tacit.cli", "bench", "serve", "--url", url, "--num-prompts", "6"]
+            + ["--input-len", "8", "--output-len", "6", "--dist", "fixed", "--request-rate", "20,inf"]
+            + ["--json", str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 0, r.stderr + r.stdout
+        rows = json.loads(out.read_text())["rows"]
+        assert [x["request_rate"] for x in rows] == [20.0, float("inf")]
+        assert all(x["completed"] == 6 and not x["failed"] and x["e2e_p99_ms"] >= x["e2e_p50_ms"] > 0 for x in rows)
+        assert "ttft_p99_ms" in r.stdout
+    finally:
+        stop_process(proc)
+
+
+def test_latency_against_rate_is_drawn(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    import argparse
+
+    from tacit.bench.cli_serve import _latency_against_rate
+
+    def run(p50: float) -> dict:
+        pct = {"p50": p50, "p99": 2 * p50}
+        return {"completed": 4, "failed": 0, "request_throughput": 1.0, "output_tok_s": 10.0}, pct
+
+    runs = []
+    for p50 in (100.0, 400.0):
+        base, pct = run(p50)
+        runs.append({**base, "ttft_ms": pct, "tpot_ms": pct, "e2e_ms": pct})
+    plot = tmp_path / "knee.png"
+    args = argparse.Namespace(json=None, plot=str(plot))
+    assert _latency_against_rate(args, [2.0, float("inf")], runs, "m") == 0
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    assert "e2e_p99_ms" in capsys.readouterr().out
