@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what type checkers and the import-rule test see; bound lazily below
     from tacit.config.engine_args import EngineArgs
     from tacit.entrypoints.llm import LLM
-    from tacit.outputs import CompletionOutput, Logprob, RequestOutput
+    from tacit.outputs import CompletionOutput, EmbeddingRequestOutput, Logprob, RequestOutput
+    from tacit.pooling_params import PoolingParams
     from tacit.sampling_params import SamplingParams, StructuredOutputsParams
 
 # public name -> the module that defines it
@@ -24,7 +25,9 @@ _LAZY: dict[str, str] = {
     "EngineArgs": "tacit.config.engine_args",
     "SamplingParams": "tacit.sampling_params",
     "StructuredOutputsParams": "tacit.sampling_params",
+    "PoolingParams": "tacit.pooling_params",
     "RequestOutput": "tacit.outputs",
+    "EmbeddingRequestOutput": "tacit.outputs",
     "CompletionOutput": "tacit.outputs",
     "Logprob": "tacit.outputs",
 }
@@ -34,7 +37,9 @@ __all__ = [  # written out (not list(_LAZY)) so linters see the TYPE_CHECKING na
     "EngineArgs",
     "SamplingParams",
     "StructuredOutputsParams",
+    "PoolingParams",
     "RequestOutput",
+    "EmbeddingRequestOutput",
     "CompletionOutput",
     "Logprob",
 ]

@@ -40,6 +40,23 @@ class RequestOutput:
     # Prompt tokens whose KV came from the prefix cache (vLLM's name): for n > 1, the most any
     # of the sequences found.
     num_cached_tokens: int = 0
+    # An embedding request (SamplingParams.pooling), once finished: its pooled vector.
+    embedding: list[float] | None = None
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """LLM.embed's result for one prompt (vLLM's shape)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True
 
 
 # (chosen token's logprob, its rank, [(token_id, logprob), ...] top-n) for one sampled row.
@@ -90,3 +107,5 @@ class ModelRunnerOutput:
     # Draft tokens the runner's proposer offers for each request's next step (vLLM v1's
     # spec_token_ids); the scheduler decides how many of them the next step verifies.
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # Embedding requests whose prompt ended this step: their pooled vector (vLLM's pooler_output).
+    pooler_output: dict[str, list[float]] = field(default_factory=dict)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from tacit.pooling_params import PoolingParams
+
 # Below this a temperature is treated as greedy: dividing logits by ~0 overflows.
 _GREEDY_EPS = 1e-5
 # One request may ask for at most this many sequences: n=100000 once queued 99,297 sequences
@@ -96,6 +98,9 @@ class SamplingParams:
     expected_output_tokens: int | None = None
     # Constrained decoding: the sampler may only pick tokens this grammar allows.
     structured_outputs: StructuredOutputsParams | None = None
+    # An embedding request (LLM.embed, /v1/embeddings): the prompt's hidden states pooled into one
+    # vector once its prefill ends; it generates nothing (max_tokens 0).
+    pooling: PoolingParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -156,6 +161,15 @@ class SamplingParams:
         so = self.structured_outputs
         if so is not None and not isinstance(so, StructuredOutputsParams):
             raise bad("structured_outputs", so, "must be a StructuredOutputsParams or None")
+        if self.pooling is not None:
+            if not isinstance(self.pooling, PoolingParams):
+                raise bad("pooling", self.pooling, "must be a PoolingParams or None")
+            if self.max_tokens != 0 or self.n != 1 or so is not None:
+                raise bad(
+                    "pooling",
+                    self.pooling,
+                    "an embedding request generates nothing: it needs max_tokens=0, n=1 and no structured_outputs",
+                )
         if self.top_k == 0:
             self.top_k = -1
 
@@ -169,6 +183,12 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature < _GREEDY_EPS
+
+    @property
+    def computes_every_prompt_token(self) -> bool:
+        """Whether no prompt token may come from a prefix-cache hit: prompt_logprobs scores each,
+        a MEAN or CLS pool reads each (a LAST pool reads the last, which a hit never covers)."""
+        return self.prompt_logprobs is not None or (self.pooling is not None and self.pooling.reads_every_token)
 
     @property
     def needs_penalties(self) -> bool:

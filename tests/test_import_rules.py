@@ -227,7 +227,8 @@ def test_relative_imports_resolve_from_packages_and_modules():
 # and the command line sit on top.
 # fmt: off
 TIERS: list[tuple[str, ...]] = [
-    ("tacit.paths", "tacit.registry", "tacit.chat_content", "tacit.sampling_params", "tacit.outputs",
+    ("tacit.paths", "tacit.registry", "tacit.chat_content", "tacit.sampling_params", "tacit.pooling_params",
+     "tacit.outputs",
      "tacit.model_config_checks"),
     # kv_cache_interface: the KV cache specs backends declare (over kernels/kv_quant's layouts).
     ("tacit.kernels", "tacit.kv_cache_interface"),

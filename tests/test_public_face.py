@@ -22,7 +22,9 @@ PUBLIC = [
     "EngineArgs",
     "SamplingParams",
     "StructuredOutputsParams",
+    "PoolingParams",
     "RequestOutput",
+    "EmbeddingRequestOutput",
     "CompletionOutput",
     "Logprob",
 ]

@@ -131,6 +131,10 @@ class AsyncLLMEngine:
         return self.engine.config.model.hf["vocab_size"]
 
     @property
+    def hidden_size(self) -> int:  # an embedding's length: /v1/embeddings' dimensions stay within it
+        return int(self.engine.config.model.hf["hidden_size"])
+
+    @property
     def sampling_defaults(self) -> dict[str, float | int]:
         """generation_config.json's sampling values (LLMEngine.sampling_defaults)."""
         return self.engine.sampling_defaults

@@ -41,7 +41,13 @@ class InputProcessor:
         kv_capacity_tokens: int,
         slo_classes: dict[int, dict[str, float]],
         structured_output: StructuredOutputManager | None = None,
+        hidden_size: int = 0,
+        pooling_refused: str | None = None,
     ) -> None:
+        """hidden_size: an embedding's length (what PoolingParams.dimensions may not exceed);
+        pooling_refused: why this engine serves no embedding request (None: it does)."""
+        self.hidden_size = hidden_size
+        self.pooling_refused = pooling_refused
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -93,6 +99,12 @@ class InputProcessor:
             raise ValueError(f"cache_salt={cache_salt!r} is invalid: must be a non-empty string or None")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority={priority!r} is invalid: must be an integer (lower runs first)")
+        if params.pooling is not None:
+            if self.pooling_refused is not None:
+                raise ValueError(f"embedding requests are not served here: {self.pooling_refused}")
+            d = params.pooling.dimensions
+            if d is not None and d > self.hidden_size:
+                raise ValueError(f"dimensions={d} is invalid: this model's embeddings have {self.hidden_size} values")
         if params.structured_outputs is not None:
             if self.structured_output is None:
                 raise ValueError("structured_outputs is not supported by this engine")

@@ -152,6 +152,12 @@ class LLMEngine:
             kv.capacity_tokens,
             self.config.scheduler.slo_classes,
             structured_output,
+            hidden_size=int(model_cfg.hf["hidden_size"]),
+            pooling_refused=(
+                "data-parallel attention leaves each request's hidden states on the rank that ran it"
+                if self.config.parallel.data_parallel_attention
+                else None
+            ),
         )
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()

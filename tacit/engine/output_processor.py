@@ -30,6 +30,7 @@ class SequenceState:
     cumulative_logprob: float | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    embedding: list[float] | None = None
 
     @property
     def finished(self) -> bool:
@@ -139,6 +140,8 @@ class OutputProcessor:
         sequence. Several tokens (accepted drafts) go in one at a time, each checked as if it came
         alone, so a stop string ends the sequence at the token that completed it."""
         if not out.new_token_ids:  # a prompt chunk scored, or a prompt only scored (max_tokens=0) done
+            if out.pooled is not None:
+                seq.embedding = out.pooled
             if out.finish_reason is not None:
                 seq.finish_reason, seq.stop_reason = out.finish_reason, out.stop_reason
             return None
@@ -199,4 +202,5 @@ class OutputProcessor:
             metrics=metrics,
             prompt_logprobs=None if parent.prompt_logprobs is None else list(parent.prompt_logprobs),
             num_cached_tokens=parent.num_cached_tokens,
+            embedding=next(iter(parent.sequences.values())).embedding,
         )

@@ -8,7 +8,8 @@ import torch
 
 from tacit.config.engine_args import EngineArgs
 from tacit.engine.llm_engine import LLMEngine
-from tacit.outputs import RequestOutput
+from tacit.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from tacit.pooling_params import PoolingParams
 from tacit.sampling_params import SamplingParams
 
 Prompt = str | list[int]
@@ -80,6 +81,18 @@ class LLM:
                 if out.finished:
                     done[out.request_id] = out
         return [done[rid] for rid in ids]
+
+    def embed(
+        self, prompts: Prompt | Sequence[Prompt], pooling_params: PoolingParams | None = None
+    ) -> list[EmbeddingRequestOutput]:
+        """One vector per prompt (vLLM's LLM.embed): the prompt's final hidden states pooled as
+        pooling_params says (default: the last token's, L2-normalised: decoder embedding models
+        such as Qwen3-Embedding). Embedding requests go through the scheduler like any other."""
+        params = SamplingParams(max_tokens=0, pooling=pooling_params or PoolingParams())
+        return [
+            EmbeddingRequestOutput(o.request_id, o.prompt_token_ids, EmbeddingOutput(o.embedding))
+            for o in self.generate(prompts, params)
+        ]
 
     def score_full_logprobs(self, chunks: list[list[int]]) -> list[torch.Tensor]:
         """Teacher-forced float32 log-softmax over the vocabulary per chunk of token ids

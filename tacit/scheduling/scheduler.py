@@ -179,14 +179,14 @@ class Scheduler:
     def _lookup_hashes(self, req: Request) -> list[bytes] | None:
         """The block hashes of a request that may read the prefix cache, brought up to date; None
         for one that may not: it has started (computed tokens or blocks), the cache is off, or it
-        wants prompt_logprobs (the scored positions need their logits, which a hit would skip;
-        like vLLM v1, it still offers its own blocks to later requests)."""
+        wants prompt_logprobs or a MEAN / CLS embedding (the positions need their hidden states,
+        which a hit would skip; like vLLM v1, it still offers its own blocks to later requests)."""
         kv = self.kv
         if (
             not kv.enable_caching
             or req.num_computed_tokens
             or kv.num_blocks_of(req.request_id)
-            or req.params.prompt_logprobs is not None
+            or req.params.computes_every_prompt_token
         ):
             return None
         extend_block_hashes(req.block_hashes, req.all_token_ids, kv.block_size, req.cache_salt)

@@ -113,6 +113,8 @@ class EngineCoreOutput:
     prompt_logprobs: RawPromptLogprobs | None = None
     # Prompt tokens its first schedule found in the prefix cache (0 before it was scheduled).
     num_cached_tokens: int = 0
+    # An embedding request whose prompt ended: its pooled vector.
+    pooled: list[float] | None = None
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,9 @@ def update_from_output(
             reason = "length"
             finish_request(s, req_id, reason)
         if reason is not None or req_id in scored:
-            outputs.append(EngineCoreOutput(req_id, [], None, reason, None, scored.get(req_id)))
+            pooled = runner_output.pooler_output.get(req_id)
+            cached = max(req.num_cached_tokens, 0)
+            outputs.append(EngineCoreOutput(req_id, [], None, reason, None, scored.get(req_id), cached, pooled))
     return outputs
 
 

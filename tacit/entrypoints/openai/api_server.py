@@ -2,6 +2,7 @@
 
 POST /v1/completions        POST /v1/chat/completions       (stream: SSE)
 POST /v1/responses          (OpenAI's Responses API: text in and out, streamed as typed events)
+POST /v1/embeddings         (pooled hidden states: float lists or base64)
 POST /tokenize              POST /detokenize                (vLLM's shapes)
 GET  /tokenizer_info        (with --enable-tokenizer-info-endpoint, as vLLM)
 GET  /v1/models             GET  /health                    GET /metrics (Prometheus text)
@@ -31,6 +32,7 @@ from tacit.engine.async_engine import AsyncLLMEngine
 from tacit.entrypoints.openai.access_log import AccessLogMiddleware, configure_access_log
 from tacit.entrypoints.openai.chat_protocol import ChatCompletionRequest
 from tacit.entrypoints.openai.completion_protocol import CompletionRequest
+from tacit.entrypoints.openai.embeddings_protocol import EmbeddingRequest
 from tacit.entrypoints.openai.errors import (
     OpenAIError,
     install_error_handlers,
@@ -42,6 +44,7 @@ from tacit.entrypoints.openai.responses_protocol import ResponsesRequest
 from tacit.entrypoints.openai.serving_chat import ChatServing
 from tacit.entrypoints.openai.serving_common import ServingContext
 from tacit.entrypoints.openai.serving_completion import CompletionServing
+from tacit.entrypoints.openai.serving_embedding import EmbeddingServing
 from tacit.entrypoints.openai.serving_responses import ResponsesServing
 from tacit.entrypoints.openai.serving_tokenization import TokenizationServing
 from tacit.entrypoints.openai.tokenization_protocol import (
@@ -73,6 +76,7 @@ def build_app(
     enable_tokenizer_info_endpoint: serve GET /tokenizer_info; off (404), as vLLM's."""
     ctx = ServingContext(engine, model_name)
     completions, chat, tokenization = CompletionServing(ctx), ChatServing(ctx), TokenizationServing(ctx)
+    embeddings = EmbeddingServing(ctx)
     responses = ResponsesServing(ctx)
 
     @contextlib.asynccontextmanager
@@ -117,6 +121,11 @@ def build_app(
     @app.post("/v1/responses", dependencies=v1)
     async def create_response(request: Request) -> Response:
         return await responses.create(await parse_body(request, ResponsesRequest, max_request_bytes), request)
+
+    @app.post("/v1/embeddings", dependencies=v1)
+    async def create_embeddings(request: Request) -> Response:
+        body = await embeddings.create(await parse_body(request, EmbeddingRequest, max_request_bytes), request)
+        return Response(status_code=499) if body is None else JSONResponse(body.model_dump())
 
     @app.post("/tokenize", dependencies=v1)
     async def tokenize(request: Request) -> TokenizeResponse:

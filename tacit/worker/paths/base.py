@@ -78,6 +78,13 @@ class PathContext:
     # Set when the drafter reads every token's final hidden states (MTP drafts from them): only
     # the paths that export them are built (ExecutionPath.exports_row_hidden).
     keep_row_hidden: bool = False
+    # Set by the runner for a step holding an embedding request's rows (their pool needs every
+    # token's hidden states); paths that cannot export them decline such steps.
+    pooling_step: bool = False
+
+    @property
+    def exports_row_hidden_now(self) -> bool:
+        return self.keep_row_hidden or self.pooling_step
 
     def score_prompt(self, r: CachedRequestState, first: int, end: int, hidden: torch.Tensor) -> RawPromptLogprobs:
         """r's prompt tokens [first, end) scored from the hidden states of the positions before them."""
@@ -99,7 +106,7 @@ class PathContext:
             rows[i][0].req_id: self.score_prompt(rows[i][0], first, end, hidden[row : row + end - first])
             for i, first, end, row in built.scored
         }
-        row_hidden = hidden if self.keep_row_hidden else None
+        row_hidden = hidden if self.exports_row_hidden_now else None
         return PathResult(built.samples, hidden[built.sample_rows], prompt_logprobs, row_hidden)
 
 

@@ -19,8 +19,9 @@ class TwoBatchPath(HiddenStatesPath):
         return ctx.two_batch_overlap and ctx.comm is not None
 
     def accepts(self, rows: Rows, pausable: bool) -> bool:
-        # A cut-in needs layer boundaries, which the interleaved stages do not offer.
-        return not pausable and len(rows) >= 2
+        # A cut-in needs layer boundaries, which the interleaved stages do not offer; an embedding
+        # request needs every token's hidden states, which this path does not export.
+        return not pausable and len(rows) >= 2 and not self.ctx.pooling_step
 
     def hidden_steps(self, rows: Rows, pausable: bool) -> Steps[PathResult]:
         ctx = self.ctx
