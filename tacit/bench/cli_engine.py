@@ -69,8 +69,10 @@ def add_engine_parsers(bsub: argparse._SubParsersAction) -> argparse.ArgumentPar
 
 def cmd_latency(args: argparse.Namespace) -> int:
     from tacit.bench import latency
+    from tacit.bench.plot import require_plotting
     from tacit.platforms.hw_probe import peak_read_bandwidth
 
+    require_plotting(args.plot)
     check_peers(args.peer)
     log("measuring read bandwidth ...")
     bw = peak_read_bandwidth() / 1e9
@@ -113,7 +115,9 @@ def cmd_latency(args: argparse.Namespace) -> int:
 
 def cmd_throughput(args: argparse.Namespace) -> int:
     from tacit.bench import throughput
+    from tacit.bench.plot import require_plotting
 
+    require_plotting(args.plot)
     check_peers(args.peer)
     engine, engines, _ = setup_engines(args, args.peer)
     rows = throughput.run(
@@ -150,6 +154,9 @@ def cmd_spec(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from tacit.bench import spec_decode
+    from tacit.bench.plot import require_plotting
+
+    require_plotting(args.plot)
     from tacit.bench.peers.process_peer import ProcessPeer
     from tacit.bench.random_model import resolve_bench_model
     from tacit.engine.llm_engine import LLMEngine

@@ -86,7 +86,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import httpx
 
     from tacit.bench import serve
+    from tacit.bench.plot import require_plotting
 
+    require_plotting(args.plot)
     rates = parse_rates(args.request_rate)
     args.request_rate = rates[0]
     if args.scenario and len(rates) > 1:

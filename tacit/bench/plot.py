@@ -14,6 +14,13 @@ def _plt():
     return plt
 
 
+def require_plotting(path: str | None) -> None:
+    """Refuse --plot before a benchmark runs, not after it (matplotlib missing once cost a whole
+    run's minutes before the error)."""
+    if path is not None:
+        _plt()
+
+
 def plot_lines(rows: list[dict], x: str, y: str, path: str, title: str) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
