@@ -90,3 +90,38 @@ def test_the_site_builds_strictly(tmp_path):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert (tmp_path / "site" / "reference" / "engine_args" / "index.html").is_file()
+
+
+# The subcommands whose docs lines run here: each loads the default model at most once and ends by
+# itself. serve runs until stopped and bench for minutes (their lines are parsed above, and
+# their behaviour has tests of its own); fetch installs a wheel.
+RUNNABLE = ("models", "generate", "chat")
+
+
+def test_the_short_command_lines_in_the_readme_and_the_docs_run():
+    """The README's and the docs' `tacit models / generate / chat` lines, run as written (a chat
+    line gets one user turn on stdin, as when piped); placeholder paths (path/to/...) are left out."""
+    from tacit.loader.default_model import default_model_path
+
+    if not default_model_path().exists():
+        pytest.skip("the default model is not fetched (scripts/setup.sh fetches it)")
+    pages = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    lines = sorted({line for p in pages for line in _command_lines(p.read_text())})
+    runnable = [line for line in lines if shlex.split(line)[1] in RUNNABLE and "path/to" not in line]
+    assert any(" chat" in line for line in runnable) and any(" generate" in line for line in runnable), runnable
+    failed = []
+    for line in runnable:
+        argv = shlex.split(line)
+        if argv[1] == "chat":
+            argv += ["--max-tokens", "8"]  # one short answer is enough to know the line works
+        out = subprocess.run(
+            [sys.executable, "-m", "tacit.cli", *argv[1:]],
+            input="Hello!\n",
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=ROOT,
+        )
+        if out.returncode != 0 or not out.stdout.strip():
+            failed.append(f"{line}: exit {out.returncode}\n{out.stderr[-600:]}")
+    assert not failed, "\n".join(failed)
