@@ -171,9 +171,9 @@ class MTPProposer(DraftProposer):
         drafts = {r.req_id: [] for r, *_ in live}
         tokens = self._argmax(logits)
         for j in range(k):
-            for (r, _, shifted, _), t in zip(live, tokens):
-                drafts[r.req_id].append(t)
-                shifted.token_ids.append(t)
+            for (r, _, shifted, _), token in zip(live, tokens):
+                drafts[r.req_id].append(token)
+                shifted.token_ids.append(token)
             if j == k - 1:
                 break
             for shifted, n in rows:
