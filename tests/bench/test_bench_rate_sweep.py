@@ -2,17 +2,13 @@
 tiny `tacit serve`, latency percentiles per rate (the knee), and the rates checked up front."""
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from tiny_server import tiny_server
 
 from tacit.bench.cli_serve import parse_rates
-from tacit.bench.launch import free_port, stop_process, wait_healthy
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_rates_parse_and_bad_ones_are_named():
@@ -23,15 +19,7 @@ def test_rates_parse_and_bad_ones_are_named():
 
 
 def test_bench_serve_sweeps_request_rates_in_one_run(tiny_llama, tmp_path):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "tacit.cli", "serve", "--model", str(tiny_llama[2]), "--dtype", "float32"]
-    proc = subprocess.Popen(
-        [*cmd, "--port", str(port)], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        wait_healthy(url, proc, 120, lambda: "")
+    with tiny_server(tiny_llama[2]) as (url, env):
         out = tmp_path / "rates.json"
         r = subprocess.run(
             [sys.executable, "-m", "tacit.cli", "bench", "serve", "--url", url, "--num-prompts", "6"]
@@ -42,13 +30,11 @@ def test_bench_serve_sweeps_request_rates_in_one_run(tiny_llama, tmp_path):
             text=True,
             timeout=300,
         )
-        assert r.returncode == 0, r.stderr + r.stdout
-        rows = json.loads(out.read_text())["rows"]
-        assert [x["request_rate"] for x in rows] == [20.0, float("inf")]
-        assert all(x["completed"] == 6 and not x["failed"] and x["e2e_p99_ms"] >= x["e2e_p50_ms"] > 0 for x in rows)
-        assert "ttft_p99_ms" in r.stdout
-    finally:
-        stop_process(proc)
+    assert r.returncode == 0, r.stderr + r.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [x["request_rate"] for x in rows] == [20.0, float("inf")]
+    assert all(x["completed"] == 6 and not x["failed"] and x["e2e_p99_ms"] >= x["e2e_p50_ms"] > 0 for x in rows)
+    assert "ttft_p99_ms" in r.stdout
 
 
 def test_latency_against_rate_is_drawn(tmp_path, capsys):

@@ -2,17 +2,13 @@
 requests in one invocation, against a real tiny `tacit serve`."""
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from tiny_server import tiny_server
 
-from tacit.bench.launch import free_port, stop_process, wait_healthy
 from tacit.bench.serve import structured_body, structured_mask
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_structured_mask_is_seeded_and_exact():
@@ -26,15 +22,7 @@ def test_structured_mask_is_seeded_and_exact():
 
 
 def test_bench_serve_compares_structured_fractions_in_one_run(tiny_llama, tmp_path):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "tacit.cli", "serve", "--model", str(tiny_llama[2]), "--dtype", "float32"]
-    proc = subprocess.Popen(
-        [*cmd, "--port", str(port)], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        wait_healthy(url, proc, 120, lambda: "")
+    with tiny_server(tiny_llama[2]) as (url, env):
         out = tmp_path / "structured.json"
         r = subprocess.run(
             [sys.executable, "-m", "tacit.cli", "bench", "serve", "--url", url, "--num-prompts", "6"]
@@ -45,10 +33,8 @@ def test_bench_serve_compares_structured_fractions_in_one_run(tiny_llama, tmp_pa
             text=True,
             timeout=300,
         )
-        assert r.returncode == 0, r.stderr + r.stdout
-        runs = json.loads(out.read_text())["runs"]
-        assert [(x["structured_fraction"], x["num_structured"]) for x in runs] == [(0.0, 0), (0.5, 3)]
-        assert all(x["completed"] == 6 and not x["failed"] and x["output_tok_s"] > 0 for x in runs)
-        assert "vs_first" in r.stdout
-    finally:
-        stop_process(proc)
+    assert r.returncode == 0, r.stderr + r.stdout
+    runs = json.loads(out.read_text())["runs"]
+    assert [(x["structured_fraction"], x["num_structured"]) for x in runs] == [(0.0, 0), (0.5, 3)]
+    assert all(x["completed"] == 6 and not x["failed"] and x["output_tok_s"] > 0 for x in runs)
+    assert "vs_first" in r.stdout
