@@ -50,14 +50,18 @@ def build_scheduler_output(
             out.scheduled_cached_reqs.append(CachedRequestData(req.request_id, new_blocks, req.num_computed_tokens))
     so = s.structured_output
     if so:  # no constrained request anywhere: no loop, no mask
-        # Only rows that sample this step (brought level with all their tokens) need a mask;
-        # a constrained request is never given drafts (Scheduler._drafts_to_verify).
+        # Only rows that sample this step (brought level with all their tokens) need a mask; a
+        # constrained request's verify rows get one each (its drafts the grammar accepts).
+        verified = out.scheduled_spec_decode_tokens  # a verify row's n counts its drafts too
         ids = [
             r.request_id
             for r, n, _ in scheduled
-            if r.request_id in so and samples_this_step(r.num_computed_tokens, n, r.num_tokens, r.params)
+            if r.request_id in so
+            and samples_this_step(
+                r.num_computed_tokens, n - len(verified.get(r.request_id, ())), r.num_tokens, r.params
+            )
         ]
         if ids:
             out.structured_output_request_ids = ids
-            out.grammar_bitmask = so.grammar_bitmask(ids)
+            out.grammar_bitmask = so.grammar_bitmask(ids, out.scheduled_spec_decode_tokens)
     return out

@@ -265,13 +265,13 @@ class Scheduler:
         """The draft tokens req's step verifies: only while it decodes (one token left to
         compute), as many as the step's budget has room for past that token, and no more than
         could be kept before max_tokens (which also keeps every position within max_model_len).
-        None for a request under a grammar: its bitmask covers the one position that samples
-        now, and masking each draft position would need the matcher advanced over the drafts."""
+        Under a grammar, none past the first it refuses (the mask would refuse it; each verify
+        row gets the mask of its position: StructuredOutputManager.grammar_bitmask)."""
         drafts = req.spec_token_ids
         if not drafts or req.num_tokens - req.num_computed_tokens != 1:
             return []
         if self.structured_output is not None and req.request_id in self.structured_output:
-            return []
+            drafts = drafts[: self.structured_output.valid_draft_prefix(req.request_id, drafts)]
         room = min(budget - 1, req.max_tokens - len(req.output_token_ids) - 1)
         return drafts[: self.spec.draft_length(req, max(min(room, len(drafts)), 0))]
 

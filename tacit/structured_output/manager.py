@@ -12,7 +12,7 @@ req.output_token_ids, and resumes where it was.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import llguidance
 import numpy as np
@@ -63,9 +63,31 @@ class StructuredOutputManager:
     def __bool__(self) -> bool:
         return bool(self.matchers)
 
-    def grammar_bitmask(self, req_ids: list[str]) -> np.ndarray:
-        """The allowed-token bitmask of each request in req_ids (all constrained), row i for
-        req_ids[i]: int32 [len(req_ids), ceil(vocab_size / 32)]."""
+    def valid_draft_prefix(self, req_id: str, drafts: list[int]) -> int:
+        """How many of drafts, in order, req_id's grammar accepts from where it is (its matcher
+        unchanged): the drafts past them would be refused by the mask, so none is verified."""
+        m = self.matchers.get(req_id)
+        return len(drafts) if m is None else m.validate_tokens(drafts)
+
+    def grammar_bitmask(self, req_ids: list[str], drafts: Mapping[str, list[int]] | None = None) -> np.ndarray:
+        """The allowed-token bitmask of each request in req_ids (all constrained), in order: one
+        row for a request, or 1 + m rows for one verifying m drafts (row j: the mask after
+        drafts[:j], the matcher advanced over them and rolled back after, so a verify row is
+        masked as that position would be one token a step). int32 [rows, ceil(vocab_size / 32)]."""
+        drafts = drafts or {}
+        if any(drafts.get(r) for r in req_ids):
+            bitmask = np.empty((sum(1 + len(drafts.get(r, ())) for r in req_ids), self._words), dtype=np.int32)
+            row = 0
+            for r in req_ids:
+                m, ds = self.matchers[r], drafts.get(r, [])
+                for j in range(len(ds) + 1):
+                    fill_next_token_bitmask(m, bitmask, row)
+                    row += 1
+                    if j < len(ds) and not m.consume_token(ds[j]):
+                        raise RuntimeError(f"request {r}: draft {j} was verified but its grammar refuses it")
+                if ds:
+                    m.rollback(len(ds))
+            return bitmask
         bitmask = np.empty((len(req_ids), self._words), dtype=np.int32)
         if len(req_ids) == 1:
             fill_next_token_bitmask(self.matchers[req_ids[0]], bitmask, 0)

@@ -49,17 +49,18 @@ def sampling_metadata(states: list[CachedRequestState], scheduler_output: Schedu
 def add_grammar_bitmask(
     metadata: SamplingMetadata, states: list[CachedRequestState], scheduler_output: SchedulerOutput
 ) -> None:
-    """Point the scheduler's bitmask rows at the logits rows they constrain (the scheduler gives
-    a constrained request no drafts, so each has one)."""
-    row_of, row = {}, 0
+    """Point the scheduler's bitmask rows at the logits rows they constrain: a request's rows in
+    order, its last token's and then one per draft it verifies (the scheduler masks each
+    position as if the drafts before it had been sampled)."""
+    row_of, width, row = {}, {}, 0
     for r in states:
-        row_of[r.req_id] = row
+        row_of[r.req_id], width[r.req_id] = row, 1 + r.num_draft_tokens
         row += 1 + r.num_draft_tokens
     ids = scheduler_output.structured_output_request_ids
     missing = [rid for rid in ids if rid not in row_of]
     if missing:  # the scheduler masks only rows that sample: anything else is a bookkeeping bug
         raise RuntimeError(f"grammar bitmask for requests that do not sample this step: {missing}")
-    metadata.grammar_rows = [row_of[rid] for rid in ids]
+    metadata.grammar_rows = [row_of[rid] + j for rid in ids for j in range(width[rid])]
     metadata.grammar_bitmask = torch.from_numpy(scheduler_output.grammar_bitmask)
 
 

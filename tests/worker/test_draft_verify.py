@@ -110,7 +110,15 @@ def test_penalties_see_each_draft_before_it(llm, penalties):
         assert [o.token_ids for o in outs] == [o.token_ids for o in base]
 
 
-def test_structured_output_requests_get_no_drafts(llm):
+@pytest.mark.parametrize(
+    "wrong",
+    [lambda done, j: False, lambda done, j: j == 1, lambda done, j: True],
+    ids=["right", "second-wrong", "all-wrong"],
+)
+def test_structured_output_requests_verify_the_drafts_their_grammar_accepts(llm, wrong):
+    """Each verify row is masked as its position would be one token a step (the matcher advanced
+    over the drafts before it, then rolled back); drafts past the first the grammar refuses are
+    not verified. Output equals one token a step; right drafts save steps."""
     params = SamplingParams(
         temperature=0.0,
         max_tokens=10,
@@ -118,8 +126,15 @@ def test_structured_output_requests_get_no_drafts(llm):
         ignore_eos=True,
     )
     base, base_steps, refs = _reference(llm, params)
-    outs, steps = _generate(llm, params, ScriptedProposer(refs, k=3))
-    assert [o.token_ids for o in outs] == [o.token_ids for o in base] and steps == base_steps
+    proposer = ScriptedProposer(refs, k=3, wrong=wrong)
+    outs, steps = _generate(llm, params, proposer)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in base]
+    assert [o.text for o in outs] == [o.text for o in base]
+    assert proposer.proposed > 0
+    verified = llm.engine.scheduler.num_draft_tokens
+    if wrong(0, 0) is False and wrong(0, 1) is False:
+        assert steps < base_steps  # right drafts within the grammar: verified and kept
+    assert verified > 0 or wrong(0, 0)
 
 
 def test_the_engine_is_left_as_it_was(llm):
