@@ -31,6 +31,9 @@ def add_machine_parsers(bsub: argparse._SubParsersAction) -> None:
     )
     cm.add_argument("--repeats", type=int, default=5, help="timed repeats per cell (the median is reported)")
     cm.add_argument("--json", default=None)
+    cm.add_argument(
+        "--plot", default=None, help="PNG: time against message size, one line per communicator and collective"
+    )
     cm.set_defaults(func=cmd_comm)
 
 
@@ -59,7 +62,9 @@ def cmd_attention(args: argparse.Namespace) -> int:
 
 def cmd_comm(args: argparse.Namespace) -> int:
     from tacit.bench import comm
+    from tacit.bench.plot import require_plotting
 
+    require_plotting(args.plot)
     collectives = [c.strip() for c in args.collectives.split(",") if c.strip()]
     bad = [c for c in collectives if c not in comm.COLLECTIVES]
     if bad or not collectives:
@@ -76,4 +81,22 @@ def cmd_comm(args: argparse.Namespace) -> int:
         args,
         {"world_size": args.world_size, "dtype": args.dtype, "repeats": args.repeats, "rows": rows, "verdicts": lines},
     )
+    if args.plot:
+        plot_comm(rows, f"{args.world_size} ranks, {args.dtype}", args.plot)
+        log(f"wrote {args.plot}")
     return 0
+
+
+def plot_comm(rows: list[dict], title: str, path: str) -> None:
+    """comm.run's rows drawn log-log: time per call against bytes per rank, one line per
+    communicator and collective (the default sizes span 4KB to 32MB, 8192x, and the times grow
+    with them: on linear axes every size under 1MB would sit on the floor)."""
+    from tacit.bench.plot import plot_lines
+
+    series = [
+        {"engine": f"{name} {r['collective']}", "message_bytes": r["bytes"], "time_us": r[f"{name}_us"]}
+        for name in ("shm", "gloo")
+        for r in rows
+    ]
+    ticks = {r["bytes"]: r["size"] for r in rows}
+    plot_lines(series, "message_bytes", "time_us", path, f"collective time per call, {title}", log=True, xticks=ticks)

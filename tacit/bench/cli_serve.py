@@ -39,7 +39,11 @@ def add_serve_parsers(bsub: argparse._SubParsersAction) -> None:
         "on the same prompts and prints output tok/s relative to the first",
     )
     sv.add_argument("--json", default=None)
-    sv.add_argument("--plot", default=None, help="PNG: end-to-end latency CDF (several rates: latency against rate)")
+    sv.add_argument(
+        "--plot",
+        default=None,
+        help="PNG: latency CDF (a rate list: latency against rate; --scenario mixed-priority: TTFT/TPOT CDFs)",
+    )
     sv.add_argument(
         "--scenario",
         default=None,
@@ -272,10 +276,13 @@ def cmd_scenario(args: argparse.Namespace) -> int:
         f"scenario {args.scenario}: {args.num_prompts} requests ({scenario.INTERACTIVE_SHARE:.0%} interactive) "
         f"at {rate} req/s; idle interactive TTFT p50 {idle['idle_ttft_p50']:.1f} ms, p99 {idle['idle_ttft_p99']:.1f} ms"
     )
-    print(table([{k: v for k, v in r.items() if k != "hi_ttft_ms"} for r in rows]))
+    print(table([{k: v for k, v in r.items() if k not in scenario.PER_REQUEST} for r in rows]))
     for line in scenario.verdicts(idle, rows):
         print(line)
     write_json(args, {"idle": idle, "rows": rows})
+    if args.plot:
+        scenario.plot_distributions(rows, args.plot, f"scenario {args.scenario} at {rate} req/s")
+        log(f"wrote {args.plot}")
     return 0 if all(r["done"] for r in rows) else 1
 
 

@@ -21,12 +21,21 @@ def require_plotting(path: str | None) -> None:
         _plt()
 
 
-def plot_lines(rows: list[dict], x: str, y: str, path: str, title: str) -> None:
+def plot_lines(
+    rows: list[dict], x: str, y: str, path: str, title: str, log: bool = False, xticks: dict | None = None
+) -> None:
+    """One line per rows' "engine"; log: both axes log scale; xticks: {x value: its label}."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in dict.fromkeys(r["engine"] for r in rows):
         pts = [(r[x], r[y]) for r in rows if r["engine"] == name]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    if log:
+        ax.set_xscale("log"), ax.set_yscale("log")
+    if xticks:
+        ax.set_xticks(list(xticks), list(xticks.values()))
+        ax.set_xticks([], minor=True)  # a log axis's minor ticks would crowd the labelled ones
+        ax.tick_params(axis="x", labelrotation=45)  # 16MB and 32MB sit one label-width apart on a log axis
     ax.set_xlabel(x), ax.set_ylabel(y), ax.set_title(title), ax.legend(), ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -41,13 +50,29 @@ def plot_bars(rows: list[dict], y: str, path: str, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def plot_cdf(series: dict[str, list[float]], xlabel: str, path: str, title: str) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4))
+def _cdf(ax, series: dict[str, list[float]], xlabel: str) -> None:
     for name, values in series.items():
         v = sorted(values)
         ax.plot(v, [(i + 1) / len(v) for i in range(len(v))], label=name)
-    ax.set_xlabel(xlabel), ax.set_ylabel("fraction of requests"), ax.set_title(title), ax.legend(), ax.grid(alpha=0.3)
+    ax.set_xlabel(xlabel), ax.set_ylabel("fraction of requests"), ax.legend(), ax.grid(alpha=0.3)
+
+
+def plot_cdf(series: dict[str, list[float]], xlabel: str, path: str, title: str) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    _cdf(ax, series, xlabel)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_cdf_panels(panels: dict[str, dict[str, list[float]]], path: str, title: str) -> None:
+    """{panel's x label (a metric): {series (a policy): values}}: one CDF panel per metric, side by side."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, (xlabel, series) in zip(axes[0], panels.items()):
+        _cdf(ax, series, xlabel)
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -38,6 +38,8 @@ INTERACTIVE_WORDS, INTERACTIVE_TOKENS = 24, 16
 # starved request misses.
 INTERACTIVE_SLO = {"ttft_slo_ms": 500.0, "tpot_slo_ms": 400.0}
 BATCH_SLO = {"ttft_slo_ms": 60000.0, "tpot_slo_ms": 2000.0}
+# A row's per-request lists (interactive requests, arrival order): in --json and --plot, not in the table.
+PER_REQUEST = ("hi_ttft_ms", "hi_tpot_ms")
 
 
 @dataclass
@@ -145,15 +147,28 @@ def run_scenario(
             log(f"[{policy}] {len(specs)} requests at {rate} req/s ...")
             results, duration = _load(server.url, model, specs, rate, seed)
             rows.append({**_summary(policy, specs, results, duration, before, server.metrics()), **probe})
-            # For --json: each interactive request's TTFT in arrival order (ms; None if refused),
-            # so a tail can be traced to when it arrived.
-            rows[-1]["hi_ttft_ms"] = [
-                round(r.ttft * 1000, 1) if r.ok else None for s, r in zip(specs, results) if s.interactive
-            ]
+            # For --json and --plot: each interactive request's TTFT and TPOT in arrival order (ms;
+            # None if refused), so a tail can be traced to when it arrived.
+            hi = [r for s, r in zip(specs, results) if s.interactive]
+            rows[-1]["hi_ttft_ms"] = [round(r.ttft * 1000, 1) if r.ok else None for r in hi]
+            rows[-1]["hi_tpot_ms"] = [round(r.tpot * 1000, 2) if r.ok and r.tpot is not None else None for r in hi]
             errors = sorted({r.error[:160] for r in results if not r.ok})
             for e in errors[:3]:
                 log(f"[{policy}] error: {e}")
     return idle, rows
+
+
+def plot_distributions(rows: list[dict], path: str, title: str) -> None:
+    """--plot: the interactive requests' TTFT and TPOT as CDFs, one panel each, one line per
+    policy (the p50/p99 columns are two points of these curves; the curves show where a policy's
+    tail starts). Refused requests have neither and are left out (the table's hi_failed counts them)."""
+    from tacit.bench.plot import plot_cdf_panels
+
+    panels = {
+        f"interactive {metric} (ms)": {r["policy"]: [v for v in r[key] if v is not None] for r in rows}
+        for metric, key in (("TTFT", "hi_ttft_ms"), ("TPOT", "hi_tpot_ms"))
+    }
+    plot_cdf_panels(panels, path, title)
 
 
 def machine_probe() -> dict[str, float]:

@@ -1,5 +1,6 @@
 """The benchmark's plumbing (not its speed): workloads, SLO parsing, ratios, the CLI end to end."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -154,7 +155,9 @@ def test_mixed_priority_workload_is_seeded_and_shaped():
 def test_bench_serve_scenario_runs_every_policy(tiny_llama, tmp_path):
     from tacit.bench.scenario import workload
 
-    out = tmp_path / "scenario.json"
+    out, png = tmp_path / "scenario.json", tmp_path / "scenario.png"
+    # --plot only where matplotlib is installed (the bench extra): without it the command refuses --plot.
+    plot_args = ["--plot", str(png)] if importlib.util.find_spec("matplotlib") else []
     r = subprocess.run(
         [
             sys.executable,
@@ -180,6 +183,7 @@ def test_bench_serve_scenario_runs_every_policy(tiny_llama, tmp_path):
             str(out),
             "--server-args",
             f"--model {tiny_llama[2]} --dtype float32",
+            *plot_args,
         ],
         capture_output=True,
         text=True,
@@ -190,7 +194,9 @@ def test_bench_serve_scenario_runs_every_policy(tiny_llama, tmp_path):
     assert [row["policy"] for row in data["rows"]] == ["fcfs", "sla"]
     assert all(row["done"] + row["failed"] == 10 for row in data["rows"])
     assert all(row["probe_bf16_TFLOPs"] > 0 and row["probe_read_GBps"] > 0 for row in data["rows"])
-    assert all(len(row["hi_ttft_ms"]) == sum(s.interactive for s in workload(10, 8, 4, 0)) for row in data["rows"])
+    hi = sum(s.interactive for s in workload(10, 8, 4, 0))
+    assert all(len(row["hi_ttft_ms"]) == len(row["hi_tpot_ms"]) == hi for row in data["rows"])
+    assert not plot_args or png.read_bytes()[:4] == b"\x89PNG"
     assert data["idle"]["idle_requests"] == 2 and "high-priority p99 TTFT" in r.stdout
     bad = subprocess.run(
         [
@@ -209,6 +215,30 @@ def test_bench_serve_scenario_runs_every_policy(tiny_llama, tmp_path):
         timeout=60,
     )
     assert bad.returncode == 2 and "lifo not known; valid: fcfs, priority, sjf, sla" in bad.stderr
+
+
+def test_mixed_priority_plot_draws_ttft_and_tpot_per_policy(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from tacit.bench import plot, scenario
+    from tacit.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "serve", "--scenario", "mixed-priority", "--plot", "s.png"])
+    assert args.plot == "s.png" and args.scenario == "mixed-priority"
+    rows = [
+        {"policy": "fcfs", "hi_ttft_ms": [80.0, 900.0, None, 2400.0], "hi_tpot_ms": [210.0, 230.0, None, 250.0]},
+        {"policy": "priority", "hi_ttft_ms": [60.0, 75.0, 90.0, 120.0], "hi_tpot_ms": [200.0, 220.0, 240.0, None]},
+    ]
+    drawn = []
+    real = plot.plot_cdf_panels
+    monkeypatch.setattr(plot, "plot_cdf_panels", lambda panels, *a: (drawn.append(panels), real(panels, *a)))
+    path = tmp_path / "scenario.png"
+    scenario.plot_distributions(rows, str(path), "mixed-priority")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    # Refused requests (None) are left out, each policy keeps its own values.
+    assert drawn[0] == {
+        "interactive TTFT (ms)": {"fcfs": [80.0, 900.0, 2400.0], "priority": [60.0, 75.0, 90.0, 120.0]},
+        "interactive TPOT (ms)": {"fcfs": [210.0, 230.0, 250.0], "priority": [200.0, 220.0, 240.0]},
+    }
 
 
 def test_llama_cpp_peer_on_a_quantized_hf_checkpoint_is_refused(tiny_llama, tmp_path):
