@@ -13,6 +13,7 @@ from tacit.config.engine_args import EngineArgs
 from tacit.profiler.collect import WorkloadRequest
 
 _DEFAULT_BATCH, _DEFAULT_INPUT, _DEFAULT_OUTPUT = 1, 128, 32
+_DEFAULT_OUT = "profile-out"
 
 
 def add_profile_parser(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +29,20 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
         help='JSON list of {"input_len": I, "output_len": O, "arrival_step": S (optional, default 0)}; '
         "instead of --batch-size/--input-len/--output-len",
     )
-    p.add_argument("--out", default="profile-out", help="directory for profile.json and report.html")
+    p.add_argument(
+        "--out",
+        default=None,
+        help=f"directory for profile.json and report.html (default {_DEFAULT_OUT}); "
+        "under --compare: for report.html and compare.json (default: print only)",
+    )
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        default=None,
+        metavar=("A", "B"),
+        help="run nothing: compare two earlier profiles (profile.json or its directory), "
+        "A before and B after, per step kind and operator class",
+    )
     # 3 passes: the default workload has one prefill step a pass, and one sample has no spread.
     p.add_argument("--repeats", type=int, default=3, help="profiled passes over the workload (after one warm-up)")
     p.add_argument(
@@ -173,7 +187,30 @@ def rank_deltas(before: list[dict[str, float]], after: list[dict[str, float]]) -
     return [{"rank": i, **{k: a[k] - b[k] for k in a}} for i, (b, a) in enumerate(zip(before, after))]
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    """--compare A B: read two profiles, print the table; --out DIR: report.html and compare.json."""
+    from tacit.profiler.compare import compare, format_compare, load_profile
+    from tacit.profiler.html_report import render_compare
+
+    run_flags = [f for f in ("workload", "batch_size", "input_len", "output_len") if getattr(args, f) is not None]
+    if run_flags:
+        given = ", ".join("--" + f.replace("_", "-") for f in run_flags)
+        raise ValueError(f"--compare runs nothing: {given} describe a run to profile; give them without --compare")
+    a, b = (load_profile(path) for path in args.compare)
+    cmp = compare(a, b)
+    print(format_compare(cmp))
+    if args.out is not None:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "compare.json").write_text(json.dumps(cmp, indent=1))
+        (out / "report.html").write_text(render_compare(cmp, a, b))
+        print(f"wrote {out / 'compare.json'} and {out / 'report.html'}")
+    return 0
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
+    if args.compare is not None:
+        return cmd_compare(args)
     import torch
 
     from tacit.bench.latency import weight_bytes
@@ -181,6 +218,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from tacit.engine.llm_engine import LLMEngine
     from tacit.platforms.hardware_table import hardware_names
     from tacit.profiler.collect import run_workload
+    from tacit.profiler.compare import describe_device
     from tacit.profiler.html_report import render
     from tacit.profiler.roofline import model_shapes
     from tacit.profiler.summary import summarize
@@ -209,6 +247,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         ranks = rank_deltas(ranks_before, engine.executor.rank_stats())
         model = engine.model
         meta = {
+            "device": describe_device(engine.device),
             "model": {
                 "name": engine.source.path.name,
                 "dtype": str(engine.config.model.dtype).removeprefix("torch."),
@@ -235,7 +274,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         profile = summarize(steps, model_shapes(model), roofs, meta, predicted)
     finally:
         engine.shutdown()
-    out = Path(args.out)
+    out = Path(_DEFAULT_OUT if args.out is None else args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps(profile, indent=1))
     (out / "report.html").write_text(render(profile))

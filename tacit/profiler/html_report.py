@@ -6,6 +6,7 @@ from html import escape
 from typing import Any
 
 from tacit.profiler.categories import CATEGORIES, LABELS, layer_sort_key
+from tacit.profiler.compare import TABLE_HEADER, table_rows
 from tacit.profiler.svg import roofline, stacked_bars
 
 SECTIONS = ("summary", "breakdown", "layers", "roofline", "communication", "predicted")
@@ -201,4 +202,32 @@ def render(profile: dict[str, Any]) -> str:
     return (
         '<!DOCTYPE html><html><head><meta charset="utf-8"><title>tacit profile</title>'
         f"<style>{_CSS}</style></head><body><h1>tacit profile</h1>{body}</body></html>"
+    )
+
+
+def render_compare(cmp: dict[str, Any], a: dict[str, Any], b: dict[str, Any]) -> str:
+    """compare.json (profiler/compare.py) as one page: the header, then per step kind A's and B's
+    stacked bars on one scale and the table; a and b: the two profiles, for the bars."""
+    head = [f"A: {cmp['a']['path']}", f"B: {cmp['b']['path']}"]
+    head += [f"warning: {w}" for w in cmp["warnings"]] + [f"note: {n}" for n in cmp["notes"]]
+    out = ["<ul>" + "".join(f"<li>{escape(line)}</li>" for line in head) + "</ul>"]
+    out.append(
+        '<p class="note">Mean ms per step by operator class (the means add up to the mean step), '
+        "largest change first; each kind's two bars share one scale.</p>"
+    )
+    for kind, k in cmp["kinds"].items():
+        bars = [
+            (side, {c: p["kinds"][kind]["categories"][c]["mean"] for c in p["kinds"][kind]["categories"]})
+            for side, p in (("A", a), ("B", b))
+            if kind in p["kinds"]
+        ]
+        absent = [side for side, n in (("A", k["a_steps"]), ("B", k["b_steps"])) if not n]
+        out.append(f"<h3>{escape(kind)}</h3>")
+        if absent:
+            out.append(f'<p class="note">No {escape(kind)} steps in {absent[0]}.</p>')
+        out.append(stacked_bars(bars))
+        out.append(_table(TABLE_HEADER, table_rows(k)))
+    return (
+        '<!DOCTYPE html><html><head><meta charset="utf-8"><title>tacit profile --compare</title>'
+        f"<style>{_CSS}</style></head><body><h1>tacit profile --compare</h1>{''.join(out)}</body></html>"
     )
