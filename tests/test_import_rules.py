@@ -229,7 +229,7 @@ def test_relative_imports_resolve_from_packages_and_modules():
 TIERS: list[tuple[str, ...]] = [
     ("tacit.paths", "tacit.registry", "tacit.chat_content", "tacit.sampling_params", "tacit.pooling_params",
      "tacit.outputs",
-     "tacit.model_config_checks"),
+     "tacit.model_config_checks", "tacit.plotting"),
     # kv_cache_interface: the KV cache specs backends declare (over kernels/kv_quant's layouts).
     ("tacit.kernels", "tacit.kv_cache_interface"),
     ("tacit.platforms", "tacit.distributed", "tacit.forward_context", "tacit.tokenizer"),

@@ -2,23 +2,8 @@
 
 from __future__ import annotations
 
-
-def _plt():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ValueError("--plot needs matplotlib: pip install -e '.[bench]'") from None
-    return plt
-
-
-def require_plotting(path: str | None) -> None:
-    """Refuse --plot before a benchmark runs, not after it (matplotlib missing once cost a whole
-    run's minutes before the error)."""
-    if path is not None:
-        _plt()
+from tacit.plotting import pyplot as _plt
+from tacit.plotting import require_plotting as require_plotting  # the bench commands' one name for it
 
 
 def plot_lines(
@@ -90,3 +75,24 @@ def plot_grouped_bars(groups: dict[str, dict[str, float]], ylabel: str, path: st
     ax.set_ylabel(ylabel), ax.set_title(title), ax.legend(), ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def plot_predicted_vs_measured(series: dict[str, list[tuple[float, float]]], unit: str, path: str, title: str) -> None:
+    """{series: [(measured, predicted), ...]} on log-log axes, with y = x and a +-10% band: a
+    point inside the band is predicted within 10%."""
+    plt = _plt()
+    values = [v for pts in series.values() for p in pts for v in p if v > 0]
+    if not values:
+        raise ValueError(f"{path}: no positive (measured, predicted) pair to plot")
+    lo, hi = min(values) / 1.5, max(values) * 1.5
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    ax.fill_between([lo, hi], [0.9 * lo, 0.9 * hi], [1.1 * lo, 1.1 * hi], color="0.85", label="within 10%")
+    ax.plot([lo, hi], [lo, hi], color="0.3", lw=1, label="predicted = measured")
+    for name, pts in series.items():
+        ax.scatter([m for m, _ in pts], [p for _, p in pts], s=18, label=name)
+    ax.set_xscale("log"), ax.set_yscale("log"), ax.set_xlim(lo, hi), ax.set_ylim(lo, hi)
+    ax.set_xlabel(f"measured {unit}"), ax.set_ylabel(f"predicted {unit}"), ax.set_title(title)
+    ax.legend(), ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

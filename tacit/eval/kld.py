@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from tacit.config.engine_args import EngineArgs
+from tacit.eval.kld_plot import add_plot_kld_parser
 
 DEFAULT_MAX_TOKENS = 2048
 DEFAULT_CONTEXT = 1024
@@ -83,6 +84,9 @@ class KLDResult:
     top1_agreement: float  # fraction of tokens where both argmaxes agree
     # Other engines scored against the same reference on the same ids: {"llama.cpp": result}.
     peers: dict[str, KLDResult] = field(default_factory=dict)
+    # The model's matrix-product weights as held (ModelShapes.bits_per_weight): the x of
+    # `tacit eval plot-kld`. None for a peer (it scores the same file).
+    bits_per_weight: float | None = None
 
 
 def compare(ref: list[torch.Tensor], model: Iterable[torch.Tensor], chunks: list[list[int]], context: int) -> KLDResult:
@@ -151,6 +155,7 @@ def run_kld(
     """The model against the reference; with peer ("llama.cpp"), that engine on the model's GGUF
     too, in result.peers."""
     from tacit.entrypoints.llm import LLM
+    from tacit.profiler.roofline import model_shapes
 
     if max_tokens < 2:
         raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
@@ -168,8 +173,10 @@ def run_kld(
     if context > model_llm.engine.max_model_len:
         raise ValueError(f"the model's max_model_len {model_llm.engine.max_model_len} is below the context {context}")
     model = model_llm.score_full_logprobs(chunks)
+    bits = model_shapes(model_llm.engine.model).bits_per_weight
     _release(model_llm)
     result = compare(ref, model, chunks, context)
+    result.bits_per_weight = bits
     if gguf is not None:
         from tacit.eval.llamacpp_scores import iter_llamacpp_full_logprobs
 
@@ -226,6 +233,7 @@ def format_result(r: KLDResult) -> str:
             f"PPL model         {r.ppl_model:.4f}",
             f"delta PPL         {r.delta_ppl:+.4f}",
             f"top-1 agreement   {100 * r.top1_agreement:.2f}%",
+            *([f"bits per weight   {r.bits_per_weight:.2f}"] if r.bits_per_weight is not None else []),
         ]
     )
 
@@ -251,7 +259,7 @@ def result_json(r: KLDResult) -> dict:
     """tacit's numbers at the top level, each peer's under "peers" (without a "peers" of its own)."""
     out = asdict(r)
     for peer in out["peers"].values():
-        del peer["peers"]
+        del peer["peers"], peer["bits_per_weight"]
     return out
 
 
@@ -291,3 +299,4 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     )
     k.add_argument("--json", default=None, help="write the numbers as JSON here")
     k.set_defaults(func=cmd_kld)
+    add_plot_kld_parser(esub)

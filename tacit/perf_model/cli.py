@@ -46,7 +46,11 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", default=None, help="write the prediction (or the validation) here")
     p.add_argument("--ops", action="store_true", help="also print every operator's time (compute / memory / link)")
+    p.add_argument("--html", default=None, help="write the step charts (operator classes, roofline) as one HTML file")
     p.add_argument("--validate", action="store_true", help="measure the real engine on this CPU against the model")
+    p.add_argument(
+        "--plot", default=None, help="with --validate: predicted against measured, one point per case (PNG; matplotlib)"
+    )
     sv = p.add_argument_group("--serve: replay tacit's scheduler over a workload file on a simulated clock")
     sv.add_argument("--serve", action="store_true", help="simulate serving --workload (TTFT/TPOT/E2E percentiles)")
     sv.add_argument("--workload", default=None, help='JSONL: {"arrival_s", "input_len", "output_len", "priority"}')
@@ -73,10 +77,16 @@ def _check_choice(value: str, valid: tuple[str, ...], flag: str) -> str:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    if args.plot is not None and not args.validate:
+        raise ValueError("--plot draws --validate's cases; for one prediction's charts use --html FILE")
+    if args.html is not None and (args.validate or args.serve):
+        raise ValueError("--html draws one prediction's steps; it does not go with --validate or --serve")
     if args.validate:
         from tacit.perf_model.validate import run_validation
+        from tacit.plotting import require_plotting
 
-        return run_validation(args.json)
+        require_plotting(args.plot)  # before the ~30 measured configurations, not after
+        return run_validation(args.json, args.plot)
     if args.serve:
         from tacit.perf_model.serve_cli import cmd_serve
 
@@ -111,7 +121,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     )
     pred = predict(shape, spec, work)
     out = pred.as_json()
-    print(
+    heading = (
         f"{args.model} on {spec.name} ({spec.description}), TP={work.parallel.tp}{' EP' if work.parallel.ep else ''}"
         f"{' DP-attention' if work.parallel.dp_attention else ''}, "
         f"weights {wdt}, KV {kvdt}, batch {work.batch}, input {work.input_len}"
@@ -123,6 +133,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             else ""
         )
     )
+    print(heading)
     print(f"  TTFT        {out['ttft_ms']:.2f} ms")
     print(f"  TPOT        {out['tpot_ms']:.3f} ms")
     print(f"  throughput  {out['throughput_tok_s']:.1f} output tok/s")
@@ -137,9 +148,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"    {k}: {v}")
     if args.ops:
         _print_ops("prefill", pred.prefill_ops, pred.ttft_s)
-        _print_ops("decode", pred.decode_ops, pred.tpot_s)
+        _print_ops("verify" if work.speculative_tokens else "decode", pred.decode_ops, pred.decode_step_s)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
+    if args.html:
+        from tacit.perf_model.predict_html import render_prediction
+
+        Path(args.html).write_text(render_prediction(pred, spec, heading, bool(work.speculative_tokens)))
     return 0
 
 

@@ -75,6 +75,9 @@ class Prediction:
     bottlenecks: dict[str, str]
     prefill_ops: list[OpTime]
     decode_ops: list[OpTime]
+    # The step decode_ops make up: tpot_s, or with speculative decoding the verify step (tpot_s is
+    # that step plus drafting, over the tokens it yields).
+    decode_step_s: float
 
     @property
     def fits(self) -> bool:
@@ -126,12 +129,14 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
     # is linear in it, so the step at the mean context has the mean time.
     mean_context = w.input_len + max(w.output_len - 2, 0) / 2
     tpot, decode = step_time(s, spec, profile, w, StepShape(w.batch, 1, round(mean_context)))
+    decode_step = tpot
     if w.speculative_tokens:
         # A verify step runs each sequence's token and its k drafts as k + 1 decode rows over the
         # same context (how the fused decoder runs them); it yields tokens_per_verify of them.
         k = w.speculative_tokens
         plain_decode = decode
         verify, decode = step_time(s, spec, profile, w, StepShape(w.batch * (k + 1), 1, round(mean_context)))
+        decode_step = verify
         layers, heads = SPECULATIVE_COSTS[w.speculative_method]
         head = sum(t.seconds for t in plain_decode if t.op.op_class == "lm_head")
         drafting = k * (layers * (tpot - head) / s.num_layers + heads * head)
@@ -147,4 +152,5 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
         bottlenecks={**bottlenecks(prefill, spec, "prefill"), **bottlenecks(decode, spec, "decode")},
         prefill_ops=prefill,
         decode_ops=decode,
+        decode_step_s=decode_step,
     )

@@ -112,7 +112,7 @@ def _percentile(values: list[float], q: float) -> float:
     return s[i]
 
 
-def run_validation(json_out: str | None) -> int:
+def run_validation(json_out: str | None, plot: str | None = None) -> int:
     import gc
 
     rows, routing = [], {}
@@ -159,7 +159,18 @@ def run_validation(json_out: str | None) -> int:
         print(f"  {k}: {100 * v:.1f}%")
     if json_out:
         Path(json_out).write_text(json.dumps({"rows": rows, "summary": summary, "routing_draws": routing}, indent=2))
+    if plot:
+        plot_validation(rows, plot)
     return 0
+
+
+def plot_validation(rows: list[dict], path: str) -> None:
+    """Predicted against measured milliseconds, log-log: each case's decode step and its prefill
+    (two series), the y = x line and the +-10% band around it."""
+    from tacit.bench.plot import plot_predicted_vs_measured
+
+    series = {phase: [(r[f"{phase}_meas_ms"], r[f"{phase}_pred_ms"]) for r in rows] for phase in ("decode", "prefill")}
+    plot_predicted_vs_measured(series, "ms", path, f"tacit predict --validate: {len(rows)} cases on this CPU")
 
 
 def _table(rows: list[dict]) -> str:

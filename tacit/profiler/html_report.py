@@ -24,7 +24,7 @@ def _ms(s: float) -> str:
     return f"{s * 1e3:.3f}"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def table(header: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
@@ -56,7 +56,7 @@ def _summary(p: dict[str, Any]) -> str:
         for kind, k in p["kinds"].items()
     ]
     items = "".join(f"<li>{escape(line)}</li>" for line in lines)
-    return f"<ul>{items}</ul>" + _table(["step kind", "steps", "tokens/step", "median ms", "p10 - p90 ms"], rows)
+    return f"<ul>{items}</ul>" + table(["step kind", "steps", "tokens/step", "median ms", "p10 - p90 ms"], rows)
 
 
 def _breakdown(p: dict[str, Any]) -> str:
@@ -79,7 +79,7 @@ def _breakdown(p: dict[str, Any]) -> str:
         total = sum(k["categories"][c]["mean"] for c in CATEGORIES)
         rows.append(["sum of means / mean step", "", "", _ms(total), f"{_ms(mean_step)} ms"])
         out.append(f"<h3>{escape(kind)}</h3>")
-        out.append(_table(["class", "median ms", "p10 - p90 ms", "mean ms", "share"], rows))
+        out.append(table(["class", "median ms", "p10 - p90 ms", "mean ms", "share"], rows))
     return "".join(out)
 
 
@@ -95,7 +95,7 @@ def _layers(p: dict[str, Any]) -> str:
         out.append(f"<h3>{escape(kind)}</h3>")
         out.append(stacked_bars([(ly, per[ly]) for ly in names]))
         rows = [[ly] + [_ms(per[ly].get(c, 0.0)) for c in CATEGORIES] for ly in names]
-        out.append(_table(["layer"] + [LABELS[c] for c in CATEGORIES], rows))
+        out.append(table(["layer"] + [LABELS[c] for c in CATEGORIES], rows))
     return "".join(out)
 
 
@@ -128,7 +128,7 @@ def _roofline(p: dict[str, Any]) -> str:
                     f"{100 * r['achieved_flops'] / roof:.1f}%" if roof else "-",
                 ]
             )
-        out.append(_table(["class", "GFLOP/step", "MB/step", "FLOP/byte", "GFLOP/s", "GB/s", "of roof"], rows))
+        out.append(table(["class", "GFLOP/step", "MB/step", "FLOP/byte", "GFLOP/s", "GB/s", "of roof"], rows))
     return "".join(out)
 
 
@@ -140,7 +140,7 @@ def _communication(p: dict[str, Any]) -> str:
     rows = [[ly, _ms(s), _ms(s / steps)] for ly, s in comm.items()]
     out = (
         '<p class="note">Seconds this rank (rank 0) blocked in collectives, per layer: exposed communication, '
-        "waiting for the slowest rank included.</p>" + _table(["layer", "total ms", "ms per step"], rows)
+        "waiting for the slowest rank included.</p>" + table(["layer", "total ms", "ms per step"], rows)
     )
     ranks = p.get("ranks") or []
     if len(ranks) > 1:
@@ -157,7 +157,7 @@ def _communication(p: dict[str, Any]) -> str:
             '<p class="note">Per rank, over the profiled steps: time in the model runner\'s steps and the part '
             "blocked in collectives. A rank that waits much longer than the others is the faster one: it "
             "waits for the slowest (uneven experts under expert parallelism, a busier core).</p>"
-            + _table(["rank", "step ms per step", "blocked ms per step", "blocked share"], per_rank)
+            + table(["rank", "step ms per step", "blocked ms per step", "blocked share"], per_rank)
         )
     return out
 
@@ -182,7 +182,7 @@ def _predicted(p: dict[str, Any]) -> str:
             ]
             for r in rows
         ]
-        out.append(_table(["class", "predicted ms", "measured ms", "measured - predicted ms", "vs predicted"], body))
+        out.append(table(["class", "predicted ms", "measured ms", "measured - predicted ms", "vs predicted"], body))
     return "".join(out)
 
 
@@ -196,12 +196,16 @@ def render(profile: dict[str, Any]) -> str:
         "communication": ("Communication", _communication),
         "predicted": ("Predicted vs measured", _predicted),
     }
-    body = "".join(
-        f'<section id="{sid}"><h2>{escape(title)}</h2>{fn(profile)}</section>' for sid, (title, fn) in parts.items()
-    )
+    return page("tacit profile", [(sid, title, fn(profile)) for sid, (title, fn) in parts.items()])
+
+
+def page(title: str, sections: list[tuple[str, str, str]]) -> str:
+    """One self-contained HTML document: (id, heading, body HTML) per section; `tacit predict
+    --html` writes its report with this too."""
+    body = "".join(f'<section id="{sid}"><h2>{escape(head)}</h2>{html}</section>' for sid, head, html in sections)
     return (
-        '<!DOCTYPE html><html><head><meta charset="utf-8"><title>tacit profile</title>'
-        f"<style>{_CSS}</style></head><body><h1>tacit profile</h1>{body}</body></html>"
+        f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f"<style>{_CSS}</style></head><body><h1>{escape(title)}</h1>{body}</body></html>"
     )
 
 

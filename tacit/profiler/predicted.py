@@ -10,6 +10,7 @@ from tacit.perf_model.memory import weight_bytes as model_weight_bytes
 from tacit.perf_model.model_shape import shape_from_hf
 from tacit.perf_model.operators import Parallel
 from tacit.perf_model.predict import Workload, predict
+from tacit.perf_model.roofline import OpTime
 from tacit.platforms.hardware_table import get_hardware_spec
 from tacit.profiler.categories import CATEGORIES
 
@@ -63,11 +64,27 @@ def predicted_categories(
             parallel=parallel,
         ),
     )
-    out: dict[str, dict[str, float]] = {}
-    for kind, ops, step_s in (("prefill", pred.prefill_ops, pred.ttft_s), ("decode", pred.decode_ops, pred.tpot_s)):
-        per = dict.fromkeys(CATEGORIES, 0.0)
-        for t in ops:
-            per[MODEL_CLASS_CATEGORY[t.op.op_class]] += t.seconds
-        per["host"] += max(step_s - sum(per.values()), 0.0)
-        out[kind] = per
-    return out
+    return {
+        "prefill": categories_of(pred.prefill_ops, pred.ttft_s),
+        "decode": categories_of(pred.decode_ops, pred.tpot_s),
+    }
+
+
+def categories_of(ops: list[OpTime], step_s: float) -> dict[str, float]:
+    """{category: seconds} of one predicted step: its operators by class, and the rest of the
+    step (the model's fixed per-step and per-layer cost) as host time."""
+    per = dict.fromkeys(CATEGORIES, 0.0)
+    for t in ops:
+        per[MODEL_CLASS_CATEGORY[t.op.op_class]] += t.seconds
+    per["host"] += max(step_s - sum(per.values()), 0.0)
+    return per
+
+
+def roofline_points(ops: list[OpTime]) -> dict[str, tuple[float, float]]:
+    """{category: (FLOP per byte, FLOP/s it is predicted to reach)} of one predicted step, as
+    the profile's roofline places a measured class; communication (no FLOPs) has no point."""
+    sums: dict[str, list[float]] = {}
+    for t in ops:
+        s = sums.setdefault(MODEL_CLASS_CATEGORY[t.op.op_class], [0.0, 0.0, 0.0])
+        s[0], s[1], s[2] = s[0] + t.op.flops, s[1] + t.op.bytes, s[2] + t.seconds
+    return {c: (f / b, f / sec) for c, (f, b, sec) in sums.items() if f > 0 and b > 0 and sec > 0}

@@ -44,6 +44,24 @@ class ModelShapes:
     head_bytes: int  # lm_head weight bytes (the embedding table when tied)
     head_out: int  # lm_head output features on this rank
 
+    @property
+    def bits_per_weight(self) -> float:
+        """Mean bits a weight of the matrix products (linear layers, experts, lm_head) takes as
+        held, scales and block headers included: 16 for bf16, 8.5 for int8 (Q8_0's blocks: 34
+        bytes per 32 values), 5 for int4 and Q4_1 (20 bytes per 32). Norms, routers and the embedding's lookup
+        are left out: they stay bf16 whatever the quantization."""
+        nbytes = values = 0
+        for s in self.layers.values():
+            nbytes += sum(b for _, _, b in s.linears)
+            values += sum(i * o for i, o, _ in s.linears)
+            if s.experts:
+                e, _, h, inter, stacks = s.experts
+                nbytes, values = nbytes + stacks, values + 3 * e * h * inter  # gate, up and down
+        nbytes, values = nbytes + self.head_bytes, values + self.hidden * self.head_out
+        if not values:
+            raise ValueError("the model has no linear layers or experts to count bits per weight of")
+        return 8.0 * nbytes / values
+
 
 def model_shapes(model: nn.Module) -> ModelShapes:
     layers: dict[str, LayerShapes] = {}

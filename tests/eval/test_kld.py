@@ -59,6 +59,7 @@ def test_model_against_itself_is_zero(tiny_llama):
     assert abs(r.kld_mean) < 1e-6 and abs(r.kld_max) < 1e-6
     assert r.ppl_model == r.ppl_reference and r.delta_ppl == 0.0
     assert r.top1_agreement == 1.0
+    assert r.bits_per_weight == 32.0  # float32 weights, nothing quantized
 
 
 def test_perturbed_model_matches_transformers(tiny_llama, perturbed):
@@ -116,6 +117,7 @@ def test_cli_writes_json(tiny_llama, perturbed, tmp_path, capsys):
     assert main(argv) == 0
     data = json.loads(out.read_text())
     assert data["num_tokens"] == 98 and data["kld_mean"] > 0
+    assert data["bits_per_weight"] == 32.0  # what `tacit eval plot-kld` puts on its x axis
     assert "KLD mean" in capsys.readouterr().out
 
 
