@@ -230,7 +230,7 @@ def render_compare(cmp: dict[str, Any], a: dict[str, Any], b: dict[str, Any]) ->
         if absent:
             out.append(f'<p class="note">No {escape(kind)} steps in {absent[0]}.</p>')
         out.append(stacked_bars(bars))
-        out.append(_table(TABLE_HEADER, table_rows(k)))
+        out.append(table(TABLE_HEADER, table_rows(k)))
     return (
         '<!DOCTYPE html><html><head><meta charset="utf-8"><title>tacit profile --compare</title>'
         f"<style>{_CSS}</style></head><body><h1>tacit profile --compare</h1>{''.join(out)}</body></html>"
