@@ -92,11 +92,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from tacit.bench import serve
     from tacit.bench.plot import require_plotting
 
+    if args.plot and (args.scenario in (*PREFIX_SCENARIOS, "restart") or "," in args.structured_fraction):
+        raise ValueError("--plot draws one run, a --request-rate list or --scenario mixed-priority; not this one")
     require_plotting(args.plot)
     rates = parse_rates(args.request_rate)
-    args.request_rate = rates[0]
     if args.scenario and len(rates) > 1:
         raise ValueError("--scenario runs one --request-rate; a list of rates is for a server at --url")
+    args.request_rate = rates[0]
     if args.scenario in PREFIX_SCENARIOS or args.scenario == "restart":
         return cmd_prefix_scenario(args)
     if args.scenario:

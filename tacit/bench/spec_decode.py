@@ -30,14 +30,21 @@ KINDS = ("repetitive", "chat", "mixed")
 
 
 def load_prompts(tokenizer, path: Path = WORKLOAD) -> dict[str, list[list[int]]]:
-    """{kind: [chat-templated prompt ids]} for the repetitive and chat prompts of the workload."""
+    """{kind: [chat-templated prompt ids]} for the repetitive and chat prompts of the workload; a
+    model without a chat template (random:NAME checkpoints) gets the messages' texts, one a line."""
     out: dict[str, list[list[int]]] = {"repetitive": [], "chat": []}
+
+    def encode(messages: list[dict]) -> list[int]:
+        if tokenizer.chat_template:
+            return tokenizer.encode_chat(messages)
+        return tokenizer.encode("\n".join(str(m.get("content", "")) for m in messages) + "\n")
+
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if line.strip():
             row = json.loads(line)
             if row.get("kind") not in out or not isinstance(row.get("messages"), list):
                 raise ValueError(f"{path}:{i}: needs kind repetitive or chat and a messages list")
-            out[row["kind"]].append(tokenizer.encode_chat(row["messages"]))
+            out[row["kind"]].append(encode(row["messages"]))
     empty = [k for k, v in out.items() if not v]
     if empty:
         raise ValueError(f"{path} has no {' or '.join(empty)} prompts")

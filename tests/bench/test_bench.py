@@ -415,6 +415,13 @@ def test_the_shipped_spec_workload_loads_and_a_bad_one_is_refused(tiny_llama, tm
     bad.write_text(json.dumps({"kind": "poetry", "messages": []}) + "\n")
     with pytest.raises(ValueError, match="bad.jsonl:1: needs kind repetitive or chat"):
         load_prompts(tok, bad)
+    import copy
+
+    plain = copy.copy(tok)  # a checkpoint without a chat template (random:NAME): texts, one a line
+    plain.chat_template = None
+    first = json.loads(WORKLOAD.read_text().splitlines()[0])["messages"]
+    text = "\n".join(m["content"] for m in first) + "\n"
+    assert load_prompts(plain, WORKLOAD)["repetitive"][0] == tok.encode(text)
 
 
 def test_grouped_bars_are_drawn_one_cluster_per_case(tmp_path):

@@ -74,3 +74,19 @@ def test_plot_without_matplotlib_is_refused_before_the_benchmark_runs(monkeypatc
     with pytest.raises(ValueError, match=r"--plot needs matplotlib: pip install -e '\.\[bench\]'"):
         plot.require_plotting("out.png")
     plot.require_plotting(None)  # no --plot: nothing needed
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--scenario", "multi-turn"], ["--scenario", "restart"], ["--structured-fraction", "0,0.5"]],
+    ids=["multi-turn", "restart", "structured-list"],
+)
+def test_plot_is_refused_where_nothing_would_draw_it(args):
+    """--plot on a run that draws nothing is refused, not silently ignored."""
+    r = subprocess.run(
+        [sys.executable, "-m", "tacit.cli", "bench", "serve", *args, "--plot", "x.png"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode != 0 and "--plot draws one run, a --request-rate list or --scenario mixed-priority" in r.stderr
