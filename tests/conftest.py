@@ -52,3 +52,18 @@ def bf16_ggml_activations(monkeypatch):
     dequantized model's arithmetic) instead of llama.cpp's int8-per-block ones, for tests that
     compare tokens exactly: TACIT_GGML_BF16_ACTIVATIONS=1, EngineArgs.ggml_bf16_activations' default."""
     monkeypatch.setenv("TACIT_GGML_BF16_ACTIVATIONS", "1")
+
+
+@pytest.fixture
+def no_matplotlib(monkeypatch):
+    """matplotlib made unimportable, as on an install without the bench extra."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def refuse(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", refuse)

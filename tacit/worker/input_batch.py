@@ -25,6 +25,11 @@ def samples(r: CachedRequestState, n: int) -> bool:
     return samples_this_step(r.num_computed_tokens, n, r.num_tokens, r.sampling_params)
 
 
+def has_pooling(rows: Rows) -> bool:
+    """Whether any row is an embedding request's (its pool reads every token's hidden states)."""
+    return any(r.sampling_params.pooling is not None for r, _ in rows)
+
+
 def prompt_tokens_scored(r: CachedRequestState, n: int) -> tuple[int, int]:
     """[first, end) of the prompt tokens this step's chunk of r scores; empty unless it asked."""
     if r.sampling_params.prompt_logprobs is None:

@@ -33,14 +33,14 @@ from tacit.models.expert_streaming import stream_experts
 from tacit.outputs import ModelRunnerOutput
 from tacit.scheduling.scheduler_output import SchedulerOutput
 from tacit.worker.drafter import DraftProposer
-from tacit.worker.input_batch import PromptScores, Rows
+from tacit.worker.input_batch import PromptScores, Rows, has_pooling
 from tacit.worker.kernel_binding import bind_attention_backend, bind_compute_kernels, load_kernels
 from tacit.worker.kv_allocation import allocate_kv_caches, kv_cache_groups, num_kv_blocks
 from tacit.worker.kv_offload_store import KVOffloadId, make_kv_offload_store
 from tacit.worker.paths import PathContext, PathResult
 from tacit.worker.paths.base import ExecutionPath, Steps, build_paths, finish, first_accepting
 from tacit.worker.paths.fused_binders import build_fused_decoder, fused_decoder_unsupported_reason
-from tacit.worker.pooler import PoolState, has_pooling, pool_rows
+from tacit.worker.pooler import PoolState, pool_rows
 from tacit.worker.request_state import CachedRequestState, update_request_states
 from tacit.worker.sample_step import sample_and_verify
 from tacit.worker.swap_store import KVSwapStore
@@ -248,8 +248,9 @@ class ModelRunner:
                     if req_id in self.requests:
                         self.drafter.request_finished(self.requests[req_id])
             update_request_states(self.requests, scheduler_output)
-            for req_id in scheduler_output.finished_req_ids:  # aborted mid-prefill
-                self.pool_states.pop(req_id, None)
+            if self.pool_states:  # embedding requests aborted mid-prefill
+                for req_id in scheduler_output.finished_req_ids:
+                    self.pool_states.pop(req_id, None)
             # Before the forward, in this order: blocks evicted to the second tier are copied out
             # before anything writes them, a swapped-out request's blocks may be this step's new
             # blocks, and loads fill new blocks last.
@@ -264,13 +265,10 @@ class ModelRunner:
             if scheduler_output.is_empty():
                 return ModelRunnerOutput(swap_blocks=swap_blocks, swap_s=swap_s)
             rows = self.rows(scheduler_output)
-            pooling = has_pooling(rows)  # an embedding request's rows: every token's hidden states kept
             forward = self.forward_steps(rows, pausable)
             busy_s = 0.0
         while True:
             t = time.perf_counter()
-            # Set on every resume: a cut-in step run in a pause sets it for its own rows.
-            self.paths_context.pooling_step = pooling
             try:
                 with torch.inference_mode():
                     next(forward)
@@ -278,7 +276,6 @@ class ModelRunner:
                 result: PathResult = done.value
                 break
             finally:
-                self.paths_context.pooling_step = False
                 busy_s += time.perf_counter() - t
             yield  # paused at a layer boundary: whoever drives this step may run other work now
         t = time.perf_counter()
@@ -286,7 +283,7 @@ class ModelRunner:
             if result.row_hidden is not None and self.drafter is not None:
                 self.drafter.observe(rows, result.row_hidden)
             out = self._sample(scheduler_output, rows, result) if sample else ModelRunnerOutput()
-            if pooling and sample:
+            if sample and has_pooling(rows):
                 out.pooler_output = pool_rows(self.pool_states, rows, result.row_hidden)
         out.prompt_logprobs = result.prompt_logprobs
         for req_id, scored in result.prompt_logprobs.items():

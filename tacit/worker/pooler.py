@@ -22,10 +22,6 @@ class PoolState:
     last: torch.Tensor | None = None
 
 
-def has_pooling(rows: Rows) -> bool:
-    return any(r.sampling_params.pooling is not None for r, _ in rows)
-
-
 def pool_rows(states: dict[str, PoolState], rows: Rows, row_hidden: torch.Tensor) -> dict[str, list[float]]:
     """Fold the step's rows of pooling requests into their pools (row_hidden: every token's final
     hidden states, rows in order); {req_id: embedding} of those whose prompt this step ended."""

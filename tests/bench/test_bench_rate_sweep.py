@@ -58,19 +58,9 @@ def test_latency_against_rate_is_drawn(tmp_path, capsys):
     assert "e2e_p99_ms" in capsys.readouterr().out
 
 
-def test_plot_without_matplotlib_is_refused_before_the_benchmark_runs(monkeypatch):
-    import builtins
-
+def test_plot_without_matplotlib_is_refused_before_the_benchmark_runs(no_matplotlib):
     from tacit.bench import plot
 
-    real_import = builtins.__import__
-
-    def no_matplotlib(name, *args, **kwargs):
-        if name.startswith("matplotlib"):
-            raise ImportError(name)
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     with pytest.raises(ValueError, match=r"--plot needs matplotlib: pip install -e '\.\[bench\]'"):
         plot.require_plotting("out.png")
     plot.require_plotting(None)  # no --plot: nothing needed

@@ -62,19 +62,9 @@ def test_chart_flags_out_of_place_are_refused(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_validate_plot_without_matplotlib_is_refused_before_measuring(monkeypatch, capsys):
-    import builtins
-
+def test_validate_plot_without_matplotlib_is_refused_before_measuring(no_matplotlib, monkeypatch, capsys):
     from tacit.perf_model import validate
 
-    real_import = builtins.__import__
-
-    def no_matplotlib(name, *args, **kwargs):
-        if name.startswith("matplotlib"):
-            raise ImportError(name)
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     monkeypatch.setattr(validate, "run_validation", lambda *a: pytest.fail("measured before refusing --plot"))
     assert main(["predict", "--validate", "--plot", "out.png"]) == 2
     assert "--plot needs matplotlib: pip install -e '.[bench]'" in capsys.readouterr().err

@@ -22,7 +22,7 @@ from torch import nn
 from tacit.distributed.communicator import Communicator
 from tacit.outputs import RawPromptLogprobs
 from tacit.registry import Registry
-from tacit.worker.input_batch import PromptScores, Rows, TorchInputs
+from tacit.worker.input_batch import PromptScores, Rows, TorchInputs, has_pooling
 from tacit.worker.prompt_logprobs import score_prompt_tokens
 from tacit.worker.request_state import CachedRequestState
 
@@ -78,13 +78,12 @@ class PathContext:
     # Set when the drafter reads every token's final hidden states (MTP drafts from them): only
     # the paths that export them are built (ExecutionPath.exports_row_hidden).
     keep_row_hidden: bool = False
-    # Set by the runner for a step holding an embedding request's rows (their pool needs every
-    # token's hidden states); paths that cannot export them decline such steps.
-    pooling_step: bool = False
 
-    @property
-    def exports_row_hidden_now(self) -> bool:
-        return self.keep_row_hidden or self.pooling_step
+    def wants_row_hidden(self, rows: Rows) -> bool:
+        """Whether a step of these rows exports every token's final hidden states: always for a
+        drafter that reads them, and for a step holding an embedding request's rows (its pool
+        reads them; paths that cannot export them decline such steps)."""
+        return self.keep_row_hidden or has_pooling(rows)
 
     def score_prompt(self, r: CachedRequestState, first: int, end: int, hidden: torch.Tensor) -> RawPromptLogprobs:
         """r's prompt tokens [first, end) scored from the hidden states of the positions before them."""
@@ -106,7 +105,7 @@ class PathContext:
             rows[i][0].req_id: self.score_prompt(rows[i][0], first, end, hidden[row : row + end - first])
             for i, first, end, row in built.scored
         }
-        row_hidden = hidden if self.exports_row_hidden_now else None
+        row_hidden = hidden if self.wants_row_hidden(rows) else None
         return PathResult(built.samples, hidden[built.sample_rows], prompt_logprobs, row_hidden)
 
 

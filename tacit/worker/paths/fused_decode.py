@@ -65,5 +65,5 @@ class FusedDecodePath(HiddenStatesPath):
         # not yet level with its request (only those level with all their tokens sample).
         sampling = [i for i, (r, n) in enumerate(rows) if samples(r, n)]
         kept = decode_row_sampled(rows)
-        row_hidden = hidden if self.ctx.exports_row_hidden_now else None
+        row_hidden = hidden if self.ctx.wants_row_hidden(rows) else None
         return PathResult(sampling, hidden if len(kept) == hidden.shape[0] else hidden[kept], {}, row_hidden)

@@ -65,7 +65,7 @@ class SplitPath(HiddenStatesPath):
         rows_in_order = [start[j] + w for j in order for w in range(width[j])]
         hidden = torch.cat([dec_hidden, pre_hidden.to(dec_hidden.dtype)])[torch.tensor(rows_in_order, dtype=torch.long)]
         row_hidden = None
-        if self.ctx.exports_row_hidden_now:  # every token's, row blocks put back in scheduled order
+        if self.ctx.wants_row_hidden(rows):  # every token's, row blocks put back in scheduled order
             part = [n for _, n in dec_rows] + [n for _, n in other_rows]
             blocks = torch.cat([dec_rows_hidden, pre_rows_hidden.to(dec_rows_hidden.dtype)]).split(part)
             where = {row: j for j, row in enumerate(decodes + others)}

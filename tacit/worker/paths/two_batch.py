@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tacit.worker.input_batch import Rows, build_inputs
+from tacit.worker.input_batch import Rows, build_inputs, has_pooling
 from tacit.worker.paths.base import HiddenStatesPath, PathContext, PathResult, Steps, register_execution_path
 from tacit.worker.paths.two_batch_overlap import run_two_batches, split_point
 
@@ -21,7 +21,7 @@ class TwoBatchPath(HiddenStatesPath):
     def accepts(self, rows: Rows, pausable: bool) -> bool:
         # A cut-in needs layer boundaries, which the interleaved stages do not offer; an embedding
         # request needs every token's hidden states, which this path does not export.
-        return not pausable and len(rows) >= 2 and not self.ctx.pooling_step
+        return not pausable and len(rows) >= 2 and not has_pooling(rows)
 
     def hidden_steps(self, rows: Rows, pausable: bool) -> Steps[PathResult]:
         ctx = self.ctx
