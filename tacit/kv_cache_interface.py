@@ -98,6 +98,26 @@ class FullAttentionSpec(KVCacheSpec):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SlidingWindowSpec(FullAttentionSpec):
+    """Full attention's rows, for a layer that attends only to each query's last sliding_window
+    positions (gpt-oss: 128; Gemma 3: 512 or 1024): a request needs only the blocks the window
+    reaches, so the blocks behind it can be given back as it decodes."""
+
+    sliding_window: int
+    kind: ClassVar[str] = "sliding_window"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.sliding_window, int) or self.sliding_window < 1:
+            raise ValueError(f"SlidingWindowSpec: sliding_window={self.sliding_window!r} must be an integer >= 1")
+
+    def max_blocks_per_request(self, num_tokens: int) -> int:
+        """Blocks a request of num_tokens computed tokens still needs: those holding its last
+        sliding_window - 1 positions and the next one (a window may straddle one more block)."""
+        return min(-(-num_tokens // self.block_size), -(-(self.sliding_window - 1) // self.block_size) + 1)
+
+
+@dataclass(frozen=True, kw_only=True)
 class MLAAttentionSpec(KVCacheSpec):
     """DeepSeek's multi-head latent attention: one row per token, shared by every head, of the
     normed latent then the rotated key part: [num_blocks, block_size, kv_lora_rank + rope_dim];

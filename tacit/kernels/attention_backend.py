@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from tacit.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec
+from tacit.kv_cache_interface import FullAttentionSpec, KVCacheSpec, MLAAttentionSpec, SlidingWindowSpec
 from tacit.registry import Registry
 
 
@@ -43,7 +43,17 @@ class AttentionBackend(ABC):
 
     def get_kv_cache_spec(self, layer: Any, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
         """The cache `layer` needs under this backend, in `dtype` (the parsed --kv-cache-dtype):
-        a key and a value row for each of its num_kv_heads heads of head_dim."""
+        a key and a value row for each of its num_kv_heads heads of head_dim; a layer with a
+        sliding window keeps only the window's tokens (SlidingWindowSpec)."""
+        window = getattr(layer, "sliding_window", None)
+        if window is not None:
+            return SlidingWindowSpec(
+                block_size=block_size,
+                dtype=dtype,
+                num_kv_heads=layer.num_kv_heads,
+                head_size=layer.head_dim,
+                sliding_window=window,
+            )
         return FullAttentionSpec(
             block_size=block_size, dtype=dtype, num_kv_heads=layer.num_kv_heads, head_size=layer.head_dim
         )
@@ -68,9 +78,18 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(
-        self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+        self,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        *,
+        sliding_window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """query [T, H, D] -> output [T, H, Dv], each token attending to its request's context."""
+        """query [T, H, D] -> output [T, H, Dv], each token attending to its request's context:
+        with sliding_window W only to its last W positions (itself included, transformers'
+        meaning); with sinks [H] a learned per-head logit joins each softmax (gpt-oss)."""
 
 
 class MLAAttentionBackend(AttentionBackend):

@@ -9,7 +9,7 @@ whole context each step; a decode kernel that reads blocks in place is the later
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -39,6 +39,26 @@ class AttentionGroup:
     # [R] each request's query position, for decode-only groups: what a kernel reading the
     # cache in place needs instead of the padded mask.
     decode_positions: torch.Tensor | None = None
+    # What a sliding window's variant of the group is built from (numpy): the requests' new and
+    # computed token counts and their block tables; a flat group's key range per query instead.
+    num_new: np.ndarray | None = None
+    computed: np.ndarray | None = None
+    tables: np.ndarray | None = None
+    flat_keys: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (key, lo, q_pos)
+    block_size: int = 0
+    _windows: dict[int, AttentionGroup] = field(default_factory=dict, repr=False)
+
+    def windowed(self, window: int) -> AttentionGroup:
+        """This group as a layer with a sliding window of `window` tokens sees it: a query at
+        position p attends to keys p - window + 1 .. p (transformers' sliding_window). Built once
+        a step per window, on the first layer that asks. A padded group gathers only the blocks
+        the window reaches: at 32k context and a 128-token window that is 9 blocks of 2,048."""
+        got = self._windows.get(window)
+        if got is None:
+            got = self._windows[window] = (
+                _flat_window(self, window) if self.flat_keys is not None else _padded_window(self, window)
+            )
+        return got
 
     @property
     def decode_only(self) -> bool:
@@ -109,6 +129,51 @@ def build_group(
         num_reqs=len(reqs),
         max_query_len=max_q,
         decode_positions=torch.from_numpy(np.ascontiguousarray(c)).to(dev) if max_q == 1 else None,
+        num_new=n,
+        computed=c,
+        tables=tables[reqs],
+        block_size=bs,
+    )
+
+
+def _padded_window(g: AttentionGroup, window: int) -> AttentionGroup:
+    """Each request's table from the block holding its first query's first key in the window."""
+    bs, n, c = g.block_size, g.num_new, g.computed
+    first = np.maximum(c - window + 1, 0) // bs  # [R] first block any of its queries needs
+    last = -(-(c + n) // bs)  # [R] blocks through its last query
+    nb = int((last - first).max())
+    cols = first[:, None] + np.arange(nb)[None, :]
+    valid = cols < last[:, None]
+    tables = np.where(valid, np.take_along_axis(g.tables, np.minimum(cols, g.tables.shape[1] - 1), 1), 0)
+    q_off = np.minimum(np.arange(g.max_query_len)[None, :], n[:, None] - 1)
+    q_pos = (c[:, None] + q_off)[:, :, None]  # [R, Q, 1]
+    key_pos = (first[:, None] * bs + np.arange(nb * bs)[None, :])[:, None, :]  # [R, 1, L]
+    mask = (key_pos <= q_pos) & (key_pos > q_pos - window)
+    dev = g.block_tables.device
+    return AttentionGroup(
+        token_index=g.token_index,
+        query_pad_index=g.query_pad_index,
+        query_unpad_index=g.query_unpad_index,
+        block_tables=torch.from_numpy(np.ascontiguousarray(tables)).to(dev),
+        attn_mask=torch.from_numpy(mask).to(dev)[:, None],
+        num_reqs=g.num_reqs,
+        max_query_len=g.max_query_len,
+    )
+
+
+def _flat_window(g: AttentionGroup, window: int) -> AttentionGroup:
+    """A flat group keeps its keys; each query's range starts at most window - 1 before it."""
+    key, lo, q_pos = g.flat_keys
+    start = lo + np.maximum(q_pos - window + 1, 0)
+    mask = (key[None, :] >= start[:, None]) & (key[None, :] <= (lo + q_pos)[:, None])
+    return AttentionGroup(
+        token_index=g.token_index,
+        query_pad_index=g.query_pad_index,
+        query_unpad_index=g.query_unpad_index,
+        block_tables=g.block_tables,
+        attn_mask=torch.from_numpy(mask).to(g.block_tables.device)[None, None],
+        num_reqs=1,
+        max_query_len=g.max_query_len,
     )
 
 
@@ -149,6 +214,7 @@ def build_flat_group(
         attn_mask=torch.from_numpy(mask).to(dev)[None, None],
         num_reqs=1,
         max_query_len=total,
+        flat_keys=(key, lo, q_pos),
     )
 
 
@@ -194,17 +260,26 @@ def unpad_queries(x: torch.Tensor, group: AttentionGroup) -> torch.Tensor:
     return x.reshape(group.num_reqs * group.max_query_len, *x.shape[2:])[group.query_unpad_index]
 
 
-def padded_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: AttentionGroup, scale: float) -> torch.Tensor:
-    """q [T, H, D], k/v [R, L, Hkv, D*] -> [T, H, Dv]."""
+def padded_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: AttentionGroup,
+    scale: float,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q [T, H, D], k/v [R, L, Hkv, D*] -> [T, H, Dv]. sinks [H]: a learned logit per head
+    that joins each query's softmax and adds nothing to its output (gpt-oss)."""
     qp = pad_queries(q, group).transpose(1, 2)
-    out = F.scaled_dot_product_attention(
-        qp,
-        k.transpose(1, 2),
-        v.transpose(1, 2),
-        attn_mask=group.attn_mask,
-        scale=scale,
-        enable_gqa=q.shape[1] != k.shape[2],
-    )
+    k, v, mask = k.transpose(1, 2), v.transpose(1, 2), group.attn_mask
+    if sinks is not None:
+        # The sink as one more key: k = 0 and v = 0, its score the additive bias sinks[h], so
+        # SDPA's own softmax includes it and the output gains nothing from it.
+        k, v = F.pad(k, (0, 0, 0, 1)), F.pad(v, (0, 0, 0, 1))
+        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+        sink = sinks.to(q.dtype).view(1, -1, 1, 1).expand(bias.shape[0], -1, bias.shape[2], 1)
+        mask = torch.cat([bias.expand(-1, sink.shape[1], -1, -1), sink], dim=-1)
+    out = F.scaled_dot_product_attention(qp, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     return unpad_queries(out.transpose(1, 2), group)
 
 
@@ -258,16 +333,25 @@ class TorchAttentionBackend(TorchMetadataBackend, AttentionBackend):
         flat[1].index_copy_(0, meta.slot_mapping, value.to(kv_cache.dtype))
 
     def forward(
-        self, query: torch.Tensor, kv_cache: torch.Tensor, meta: TorchAttentionMetadata, scale: float
+        self,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: TorchAttentionMetadata,
+        scale: float,
+        *,
+        sliding_window: int | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         quantized = kv_cache.dtype == torch.int8
         head_dim = query.shape[-1]
 
         def attend(q: torch.Tensor, g: AttentionGroup) -> torch.Tensor:
+            if sliding_window is not None:
+                g = g.windowed(sliding_window)
             if quantized:
                 k, v = gather_paged_int8(kv_cache, g.block_tables, head_dim, q.dtype)
             else:
                 k, v = gather_blocks(kv_cache[0], g).to(q.dtype), gather_blocks(kv_cache[1], g).to(q.dtype)
-            return padded_sdpa(q, k, v, g, scale)
+            return padded_sdpa(q, k, v, g, scale, sinks)
 
         return run_groups(query, meta, query.shape[-1], attend)

@@ -37,18 +37,30 @@ def paged_step(step: list[tuple[int, int]], seed: int):
 
 
 def reference_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first_pos: int, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    first_pos: int,
+    scale: float,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [n, H, Dk] at positions first_pos..; k [L, H, Dk], v [L, H, Dv] -> [n, H, Dv], causal."""
+    """q [n, H, Dk] at positions first_pos..; k [L, H, Dk], v [L, H, Dv] -> [n, H, Dv], causal;
+    with a window each query sees its last `window` positions; sinks [H] join each softmax as
+    one more logit that brings no value (gpt-oss's definition)."""
     out = []
     for j in range(q.shape[0]):
         length = first_pos + j + 1
-        scores = torch.einsum("hd,lhd->hl", q[j].double(), k[:length].double()) * scale
-        out.append(torch.einsum("hl,lhd->hd", scores.softmax(-1), v[:length].double()))
+        start = 0 if window is None else max(0, length - window)
+        scores = torch.einsum("hd,lhd->hl", q[j].double(), k[start:length].double()) * scale
+        if sinks is not None:
+            scores = torch.cat([scores, sinks.double()[:, None]], dim=-1)
+        probs = scores.softmax(-1)[:, : length - start]
+        out.append(torch.einsum("hl,lhd->hd", probs, v[start:length].double()))
     return torch.stack(out)
 
 
-def run_paged(backend, step, dtype, g):
+def run_paged(backend, step, dtype, g, window=None, with_sinks=False):
     num_new, computed, tables, slots, slot_mapping = paged_step(step, 0)
     cache = torch.zeros(2, NUM_BLOCKS, BLOCK_SIZE, HKV, D, dtype=dtype)
     keys = [torch.randn(c + n, HKV, D, generator=g).to(dtype) for c, n in step]
@@ -66,12 +78,13 @@ def run_paged(backend, step, dtype, g):
         meta,
     )
     scale = D**-0.5
-    got = backend.forward(query, cache, meta, scale)
+    sinks = torch.randn(H, generator=g).to(dtype) * 2 if with_sinks else None
+    got = backend.forward(query, cache, meta, scale, sliding_window=window, sinks=sinks)
     refs, start = [], 0
     for i, (c, n) in enumerate(step):
         k = keys[i].float().repeat_interleave(H // HKV, dim=1)
         v = values[i].float().repeat_interleave(H // HKV, dim=1)
-        refs.append(reference_attention(query[start : start + n].float(), k, v, c, scale))
+        refs.append(reference_attention(query[start : start + n].float(), k, v, c, scale, window, sinks))
         start += n
     return got, torch.cat(refs)
 
@@ -116,6 +129,18 @@ def test_attention_backend_matches_reference(name, step, dtype):
     # float32: summation order only; bf16: inputs and output rounded to 8 mantissa bits.
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     assert torch.allclose(got.double(), ref, rtol=tol, atol=tol), f"max error {(got.double() - ref).abs().max()}"
+
+
+# Windows shorter than a block, across block edges, and longer than every context (= full).
+@pytest.mark.parametrize("window", [1, 3, 6, 64])
+@pytest.mark.parametrize("with_sinks", [False, True])
+@pytest.mark.parametrize("step", list(STEPS))
+@pytest.mark.parametrize("name", sorted(n for n, c in registered_attention_backends().items() if not c.use_mla))
+def test_paged_backend_sliding_window_and_sinks(name, step, window, with_sinks):
+    cls = registered_attention_backends()[name]
+    g = torch.Generator().manual_seed(11)
+    got, ref = run_paged(cls(), STEPS[step], torch.float32, g, window=window, with_sinks=with_sinks)
+    assert torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-5), f"max error {(got.double() - ref).abs().max()}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
