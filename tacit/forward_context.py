@@ -24,14 +24,19 @@ class DataParallelMetadata:
     num_tokens_across_dp: tuple[int, ...]
 
 
-_context: AttentionMetadata | None = None
+# One metadata, or one per KV cache group (each group reads its own block tables).
+_context: AttentionMetadata | tuple[AttentionMetadata, ...] | None = None
 _dp_context: DataParallelMetadata | None = None
 
 
 @contextmanager
-def set_forward_context(meta: AttentionMetadata | None, dp: DataParallelMetadata | None = None) -> Iterator[None]:
-    """meta None: this rank has no tokens of its own this step (data-parallel attention), so
-    its layers attend over nothing and only join the other ranks' MLP collectives."""
+def set_forward_context(
+    meta: AttentionMetadata | tuple[AttentionMetadata, ...] | None, dp: DataParallelMetadata | None = None
+) -> Iterator[None]:
+    """meta: the step's attention metadata, a tuple of one per KV cache group when the model
+    has several (sliding-window beside full layers). None: this rank has no tokens of its own
+    this step (data-parallel attention), so its layers attend over nothing and only join the
+    other ranks' MLP collectives."""
     global _context, _dp_context
     prev, _context = _context, meta
     prev_dp, _dp_context = _dp_context, dp
@@ -41,10 +46,11 @@ def set_forward_context(meta: AttentionMetadata | None, dp: DataParallelMetadata
         _context, _dp_context = prev, prev_dp
 
 
-def get_attention_metadata() -> AttentionMetadata:
+def get_attention_metadata(group: int = 0) -> AttentionMetadata:
+    """The metadata of KV cache group `group` (the layer's kv_cache_group)."""
     if _context is None:
         raise RuntimeError("attention called outside a model-runner step (no forward context set)")
-    return _context
+    return _context[group] if isinstance(_context, tuple) else _context
 
 
 def get_dp_metadata() -> DataParallelMetadata:

@@ -9,10 +9,11 @@ from its spec and answers the engine with a KVCacheConfig: plain data, the same 
 rank layout, from which the engine builds its KVCacheManager, its SwapSpace and its capped
 max_model_len without reading the runner.
 
-Both kinds that exist keep every token's KV (full attention; MLA's latent), so block id b
-addresses block b of every layer's cache and one block table per request serves every group.
-Kinds that drop tokens (sliding windows, a sparse-attention index cache, sinks) need a table of
-their own per group; they come with the issue that adds them.
+Layers of different kinds (full attention beside a sliding window: gpt-oss, Gemma 3) form
+groups of equal size that share the cache tensors (vLLM's hybrid allocator): tensor j holds
+layer j of every group, a block id belongs to one group at a time, and each request keeps one
+block table per group. A full-attention group's table grows with the context; a sliding-window
+group's gives back the blocks behind the window, so its share is bounded by the window.
 """
 
 from __future__ import annotations
@@ -111,11 +112,6 @@ class SlidingWindowSpec(FullAttentionSpec):
         if not isinstance(self.sliding_window, int) or self.sliding_window < 1:
             raise ValueError(f"SlidingWindowSpec: sliding_window={self.sliding_window!r} must be an integer >= 1")
 
-    def max_blocks_per_request(self, num_tokens: int) -> int:
-        """Blocks a request of num_tokens computed tokens still needs: those holding its last
-        sliding_window - 1 positions and the next one (a window may straddle one more block)."""
-        return min(-(-num_tokens // self.block_size), -(-(self.sliding_window - 1) // self.block_size) + 1)
-
 
 @dataclass(frozen=True, kw_only=True)
 class MLAAttentionSpec(KVCacheSpec):
@@ -152,8 +148,61 @@ class KVCacheGroupSpec:
 
 
 def bytes_per_block_of(groups: tuple[KVCacheGroupSpec, ...]) -> int:
-    """Bytes one block id takes across every layer of the groups: what the pool is sized by."""
-    return sum(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
+    """Bytes one block id takes: a page of each shared cache tensor, one per layer of the
+    largest group (groups share tensors, module docstring): what the pool is sized by."""
+    return max(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
+
+
+def window_of(spec: KVCacheSpec) -> int | None:
+    """The sliding window of a group's layers; None for a kind that keeps every token."""
+    return getattr(spec, "sliding_window", None)
+
+
+def sliding_peak_blocks(window: int, block_size: int, chunk_tokens: int) -> int:
+    """The most blocks a sliding group of `window` holds for one request while it computes a
+    chunk of chunk_tokens tokens: the window - 1 positions before the chunk's first query and
+    the chunk's own (its early tokens' keys are read by its later ones until the step ends),
+    L consecutive positions, which straddle at most (L + block_size - 2) // block_size + 1
+    blocks at the worst alignment."""
+    span = window - 1 + chunk_tokens
+    return (span + block_size - 2) // block_size + 1
+
+
+def blocks_for_tokens(windows: tuple[int | None, ...], block_size: int, num_tokens: int, chunk_tokens: int) -> int:
+    """Block ids a request of num_tokens tokens holds at most across groups of these windows
+    (None: full attention), computed in chunks of at most chunk_tokens: every block of its
+    context in a full group, at most a window and a chunk's worth in a sliding one."""
+    per_table = -(-num_tokens // block_size)
+    return sum(
+        per_table if w is None else min(per_table, sliding_peak_blocks(w, block_size, chunk_tokens)) for w in windows
+    )
+
+
+def capacity_tokens_of(windows: tuple[int | None, ...], block_size: int, num_blocks: int, chunk_tokens: int) -> int:
+    """The most tokens one request can hold in a pool of num_blocks, computed in chunks of at
+    most chunk_tokens: what the full groups' tables leave after the sliding groups' peaks.
+    Sliding groups alone bound nothing (then the pool's tokens are the answer)."""
+    full = sum(w is None for w in windows)
+    if not full:
+        return num_blocks * block_size
+    peaks = sum(sliding_peak_blocks(w, block_size, chunk_tokens) for w in windows if w is not None)
+    return max(num_blocks - peaks, 0) // full * block_size
+
+
+def sliding_windows_of(groups: tuple[KVCacheGroupSpec, ...]) -> tuple[int | None, ...]:
+    """Each group's window (None: full), in group order."""
+    return tuple(window_of(g.kv_cache_spec) for g in groups)
+
+
+def check_shareable(groups: tuple[KVCacheGroupSpec, ...]) -> None:
+    """Groups that share cache tensors need pages of one shape (the same rows a token, the same
+    block size): a sliding layer beside a full one of the same heads passes; MLA's latent beside
+    a paged layer would not."""
+    shapes = {g.kv_cache_spec.kv_cache_shape(1) for g in groups}
+    dtypes = {g.kv_cache_spec.dtype for g in groups}
+    if len(groups) > 1 and (len(shapes) > 1 or len(dtypes) > 1):
+        kinds = ", ".join(f"{g.kv_cache_spec.kind} {g.kv_cache_spec.kv_cache_shape(1)}" for g in groups)
+        raise ValueError(f"KV cache groups cannot share cache tensors: their pages differ ({kinds})")
 
 
 @dataclass(frozen=True)
@@ -168,6 +217,9 @@ class KVCacheConfig:
     max_model_len: int
     # One pool per data-parallel attention rank (each holds only its own requests' KV), else 1.
     num_pools: int = 1
+    # The most tokens a step computes for one request (max_num_batched_tokens): a sliding
+    # group holds its window plus that many while the step runs (sliding_peak_blocks).
+    max_chunk_tokens: int = 0
     # Bytes a second, from one timed copy of a few blocks to host memory (the swap cost model's
     # first bandwidth, memory/swap.py); None when swapping is off. A measurement, not part of
     # what the pool is: left out of equality, so two ranks' configs compare equal.
@@ -180,11 +232,7 @@ class KVCacheConfig:
     def __post_init__(self) -> None:
         if not self.kv_cache_groups:
             raise ValueError("KVCacheConfig: no KV cache groups (the model declared no KV cache layers)")
-        sizes = sorted({g.kv_cache_spec.block_size for g in self.kv_cache_groups})
-        if len(sizes) > 1:
-            # One block table serves every group (module docstring): block b of every layer
-            # holds the same tokens only if every layer's blocks hold the same number.
-            raise ValueError(f"KVCacheConfig: groups of different block sizes {sizes}; one block table needs one")
+        check_shareable(self.kv_cache_groups)
         if self.num_blocks < 1 or self.num_pools < 1:
             raise ValueError(f"KVCacheConfig: num_blocks={self.num_blocks} and num_pools={self.num_pools} must be >= 1")
 
@@ -199,5 +247,10 @@ class KVCacheConfig:
 
     @property
     def capacity_tokens(self) -> int:
-        """Tokens one pool holds (a request lives in one pool)."""
-        return self.num_blocks * self.block_size
+        """Tokens one request can hold in one pool (a request lives in one pool)."""
+        return capacity_tokens_of(self.sliding_windows, self.block_size, self.num_blocks, self.max_chunk_tokens)
+
+    @property
+    def sliding_windows(self) -> tuple[int | None, ...]:
+        """Each group's window (None: full), in group order: what the KV manager frees by."""
+        return sliding_windows_of(self.kv_cache_groups)

@@ -110,6 +110,8 @@ def make_config(arch: str, vocab: int):
         return tf.Qwen2Config(**kw, rope_theta=1000000.0)
     if arch == "qwen3":
         return tf.Qwen3Config(**kw, head_dim=32)
+    if arch == "qwen3_sliding":  # layer 1 attends to its last 24 positions: the hybrid KV cache's two groups
+        return tf.Qwen3Config(**kw, head_dim=32, use_sliding_window=True, sliding_window=24, max_window_layers=1)
     if arch == "qwen3_moe":
         return tf.Qwen3MoeConfig(
             **kw,

@@ -135,6 +135,29 @@ class ModelConfig:
     def num_layers(self) -> int:
         return int(self.hf["num_hidden_layers"])
 
+    def sliding_window_of(self, layer: int) -> int | None:
+        """The sliding window of decoder layer `layer`, None for full attention: transformers'
+        `layer_types` ("sliding_attention" layers attend to their last `sliding_window`
+        positions), or, in Qwen2/Qwen3 configs written without it, `use_sliding_window` on the
+        layers from `max_window_layers` on (transformers' rule for those configs)."""
+        if self.hf.get("use_sliding_window") is False:  # Qwen2/Qwen3: the switch outranks layer_types
+            return None
+        types = self.hf.get("layer_types")
+        if types is not None:
+            if len(types) != self.num_layers:
+                raise ValueError(f"layer_types has {len(types)} entries; num_hidden_layers is {self.num_layers}")
+            sliding = types[layer] == "sliding_attention"
+        else:
+            sliding = bool(self.hf.get("use_sliding_window")) and layer >= int(self.get("max_window_layers", 0))
+        if not sliding:
+            return None
+        window = self.hf.get("sliding_window")
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise ValueError(
+                f"layer {layer} is a sliding-window layer but sliding_window={window!r}; must be an integer >= 1"
+            )
+        return window
+
     @property
     def head_dim(self) -> int:
         return int(self.get("head_dim") or self.hf["hidden_size"] // self.hf["num_attention_heads"])

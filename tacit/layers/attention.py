@@ -45,7 +45,7 @@ class Attention(nn.Module, KVCacheLayer):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H*D]."""
-        meta = get_attention_metadata()
+        meta = get_attention_metadata(self.kv_cache_group)
         assert self.kv_cache is not None, "KV cache not bound; the model runner binds it at start-up"
         self.backend.write_kv(self.kv_cache, k, v, meta)
         out = self.backend.forward(

@@ -26,6 +26,9 @@ class KVCacheLayer(ABC):
     backend: AttentionBackend | None
     # Bound by the model runner with the cache (None before): the spec kv_cache was allocated from.
     kv_cache_spec: KVCacheSpec | None = None
+    # The KV cache group the layer is in: which of the step's block tables (and so which
+    # attention metadata) it reads; 0 unless layers of several kinds share the pool.
+    kv_cache_group: int = 0
 
     @property
     @abstractmethod

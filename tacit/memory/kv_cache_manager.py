@@ -72,11 +72,12 @@ class KVCacheManager(ABC):
         num_computed_tokens: int,
         num_new_tokens: int,
         new_computed_blocks: list[int] | None = None,
-    ) -> list[int] | None:
+    ) -> tuple[list[int], ...] | None:
         """Make room for num_new_tokens more tokens (draft tokens to verify among them) past
         num_computed_tokens (all verified), first taking new_computed_blocks (a prefix hit from
-        get_computed_blocks, for a request holding no blocks): the blocks newly allocated
-        (possibly none), or None, with nothing taken or allocated, when the pool is short."""
+        get_computed_blocks, for a request holding no blocks): the blocks newly allocated to
+        each KV cache group's table (possibly none), or None, with nothing taken or allocated,
+        when the pool is short."""
 
     @abstractmethod
     def cache_blocks(self, request_id: str, block_hashes: list[BlockHash], num_verified_tokens: int) -> None:
@@ -109,8 +110,9 @@ class KVCacheManager(ABC):
         """The request's tokens whose KV is written and kept (0 if it holds no blocks)."""
 
     @abstractmethod
-    def get_block_ids(self, request_id: str) -> list[int]:
-        """The request's blocks in order (a copy; empty if it holds none)."""
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block table of each KV cache group, in order (copies; empty if it holds
+        none). A sliding-window group's entries behind its window are given back: block 0."""
 
     @abstractmethod
     def num_blocks_of(self, request_id: str) -> int: ...
@@ -129,7 +131,7 @@ class KVCacheManager(ABC):
     def shareable_blocks(self, request_id: str) -> list[int]:
         """The request's leading blocks a prefix cache may hash and share: those full of verified
         tokens. Never a partly filled block, never one holding a draft token."""
-        return self.get_block_ids(request_id)[: self.num_verified_tokens(request_id) // self.block_size]
+        return self.get_block_ids(request_id)[0][: self.num_verified_tokens(request_id) // self.block_size]
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

@@ -3,16 +3,30 @@ for its hybrid allocator): the pool is sized and a manager allocates per group, 
 
 from __future__ import annotations
 
-from tacit.kv_cache_interface import KVCacheGroupSpec, KVCacheSpec
+from tacit.kv_cache_interface import KVCacheGroupSpec, KVCacheSpec, check_shareable
 
 
 def get_kv_cache_groups(specs: dict[str, KVCacheSpec]) -> tuple[KVCacheGroupSpec, ...]:
-    """{layer name: spec} -> one group per distinct spec, holding its layers in their order;
-    groups in the order of their first layer (a model's layers all share one spec today, so
-    one group; a later hybrid model, full attention beside a sliding window, gets two)."""
+    """{layer name: spec} -> groups of layers of one spec, in the order of their first layer.
+
+    One spec: one group of every layer. Several (full attention beside a sliding window): every
+    group has the size of the smallest spec's layer count, the larger specs' layers cut into
+    groups of that size in order, because groups share cache tensors (tacit/kv_cache_interface.py):
+    gpt-oss's 12 sliding and 12 full layers make two groups of 12; Gemma 3 1B's 22 sliding and 4
+    full make five sliding groups of 4, one of 2 and one full group of 4 (a block id's page in
+    the two unused tensors of the group of 2 is the price of one shared pool)."""
     if not specs:
         raise ValueError("no KV cache layers to group: the model declared none")
     by_spec: dict[KVCacheSpec, list[str]] = {}
     for name, spec in specs.items():
         by_spec.setdefault(spec, []).append(name)
-    return tuple(KVCacheGroupSpec(tuple(names), spec) for spec, names in by_spec.items())
+    if len(by_spec) == 1:
+        return tuple(KVCacheGroupSpec(tuple(names), spec) for spec, names in by_spec.items())
+    size = min(len(names) for names in by_spec.values())
+    groups = tuple(
+        KVCacheGroupSpec(tuple(names[i : i + size]), spec)
+        for spec, names in by_spec.items()
+        for i in range(0, len(names), size)
+    )
+    check_shareable(groups)
+    return groups

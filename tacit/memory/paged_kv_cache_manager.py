@@ -1,8 +1,12 @@
-"""PagedKVCacheManager: the KVCacheManager over one block table per request.
+"""PagedKVCacheManager: the KVCacheManager over one block table per request and KV cache group.
 
-Every kind of KV cache there is keeps every token (tacit/kv_cache_interface.py), so a block id
-addresses the same block in every group's layers and one table per request serves all groups:
-the manager needs the groups only through the KVCacheConfig's block count and size. Under
+Groups share the cache tensors (tacit/kv_cache_interface.py), so every group draws its block
+ids from one pool, and a request holds one table per group: a full-attention group's grows with
+its context; a sliding-window group's gives back, each time the request is given slots, the
+blocks no query from its next token on can reach (positions before num_computed - window + 1),
+so its share stays at the window plus a step's chunk however long the context grows. A freed
+entry stays in the table as block 0, never read (the window's gather starts past it), so
+positions and table indexes keep agreeing. Under
 data-parallel attention it keeps num_pools pools and places each request in one (the
 scheduler's choice, or else the one with the most free blocks when it first gets blocks);
 block ids are local to that pool.
@@ -17,7 +21,7 @@ tail blocks before its head).
 
 from __future__ import annotations
 
-from tacit.kv_cache_interface import KVCacheConfig
+from tacit.kv_cache_interface import KVCacheConfig, blocks_for_tokens, capacity_tokens_of
 from tacit.memory.block_hash import BlockHash
 from tacit.memory.block_pool import BlockPool
 from tacit.memory.kv_cache_manager import KVCacheManager
@@ -31,12 +35,25 @@ class PagedKVCacheManager(KVCacheManager):
         num_pools: int = 1,
         enable_caching: bool = False,
         record_evictions: bool = False,
+        sliding_windows: tuple[int | None, ...] = (None,),
+        max_chunk_tokens: int = 0,
     ) -> None:
         """num_blocks per pool; num_pools: one per data-parallel attention rank (1 otherwise);
         enable_caching: the prefix cache; record_evictions: for a second tier (take_evicted),
-        which needs the prefix cache and one pool."""
+        which needs the prefix cache and one pool; sliding_windows: each KV cache group's window
+        (None: full attention), one table per group; max_chunk_tokens: the most tokens a step
+        computes for one request (what a sliding group holds beyond its window, blocks_needed)."""
         if num_pools < 1:
             raise ValueError(f"num_pools={num_pools} is invalid: must be >= 1")
+        if not sliding_windows:
+            raise ValueError("sliding_windows: one entry per KV cache group, none given")
+        if enable_caching and len(sliding_windows) > 1:
+            # A hit must hold a group's blocks inside its window and the full groups' whole
+            # prefix; block hashes name one table's blocks. Not built: refused, not ignored.
+            raise ValueError(
+                f"the prefix cache covers one KV cache group; this model has {len(sliding_windows)} "
+                "(sliding-window and full-attention layers): run it with enable_prefix_caching=False"
+            )
         if record_evictions and (not enable_caching or num_pools != 1):
             raise ValueError(
                 f"a second KV tier needs the prefix cache on and one pool (enable_caching={enable_caching}, "
@@ -44,8 +61,12 @@ class PagedKVCacheManager(KVCacheManager):
             )
         self.block_size = block_size
         self.enable_caching = enable_caching
+        self.sliding_windows = tuple(sliding_windows)
+        self.max_chunk_tokens = max_chunk_tokens
         self.pools = [BlockPool(num_blocks, record_evictions) for _ in range(num_pools)]
-        self._block_ids: dict[str, list[int]] = {}
+        # Per request, one table per group; _released[r][g]: its leading entries given back.
+        self._block_ids: dict[str, list[list[int]]] = {}
+        self._released: dict[str, list[int]] = {}
         self._pool_of: dict[str, int] = {}
         self._verified: dict[str, int] = {}
         self._num_cached: dict[str, int] = {}  # leading blocks of each request already cached
@@ -55,14 +76,26 @@ class PagedKVCacheManager(KVCacheManager):
         cls, config: KVCacheConfig, enable_caching: bool = False, record_evictions: bool = False
     ) -> PagedKVCacheManager:
         """The manager of the pool the worker allocated (Executor.kv_cache_config)."""
-        return cls(config.num_blocks, config.block_size, config.num_pools, enable_caching, record_evictions)
+        return cls(
+            config.num_blocks,
+            config.block_size,
+            config.num_pools,
+            enable_caching,
+            record_evictions,
+            config.sliding_windows,
+            config.max_chunk_tokens,
+        )
 
     @property
     def num_pools(self) -> int:
         return len(self.pools)
 
+    @property
+    def num_groups(self) -> int:
+        return len(self.sliding_windows)
+
     def place(self, request_id: str, pool: int) -> None:
-        if self._block_ids.get(request_id):
+        if self.num_blocks_of(request_id):
             raise RuntimeError(f"request {request_id} already holds blocks in pool {self._pool_of[request_id]}")
         if not 0 <= pool < len(self.pools):
             raise ValueError(f"pool {pool} does not exist: there are {len(self.pools)}")
@@ -105,32 +138,56 @@ class PagedKVCacheManager(KVCacheManager):
         num_computed_tokens: int,
         num_new_tokens: int,
         new_computed_blocks: list[int] | None = None,
-    ) -> list[int] | None:
-        table = self._block_ids.setdefault(request_id, [])
+    ) -> tuple[list[int], ...] | None:
+        tables = self._block_ids.setdefault(request_id, [[] for _ in self.sliding_windows])
+        self._released.setdefault(request_id, [0] * self.num_groups)
         hits = new_computed_blocks or []
-        if hits and table:
+        if hits and tables[0]:
             raise RuntimeError(f"request {request_id} already holds blocks: a prefix hit comes before any")
-        extra = self.blocks_needed(num_computed_tokens + num_new_tokens) - len(table) - len(hits)
-        if extra > 0 or hits:
-            pool = self._pool_for(request_id, max(extra, 0))
+        self._release_behind_windows(request_id, num_computed_tokens)
+        need = self.blocks_needed_by_table(num_computed_tokens + num_new_tokens)
+        extra = [need - len(t) - (len(hits) if g == 0 else 0) for g, t in enumerate(tables)]
+        total = sum(max(e, 0) for e in extra)
+        if total > 0 or hits:
+            pool = self._pool_for(request_id, total)
             # Hit blocks sitting in the free queue stop being free once taken.
-            if pool is None or max(extra, 0) > pool.num_free_blocks - pool.num_free_among(hits):
+            if pool is None or total > pool.num_free_blocks - pool.num_free_among(hits):
                 return None
         self._verified[request_id] = num_computed_tokens
         if hits:
             pool.touch(hits)
-            table.extend(hits)
+            tables[0].extend(hits)
             self._num_cached[request_id] = len(hits)
-        if extra <= 0:
-            return []
-        new = pool.allocate(extra)
-        table.extend(new)
-        return new
+        out = tuple(pool.allocate(e) if e > 0 else [] for e in extra)
+        for table, new in zip(tables, out):
+            table.extend(new)
+        return out
+
+    def blocks_needed_by_table(self, num_tokens: int) -> int:
+        """Entries each group's table needs for num_tokens tokens (released ones included)."""
+        return -(-num_tokens // self.block_size)
+
+    def _release_behind_windows(self, request_id: str, num_computed_tokens: int) -> None:
+        """Give back each sliding group's blocks that no query from num_computed_tokens on can
+        reach (all of its positions lie before num_computed_tokens - window + 1)."""
+        tables, released = self._block_ids[request_id], self._released[request_id]
+        pool = None
+        for g, window in enumerate(self.sliding_windows):
+            if window is None:
+                continue
+            behind = max(num_computed_tokens - window + 1, 0) // self.block_size
+            upto = min(behind, len(tables[g]))
+            if upto > released[g]:
+                pool = pool or self.pools[self._pool_of.get(request_id, 0)]
+                pool.free(tables[g][released[g] : upto])
+                tables[g][released[g] : upto] = [0] * (upto - released[g])
+            released[g] = max(released[g], behind)
 
     def cache_blocks(self, request_id: str, block_hashes: list[BlockHash], num_verified_tokens: int) -> None:
-        table = self._block_ids.get(request_id)
-        if not table:
+        tables = self._block_ids.get(request_id)
+        if not tables or not tables[0]:
             return
+        table = tables[0]  # the prefix cache runs only with one group (__init__)
         self._verified[request_id] = max(self._verified.get(request_id, 0), num_verified_tokens)
         if not self.enable_caching:
             return
@@ -152,22 +209,39 @@ class PagedKVCacheManager(KVCacheManager):
     def num_verified_tokens(self, request_id: str) -> int:
         return self._verified.get(request_id, 0)
 
-    def get_block_ids(self, request_id: str) -> list[int]:
-        return list(self._block_ids.get(request_id, ()))
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        tables = self._block_ids.get(request_id)
+        if tables is None:
+            return tuple([] for _ in self.sliding_windows)
+        return tuple(list(t) for t in tables)
+
+    def _held(self, request_id: str) -> list[int]:
+        """Every block the request holds now, group by group (released entries left out)."""
+        tables, released = self._block_ids.get(request_id), self._released.get(request_id)
+        if not tables:
+            return []
+        return [b for t, r in zip(tables, released) for b in t[r:]]
 
     def num_blocks_of(self, request_id: str) -> int:
-        return len(self._block_ids.get(request_id, ()))
+        return len(self._held(request_id))
 
     def num_unshared_blocks(self, request_id: str) -> int:
-        return self.pools[self._pool_of.get(request_id, 0)].num_unshared_among(self._block_ids.get(request_id, []))
+        return self.pools[self._pool_of.get(request_id, 0)].num_unshared_among(self._held(request_id))
 
     def free(self, request_id: str) -> None:
+        held = self._held(request_id)
         pool = self._pool_of.pop(request_id, 0)
         self._verified.pop(request_id, None)
         self._num_cached.pop(request_id, None)
-        table = self._block_ids.pop(request_id, [])
+        self._block_ids.pop(request_id, None)
+        self._released.pop(request_id, None)
         # Tail first: the blocks only this request's longest prefix reaches are evicted first.
-        self.pools[pool].free(reversed(table) if self.enable_caching else table)
+        self.pools[pool].free(reversed(held) if self.enable_caching else held)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        """Block ids a request of num_tokens tokens holds: a table's worth in each full group,
+        at most a window and a step's chunk in each sliding one."""
+        return blocks_for_tokens(self.sliding_windows, self.block_size, num_tokens, self.max_chunk_tokens)
 
     @property
     def num_free_blocks(self) -> int:
@@ -190,4 +264,6 @@ class PagedKVCacheManager(KVCacheManager):
 
     @property
     def capacity_tokens(self) -> int:
-        return self.pools[0].num_blocks * self.block_size
+        return capacity_tokens_of(
+            self.sliding_windows, self.block_size, self.pools[0].num_blocks, self.max_chunk_tokens
+        )

@@ -47,7 +47,13 @@ class LlamaAttention(nn.Module):
     """With tensor parallelism each rank holds 1/N of the query and kv heads (and their KV cache)."""
 
     def __init__(
-        self, cfg: ModelConfig, qkv_bias: bool, o_bias: bool, qk_norm: bool, tp: TensorParallel = SINGLE
+        self,
+        cfg: ModelConfig,
+        qkv_bias: bool,
+        o_bias: bool,
+        qk_norm: bool,
+        tp: TensorParallel = SINGLE,
+        sliding_window: int | None = None,
     ) -> None:
         super().__init__()
         hidden = cfg.hf["hidden_size"]
@@ -66,7 +72,9 @@ class LlamaAttention(nn.Module):
             eps = cfg.get("rms_norm_eps", 1e-6)
             self.q_norm = RMSNorm(self.head_dim, eps)
             self.k_norm = RMSNorm(self.head_dim, eps)
-        self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, self.head_dim**-0.5)
+        self.attn = Attention(
+            self.num_heads, self.head_dim, self.num_kv_heads, self.head_dim**-0.5, sliding_window=sliding_window
+        )
 
     def forward(
         self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor, reduce: bool = True
@@ -175,7 +183,9 @@ class LlamaForCausalLM(CausalLM):
         o_bias = bias and not self.qkv_bias_default
 
         def make_layer(i: int) -> nn.Module:
-            attn = LlamaAttention(cfg, qkv_bias=qkv_bias, o_bias=o_bias, qk_norm=self.qk_norm, tp=tp.attention)
+            attn = LlamaAttention(
+                cfg, qkv_bias, o_bias, self.qk_norm, tp.attention, sliding_window=cfg.sliding_window_of(i)
+            )
             return LlamaDecoderLayer(cfg, attn, self.make_mlp(cfg, i), tp)
 
         self.model = LlamaModel(cfg, make_layer, rotary_dim=cfg.head_dim, tp=tp)

@@ -136,7 +136,7 @@ class Scheduler:
         num_blocks = self.kv.blocks_needed(request.num_computed_tokens)
         if preemption.should_swap(self, request, num_blocks):
             # Before the blocks are freed: this same schedule() may hand them to someone else.
-            self.swapper.swap_out(request.request_id, self.kv.get_block_ids(request.request_id)[:num_blocks])
+            self.swapper.swap_out(request.request_id, self.kv.get_block_ids(request.request_id)[0][:num_blocks])
         else:
             request.num_computed_tokens = 0
         self.kv.free(request.request_id)
@@ -278,7 +278,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         self.now = self.clock()
         self.prefix_order.begin_step()
-        scheduled: list[tuple[Request, int, list[int] | None]] = []
+        scheduled: list[tuple[Request, int, tuple[list[int], ...] | None]] = []
         preempted: list[Request] = []
         drafts: dict[str, list[int]] = {}
         # Long prompts prefilling this step: at most max_long_partial_prefills of them (a pool), so
@@ -360,11 +360,11 @@ class Scheduler:
                     req.num_computed_tokens = 0  # nothing was taken: it looks the prefix up again
                 break
             if tiered:  # its first new blocks are filled from the tier before the step runs
-                self.offload.load(tiered, new_blocks[: len(tiered)])
+                self.offload.load(tiered, new_blocks[0][: len(tiered)])
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = (len(hit) + len(tiered)) * self.kv.block_size
             if self.swapper is not None and self.swapper.holds(req.request_id):
-                self.swapper.swap_in(req.request_id, self.kv.get_block_ids(req.request_id))
+                self.swapper.swap_in(req.request_id, self.kv.get_block_ids(req.request_id)[0])
             self._start(req)
             scheduled.append((req, n, None))
             budget.spend(pool, n)

@@ -38,7 +38,7 @@ class NewRequestData:
     # runner dropped, so its next position and penalties see them).
     output_token_ids: list[int]
     sampling_params: SamplingParams
-    block_ids: list[int]
+    block_ids: tuple[list[int], ...]  # one table per KV cache group
     num_computed_tokens: int
     # Data-parallel attention: the rank that attends over it, in whose KV pool block_ids lie
     # (always 0 otherwise). A request resumed after a preemption may come back on another.
@@ -50,7 +50,7 @@ class CachedRequestData:
     """A request the runner already holds: where it stands now and the blocks it gained."""
 
     req_id: str
-    new_block_ids: list[int]
+    new_block_ids: tuple[list[int], ...]  # appended to each KV cache group's table
     num_computed_tokens: int
 
 

@@ -119,6 +119,13 @@ class DraftModelProposer(DraftProposer):
             draft_config.model, source.weights, device, platform.free_memory_bytes(), source.quantized_weights
         )
         runner = ModelRunner(draft_config, model, device, platform.free_memory_bytes())
+        groups = runner.kv_cache_config.kv_cache_groups
+        if len(groups) > 1:  # its blocks are kept here in one table a request (_reserve)
+            kinds = ", ".join(g.kv_cache_spec.kind for g in groups)
+            raise ValueError(
+                f"speculative_config model {config.model!r} has {len(groups)} KV cache groups ({kinds}); "
+                "a draft model must keep one (full-attention or MLA layers only)"
+            )
         logger.info(
             "draft model %s: %d KV blocks of %d tokens, decode steps on the %s",
             config.model,
@@ -158,7 +165,7 @@ class DraftModelProposer(DraftProposer):
     def request_finished(self, state: CachedRequestState) -> None:
         own = self.states.pop(state.req_id, None)
         if own is not None:
-            self.free_blocks.extend(own.block_ids)
+            self.free_blocks.extend(own.block_ids[0])
 
     def _argmax(self, logits: torch.Tensor) -> list[int]:
         return logits[:, : self.vocab_size].argmax(dim=-1).tolist()
@@ -173,7 +180,7 @@ class DraftModelProposer(DraftProposer):
             return None
         state = self.states.pop(r.req_id, None)
         if state is None:
-            state = CachedRequestState(r.req_id, [], len(tokens), _GREEDY, [], 0)
+            state = CachedRequestState(r.req_id, [], len(tokens), _GREEDY, ([],), 0)
         self.states[r.req_id] = state  # most recently drafted for
         have = state.token_ids
         same = 0
@@ -194,7 +201,7 @@ class DraftModelProposer(DraftProposer):
     def _reserve(self, state: CachedRequestState, blocks: int, batch: set[str]) -> bool:
         """Grow state's blocks to `blocks`, evicting the least recently drafted-for states
         outside this call's batch."""
-        short = blocks - len(state.block_ids)
+        short = blocks - len(state.block_ids[0])
         for req_id in list(self.states):
             if short <= len(self.free_blocks):
                 break
@@ -203,7 +210,7 @@ class DraftModelProposer(DraftProposer):
         if short > len(self.free_blocks):
             return False
         for _ in range(max(short, 0)):
-            state.block_ids.append(self.free_blocks.pop())
+            state.block_ids[0].append(self.free_blocks.pop())
         return True
 
     def _catch_up(self, states: list[CachedRequestState]) -> list[int]:

@@ -63,7 +63,7 @@ class TorchInputs(NamedTuple):
 
     input_ids: torch.Tensor
     positions: torch.Tensor
-    meta: Any
+    meta: Any  # the backend's metadata; a tuple of one per KV cache group when there are several
     samples: list[int]  # rows that sample
     sample_rows: torch.Tensor  # their last token's flat batch row
     # (row index, prompt tokens [first, end) it scores, flat batch row of the position before first)
@@ -81,12 +81,12 @@ def logit_rows(rows: Rows, sampling: list[int], ends: np.ndarray) -> np.ndarray:
     return np.concatenate([np.arange(e - k, e + 1) for e, k in zip(last, drafts)]).astype(np.int64)
 
 
-def block_tables(rows: Rows, seq_lens: np.ndarray, block_size: int) -> np.ndarray:
-    """[rows, blocks the longest needs] of block ids, zero-padded."""
+def block_tables(rows: Rows, seq_lens: np.ndarray, block_size: int, group: int = 0) -> np.ndarray:
+    """[rows, blocks the longest needs] of KV cache group `group`'s block ids, zero-padded."""
     max_blocks = -(-int(seq_lens.max()) // block_size)
     tables = np.zeros((len(rows), max_blocks), dtype=np.int64)
     for i, (r, _) in enumerate(rows):
-        t = r.block_ids
+        t = r.block_ids[group]
         tables[i, : len(t)] = t[:max_blocks]
     return tables
 
@@ -104,9 +104,12 @@ def build_inputs(rows: Rows, block_size: int, attn_backend: Any, device: torch.d
     req_of_token = np.repeat(np.arange(num_reqs), num_new)
     offset_in_query = np.arange(total) - starts[req_of_token]
     positions = computed[req_of_token] + offset_in_query
-    tables = block_tables(rows, computed + num_new, bs)
-    slot_mapping = tables[req_of_token, positions // bs] * bs + positions % bs
-    meta = attn_backend.build_metadata(num_new, computed, tables, slot_mapping, device, bs)
+    metas = []
+    for group in range(len(rows[0][0].block_ids)):  # one table and slot per token in each group
+        tables = block_tables(rows, computed + num_new, bs, group)
+        slot_mapping = tables[req_of_token, positions // bs] * bs + positions % bs
+        metas.append(attn_backend.build_metadata(num_new, computed, tables, slot_mapping, device, bs))
+    meta = metas[0] if len(metas) == 1 else tuple(metas)
     sampling = [i for i, (r, n) in enumerate(rows) if samples(r, n)]
     sample_rows = logit_rows(rows, sampling, starts[1:])
     scored = []

@@ -8,14 +8,16 @@ from __future__ import annotations
 import torch
 
 from tacit.config import EngineConfig
-from tacit.kv_cache_interface import KVCacheGroupSpec, KVCacheSpec
+from tacit.kv_cache_interface import KVCacheGroupSpec, KVCacheSpec, blocks_for_tokens, sliding_windows_of
 from tacit.layers.kv_cache import KVCacheLayer
 from tacit.memory.kv_cache_utils import get_kv_cache_groups
 
 DEFAULT_KV_BUDGET = 2 << 30  # 2 GiB, capped by what the batch limits could ever use
 
 
-def num_kv_blocks(config: EngineConfig, bytes_per_block: int, block_size: int, free_memory: int) -> int:
+def num_kv_blocks(
+    config: EngineConfig, bytes_per_block: int, groups: tuple[KVCacheGroupSpec, ...], free_memory: int
+) -> int:
     """How many KV blocks of bytes_per_block this rank's pool holds."""
     cache = config.cache
     fits = free_memory // bytes_per_block
@@ -31,7 +33,9 @@ def num_kv_blocks(config: EngineConfig, bytes_per_block: int, block_size: int, f
     budget = cache.kv_cache_memory or min(DEFAULT_KV_BUDGET, free_memory // 2)
     num = budget // bytes_per_block
     # No point holding more than max_num_seqs full-length sequences.
-    most = -(-config.model.max_model_len // block_size) * config.scheduler.max_num_seqs
+    chunk = config.scheduler.max_num_batched_tokens
+    windows, bs = sliding_windows_of(groups), groups[0].kv_cache_spec.block_size
+    most = blocks_for_tokens(windows, bs, config.model.max_model_len, chunk) * config.scheduler.max_num_seqs
     num = min(num, most)
     if num < 1:
         raise ValueError(f"kv_cache_memory={budget} bytes is below one KV block ({bytes_per_block} bytes)")
@@ -50,13 +54,22 @@ def allocate_kv_caches(
     layers: dict[str, KVCacheLayer], groups: tuple[KVCacheGroupSpec, ...], num_blocks: int, device: torch.device
 ) -> None:
     """Allocate each layer's cache of num_blocks blocks from its group's spec and bind the spec
-    to it. A layer whose tensor is not what its spec says (a layer computing its own shape, as
-    DeepSeek's MLAAttention does) is refused here: the pool was sized from the specs."""
-    for group in groups:
+    (and its group's index, the block table it reads) to it. Groups share tensors: layer j of
+    every group binds the tensor layer j of the first group allocated (the groups' pages are of
+    one shape, checked when grouped). A layer whose tensor is not what its spec says (a layer
+    computing its own shape, as DeepSeek's MLAAttention does) is refused here: the pool was
+    sized from the specs."""
+    shared: list[torch.Tensor] = []
+    for index, group in enumerate(groups):
         spec = group.kv_cache_spec
-        for name in group.layer_names:
+        for j, name in enumerate(group.layer_names):
             m = layers[name]
+            m.kv_cache_group = index
+            if j < len(shared):
+                m.kv_cache, m.kv_cache_spec = shared[j], spec
+                continue
             m.allocate_kv_cache(num_blocks, spec.block_size, spec.dtype, device)
+            shared.append(m.kv_cache)
             want = spec.kv_cache_shape(num_blocks)
             if m.kv_cache is None or tuple(m.kv_cache.shape) != want or m.kv_cache.dtype != spec.dtype:
                 got = None if m.kv_cache is None else (tuple(m.kv_cache.shape), m.kv_cache.dtype)

@@ -22,7 +22,7 @@ from torch import nn
 from tacit.config import EngineConfig, fit_kv_capacity
 from tacit.distributed.communicator import Communicator
 from tacit.kernels.kv_quant import parse_kv_cache_dtype
-from tacit.kv_cache_interface import KVCacheConfig, bytes_per_block_of
+from tacit.kv_cache_interface import KVCacheConfig, bytes_per_block_of, capacity_tokens_of, sliding_windows_of
 from tacit.layers.linear import (
     communication_seconds,
     hidden_communication_seconds,
@@ -102,11 +102,14 @@ class ModelRunner:
         # This rank's KV blocks in host memory while their request is swapped out (every rank
         # holds its own shard; the scheduler's SwapOps say what to copy).
         self.swap_store = KVSwapStore(list(layers.values())) if config.cache.swap_space > 0 else None
-        self.num_blocks = num_kv_blocks(config, bytes_per_block, self.block_size, free_memory)
+        self.num_blocks = num_kv_blocks(config, bytes_per_block, groups, free_memory)
         if agree_num_blocks is not None:
             # Every rank's scheduler-side block ids index its own pool: all pools are one size.
             self.num_blocks = agree_num_blocks(self.num_blocks)
-        self.config = config = fit_kv_capacity(config, self.num_blocks * self.block_size)
+        chunk = config.scheduler.max_num_batched_tokens
+        self.config = config = fit_kv_capacity(
+            config, capacity_tokens_of(sliding_windows_of(groups), self.block_size, self.num_blocks, chunk)
+        )
         allocate_kv_caches(layers, groups, self.num_blocks, device)
         swap_bytes_per_s = None
         if self.swap_store is not None:
@@ -124,6 +127,7 @@ class ModelRunner:
             max_model_len=config.model.max_model_len,
             # Data-parallel attention: one pool of num_blocks per rank, each request in one of them.
             num_pools=parallel.tensor_parallel_size if parallel.data_parallel_attention and comm is not None else 1,
+            max_chunk_tokens=chunk,
             swap_bytes_per_s=swap_bytes_per_s,
             offloaded_block_hashes=tuple(self.kv_offload_store.held()) if self.kv_offload_store else (),
         )

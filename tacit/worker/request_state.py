@@ -21,7 +21,7 @@ class CachedRequestState:
     token_ids: list[int]  # prompt, then every token sampled so far
     num_prompt_tokens: int
     sampling_params: SamplingParams
-    block_ids: list[int]
+    block_ids: tuple[list[int], ...]  # one table per KV cache group
     num_computed_tokens: int
     # Seeded requests draw their sampling noise from their own generator; it lives as long as the
     # request (across preemptions), so a seeded output never depends on what else was batched.
@@ -72,7 +72,7 @@ def update_request_states(states: dict[str, CachedRequestState], out: SchedulerO
             [*new.prompt_token_ids, *new.output_token_ids],
             len(new.prompt_token_ids),
             new.sampling_params,
-            list(new.block_ids),
+            tuple(list(t) for t in new.block_ids),
             new.num_computed_tokens,
             generator,
             next_prompt_logprob,
@@ -81,7 +81,8 @@ def update_request_states(states: dict[str, CachedRequestState], out: SchedulerO
     drafts = out.scheduled_spec_decode_tokens
     for cached in out.scheduled_cached_reqs:
         state = states[cached.req_id]
-        state.block_ids.extend(cached.new_block_ids)
+        for table, new_blocks in zip(state.block_ids, cached.new_block_ids):
+            table.extend(new_blocks)
         state.num_computed_tokens = cached.num_computed_tokens
         verify = drafts.get(cached.req_id)
         if verify:

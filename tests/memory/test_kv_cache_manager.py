@@ -38,21 +38,21 @@ def test_decode_grows_the_table_one_block_at_a_time():
 
 def test_allocate_within_existing_blocks_is_free_of_charge():
     kv = PagedKVCacheManager(num_blocks=2, block_size=8)
-    first = kv.allocate_slots("a", 0, 8)
-    assert len(first) == 1 and kv.get_block_ids("a") == first
-    assert kv.allocate_slots("a", 0, 8) == []  # same span again: nothing new
-    assert kv.allocate_slots("a", 3, 2) == []  # within the span already held
+    (first,) = kv.allocate_slots("a", 0, 8)
+    assert len(first) == 1 and kv.get_block_ids("a") == (first,)
+    assert kv.allocate_slots("a", 0, 8) == ([],)  # same span again: nothing new
+    assert kv.allocate_slots("a", 3, 2) == ([],)  # within the span already held
     assert kv.num_used_blocks == 1
 
 
 def test_allocate_slots_returns_the_new_blocks_in_table_order():
     kv = PagedKVCacheManager(num_blocks=6, block_size=4)
-    a = kv.allocate_slots("a", 0, 6)
-    b = kv.allocate_slots("b", 0, 3)
-    more = kv.allocate_slots("a", 6, 4)  # 10 tokens: a third block
+    (a,) = kv.allocate_slots("a", 0, 6)
+    (b,) = kv.allocate_slots("b", 0, 3)
+    (more,) = kv.allocate_slots("a", 6, 4)  # 10 tokens: a third block
     assert len(a) == 2 and len(b) == 1 and len(more) == 1
-    assert kv.get_block_ids("a") == a + more and kv.num_blocks_of("a") == 3
-    assert not set(kv.get_block_ids("a")) & set(b)
+    assert kv.get_block_ids("a") == (a + more,) and kv.num_blocks_of("a") == 3
+    assert not set(kv.get_block_ids("a")[0]) & set(b)
     assert kv.get_computed_blocks("c", [b"h"], 20) == ([], 0)  # no prefix cache: a new request starts from zero
 
 
@@ -112,14 +112,14 @@ def test_pools_place_each_request_in_the_emptiest_and_hand_out_local_ids():
     index that pool (each rank's own KV cache)."""
     kv = PagedKVCacheManager(num_blocks=4, block_size=4, num_pools=2)
     assert kv.num_blocks == 8 and kv.capacity_tokens == 16  # one request can use one pool
-    assert kv.allocate_slots("a", 0, 12) == [0, 1, 2]
-    assert kv.allocate_slots("b", 0, 4) == [0]  # pool 1 had more free blocks
+    assert kv.allocate_slots("a", 0, 12) == ([0, 1, 2],)
+    assert kv.allocate_slots("b", 0, 4) == ([0],)  # pool 1 had more free blocks
     assert (kv.pool_of("a"), kv.pool_of("b")) == (0, 1)
-    assert kv.allocate_slots("c", 0, 8) == [1, 2]  # pool 1 again: 3 free against pool 0's 1
+    assert kv.allocate_slots("c", 0, 8) == ([1, 2],)  # pool 1 again: 3 free against pool 0's 1
     assert kv.same_pool("b", "c") and not kv.same_pool("a", "c")
     # Pool 0 has 1 block left: a grows there or fails, whatever pool 1 holds.
     assert kv.allocate_slots("a", 12, 5) is None
-    assert kv.allocate_slots("a", 12, 4) == [3]
+    assert kv.allocate_slots("a", 12, 4) == ([3],)
     assert kv.num_free_blocks == 1 and kv.num_used_blocks == 7
     kv.free("c")
     assert kv.num_free_blocks == 3 and kv.pool_of("c") == 0  # freed: placed anew next time
@@ -133,9 +133,9 @@ def test_a_request_too_big_for_every_pool_is_not_placed():
 
 def test_place_pins_a_request_to_a_pool():
     kv = PagedKVCacheManager(num_blocks=2, block_size=4, num_pools=2)
-    assert kv.allocate_slots("a", 0, 4) == [0]  # pool 0
+    assert kv.allocate_slots("a", 0, 4) == ([0],)  # pool 0
     kv.place("b", 0)
-    assert kv.allocate_slots("b", 0, 4) == [1] and kv.pool_of("b") == 0
+    assert kv.allocate_slots("b", 0, 4) == ([1],) and kv.pool_of("b") == 0
     kv.place("c", 0)
     assert kv.allocate_slots("c", 0, 4) is None  # pool 0 is full; pool 1's room is not c's
     with pytest.raises(RuntimeError, match="already holds blocks"):
@@ -150,11 +150,11 @@ def test_only_blocks_full_of_verified_tokens_are_shareable():
     kv = PagedKVCacheManager(num_blocks=8, block_size=4)
     kv.allocate_slots("a", 0, 6)
     assert kv.shareable_blocks("a") == []  # nothing verified yet: the prompt's KV is being written
-    blocks = kv.allocate_slots("a", 6, 6) and kv.get_block_ids("a")  # its token + 5 drafts: 12 slots
+    blocks = kv.allocate_slots("a", 6, 6) and kv.get_block_ids("a")[0]  # its token + 5 drafts: 12 slots
     assert kv.num_verified_tokens("a") == 6 and len(blocks) == 3
     assert kv.shareable_blocks("a") == blocks[:1]  # tokens 1-4; block 2 holds 2 verified, 2 draft slots
     kv.allocate_slots("a", 9, 1)  # 2 drafts accepted, the rest rolled back: 9 verified, no block freed
-    assert kv.get_block_ids("a") == blocks and kv.shareable_blocks("a") == blocks[:2]
+    assert kv.get_block_ids("a") == (blocks,) and kv.shareable_blocks("a") == blocks[:2]
     kv.free("a")
     assert kv.num_verified_tokens("a") == 0 and kv.shareable_blocks("a") == []
 

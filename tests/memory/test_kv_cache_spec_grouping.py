@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from tacit.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MLAAttentionSpec
+from tacit.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
 from tacit.memory.kv_cache_utils import get_kv_cache_groups
 
 
@@ -11,21 +17,49 @@ def full(block_size=16, dtype=torch.bfloat16, heads=2):
     return FullAttentionSpec(block_size=block_size, dtype=dtype, num_kv_heads=heads, head_size=64)
 
 
-def test_layers_group_by_equal_spec_in_the_order_of_their_first_layer():
-    mla = MLAAttentionSpec(block_size=16, dtype=torch.bfloat16, kv_lora_rank=512, rope_dim=64)
-    specs = {"l0": full(), "l1": mla, "l2": full(), "l3": full(heads=4), "l4": mla}
-    groups = get_kv_cache_groups(specs)
-    assert [(g.layer_names, g.kv_cache_spec) for g in groups] == [
-        (("l0", "l2"), full()),
-        (("l1", "l4"), mla),
-        (("l3",), full(heads=4)),
-    ]
+def sliding(window=32, block_size=16, heads=2):
+    return SlidingWindowSpec(
+        block_size=block_size, dtype=torch.bfloat16, num_kv_heads=heads, head_size=64, sliding_window=window
+    )
+
+
+def test_one_spec_is_one_group_of_every_layer():
+    groups = get_kv_cache_groups({f"l{i}": full() for i in range(3)})
+    assert [(g.layer_names, g.kv_cache_spec) for g in groups] == [(("l0", "l1", "l2"), full())]
     config = KVCacheConfig(num_blocks=10, kv_cache_groups=groups, max_model_len=160)
-    # K and V of 2 heads x 64 in bf16 (512 B a token) twice, MLA's 576-wide row (1152 B), 4 heads (1024 B).
-    assert config.bytes_per_block == 16 * (2 * 512 + 2 * 1152 + 1024)
-    assert config.capacity_tokens == 160
+    assert config.bytes_per_block == 16 * 512 * 3  # K and V of 2 heads x 64 in bf16: 512 B a token a layer
+    assert config.capacity_tokens == 160 and config.sliding_windows == (None,)
     with pytest.raises(ValueError, match="no KV cache layers to group"):
         get_kv_cache_groups({})
+
+
+def test_sliding_and_full_layers_form_groups_of_the_smallest_kinds_size():
+    # Gemma 3's 5:1 pattern at 12 layers: 10 sliding, 2 full -> five sliding groups of 2 and one full.
+    specs = {f"l{i}": full() if i % 6 == 5 else sliding() for i in range(12)}
+    groups = get_kv_cache_groups(specs)
+    assert [g.layer_names for g in groups] == [
+        ("l0", "l1"),
+        ("l2", "l3"),
+        ("l4", "l6"),
+        ("l7", "l8"),
+        ("l9", "l10"),
+        ("l5", "l11"),
+    ]
+    config = KVCacheConfig(num_blocks=100, kv_cache_groups=groups, max_model_len=1000, max_chunk_tokens=64)
+    assert config.sliding_windows == (32, 32, 32, 32, 32, None)
+    # Groups share tensors: a block id is a page of each of the 2 tensors, not of all 12 layers.
+    assert config.bytes_per_block == 16 * 512 * 2
+    # Each sliding group holds at most 31 window positions and a 64-token chunk: 95 consecutive
+    # positions, 7 blocks of 16 at the worst alignment; the full group gets the rest.
+    assert config.capacity_tokens == (100 - 5 * 7) * 16
+
+
+def test_groups_that_cannot_share_tensors_are_refused():
+    mla = MLAAttentionSpec(block_size=16, dtype=torch.bfloat16, kv_lora_rank=512, rope_dim=64)
+    with pytest.raises(ValueError, match="cannot share cache tensors"):
+        get_kv_cache_groups({"l0": full(), "l1": mla})
+    with pytest.raises(ValueError, match="cannot share cache tensors"):
+        get_kv_cache_groups({"l0": full(heads=4), "l1": sliding()})
 
 
 def test_int8_specs_count_each_rows_scale():
@@ -41,12 +75,14 @@ def test_bad_specs_and_configs_are_refused():
         full(dtype=torch.int32)
     with pytest.raises(ValueError, match="block_size=0 is invalid"):
         full(block_size=0)
-    with pytest.raises(ValueError, match="groups of different block sizes \\[8, 16\\]"):
+    with pytest.raises(ValueError, match="cannot share cache tensors"):
         KVCacheConfig(
             num_blocks=4,
-            kv_cache_groups=(KVCacheGroupSpec(("a",), full(8)), KVCacheGroupSpec(("b",), full(16, heads=4))),
+            kv_cache_groups=(KVCacheGroupSpec(("a",), full(8)), KVCacheGroupSpec(("b",), sliding(block_size=16))),
             max_model_len=32,
         )
+    with pytest.raises(ValueError, match="sliding_window=0 must be an integer >= 1"):
+        sliding(window=0)
     with pytest.raises(ValueError, match="no KV cache groups"):
         KVCacheConfig(num_blocks=4, kv_cache_groups=(), max_model_len=32)
 

@@ -6,12 +6,26 @@ its side. The same batch is then run under a tight token budget (chunked prefill
 a KV pool small enough to force preemption.
 """
 
+import json
+
 import pytest
 import torch
 
 from tacit import LLM, SamplingParams
+from tacit.config.model import ModelConfig
+from tacit.kv_cache_interface import sliding_peak_blocks
 
-ARCHS = ["llama", "llama3", "qwen2", "qwen3", "qwen3_moe", "qwen3_moe_nonorm", "deepseek_v3", "deepseek_v3_qlora"]
+ARCHS = [
+    "llama",
+    "llama3",
+    "qwen2",
+    "qwen3",
+    "qwen3_sliding",
+    "qwen3_moe",
+    "qwen3_moe_nonorm",
+    "deepseek_v3",
+    "deepseek_v3_qlora",
+]
 LENGTHS = [1, 2, 7, 16, 17, 45, 100, 201, 300]
 MAX_NEW = 16
 
@@ -67,11 +81,25 @@ def test_chunked_prefill_matches(reference):
     assert llm.engine.num_steps > sum(len(p) for p in prompts) // 48
 
 
+def pool_blocks(path, full_blocks: int, block_size: int, chunk: int) -> int:
+    """full_blocks for each full-attention KV cache group, and each sliding-window group's
+    most (its window and a chunk): groups are the smaller kind's layer count (kv_cache_utils)."""
+    cfg = ModelConfig(str(path), json.loads((path / "config.json").read_text()), torch.float32)
+    windows = [cfg.sliding_window_of(i) for i in range(cfg.num_layers)]
+    sliding = [w for w in windows if w is not None]
+    if not sliding:
+        return full_blocks
+    size = min(len(sliding), len(windows) - len(sliding)) or len(sliding)
+    num_full = -(-(len(windows) - len(sliding)) // size)
+    return num_full * full_blocks + -(-len(sliding) // size) * sliding_peak_blocks(sliding[0], block_size, chunk)
+
+
 def test_preemption_resumes_exactly(reference):
     arch, path, prompts, expected, _ = reference
     # 24 blocks of 16 = 384 slots: the 300-token prompt alone needs 20 of them.
-    llm = LLM(str(path), dtype="float32", num_kv_blocks=24, block_size=16, max_num_batched_tokens=128)
+    blocks = pool_blocks(path, 24, 16, 128)
+    llm = LLM(str(path), dtype="float32", num_kv_blocks=blocks, block_size=16, max_num_batched_tokens=128)
     check(llm.generate(prompts, GREEDY), prompts, expected)
     stats = llm.engine.get_stats()
     assert stats.num_preemptions > 0
-    assert stats.kv_blocks_free == 24
+    assert stats.kv_blocks_free == blocks

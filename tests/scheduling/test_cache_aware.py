@@ -128,7 +128,7 @@ def _running(policy, priorities=(0, 0, 0)) -> tuple[Scheduler, dict[str, Request
         r = _req(rid, [t] * 8, arrival=t, priority=prio, max_tokens=8)
         r.append_output_token(7)
         r.status, r.num_computed_tokens = RequestStatus.RUNNING, 8
-        hit = kv.get_block_ids("old") if rid == "new" else None
+        hit = kv.get_block_ids("old")[0] if rid == "new" else None
         assert kv.allocate_slots(rid, 8, 0, hit) is not None
         s.requests[rid] = r
         s.running.append(r)

@@ -38,7 +38,7 @@ def fused_decode_hidden(ctx: PathContext, rows: Rows, pausable: bool) -> Steps[t
     width = max(positions, default=0) // bs + 1  # no rows: a data-parallel rank with none
     tables = []
     for r in owners:
-        t = r.block_ids[:width]
+        t = r.block_ids[0][:width]  # fused decoders bind models of one KV cache group
         tables.append(t + [0] * (width - len(t)))
     ids = torch.tensor(token_ids, dtype=torch.long)
     pos = torch.tensor(positions, dtype=torch.long)

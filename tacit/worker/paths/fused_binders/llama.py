@@ -50,6 +50,8 @@ class LlamaFusedBinder(FusedDecoderBinder):
             # The fused step reads the cache in place and attends itself, as the torch paged backend does.
             if attn.attn.backend is None or attn.attn.backend.name != TorchAttentionBackend.name:
                 return f"layer {i} uses another attention backend"
+            if attn.attn.sliding_window is not None or attn.attn.sinks is not None:
+                return f"layer {i} has a sliding window or attention sinks (the fused step attends to every token)"
             cache, spec = attn.attn.kv_cache, attn.attn.kv_cache_spec
             if cache is None or spec.dtype not in (torch.bfloat16, torch.int8) or cache.device.type != "cpu":
                 return f"layer {i} has no bf16 or int8 CPU KV cache"
