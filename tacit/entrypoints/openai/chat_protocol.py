@@ -65,6 +65,10 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None
     add_generation_prompt: StrictBool = True
+    # OpenAI's values; passed to the chat template, which gpt-oss's reads ("Reasoning: high").
+    # Any other value is a 400 naming the field (pydantic), and so is any value on a model whose
+    # template does not read it (serving_chat.py), never silently ignored.
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "ChatCompletionRequest":
@@ -126,6 +130,8 @@ class DeltaToolCall(ToolCallOut):
 
 class ChatResponseMessage(BaseModel):
     role: str = "assistant"
+    # vLLM's field for a reasoning model's thinking (gpt-oss's analysis channel), beside content.
+    reasoning_content: str | None = None
     content: str | None = None
     tool_calls: list[ToolCallOut] | None = None
 
@@ -150,6 +156,7 @@ class ChatCompletionResponse(BaseModel):
 
 class DeltaMessage(BaseModel):
     role: str | None = None
+    reasoning_content: str | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
