@@ -1,7 +1,7 @@
 """A tiny model that speaks gpt-oss's harmony format: the tiny tokenizer plus harmony's special
 tokens, and a chat template that renders a conversation the way gpt-oss's does in what the
 server relies on (reasoning_effort in the system turn, tools as a developer turn, earlier calls
-as `to=functions.NAME ... <|call|>`, tool results from `functions.NAME to=assistant`).
+as `to=functions.NAME ... <|call|>` after their analysis (`thinking`), tool results from `functions.NAME to=assistant`).
 
 The model under it is a tiny llama until a tiny gpt-oss exists (tiny_models.make_config has no
 "gpt_oss" yet); the server then reads harmony only because the test asks for it with vLLM's
@@ -34,6 +34,7 @@ type {{ t.function.name }} = (_: {{ t.function.parameters | tojson }}) => any;
 {%- set ns = namespace(call='') %}
 {%- for m in messages %}
 {%- if m.role == 'assistant' and m.tool_calls %}
+{%- if m.thinking %}<|start|>assistant<|channel|>analysis<|message|>{{ m.thinking }}<|end|>{% endif %}
 {%- for c in m.tool_calls %}{% set ns.call = c.function.name %}<|start|>assistant to=functions.{{ c.function.name }}<|channel|>commentary json<|message|>{{ c.function.arguments }}<|call|>{% endfor %}
 {%- elif m.role == 'tool' %}<|start|>functions.{{ ns.call }} to=assistant<|channel|>commentary<|message|>{{ m.content }}<|end|>
 {%- elif m.role == 'assistant' %}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>

@@ -117,6 +117,7 @@ def test_what_is_not_a_call_stays_content_never_dropped(tok):
     assert [c.name for c in calls] == ["get_weather"]
     # Output that never opens a message (a model not speaking harmony) is content as written.
     assert run(tok, "Paris is the capital")[:2] == ("", "Paris is the capital")
+    assert run(tok, "Hello<|end|><|start|>assistant<|channel|>final<|message|>Hi<|return|>")[:2] == ("", "HelloHi")
     # A commentary preamble without a recipient is for the user.
     assert run(tok, "<|channel|>commentary<|message|>Checking.<|end|>")[:2] == ("", "Checking.")
 

@@ -115,10 +115,12 @@ def test_a_tool_call_round_trips_through_harmony_with_the_openai_client(model_di
     rendered = [tok.decode(p, False) for p in prompts]
     assert "Reasoning: high" in rendered[0] and "type get_weather" in rendered[0]
     assert "Reasoning: medium" in rendered[1]
-    assert (
-        '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>'
-        in rendered[1]
+    # The reply went back as the client returned it: its reasoning_content as the call's analysis.
+    analysis = (
+        "<|start|>assistant<|channel|>analysis<|message|>The user wants Paris's weather; get_weather gives it.<|end|>"
     )
+    call = '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>'
+    assert analysis + call in rendered[1]
 
 
 def test_bad_reasoning_effort_and_constrained_tool_choice_are_400_naming_the_field(model_dir, tiny_llama):

@@ -31,6 +31,10 @@ class ChatMessage(OpenAIModel):
             d["content"] = "".join(part.text for part in content)
         elif content is None:
             d["content"] = ""
+        if d["role"] == "assistant" and isinstance(d.get("reasoning_content"), str) and "thinking" not in d:
+            # A reply's reasoning_content sent back in the history: gpt-oss's template renders an
+            # earlier call's analysis from `thinking` (Qwen3's reads reasoning_content itself).
+            d["thinking"] = d["reasoning_content"]
         return d
 
 

@@ -124,10 +124,8 @@ class HarmonyParser:
             if self._body is None:
                 if tok == t.message:
                     self._open()
-                elif tok == t.start:
-                    self._header = []
-                elif tok in (t.end, t.return_, t.call):
-                    self._header = []  # a marker that ends nothing: a header never finished
+                elif tok in (t.start, t.end, t.return_, t.call):
+                    events.extend(self._stray())  # a header that never opened a message ends here
                 else:
                     self._header.append(tok)
                 continue
@@ -144,12 +142,18 @@ class HarmonyParser:
         if final:
             if self._body is not None:
                 events.append(self._close(None))
-            elif self._header:  # text that never became a message: the model did not speak harmony
-                stray = HarmonyMessage(text=self._header_text())
-                self.messages.append(stray)
-                events.append(HarmonyEvent(stray, stray.text, ended=True))
-                self._header = []
+            events.extend(self._stray())
         return events
+
+    def _stray(self) -> list[HarmonyEvent]:
+        """The open header as a message of its own text, if it holds any: output that never
+        opened a message (a model not speaking harmony) is kept as written, not dropped."""
+        text, self._header = self._header_text(), []
+        if not text:
+            return []
+        stray = HarmonyMessage(text=text, ended_by=None)
+        self.messages.append(stray)
+        return [HarmonyEvent(stray, text, ended=True)]
 
     def _open(self) -> None:
         self.messages.append(parse_header(self._header_text()))
