@@ -5,6 +5,7 @@ token at a time, and the choice of format from the model and vLLM's flags."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from tiny_harmony import HARMONY_TEMPLATE, harmony_tokenizer
@@ -129,7 +130,7 @@ def test_marker_text_written_as_ordinary_tokens_does_not_end_a_message(tok):
     assert stream.feed(out, final=True)[1] == "a literal <|end|> stays"
 
 
-def test_the_format_is_picked_from_the_model_or_vllms_flags(tok):
+def test_the_format_is_picked_from_the_model_or_vllms_flags(tok, caplog):
     gpt_oss = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss"}
     llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama"}
     assert select_harmony(gpt_oss, tok, None, None) == HarmonyTokens.of(tok)
@@ -144,6 +145,12 @@ def test_the_format_is_picked_from_the_model_or_vllms_flags(tok):
     plain = Tokenizer(build_tokenizer())
     with pytest.raises(ValueError, match="lacks <\\|start\\|>, <\\|channel\\|>"):
         select_harmony(llama, plain, "openai", None)
+    with pytest.raises(ValueError, match="lacks <\\|start\\|>"):  # asked for by flag: refused
+        select_harmony(gpt_oss, plain, None, "openai_gptoss")
+    # A gpt-oss shape on another tokenizer (random:NAME) is served as text, with a warning.
+    with caplog.at_level(logging.WARNING, logger="tacit.server"):
+        assert select_harmony(gpt_oss, plain, None, None) is None
+    assert "lacks harmony's special tokens" in caplog.text
 
 
 def test_a_harmony_template_takes_tools_and_reasoning_effort(tok):

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from scripted_output import script_sampling
@@ -19,11 +23,13 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
+from tacit.bench.launch import free_port  # noqa: E402
 from tacit.engine.async_engine import AsyncLLMEngine  # noqa: E402
 from tacit.engine.llm_engine import LLMEngine  # noqa: E402
 from tacit.entrypoints.openai.api_server import build_app  # noqa: E402
 from tacit.tokenizer import Tokenizer  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[2]
 CALL = (
     "<|channel|>analysis<|message|>The user wants Paris's weather; get_weather gives it.<|end|>"
     '<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>'
@@ -144,3 +150,20 @@ def test_bad_reasoning_effort_and_constrained_tool_choice_are_400_naming_the_fie
         assert r.choices[0].message.reasoning_content is None
 
     serve(str(tiny_llama[2]), llama_body)
+
+
+def test_serve_refuses_harmony_flags_on_a_tokenizer_without_its_tokens(tiny_llama):
+    """The flags reach the server: --reasoning-parser openai_gptoss on a model whose tokenizer has
+    no harmony markers stops `tacit serve` with the missing tokens named, exit 2."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "tacit.cli", "serve", "--model", str(tiny_llama[2]), "--dtype", "float32"]
+    r = subprocess.run(
+        [*cmd, "--port", str(free_port()), "--reasoning-parser", "openai_gptoss"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "tacit: error: the harmony format needs the special tokens" in r.stderr and "lacks <|start|>" in r.stderr

@@ -16,6 +16,7 @@ downloads at run time, so it could not read a checkpoint's own (or a test's) tok
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ from tacit.tokenizer import Tokenizer
 # 200012, 200003): all of them must be special tokens of a tokenizer the parser reads.
 MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>")
 _RECIPIENT = re.compile(r"\bto=(\S+)")
+logger = logging.getLogger("tacit.server")
 
 
 @dataclass(frozen=True)
@@ -257,6 +259,13 @@ def select_harmony(
                 f"--tool-call-parser {tool_call_parser}: this model ({', '.join(hf_config.get('architectures') or [])}) "
                 f"writes tool calls in the harmony format; use --tool-call-parser {HARMONY_TOOL_CALL_PARSER} or leave it out"
             )
+        if not wants and any(m not in tokenizer.special_ids for m in MARKERS):
+            # A gpt-oss shape with another tokenizer (random:NAME shapes, tiny test models) cannot
+            # write harmony: its output is served as text, said once at startup, not refused.
+            logger.warning(
+                "a gpt-oss model whose tokenizer lacks harmony's special tokens: chat output is read as text"
+            )
+            return None
         return HarmonyTokens.of(tokenizer)
     if not wants:
         return None
