@@ -107,6 +107,9 @@ class Tokenizer:
         self._chat_content = ChatContentEncoder(tokenizer, self.special_ids)
         self._template = None
         self.template_takes_tools = False
+        # The variables the template reads beyond what every render passes: a request field
+        # that sets one (reasoning_effort) is refused on a template that would ignore it.
+        self.template_variables: frozenset[str] = frozenset()
         if chat_template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
             env.globals["raise_exception"] = _raise
@@ -116,8 +119,11 @@ class Tokenizer:
             # Whether the template renders `tools` itself in the Hermes format (Qwen2.5/Qwen3,
             # Hermes): only then do its calls come back in the <tool_call> tags tacit parses. Any
             # other template (none, or Llama 3.1's JSON calls) gets the tools system turn instead.
-            self.template_takes_tools = "<tool_call>" in chat_template and "tools" in meta.find_undeclared_variables(
-                env.parse(chat_template)
+            # gpt-oss's template writes harmony calls (`<|call|>`), which harmony.py reads.
+            self.template_variables = frozenset(meta.find_undeclared_variables(env.parse(chat_template)))
+            self.template_takes_tools = (
+                any(marker in chat_template for marker in ("<tool_call>", "<|call|>"))
+                and "tools" in self.template_variables
             )
 
     @classmethod
@@ -176,16 +182,18 @@ class Tokenizer:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """tools: OpenAI-format tool definitions, given to the template as `tools`, or described
-        in a system turn when the template takes none (see _TOOLS_SYSTEM_PROMPT)."""
+        in a system turn when the template takes none (see _TOOLS_SYSTEM_PROMPT).
+        template_kwargs: more variables for the template (gpt-oss's reads reasoning_effort)."""
         if self._template is None:
             raise ValueError("this model has no chat template; use generate() with a plain prompt")
         if not isinstance(messages, list) or not all(
             isinstance(m, dict) and "role" in m and "content" in m for m in messages
         ):
             raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = dict(template_kwargs or {})
         if tools and self.template_takes_tools:
             extra["tools"] = tools
         elif tools:
@@ -203,13 +211,16 @@ class Tokenizer:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         """Render the chat template and encode it (LLM.chat and the OpenAI server share this).
         Special-token text inside the messages and tools stays text unless
         allow_special_tokens_in_chat_content."""
 
         def render(fields: tuple[list[dict[str, Any]], list[dict[str, Any]] | None]) -> str:
-            return self.apply_chat_template(fields[0], add_generation_prompt=add_generation_prompt, tools=fields[1])
+            return self.apply_chat_template(
+                fields[0], add_generation_prompt=add_generation_prompt, tools=fields[1], template_kwargs=template_kwargs
+            )
 
         fields = (messages, tools)
         if not self.allow_special_tokens_in_chat_content and self._chat_content.has_special_text(fields):

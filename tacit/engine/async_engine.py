@@ -131,6 +131,11 @@ class AsyncLLMEngine:
         return self.engine.config.model.hf["vocab_size"]
 
     @property
+    def hf_config(self) -> dict:
+        """The model's config.json as read (the server picks gpt-oss's output format from it)."""
+        return self.engine.config.model.hf
+
+    @property
     def hidden_size(self) -> int:  # an embedding's length: /v1/embeddings' dimensions stay within it
         return int(self.engine.config.model.hf["hidden_size"])
 

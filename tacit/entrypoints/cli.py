@@ -11,6 +11,7 @@ from tacit.config.engine_args import EngineArgs
 from tacit.config.sizes import parse_bytes
 from tacit.entrypoints.list_models import add_models_parser
 from tacit.entrypoints.openai.access_log import ACCESS_LOG_FORMATS
+from tacit.entrypoints.openai.harmony import REASONING_PARSERS
 from tacit.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BYTES
 from tacit.entrypoints.openai.tool_parser import TOOL_CALL_PARSERS
 from tacit.loader.hf_cache import display_name
@@ -173,7 +174,8 @@ def _tool_call_parser(name: str) -> str:
     if name not in TOOL_CALL_PARSERS:
         raise argparse.ArgumentTypeError(
             f"{name!r} is not a tool-call parser tacit has; valid: {', '.join(TOOL_CALL_PARSERS)} "
-            f"(<tool_call> JSON </tool_call>): a model that writes calls another way is not supported yet"
+            f"(hermes: <tool_call> JSON </tool_call>; openai: gpt-oss's harmony format): a model that writes calls "
+            f"another way is not supported yet"
         )
     return name
 
@@ -229,10 +231,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     front.add_argument(
         "--tool-call-parser",
         type=_tool_call_parser,
-        default=TOOL_CALL_PARSERS[0],
+        default=None,
         help=f"how tool calls are read out of generated text, vLLM's names: {' | '.join(TOOL_CALL_PARSERS)} "
-        f"(<tool_call> JSON </tool_call>, the format tacit's tools prompt and Qwen2.5/Qwen3 templates ask for; "
-        f"default {TOOL_CALL_PARSERS[0]})",
+        f"(hermes: <tool_call> JSON </tool_call>, the format tacit's tools prompt and Qwen2.5/Qwen3 templates ask "
+        f"for; openai: gpt-oss's harmony format); default: openai for a gpt-oss model, hermes otherwise",
+    )
+    front.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        default=None,
+        help="how reasoning is split from the answer into reasoning_content, vLLM's names: openai_gptoss (the "
+        "harmony format's analysis channel; a gpt-oss model gets it without the flag)",
     )
     front.add_argument(
         "--enable-auto-tool-choice",

@@ -38,6 +38,7 @@ from tacit.entrypoints.openai.errors import (
     install_error_handlers,
     parse_body,
 )
+from tacit.entrypoints.openai.harmony import select_harmony
 from tacit.entrypoints.openai.limits import DEFAULT_MAX_REQUEST_BYTES
 from tacit.entrypoints.openai.protocol import ModelCard, ModelList
 from tacit.entrypoints.openai.responses_protocol import ResponsesRequest
@@ -70,11 +71,16 @@ def build_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     enable_log_requests: bool = False,
     enable_tokenizer_info_endpoint: bool = False,
+    tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
 ) -> FastAPI:
     """The ASGI app. The engine is started by the caller; the app stops it on shutdown.
     enable_log_requests: an access line per request (AccessLogMiddleware); off, as vLLM's.
-    enable_tokenizer_info_endpoint: serve GET /tokenizer_info; off (404), as vLLM's."""
-    ctx = ServingContext(engine, model_name)
+    enable_tokenizer_info_endpoint: serve GET /tokenizer_info; off (404), as vLLM's.
+    tool_call_parser, reasoning_parser: vLLM's flags (None: from the model); "openai" /
+    "openai_gptoss", or a gpt-oss model, read chat output as harmony (harmony.py)."""
+    harmony = select_harmony(engine.hf_config, engine.tokenizer, tool_call_parser, reasoning_parser)
+    ctx = ServingContext(engine, model_name, harmony)
     completions, chat, tokenization = CompletionServing(ctx), ChatServing(ctx), TokenizationServing(ctx)
     embeddings = EmbeddingServing(ctx)
     responses = ResponsesServing(ctx)
@@ -279,14 +285,20 @@ def run_server(args: argparse.Namespace) -> int:
         print(f"tacit: warning: {warning}", file=sys.stderr, flush=True)
     if args.enable_log_requests:
         configure_access_log(args.log_format)
-    app = build_app(
-        engine,
-        name,
-        args.api_key,
-        args.max_request_bytes,
-        enable_log_requests=args.enable_log_requests,
-        enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
-    )
+    try:
+        app = build_app(
+            engine,
+            name,
+            args.api_key,
+            args.max_request_bytes,
+            enable_log_requests=args.enable_log_requests,
+            enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
+            tool_call_parser=args.tool_call_parser,
+            reasoning_parser=args.reasoning_parser,
+        )
+    except ValueError:  # flags that contradict the model: stop the loaded engine's thread, then say so
+        engine.shutdown()
+        raise
     config = uvicorn.Config(
         app,
         host=args.host,

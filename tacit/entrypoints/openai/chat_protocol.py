@@ -31,6 +31,10 @@ class ChatMessage(OpenAIModel):
             d["content"] = "".join(part.text for part in content)
         elif content is None:
             d["content"] = ""
+        if d["role"] == "assistant" and isinstance(d.get("reasoning_content"), str) and "thinking" not in d:
+            # A reply's reasoning_content sent back in the history: gpt-oss's template renders an
+            # earlier call's analysis from `thinking` (Qwen3's reads reasoning_content itself).
+            d["thinking"] = d["reasoning_content"]
         return d
 
 
@@ -65,6 +69,10 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None
     add_generation_prompt: StrictBool = True
+    # OpenAI's values; passed to the chat template, which gpt-oss's reads ("Reasoning: high").
+    # Any other value is a 400 naming the field (pydantic), and so is any value on a model whose
+    # template does not read it (serving_chat.py), never silently ignored.
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "ChatCompletionRequest":
@@ -126,6 +134,8 @@ class DeltaToolCall(ToolCallOut):
 
 class ChatResponseMessage(BaseModel):
     role: str = "assistant"
+    # vLLM's field for a reasoning model's thinking (gpt-oss's analysis channel), beside content.
+    reasoning_content: str | None = None
     content: str | None = None
     tool_calls: list[ToolCallOut] | None = None
 
@@ -150,6 +160,7 @@ class ChatCompletionResponse(BaseModel):
 
 class DeltaMessage(BaseModel):
     role: str | None = None
+    reasoning_content: str | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 

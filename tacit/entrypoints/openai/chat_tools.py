@@ -14,12 +14,20 @@ from tacit.entrypoints.openai.chat_protocol import (
     ToolCallOut,
 )
 from tacit.entrypoints.openai.errors import bad_request
+from tacit.entrypoints.openai.harmony import HarmonyChatStream, HarmonyTokens
 from tacit.entrypoints.openai.tool_parser import END, StreamingToolParser, ToolCall, parse_tool_calls
+from tacit.outputs import CompletionOutput
 from tacit.sampling_params import SamplingParams, StructuredOutputsParams
+from tacit.tokenizer import Tokenizer
 
 
 class ChatTools:
-    def __init__(self, req: ChatCompletionRequest) -> None:
+    def __init__(
+        self, req: ChatCompletionRequest, harmony: HarmonyTokens | None = None, tokenizer: Tokenizer | None = None
+    ) -> None:
+        """harmony (with the tokenizer): the model writes gpt-oss's harmony format, read off the
+        token ids (harmony.py): reasoning split out, calls from its commentary channel."""
+        self.harmony, self.tokenizer = harmony, tokenizer
         self.mode = req.tool_mode
         self.definitions: list[dict[str, Any]] | None = req.tool_definitions()
         self.names = {t.function.name for t in req.tools or []}
@@ -39,6 +47,14 @@ class ChatTools:
                 f"{req.structured_param}",
                 "tool_choice",
             )
+        if harmony is not None and self.constrained:
+            # The grammar would make the whole output one JSON value, where gpt-oss writes its
+            # call inside a harmony message: refused by name, not answered with a broken call.
+            raise bad_request(
+                f'tool_choice "{self.mode}" is not supported on a model that writes the harmony format '
+                f'(gpt-oss); use "auto" or "none"',
+                "tool_choice",
+            )
         if self.mode == "auto" and any(t.function.strict for t in req.tools or []):
             # "auto" lets the model answer in prose, so nothing forces its arguments to match
             # the schema; refusing beats a strictness promise the output may not keep.
@@ -47,6 +63,12 @@ class ChatTools:
     @property
     def active(self) -> bool:
         return self.definitions is not None
+
+    @property
+    def parses_output(self) -> bool:
+        """Whether the output is read for more than its text: tool calls, or harmony's channels
+        (a harmony output is parsed even with no tools: its reasoning is not content)."""
+        return self.active or self.harmony is not None
 
     @property
     def constrained(self) -> bool:
@@ -81,6 +103,9 @@ class ChatTools:
         if self.constrained:
             params.structured_outputs = StructuredOutputsParams(json=self.output_schema())
             return "tools"
+        if self.harmony is not None:  # <|call|> ends the turn: one call per turn whatever parallel says
+            params.stop_token_ids.extend(t for t in self.harmony.stop_token_ids if t not in params.stop_token_ids)
+            return None
         if self.active and not self.parallel:
             params.stop.append(END)
         return None
@@ -101,8 +126,17 @@ class ChatTools:
             if isinstance(c, dict) and c.get("name") in self.names
         ]
 
-    def message(self, text: str, finish_reason: str | None) -> tuple[ChatResponseMessage, str | None]:
+    def message(self, c: CompletionOutput) -> tuple[ChatResponseMessage, str | None]:
         """A finished choice's message and finish_reason ("tool_calls" when it called)."""
+        text, finish_reason = c.text, c.finish_reason
+        if self.harmony is not None:
+            reasoning, content, calls = self.stream_parser().feed(c.token_ids, final=True)
+            message = ChatResponseMessage(
+                reasoning_content=reasoning or None,
+                content=content or None,
+                tool_calls=[_out(x) for x in calls] or None,
+            )
+            return message, (_finish(finish_reason) if calls else finish_reason)
         if not self.active:
             return ChatResponseMessage(content=text), finish_reason
         if self.constrained:
@@ -115,8 +149,22 @@ class ChatTools:
             return ChatResponseMessage(content=text), finish_reason
         return ChatResponseMessage(content=content, tool_calls=[_out(c) for c in calls]), _finish(finish_reason)
 
-    def stream_parser(self) -> StreamingToolParser | ConstrainedToolStream:
+    def stream_parser(self) -> StreamingToolParser | ConstrainedToolStream | HarmonyChatStream:
+        if self.harmony is not None:
+            return HarmonyChatStream(self.harmony, self.tokenizer, self.names if self.active else set())
         return ConstrainedToolStream(self) if self.constrained else StreamingToolParser(self.names)
+
+
+def stream_delta(
+    parser: StreamingToolParser | ConstrainedToolStream | HarmonyChatStream, c: CompletionOutput
+) -> tuple[str, str, list[ToolCall]]:
+    """(new reasoning text, new content text, calls completed) of a streamed choice: a harmony
+    output is read off its token ids, any other off its text (which has no reasoning)."""
+    final = c.finish_reason is not None
+    if isinstance(parser, HarmonyChatStream):
+        return parser.feed(c.token_ids, final)
+    content, calls = parser.feed(c.text, final)
+    return "", content, calls
 
 
 class ConstrainedToolStream:

@@ -21,8 +21,8 @@ from tacit.entrypoints.openai.chat_protocol import (
     DeltaMessage,
     TopLogprob,
 )
-from tacit.entrypoints.openai.chat_tools import ChatTools, delta_tool_calls, stream_finish_reason
-from tacit.entrypoints.openai.errors import error_sse
+from tacit.entrypoints.openai.chat_tools import ChatTools, delta_tool_calls, stream_delta, stream_finish_reason
+from tacit.entrypoints.openai.errors import bad_request, error_sse
 from tacit.entrypoints.openai.protocol import UsageInfo, random_id
 from tacit.entrypoints.openai.serving_common import (
     ServingContext,
@@ -44,10 +44,21 @@ class ChatServing:
         ctx = self.ctx
         ctx.check_model(req.model)
         params = ctx.sampling_params(req.to_sampling_params)
-        tools = ChatTools(req)
+        tools = ChatTools(req, ctx.harmony, ctx.tokenizer)
         structured_param = tools.adjust(params) or req.structured_param
         messages = [m.to_template_dict() for m in req.messages]
-        ids = await ctx.encode_chat(messages, req.add_generation_prompt, tools.definitions)
+        template_kwargs = {}
+        if req.reasoning_effort is not None:
+            if "reasoning_effort" not in ctx.tokenizer.template_variables:
+                raise bad_request(
+                    "reasoning_effort: this model's chat template does not read reasoning_effort, so it cannot be "
+                    "honoured; remove it (fields the server cannot honour are refused, not ignored)",
+                    "reasoning_effort",
+                )
+            template_kwargs["reasoning_effort"] = req.reasoning_effort
+        ids = await ctx.encode_chat(
+            messages, req.add_generation_prompt, tools.definitions, template_kwargs=template_kwargs
+        )
         ctx.check_length(len(ids), req.requested_max_tokens)
         request_id = random_id("chatcmpl")
         streams = await ctx.submit([ids], params, request_id, req.priority, structured_param, req.cache_salt)
@@ -101,7 +112,7 @@ class ChatServing:
         (out,) = outs
         choices = []
         for c in out.outputs:
-            message, finish_reason = tools.message(c.text, c.finish_reason)
+            message, finish_reason = tools.message(c)
             choices.append(
                 ChatCompletionChoice(
                     index=c.index,
@@ -165,7 +176,7 @@ class ChatServing:
             yield chunk(i, DeltaMessage(role="assistant", content=""))
         sent_text: dict[int, int] = {}
         sent_tokens: dict[int, int] = {}
-        parsers = {i: tools.stream_parser() for i in range(req.n)} if tools.active else {}
+        parsers = {i: tools.stream_parser() for i in range(req.n)} if tools.parses_output else {}
         done: set[int] = set()
         completion_tokens = cached_tokens = 0
         async with abort_on_disconnect(raw, self.ctx, [stream]):
@@ -176,19 +187,21 @@ class ChatServing:
                         if c.index in done:
                             continue  # a finished sibling of an n>1 request is reported every step
                         t0, k0, k1 = sent_text.get(c.index, 0), sent_tokens.get(c.index, 0), len(c.token_ids)
-                        delta, calls, finish_reason = c.text[t0:], [], c.finish_reason
+                        delta, reasoning, calls, finish_reason = c.text[t0:], "", [], c.finish_reason
                         parser = parsers.get(c.index)
                         if parser is not None:  # text that may be a tool call waits until it is decided
                             first = parser.num_calls
-                            delta, new_calls = parser.feed(c.text, final=c.finish_reason is not None)
+                            reasoning, delta, new_calls = stream_delta(parser, c)
                             calls = delta_tool_calls(new_calls, first)
                             finish_reason = stream_finish_reason(c.finish_reason, parser.num_calls)
                         new_logprobs = req.logprobs and k1 > k0
-                        if not delta and not calls and c.finish_reason is None and not new_logprobs:
-                            continue  # a token that ends mid-character: wait for the rest
+                        if not delta and not reasoning and not calls and c.finish_reason is None and not new_logprobs:
+                            continue  # a token that ends mid-character (or a harmony marker): wait for the rest
                         piece = chunk(
                             c.index,
-                            DeltaMessage(content=delta or None, tool_calls=calls or None),
+                            DeltaMessage(
+                                reasoning_content=reasoning or None, content=delta or None, tool_calls=calls or None
+                            ),
                             self._logprobs(req, c, k0, k1),
                             finish_reason,
                             c.stop_reason,

@@ -20,6 +20,7 @@ from tacit.engine.async_engine import (
 )
 from tacit.entrypoints.openai.access_log import note_submitted
 from tacit.entrypoints.openai.errors import OpenAIError, bad_request, from_value_error, overloaded
+from tacit.entrypoints.openai.harmony import HarmonyTokens
 from tacit.outputs import CompletionOutput, Logprob, RequestOutput
 from tacit.sampling_params import SamplingParams
 from tacit.scheduling.errors import SLOUnattainableError
@@ -31,9 +32,12 @@ _NORMALIZATION_MARGIN = 4
 
 
 class ServingContext:
-    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+    def __init__(self, engine: AsyncLLMEngine, model_name: str, harmony: HarmonyTokens | None = None) -> None:
         self.engine = engine
         self.model_name = model_name
+        # Set when chat output is gpt-oss's harmony format (read off token ids, harmony.py);
+        # None: text, with Hermes tool calls (tool_parser.py).
+        self.harmony = harmony
         # The tokenizer is only read (HF tokenizers encode is thread-safe); tokenizing here
         # keeps that work off the engine thread, so long prompts do not stall a step.
         self.tokenizer = engine.tokenizer
@@ -65,12 +69,16 @@ class ServingContext:
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
         field: str = "messages",
+        template_kwargs: dict | None = None,
     ) -> list[int]:
         """Messages through the chat template to token ids, off the event loop (a long prompt
-        took 9 s to tokenize and stalled every stream); a template that refuses them is a 400."""
+        took 9 s to tokenize and stalled every stream); a template that refuses them is a 400.
+        template_kwargs: more variables for the template (reasoning_effort)."""
         self.refuse_surely_too_long(_message_texts(messages), field)
         try:
-            return await asyncio.to_thread(self.tokenizer.encode_chat, messages, add_generation_prompt, tools)
+            return await asyncio.to_thread(
+                self.tokenizer.encode_chat, messages, add_generation_prompt, tools, template_kwargs
+            )
         except (ValueError, TemplateError) as e:  # no template, or the template refused these messages
             raise bad_request(f"could not apply the chat template: {e}", "messages") from None
 

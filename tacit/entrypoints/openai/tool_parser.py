@@ -12,9 +12,10 @@ import json
 import re
 from dataclasses import dataclass
 
-# vLLM's --tool-call-parser names of the formats parsed here: tacit reads Hermes's alone (the tools prompt
-# it writes asks for it; Qwen2.5/Qwen3 and Hermes templates do too).
-TOOL_CALL_PARSERS = ("hermes",)
+# vLLM's --tool-call-parser names of the formats tacit reads: Hermes's, parsed here (the tools prompt
+# tacit writes asks for it; Qwen2.5/Qwen3 and Hermes templates do too), and "openai", gpt-oss's
+# harmony format, read off token ids in harmony.py.
+TOOL_CALL_PARSERS = ("hermes", "openai")
 START, END = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(START) + r"(.*?)(?:" + re.escape(END) + r"|$)", re.DOTALL)
 
