@@ -107,22 +107,20 @@ class LLMEngine:
                 )
         model_cfg = self.config.model
         cache = self.config.cache
-        enable_caching = cache.enable_prefix_caching
         if len(kv_config.kv_cache_groups) > 1:
-            # One table per group: the prefix cache's hashes and a swap's block list name one.
+            # One table per group: a swap's block list and the second tier's blocks name one.
             kinds = sorted({g.kv_cache_spec.kind for g in kv_config.kv_cache_groups})
             if cache.kv_offloading_size:
                 raise ValueError(
-                    f"kv_offloading_size={cache.kv_offloading_size} needs the prefix cache, which covers one KV "
-                    f"cache group; this model has {len(kv_config.kv_cache_groups)} ({', '.join(kinds)})"
+                    f"kv_offloading_size={cache.kv_offloading_size}: the second prefix-cache tier keeps one KV "
+                    f"cache group's blocks; this model has {len(kv_config.kv_cache_groups)} ({', '.join(kinds)})"
                 )
             logger.info(
-                "%d KV cache groups (%s): the prefix cache and swap preemption are off for this model; a "
-                "preempted request is recomputed",
+                "%d KV cache groups (%s): swap preemption is off for this model; a preempted request is recomputed",
                 len(kv_config.kv_cache_groups),
                 ", ".join(kinds),
             )
-            enable_caching, swap_space = False, 0
+            swap_space = 0
         swapper = None
         if swap_space > 0:
             if kv_config.swap_bytes_per_s is None:
@@ -138,7 +136,9 @@ class LLMEngine:
                 int(cache.kv_offloading_size * (1 << 30)) // kv_config.bytes_per_block,
                 kv_config.offloaded_block_hashes,
             )
-        kv = PagedKVCacheManager.from_kv_cache_config(kv_config, enable_caching, record_evictions=offload is not None)
+        kv = PagedKVCacheManager.from_kv_cache_config(
+            kv_config, cache.enable_prefix_caching, record_evictions=offload is not None
+        )
         # The logits' width (vocab_size), which may exceed the tokenizer's: padding ids stay masked.
         structured_output = StructuredOutputManager(self.tokenizer, model_cfg.hf["vocab_size"], model_cfg.eos_token_ids)
         self.scheduler = Scheduler(

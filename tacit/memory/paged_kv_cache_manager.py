@@ -24,6 +24,7 @@ from __future__ import annotations
 from tacit.kv_cache_interface import KVCacheConfig, blocks_for_tokens, capacity_tokens_of
 from tacit.memory.block_hash import BlockHash
 from tacit.memory.block_pool import BlockPool
+from tacit.memory.hybrid_prefix import find_hybrid_hit, group_hash
 from tacit.memory.kv_cache_manager import KVCacheManager
 
 
@@ -47,13 +48,6 @@ class PagedKVCacheManager(KVCacheManager):
             raise ValueError(f"num_pools={num_pools} is invalid: must be >= 1")
         if not sliding_windows:
             raise ValueError("sliding_windows: one entry per KV cache group, none given")
-        if enable_caching and len(sliding_windows) > 1:
-            # A hit must hold a group's blocks inside its window and the full groups' whole
-            # prefix; block hashes name one table's blocks. Not built: refused, not ignored.
-            raise ValueError(
-                f"the prefix cache covers one KV cache group; this model has {len(sliding_windows)} "
-                "(sliding-window and full-attention layers): run it with enable_prefix_caching=False"
-            )
         if record_evictions and (not enable_caching or num_pools != 1):
             raise ValueError(
                 f"a second KV tier needs the prefix cache on and one pool (enable_caching={enable_caching}, "
@@ -69,7 +63,7 @@ class PagedKVCacheManager(KVCacheManager):
         self._released: dict[str, list[int]] = {}
         self._pool_of: dict[str, int] = {}
         self._verified: dict[str, int] = {}
-        self._num_cached: dict[str, int] = {}  # leading blocks of each request already cached
+        self._num_cached: dict[str, list[int]] = {}  # per group, leading blocks already cached
 
     @classmethod
     def from_kv_cache_config(
@@ -119,45 +113,64 @@ class PagedKVCacheManager(KVCacheManager):
 
     def get_computed_blocks(
         self, request_id: str, block_hashes: list[BlockHash], num_tokens: int
-    ) -> tuple[list[int], int]:
+    ) -> tuple[list[int] | tuple[list[int], ...], int]:
+        """With several groups the hit is one list per group (hybrid_prefix.find_hybrid_hit),
+        or [] when there is none."""
         if not self.enable_caching:
             return [], 0
-        blocks = self.pools[self._pool_of.get(request_id, 0)].lookup(self.usable_prefix(block_hashes, num_tokens))
+        blocks = self._hit(self.pools[self._pool_of.get(request_id, 0)], block_hashes, num_tokens)
+        tokens = len(blocks[0] if isinstance(blocks, tuple) else blocks) * self.block_size
         self.prefix_cache_queries += num_tokens
-        self.prefix_cache_hits += len(blocks) * self.block_size
-        return blocks, len(blocks) * self.block_size
+        self.prefix_cache_hits += tokens
+        return (blocks if tokens else []), tokens
+
+    def _hit(
+        self, pool: BlockPool, block_hashes: list[BlockHash], num_tokens: int
+    ) -> list[int] | tuple[list[int], ...]:
+        usable = self.usable_prefix(block_hashes, num_tokens)
+        if self.num_groups == 1:
+            return pool.lookup(usable)
+        return find_hybrid_hit(pool, usable, self.sliding_windows, self.block_size)
 
     def cached_prefix_blocks(self, block_hashes: list[BlockHash], num_tokens: int, pool: int) -> int:
         if not self.enable_caching:
             return 0
-        return len(self.pools[pool].lookup(self.usable_prefix(block_hashes, num_tokens)))
+        hit = self._hit(self.pools[pool], block_hashes, num_tokens)
+        return len(hit[0] if isinstance(hit, tuple) else hit)
 
     def allocate_slots(
         self,
         request_id: str,
         num_computed_tokens: int,
         num_new_tokens: int,
-        new_computed_blocks: list[int] | None = None,
+        new_computed_blocks: list[int] | tuple[list[int], ...] | None = None,
     ) -> tuple[list[int], ...] | None:
         tables = self._block_ids.setdefault(request_id, [[] for _ in self.sliding_windows])
-        self._released.setdefault(request_id, [0] * self.num_groups)
+        released = self._released.setdefault(request_id, [0] * self.num_groups)
+        # The hit as get_computed_blocks gave it: one list (one group) or one per group.
         hits = new_computed_blocks or []
-        if hits and tables[0]:
+        per_group = hits if isinstance(hits, tuple) else (hits,) + tuple([] for _ in tables[1:])
+        # A sliding group's hit starts with block 0 for each position behind its window.
+        behind = [len(h) - len(self._live(h, g, len(h))) for g, h in enumerate(per_group)]
+        taken = [b for g, h in enumerate(per_group) for b in h[behind[g] :]]
+        if taken and tables[0]:
             raise RuntimeError(f"request {request_id} already holds blocks: a prefix hit comes before any")
-        self._release_behind_windows(request_id, num_computed_tokens)
         need = self.blocks_needed_by_table(num_computed_tokens + num_new_tokens)
-        extra = [need - len(t) - (len(hits) if g == 0 else 0) for g, t in enumerate(tables)]
+        extra = [need - len(t) - len(h) for t, h in zip(tables, per_group)]
         total = sum(max(e, 0) for e in extra)
-        if total > 0 or hits:
+        if total > 0 or taken:
             pool = self._pool_for(request_id, total)
             # Hit blocks sitting in the free queue stop being free once taken.
-            if pool is None or total > pool.num_free_blocks - pool.num_free_among(hits):
+            if pool is None or total > pool.num_free_blocks - pool.num_free_among(taken):
                 return None
         self._verified[request_id] = num_computed_tokens
-        if hits:
-            pool.touch(hits)
-            tables[0].extend(hits)
-            self._num_cached[request_id] = len(hits)
+        if taken:
+            pool.touch(taken)
+            for g, h in enumerate(per_group):
+                tables[g].extend(h)
+                released[g] = behind[g]
+            self._num_cached[request_id] = [len(h) for h in per_group]
+        self._release_behind_windows(request_id, num_computed_tokens)
         out = tuple(pool.allocate(e) if e > 0 else [] for e in extra)
         for table, new in zip(tables, out):
             table.extend(new)
@@ -166,6 +179,13 @@ class PagedKVCacheManager(KVCacheManager):
     def blocks_needed_by_table(self, num_tokens: int) -> int:
         """Entries each group's table needs for num_tokens tokens (released ones included)."""
         return -(-num_tokens // self.block_size)
+
+    def _live(self, hit: list[int], group: int, length: int) -> list[int]:
+        """The entries of a sliding group's hit of `length` blocks within its window."""
+        window = self.sliding_windows[group]
+        if window is None or not hit:
+            return hit
+        return hit[max(length * self.block_size - window + 1, 0) // self.block_size :]
 
     def _release_behind_windows(self, request_id: str, num_computed_tokens: int) -> None:
         """Give back each sliding group's blocks that no query from num_computed_tokens on can
@@ -187,18 +207,18 @@ class PagedKVCacheManager(KVCacheManager):
         tables = self._block_ids.get(request_id)
         if not tables or not tables[0]:
             return
-        table = tables[0]  # the prefix cache runs only with one group (__init__)
         self._verified[request_id] = max(self._verified.get(request_id, 0), num_verified_tokens)
         if not self.enable_caching:
             return
-        full = min(num_verified_tokens // self.block_size, len(block_hashes), len(table))
-        done = self._num_cached.get(request_id, 0)
-        if full <= done:
-            return
+        done = self._num_cached.setdefault(request_id, [0] * self.num_groups)
+        released = self._released[request_id]
         pool = self.pools[self._pool_of.get(request_id, 0)]
-        for i in range(done, full):
-            pool.cache(table[i], block_hashes[i])
-        self._num_cached[request_id] = full
+        for g, table in enumerate(tables):
+            full = min(num_verified_tokens // self.block_size, len(block_hashes), len(table))
+            # Entries a sliding group gave back before they were named are not its any more.
+            for i in range(max(done[g], released[g]), full):
+                pool.cache(table[i], group_hash(block_hashes[i], g))
+            done[g] = max(done[g], full)
 
     def take_evicted(self) -> list[tuple[int, BlockHash]]:
         return [e for p in self.pools for e in p.take_evicted()]

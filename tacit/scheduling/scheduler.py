@@ -362,7 +362,7 @@ class Scheduler:
             if tiered:  # its first new blocks are filled from the tier before the step runs
                 self.offload.load(tiered, new_blocks[0][: len(tiered)])
             if req.num_cached_tokens < 0:
-                req.num_cached_tokens = (len(hit) + len(tiered)) * self.kv.block_size
+                req.num_cached_tokens = req.num_computed_tokens  # the hit's and the tier's blocks
             if self.swapper is not None and self.swapper.holds(req.request_id):
                 self.swapper.swap_in(req.request_id, self.kv.get_block_ids(req.request_id)[0])
             self._start(req)

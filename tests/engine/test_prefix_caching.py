@@ -132,3 +132,19 @@ def test_cache_aware_order_serves_the_hit_first_and_changes_no_token(tiny_model_
         orders[caching] = [{a: "cold", b: "hot"}[r] for r in order]
     assert orders == {True: ["hot", "cold"], False: ["cold", "hot"]}
     assert outs[True] == outs[False]
+
+
+def test_a_sliding_window_model_hits_with_only_the_windows_blocks(tiny_model_factory):
+    """qwen3_sliding's layer 1 attends to its last 24 positions: a 60-token hit hands its
+    sliding group only the blocks positions 37-59 lie in (block 0 stands for the 9 before),
+    and no token changes."""
+    _, _, path = tiny_model_factory("qwen3_sliding")
+    long = list(range(20, 80))  # 15 blocks of 4
+    prompts = [long + [90, 91], long + [95, 96, 97]]
+    cached, plain = _engines(path)
+    got, computed = one_by_one(cached, prompts)
+    want, full = one_by_one(plain, prompts)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert [o.num_cached_tokens for o in got] == [0, 60]
+    assert [f - c for f, c in zip(full, computed)] == [0, 60]
+    assert len(cached.engine.kv_cache_config.kv_cache_groups) == 2

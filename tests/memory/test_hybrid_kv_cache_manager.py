@@ -2,8 +2,6 @@
 behind its window as a request decodes, so a request's blocks stay bounded by the window in
 that group while the full-attention group's table grows with the context."""
 
-import pytest
-
 from tacit.kv_cache_interface import blocks_for_tokens
 from tacit.memory.paged_kv_cache_manager import PagedKVCacheManager
 
@@ -74,32 +72,54 @@ def test_a_short_pool_takes_nothing():
     assert kv.num_free_blocks == 5 and kv.num_blocks_of("a") == 0
 
 
-def test_the_prefix_cache_is_refused_with_several_groups():
-    with pytest.raises(ValueError, match="the prefix cache covers one KV cache group"):
-        PagedKVCacheManager(8, BS, enable_caching=True, sliding_windows=(WINDOW, None))
+def _hashes(n: int) -> list[bytes]:
+    return [bytes([i]) * 32 for i in range(n)]
 
 
-def test_bench_window_kv_bytes_are_what_the_manager_holds_while_decoding():
-    """`tacit bench attention --sliding-window`'s KV bytes a request equal the blocks the manager
-    holds for a request decoded to that context (gpt-oss's alternation, window 8, blocks of 4)."""
-    from tacit.bench.window_attention import measure_sliding_window
-
-    hf = dict(
-        architectures=["GptOssForCausalLM"],
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        hidden_size=32,
-        num_hidden_layers=4,
-        layer_types=["sliding_attention", "full_attention"] * 2,
-        sliding_window=WINDOW,
-        max_position_embeddings=4096,
-    )
-    full_row, sliding_row = measure_sliding_window(hf, context=100, repeats=1, block_size=BS)
-    kv = hybrid()
+def _cached_request(kv, hashes, tokens: int) -> dict[int, tuple[int, int]]:
+    """Prefill 8 tokens and decode to `tokens`, naming verified blocks after every step as the
+    scheduler does; {block index: (sliding block, full block)} as each was while held."""
+    seen = {}
     kv.allocate_slots("a", 0, 8)
-    decode(kv, "a", 8, 92)  # 100 tokens computed; the next step's block is allocated with it
-    page = 2 * BS * 2 * 8 * 2  # K and V, 4 slots, 2 kv heads x 8, bf16: one layer's block
-    layers_per_block = 2  # two groups of two layers share two tensors
-    assert full_row["kv_mb_per_request"] * 2**20 == 4 * 25 * page
-    assert sliding_row["kv_mb_per_request"] * 2**20 == kv.num_blocks_of("a") * layers_per_block * page
+    kv.cache_blocks("a", hashes, 8)
+    for c in range(8, tokens):
+        kv.allocate_slots("a", c, 1)
+        kv.cache_blocks("a", hashes, c + 1)
+        sliding, full = kv.get_block_ids("a")
+        released = kv._released["a"][0]
+        seen.update({i: (sliding[i], full[i]) for i in range(released, len(sliding))})
+    kv.free("a")
+    return seen
+
+
+def test_a_prefix_hit_takes_the_full_groups_prefix_and_only_the_window_of_a_sliding_group():
+    kv = PagedKVCacheManager(64, BS, enable_caching=True, sliding_windows=(WINDOW, None), max_chunk_tokens=8)
+    hashes = _hashes(10)
+    seen = _cached_request(kv, hashes, 41)  # 41 tokens: 10 full blocks verified
+    # The same 10 blocks and one token more: every block but the last token's is a hit (40
+    # tokens); the next query (position 40) reads positions 33-40, so the sliding group takes
+    # blocks 8 and 9 only and stands block 0 for the 8 behind.
+    hit, tokens = kv.get_computed_blocks("b", hashes, 41)
+    sliding, full = hit
+    assert tokens == 40
+    assert full == [seen[i][1] for i in range(10)]
+    assert sliding == [0] * 8 + [seen[8][0], seen[9][0]]
+    assert kv.allocate_slots("b", tokens, 1, hit) is not None
+    assert kv.num_blocks_of("b") == 11 + 3  # + token 40's block in each group
+    kv.free("b")
+    assert kv.num_free_blocks == 64
+
+
+def test_a_hit_is_shortened_until_the_sliding_group_holds_its_window():
+    kv = PagedKVCacheManager(64, BS, enable_caching=True, sliding_windows=(WINDOW, None), max_chunk_tokens=8)
+    hashes = _hashes(10)
+    seen = _cached_request(kv, hashes, 41)
+    pool = kv.pools[0]
+    for i in (8, 9):  # evict the sliding group's blocks 8 and 9 (group 0 names them by the plain hash)
+        pool._hash_of.pop(pool._block_of.pop(hashes[i]))
+    # 10 and 9 blocks need sliding block 8; 8 blocks (32 tokens) need positions 25-32: blocks 6, 7.
+    hit, tokens = kv.get_computed_blocks("b", hashes, 41)
+    sliding, full = hit
+    assert tokens == 32
+    assert full == [seen[i][1] for i in range(8)] and sliding == [0] * 6 + [seen[6][0], seen[7][0]]
+    assert kv.allocate_slots("b", tokens, 41 - tokens, hit) is not None
