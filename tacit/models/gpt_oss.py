@@ -132,7 +132,11 @@ class GptOssMLP(nn.Module):
 
 class GptOssForCausalLM(CausalLM):
     supports_tensor_parallel = True
-    dense_weight_linears = ("mlp.router",)  # F.linear over its weight and bias in GptOssMLP
+    # The router: F.linear over its weight and bias in GptOssMLP. The experts: their checkpoint
+    # stacks are not the per-expert matrices --quantization int8/int4 quantizes as they load
+    # (models/quantize_at_load.py), so those quantize the attention and leave the experts in
+    # the model's dtype.
+    dense_weight_linears = ("mlp.router", "mlp.experts")
 
     def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()

@@ -71,3 +71,18 @@ def test_bad_layer_types_are_refused(tiny_model_factory):
         with pytest.raises(ValueError, match="must name each of the 2 layers one of sliding_attention, full_attention"):
             with torch.device("meta"):
                 GptOssForCausalLM(config_with(path, layer_types=bad))
+
+
+def test_int8_at_load_quantizes_the_attention_and_keeps_the_experts(tiny_model_factory):
+    """transformers' expert stacks are not the per-expert matrices quantize-at-load converts, so
+    --quantization int8 leaves them (and the router) in the model's dtype."""
+    from tacit.layers.ggml_linear_method import GGMLLinearMethod
+
+    _, _, path = tiny_model_factory("gpt_oss")
+    llm = LLM(str(path), dtype="bfloat16", quantization="int8")
+    layer = llm.engine.runner.model.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj.linear_method, GGMLLinearMethod)
+    assert layer.mlp.experts.w13.dtype == torch.bfloat16 and layer.mlp.experts.w13_type is None
+    assert layer.mlp.router.weight.dtype == torch.bfloat16
+    outs = llm.generate(PROMPTS, GREEDY)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [12] * 3
