@@ -86,3 +86,21 @@ def test_int8_at_load_quantizes_the_attention_and_keeps_the_experts(tiny_model_f
     assert layer.mlp.router.weight.dtype == torch.bfloat16
     outs = llm.generate(PROMPTS, GREEDY)
     assert [len(o.outputs[0].token_ids) for o in outs] == [12] * 3
+
+
+def test_the_real_yarn_rope_is_transformers_bit_for_bit():
+    """gpt-oss-20b's rope (recipes/configs): YaRN factor 32 over 4096 positions, beta 32 / 1 and
+    truncate false (the correction range left fractional), attention factor 0.1 ln 32 + 1."""
+    from transformers import GptOssConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from tacit.layers.rotary import RotaryEmbedding
+    from tacit.perf_model.model_shape import load_hf_config
+
+    hf = {k: v for k, v in load_hf_config("gpt-oss-20b").items() if k != "quantization_config"}
+    cfg = ModelConfig(path="gpt-oss-20b", hf=hf, dtype=torch.float32)
+    ours = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope)
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS["yarn"](GptOssConfig(**hf), "cpu")
+    assert torch.equal(ours.inv_freq, inv_freq) and ours.attention_scaling == scaling
+    truncated = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, {**cfg.rope, "truncate": True})
+    assert not torch.equal(truncated.inv_freq, inv_freq)  # the setting matters at these numbers
