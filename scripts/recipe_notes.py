@@ -80,7 +80,8 @@ def _summary(out: str) -> str:
 
 
 def note(model: str) -> str:
-    shape = shape_from_hf(load_hf_config(model))
+    hf = load_hf_config(model)
+    shape = shape_from_hf(hf)
     kind = "MLA + MoE" if shape.is_mla else ("MoE" if shape.is_moe else "dense GQA")
     out = [
         f"# {model}: predicted memory and latency\n",
@@ -88,6 +89,14 @@ def note(model: str) -> str:
         "are not on this machine, so this note is the performance model's (`tacit predict`, roofline over the "
         "sourced hardware table; accelerator efficiencies are stated assumptions, not measurements). Every "
         "figure is the output of the command printed with it.\n",
+    ]
+    if hf.get("sliding_window"):
+        out.append(
+            f"The performance model does not yet know sliding-window layers ({hf['sliding_window']} tokens here) "
+            "or MXFP4 weights: it counts every layer's KV as full attention and the experts at the --quantization "
+            "given, so the KV terms below are upper bounds.\n"
+        )
+    out += [
         f"## Memory at each weight precision: weights + KV of one {CONTEXT}-token sequence (bf16 KV)\n",
         "TP=1, so the numbers are the whole model (the capacity and fit verdict are one H200's).\n",
     ]

@@ -87,6 +87,27 @@ SHAPES = {
         tie_word_embeddings=False,
         max_position_embeddings=4096,
     ),
+    # gpt-oss-20b's attention (64 query heads, 8 kv heads of 64, hidden 2880, q/k/v/o biases,
+    # sinks, 128-token windows alternating with full layers, YaRN to 131072 positions) at 4 of
+    # its 24 layers. 8 experts of its real width (2880), top-4 as in gpt-oss: a token's expert
+    # work per layer is the real model's, so a decode step's share of attention is not inflated.
+    # 1.09B parameters, 2.2 GB in bf16.
+    "gpt-oss-1b": dict(
+        arch="GptOssConfig",
+        hidden_size=2880,
+        num_hidden_layers=4,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        sliding_window=128,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        intermediate_size=2880,
+        num_local_experts=8,
+        num_experts_per_tok=4,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
+    ),
 }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 
@@ -18,11 +18,32 @@ from tacit.kernels.moe_routing import MoERouting, route_reference
 from tacit.registry import Registry
 
 
+@dataclass(frozen=True)
+class ExpertActivation:
+    """How an expert joins the halves of its gate/up product (vLLM's activation names):
+    - "silu": silu(gate) * up, the SwiGLU of Llama-family MoEs;
+    - "swigluoai": gpt-oss's clamped form, (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)
+      with g = min(gate, limit) (transformers' GptOssExperts._apply_gate)."""
+
+    name: Literal["silu", "swigluoai"] = "silu"
+    alpha: float = 1.702  # gpt-oss's swiglu_alpha
+    limit: float = 7.0  # gpt-oss's swiglu_limit
+
+    def __post_init__(self) -> None:
+        if self.name not in ("silu", "swigluoai"):
+            raise ValueError(f"expert activation {self.name!r} is not supported; valid: silu, swigluoai")
+
+
+SILU = ExpertActivation()
+
+
 @dataclass
 class ExpertWeights:
-    """A stack of SwiGLU experts. w13 [E, 2I, H] (gate rows, then up rows) and w2 [E, H, I] in
+    """A stack of gated experts. w13 [E, 2I, H] (gate rows, then up rows) and w2 [E, H, I] in
     the model's dtype, or, when w13_type / w2_type is a GGML type id (kernels/ggml_quant.py),
-    that type's uint8 blocks [E, rows, row_bytes]. A shared expert is a stack of one."""
+    that type's uint8 blocks [E, rows, row_bytes]. A shared expert is a stack of one.
+    gpt-oss adds biases (w13_bias [E, 2I] in w13's row order, w2_bias [E, H]) and its own
+    activation; only kernels whose supports_experts says so run those."""
 
     w13: torch.Tensor
     w2: torch.Tensor
@@ -32,6 +53,14 @@ class ExpertWeights:
     # or one expert-parallel rank's share, holding only some experts; -1: the expert is another
     # rank's, and its tokens get nothing from it here. None: row e is expert e.
     slots: torch.Tensor | None = None
+    w13_bias: torch.Tensor | None = None
+    w2_bias: torch.Tensor | None = None
+    activation: ExpertActivation = SILU
+
+    @property
+    def plain_swiglu(self) -> bool:
+        """Whether these are biasless silu experts, the form every kernel runs."""
+        return self.activation == SILU and self.w13_bias is None and self.w2_bias is None
 
     @property
     def num_experts(self) -> int:
@@ -58,6 +87,12 @@ class MoEKernel(ABC):
     @abstractmethod
     def supports(cls, platform: str, dtype: torch.dtype) -> bool:
         """Whether this kernel runs on `platform` ("cpu", "cuda") with activations in `dtype`."""
+
+    @classmethod
+    def supports_experts(cls, experts: ExpertWeights) -> bool:
+        """Whether this kernel runs these experts' activation and biases; a layer whose experts a
+        kernel declines runs the torch reference (layers/moe.py use_moe_kernel)."""
+        return experts.plain_swiglu
 
     def route(
         self, router_logits: torch.Tensor, routing: MoERouting, correction_bias: torch.Tensor | None = None

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from tacit.kernels.ggml_quant import dequantize
-from tacit.kernels.moe_kernel import ExpertWeights, MoEKernel, register_moe_kernel
+from tacit.kernels.moe_kernel import ExpertActivation, ExpertWeights, MoEKernel, register_moe_kernel
 
 
 def expert_matrix(stack: torch.Tensor, ggml_type: int | None, row: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
@@ -21,10 +21,26 @@ def expert_matrix(stack: torch.Tensor, ggml_type: int | None, row: int, cols: in
     return dequantize(stack[row], ggml_type, cols).to(dtype)
 
 
+def gate_activation(gate: torch.Tensor, up: torch.Tensor, activation: ExpertActivation) -> torch.Tensor:
+    """The gate and up halves joined as `activation` says (ExpertActivation)."""
+    if activation.name == "silu":
+        return F.silu(gate) * up
+    # gpt-oss: the gate is clamped from above only, up on both sides (transformers' _apply_gate).
+    gate = gate.clamp(max=activation.limit)
+    up = up.clamp(min=-activation.limit, max=activation.limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * activation.alpha))
+
+
+def _bias(stack: torch.Tensor | None, row: int, dtype: torch.dtype) -> torch.Tensor | None:
+    return None if stack is None else stack[row].to(dtype)
+
+
 def swiglu_expert(x: torch.Tensor, experts: ExpertWeights, expert: int) -> torch.Tensor:
     hidden, inter, row = x.shape[-1], experts.intermediate_size, experts.row(expert)
-    gate, up = F.linear(x, expert_matrix(experts.w13, experts.w13_type, row, hidden, x.dtype)).chunk(2, dim=-1)
-    return F.linear(F.silu(gate) * up, expert_matrix(experts.w2, experts.w2_type, row, inter, x.dtype))
+    w13 = expert_matrix(experts.w13, experts.w13_type, row, hidden, x.dtype)
+    gate, up = F.linear(x, w13, _bias(experts.w13_bias, row, x.dtype)).chunk(2, dim=-1)
+    w2 = expert_matrix(experts.w2, experts.w2_type, row, inter, x.dtype)
+    return F.linear(gate_activation(gate, up, experts.activation), w2, _bias(experts.w2_bias, row, x.dtype))
 
 
 @register_moe_kernel("torch")
@@ -34,6 +50,10 @@ class TorchMoEKernel(MoEKernel):
     @classmethod
     def supports(cls, platform: str, dtype: torch.dtype) -> bool:
         return True
+
+    @classmethod
+    def supports_experts(cls, experts: ExpertWeights) -> bool:
+        return True  # every activation and bias: the reference the others decline to
 
     def experts(
         self,

@@ -18,7 +18,7 @@ from tacit.distributed.communicator import exposed
 from tacit.distributed.parallel_state import SINGLE, TensorParallel
 from tacit.kernels.cpu_kernels import cpu_kernels_default
 from tacit.kernels.ggml_quant import GGML_TYPES, GGMLExpertStack, GGMLTensor, row_bytes
-from tacit.kernels.moe_kernel import MOE_KERNELS, ExpertWeights, MoEKernel
+from tacit.kernels.moe_kernel import MOE_KERNELS, SILU, ExpertActivation, ExpertWeights, MoEKernel
 from tacit.kernels.moe_routing import MoERouting
 from tacit.kernels.torch_moe import TorchMoEKernel
 from tacit.memory.expert_cache import ExpertCache
@@ -48,7 +48,11 @@ class FusedMoE(nn.Module):
         routing: MoERouting,
         kernel: MoEKernel | None = None,
         tp: TensorParallel = SINGLE,
+        activation: ExpertActivation = SILU,
+        has_bias: bool = False,
     ) -> None:
+        """activation, has_bias: gpt-oss's clamped SwiGLU and per-expert biases (w13_bias, w2_bias),
+        which only the torch kernel runs (use_moe_kernel)."""
         super().__init__()
         self.tp, self.comm = tp, None
         self.comm_seconds = 0.0
@@ -64,6 +68,12 @@ class FusedMoE(nn.Module):
         self.routing = routing
         self.w13 = nn.Parameter(torch.empty(local_experts, 2 * intermediate_size, hidden_size), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(local_experts, hidden_size, intermediate_size), requires_grad=False)
+        self.activation = activation
+        self.w13_bias = self.w2_bias = None
+        if has_bias:
+            self.w13_bias = nn.Parameter(torch.empty(local_experts, 2 * intermediate_size), requires_grad=False)
+            self.w2_bias = nn.Parameter(torch.empty(local_experts, hidden_size), requires_grad=False)
+        self._loaded_biases: set[str] = set()
         # GGML type ids when w13 / w2 hold blocks (use_ggml_stacks), None for float weights.
         self.w13_type: int | None = None
         self.w2_type: int | None = None
@@ -106,6 +116,8 @@ class FusedMoE(nn.Module):
 
     def stream_from_checkpoint(self) -> None:
         """Hold no expert weights: they are read from the checkpoint as steps need them."""
+        if self.w13_bias is not None:
+            raise ValueError("expert_cache_memory: experts with biases (gpt-oss) are not streamed; hold them resident")
         e, inter, hidden = self.num_experts, self.intermediate_size, self.hidden_size
         self.w13 = nn.Parameter(torch.empty(0, 2 * inter, hidden, device=self.w13.device), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(0, hidden, inter, device=self.w2.device), requires_grad=False)
@@ -226,13 +238,44 @@ class FusedMoE(nn.Module):
             half, inter = _PROJ_ROWS[proj], self.intermediate_size
             self.w13.data[:, half * inter : (half + 1) * inter].copy_(blocks)
 
+    def load_stacked(self, param: str, tensor: torch.Tensor) -> None:
+        """Every local expert's `param` at once, this rank's part already in tacit's layout:
+        "w13" [E, 2I, H], "w2" [E, H, I], "w13_bias" [E, 2I], "w2_bias" [E, H] (E: this rank's
+        experts, I: its features) — for checkpoints that store each projection as one stack
+        (gpt-oss). Split by feature, every rank holds the whole w2_bias but only rank 0 adds it:
+        the all-reduce sums the ranks' partial outputs, so it would count once per rank."""
+        if param not in ("w13", "w2", "w13_bias", "w2_bias") or getattr(self, param) is None:
+            have = [p for p in ("w13", "w2", "w13_bias", "w2_bias") if getattr(self, p) is not None]
+            raise ValueError(f"expert stack {param!r} is not one of this layer's: {', '.join(have)}")
+        target = getattr(self, param)
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(
+                f"expert stack {param}: the config says {tuple(target.shape)}, the checkpoint gives {tuple(tensor.shape)}"
+            )
+        with torch.no_grad():
+            target.copy_(tensor)
+            if param == "w2_bias" and self.tp.size > 1 and not self.expert_parallel and self.tp.rank:
+                target.zero_()
+        if param.endswith("_bias"):
+            self._loaded_biases.add(param)
+            return
+        local = range(self.expert_start, self.expert_start + self.num_local_experts)
+        projs = ("down_proj",) if param == "w2" else ("gate_proj", "up_proj")
+        self._loaded.update((e, p) for e in local for p in projs)
+
     def check_fully_loaded(self, name: str) -> None:
         missing = self.num_experts * 3 - len(self._loaded)
         if missing:
             raise ValueError(f"checkpoint is missing {missing} expert projection(s) of {name}")
+        biases = {p for p in ("w13_bias", "w2_bias") if getattr(self, p) is not None} - self._loaded_biases
+        if biases:
+            raise ValueError(f"checkpoint is missing the expert biases {', '.join(sorted(biases))} of {name}")
 
     def expert_weights(self) -> ExpertWeights:
-        return ExpertWeights(self.w13.data, self.w2.data, self.w13_type, self.w2_type, self.expert_slots())
+        bias = (self.w13_bias.data, self.w2_bias.data) if self.w13_bias is not None else (None, None)
+        return ExpertWeights(
+            self.w13.data, self.w2.data, self.w13_type, self.w2_type, self.expert_slots(), *bias, self.activation
+        )
 
     def forward(
         self,
@@ -334,6 +377,8 @@ def select_moe_kernel(
 
 
 def use_moe_kernel(model: nn.Module, kernel: MoEKernel) -> None:
+    """Every MoE layer runs `kernel`, except one whose experts it declines (supports_experts:
+    gpt-oss's biases and clamped SwiGLU), which runs the torch reference."""
     for m in model.modules():
         if isinstance(m, FusedMoE):
-            m.kernel = kernel
+            m.kernel = kernel if kernel.supports_experts(m.expert_weights()) else TorchMoEKernel()

@@ -100,7 +100,10 @@ def shape_from_hf(hf: dict) -> ModelShape:
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         num_experts=num_experts,
         top_k=int(hf.get("num_experts_per_tok") or 0) if num_experts else 0,
-        moe_intermediate_size=int(hf.get("moe_intermediate_size") or 0),
+        # gpt-oss (like Mixtral) has no moe_intermediate_size: its experts are intermediate_size wide.
+        moe_intermediate_size=int(
+            hf.get("moe_intermediate_size") or (hf.get("intermediate_size") if num_experts else 0) or 0
+        ),
         num_shared_experts=int(hf.get("n_shared_experts") or 0),
         num_dense_layers=dense_layers,
         kv_lora_rank=kv_lora,

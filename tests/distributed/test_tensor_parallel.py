@@ -114,6 +114,30 @@ def test_moe_tp2_and_ep2_match_tp1(tiny_model_factory, arch, expert_parallel):
         assert tuple(experts.w13.shape[:2]) == (e, inter)
 
 
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_gpt_oss_tp2_and_ep2_match_tp1(tiny_model_factory, expert_parallel):
+    """gpt-oss: each rank holds its heads' sinks, and its experts' part of transformers'
+    interleaved gate_up stacks (by feature: the contiguous columns [2 start, 2 (start + n));
+    by expert: whole experts), the down bias added once; prompts of 45 and 130 tokens outrun
+    the 24-token window."""
+    model, _, path = tiny_model_factory("gpt_oss")
+    prompts = prompts_for(model.config.vocab_size)
+    ref = LLM(str(path), dtype="float32", max_num_batched_tokens=64).generate(prompts, GREEDY)
+    llm = LLM(
+        str(path), dtype="float32", max_num_batched_tokens=64, tensor_parallel_size=2, expert_parallel=expert_parallel
+    )
+    try:
+        got = llm.generate(prompts, GREEDY)
+        layer = llm.engine.model.model.layers[0]
+    finally:
+        llm.engine.shutdown()
+    assert_same(ref, got)
+    assert tuple(layer.self_attn.attn.sinks.shape) == (2,)
+    e, inter = model.config.num_local_experts, model.config.intermediate_size
+    want = (e // 2, 2 * inter) if expert_parallel else (e, inter)
+    assert tuple(layer.mlp.experts.w13.shape[:2]) == want
+
+
 @pytest.mark.parametrize(
     "arch, expert_parallel", [("llama3", False), ("qwen2", False), ("qwen3_moe", True), ("deepseek_v3", False)]
 )

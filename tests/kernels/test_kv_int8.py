@@ -177,7 +177,7 @@ def test_int8_mla_cache_reads_back_what_it_stored(tiny_model_factory):
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v3", "qwen3_moe"])
+@pytest.mark.parametrize("arch", ["deepseek_v3", "qwen3_moe", "gpt_oss"])
 def test_int8_kv_runs_moe_and_mla_models(tiny_model_factory, arch):
     path = str(tiny_model_factory(arch)[2])
     seqs = [list(range(10, 70))]

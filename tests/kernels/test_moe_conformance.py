@@ -1,7 +1,8 @@
 """Every registered MoEKernel against the plain definition sum_k w_k * down(silu(gate x) * up x),
 and the CPU kernel against the torch kernel: the same experts chosen (ties included), outputs
 within bf16 rounding, for softmax and grouped-sigmoid routing, 1 to 512 tokens, shared experts
-and GGML-quantized experts."""
+and GGML-quantized experts. gpt-oss's experts (biases, the clamped SwiGLU): every kernel runs
+them as the definition says or declines them, and a declined layer runs the torch kernel."""
 
 import os
 
@@ -11,11 +12,11 @@ import torch.nn.functional as F
 
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
 from tacit.kernels.ggml_quant import GGMLExpertStack, GGMLTensor, dequantize
-from tacit.kernels.moe_kernel import MOE_KERNELS, ExpertWeights
+from tacit.kernels.moe_kernel import MOE_KERNELS, ExpertActivation, ExpertWeights
 from tacit.kernels.moe_routing import MoERouting, route_reference
 from tacit.kernels.torch_moe import TorchMoEKernel
 from tacit.kernels.weight_quant import quantize_int4_groupwise, quantize_int8_per_channel
-from tacit.layers.moe import FusedMoE, select_moe_kernel
+from tacit.layers.moe import FusedMoE, select_moe_kernel, use_moe_kernel
 
 needs_cpu_kernels = pytest.mark.skipif(
     not cpu_supports_avx512_bf16() or bool(os.environ.get("TACIT_NO_CPU_KERNELS")),
@@ -30,6 +31,20 @@ def dense_reference(x, w13, w2, weights, ids):
             e = int(ids[t, k])
             gate, up = F.linear(x[t].double(), w13[e].double()).chunk(2)
             out[t] += float(weights[t, k]) * F.linear(F.silu(gate) * up, w2[e].double())
+    return out
+
+
+def swigluoai_reference(x, ew, weights, ids):
+    """transformers' GptOssExperts, written out: gate/up with bias, the gate clamped from above
+    at 7, up at +-7, (up + 1) * gate * sigmoid(1.702 gate), down with bias."""
+    out = torch.zeros(x.shape[0], ew.w2.shape[1], dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for k in range(ids.shape[1]):
+            e = int(ids[t, k])
+            gate, up = (F.linear(x[t].double(), ew.w13[e].double()) + ew.w13_bias[e].double()).chunk(2)
+            gate, up = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
+            act = (up + 1) * gate * torch.sigmoid(1.702 * gate)
+            out[t] += float(weights[t, k]) * (F.linear(act, ew.w2[e].double()) + ew.w2_bias[e].double())
     return out
 
 
@@ -230,3 +245,107 @@ def test_bf16_moe_models_run_the_cpu_kernel_and_match_the_torch_kernel(tiny_mode
         got = [next(iter(d.values())).logprob for d in fused.prompt_logprobs[1:]]
         want = [next(iter(d.values())).logprob for d in ref.prompt_logprobs[1:]]
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0.02, atol=0.05)
+
+
+def gpt_oss_experts(g, experts, hidden, inter, dtype):
+    # Gate/up weights of std 1 over unit inputs: pre-activations of std ~8, so the +-7 clamps bite.
+    ew = ExpertWeights(
+        torch.randn(experts, 2 * inter, hidden, generator=g).to(dtype),
+        (torch.randn(experts, hidden, inter, generator=g) * inter**-0.5).to(dtype),
+        w13_bias=(torch.randn(experts, 2 * inter, generator=g) * 0.5).to(dtype),
+        w2_bias=(torch.randn(experts, hidden, generator=g) * 0.5).to(dtype),
+        activation=ExpertActivation("swigluoai"),
+    )
+    return ew
+
+
+@pytest.mark.parametrize("name", sorted(MOE_KERNELS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens, experts, top_k", [(1, 8, 2), (33, 8, 4)])
+def test_moe_kernel_runs_gpt_oss_experts_or_declines_them(name, dtype, tokens, experts, top_k):
+    cls = MOE_KERNELS[name]
+    if not cls.supports("cpu", dtype):
+        pytest.skip(f"{name} does not run on cpu in {dtype}")
+    g = torch.Generator().manual_seed(tokens)
+    hidden, inter = 64, 48
+    x = torch.randn(tokens, hidden, generator=g).to(dtype)
+    ew = gpt_oss_experts(g, experts, hidden, inter, dtype)
+    if not cls.supports_experts(ew):
+        assert name != "torch", "the reference runs every activation and bias"
+        return
+    weights, ids = torch.softmax(torch.randn(tokens, experts, generator=g), -1).topk(top_k, dim=-1)
+    got = cls().experts(x, weights, ids, ew)
+    want = swigluoai_reference(x, ew, weights, ids)
+    gate = torch.einsum("th,eih->tei", x.double(), ew.w13[:, :inter].double())
+    assert (gate > 7).any() and (gate.abs() < 7).any()  # both sides of the clamp are exercised
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * want.abs().max().item())
+
+
+def test_swigluoai_is_transformers_gpt_oss_gate():
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    from tacit.kernels.torch_moe import gate_activation
+
+    gate_up = torch.randn(64, 2 * 48) * 10  # well past the +-7 limit
+    hf = GptOssExperts(GptOssConfig(intermediate_size=48, hidden_size=16, num_local_experts=2))
+    # transformers interleaves gate and up as even/odd columns; tacit holds them as halves.
+    got = gate_activation(gate_up[:, 0::2], gate_up[:, 1::2], ExpertActivation("swigluoai"))
+    assert torch.equal(got, hf._apply_gate(gate_up))
+
+
+def test_a_layer_whose_experts_a_kernel_declines_runs_the_torch_kernel():
+    """gpt-oss's biased experts under a kernel that runs only plain SwiGLU (the base class's
+    supports_experts): use_moe_kernel leaves that layer on the torch reference, and the others
+    on the kernel."""
+
+    class PlainOnly(TorchMoEKernel):
+        supports_experts = classmethod(lambda cls, experts: experts.plain_swiglu)
+
+    model = torch.nn.ModuleList(
+        [
+            FusedMoE(4, 16, 8, MoERouting(top_k=2)),
+            FusedMoE(4, 16, 8, MoERouting(top_k=2), activation=ExpertActivation("swigluoai"), has_bias=True),
+        ]
+    )
+    kernel = PlainOnly()
+    use_moe_kernel(model, kernel)
+    assert model[0].kernel is kernel
+    assert type(model[1].kernel) is TorchMoEKernel
+
+
+@needs_cpu_kernels
+def test_the_cpu_kernel_declines_gpt_oss_experts():
+    g = torch.Generator().manual_seed(0)
+    assert not MOE_KERNELS["cpu_fused"].supports_experts(gpt_oss_experts(g, 4, 32, 16, torch.bfloat16))
+    assert MOE_KERNELS["cpu_fused"].supports_experts(random_experts(g, 4, 32, 16, torch.bfloat16))
+
+
+def test_fused_moe_loads_stacks_and_refuses_wrong_ones():
+    from tacit.distributed.parallel_state import TensorParallel
+
+    g = torch.Generator().manual_seed(0)
+    act = ExpertActivation("swigluoai")
+    layer = FusedMoE(4, 16, 8, MoERouting(top_k=2), activation=act, has_bias=True)
+    ew = gpt_oss_experts(g, 4, 16, 8, torch.float32)
+    for param in ("w13", "w2", "w13_bias"):
+        layer.load_stacked(param, getattr(ew, param))
+    with pytest.raises(ValueError, match="missing the expert biases w2_bias"):
+        layer.check_fully_loaded("mlp.experts")
+    with pytest.raises(ValueError, match=r"w2_bias: the config says \(4, 16\), the checkpoint gives \(4, 8\)"):
+        layer.load_stacked("w2_bias", torch.zeros(4, 8))
+    layer.load_stacked("w2_bias", ew.w2_bias)
+    layer.check_fully_loaded("mlp.experts")
+    x = torch.randn(5, 16, generator=g)
+    weights, ids = torch.softmax(torch.randn(5, 4, generator=g), -1).topk(2, dim=-1)
+    want = swigluoai_reference(x, ew, weights, ids)
+    got = layer.kernel.experts(x, weights, ids, layer.expert_weights()).double()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    plain = FusedMoE(4, 16, 8, MoERouting(top_k=2))
+    with pytest.raises(ValueError, match="expert stack 'w13_bias' is not one of this layer's: w13, w2"):
+        plain.load_stacked("w13_bias", ew.w13_bias)
+    # Split by feature over two ranks: only rank 0 adds the down bias (the all-reduce sums both).
+    rank1 = FusedMoE(4, 16, 8, MoERouting(top_k=2), tp=TensorParallel(1, 2), activation=act, has_bias=True)
+    rank1.load_stacked("w2_bias", ew.w2_bias)
+    assert not rank1.w2_bias.any()

@@ -26,6 +26,7 @@ ARCHS = [
     "deepseek_v3",
     "deepseek_v3_qlora",
 ]
+ARCHS += ["gpt_oss"]  # sliding window 24 < the longer prompts, sinks, YaRN, biased clamped-SwiGLU experts
 LENGTHS = [1, 2, 7, 16, 17, 45, 100, 201, 300]
 MAX_NEW = 16
 

@@ -195,3 +195,15 @@ def test_elementwise_and_sampler_bytes():
     assert not ops["dispatch_combine"].is_gemm
     # dispatch + combine per layer: 2 rows * k=2 * 64 * 2 bytes, there and back
     assert ops["dispatch_combine"].working_set == 2 * 2 * 2 * 64 * 2
+
+
+@pytest.mark.parametrize("name, params", [("gpt-oss-20b", 20.91e9), ("gpt-oss-120b", 116.83e9)])
+def test_gpt_oss_weights_are_the_model_cards_parameters(name, params):
+    """gpt-oss's experts are intermediate_size wide (it has no moe_intermediate_size): bf16
+    weights are 2 bytes a parameter of OpenAI's model card (arXiv 2508.10925, table 1: 20.91B
+    and 116.83B), within the biases and sinks the count leaves out."""
+    from tacit.perf_model.model_shape import load_hf_config
+
+    s = shape_from_hf(load_hf_config(name))
+    assert s.moe_intermediate_size == 2880 and s.num_moe_layers == s.num_layers
+    assert weight_bytes(s, Parallel(), "bf16") == pytest.approx(2 * params, rel=0.005)
