@@ -56,7 +56,9 @@ def gemma3_layer_types(hf: dict[str, Any]) -> list[str]:
     n = int(hf["num_hidden_layers"])
     types = hf.get("layer_types")
     if types is None:
-        pattern = int(hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern") or DEFAULT_SLIDING_WINDOW_PATTERN)
+        pattern = int(
+            hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern") or DEFAULT_SLIDING_WINDOW_PATTERN
+        )
         types = [SLIDING if (i + 1) % pattern else FULL for i in range(n)]
     if len(types) != n or any(t not in ROPE_INDEX for t in types):
         raise ValueError(
