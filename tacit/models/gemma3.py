@@ -186,7 +186,8 @@ class Gemma3Model(LlamaModel):
 
     def begin_forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> DecoderState:
         x = self.embed_tokens(input_ids)
-        x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        # float32 first, then the model's dtype: transformers' buffer, rounded the same two times.
+        x = x * torch.tensor(self.embed_scale, dtype=torch.float32).to(x.dtype)
         local = self.rotary_local.cos_sin(positions, x.dtype)
         full = self.rotary.cos_sin(positions, x.dtype)
         # Stacked in ROPE_INDEX order: 0 sliding, 1 full.
