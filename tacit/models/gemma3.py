@@ -15,8 +15,8 @@ Gemma's changes.
   transformers does (sqrt(3072) = 55.43 is 55.5 in bf16); the head is tied to it.
 - final_logit_softcapping, where set, caps the logits with tanh (Gemma 3's checkpoints leave it unset).
 
-Weight names are Hugging Face's; the decode step runs on the torch path (the fused C++ step has
-no Gemma binder: worker/paths/fused_binders/).
+Weight names are Hugging Face's. Decode steps run on the torch path: no C++ step is bound to
+this architecture.
 """
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ def check_gemma3_config(path: str, hf: dict[str, Any]) -> None:
 
 
 class GemmaMLP(LlamaMLP):
-    """LlamaMLP's gate/up/down with GELU in place of SiLU (a subclass: the fused decode step's
-    binders take LlamaMLP by exact type, so a GELU MLP is never bound as SwiGLU)."""
+    """LlamaMLP's gate/up/down with GELU in place of SiLU. A subclass, not an activation argument
+    to LlamaMLP: code that takes LlamaMLP by exact type as SwiGLU never takes this one."""
 
     def __init__(self, hidden: int, intermediate: int, act: str, tp: TensorParallel = SINGLE) -> None:
         super().__init__(hidden, intermediate, tp=tp)
