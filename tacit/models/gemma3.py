@@ -15,7 +15,8 @@ Gemma's changes.
   transformers does (sqrt(3072) = 55.43 is 55.5 in bf16); the head is tied to it.
 - final_logit_softcapping, where set, caps the logits with tanh (Gemma 3's checkpoints leave it unset).
 
-Weight names are Hugging Face's. Decode steps run on the torch path: no C++ step is bound to
+Weight names are Hugging Face's; the 4B-27B's multimodal checkpoints load their decoder as this
+(loader/multimodal.py). Decode steps run on the torch path: no C++ step is bound to
 this architecture.
 """
 
