@@ -12,11 +12,12 @@ read. A prompt of text only gives the tokens the full model gives it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Callable, Iterator
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from tacit.loader.shards import Shard
+
+if TYPE_CHECKING:  # annotations only: tacit predict reads configs through this module
+    import torch
 
 # transformers 5.25's Gemma3TextConfig defaults: what a sparse text_config leaves to them.
 GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
