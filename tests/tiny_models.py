@@ -209,6 +209,23 @@ def make_config(arch: str, vocab: int):
                 "original_max_position_embeddings": 64,
             },
         )
+    if arch == "gemma3":
+        # Six layers in Gemma 3's 5:1 pattern, a 32-token window (the parity prompts reach 300
+        # tokens), query_pre_attn_scalar apart from head_dim, linear x8 rope on the global layer,
+        # its tied head and its final-logit softcapping (off in the real checkpoints; on here so
+        # the test covers it).
+        kw.update(num_hidden_layers=6, tie_word_embeddings=True)
+        return tf.Gemma3TextConfig(
+            **kw,
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            sliding_window=32,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+            },
+            final_logit_softcapping=30.0,
+        )
     raise KeyError(arch)
 
 

@@ -108,6 +108,29 @@ SHAPES = {
         tie_word_embeddings=False,
         max_position_embeddings=131072,
     ),
+    # Gemma-3-1B's decoder (google/gemma-3-1b-it's config.json, recipes/configs/SOURCES.md): 26
+    # layers, five 512-token sliding-window layers to one global, 4 query heads over 1 kv head of
+    # 256, query_pre_attn_scalar 256, rope bases 10k (sliding) and 1M (global). 0.73B parameters,
+    # 1.5 GB in bf16. The vocabulary is 32,000 as the other shapes' rather than its 262,144: the
+    # byte-level tokenizer here has at most 65,792 entries (bytes and byte pairs), and the real
+    # table would add 0.27B parameters to every decode step's tied head (a 604 MB read in bf16).
+    "gemma3-1b": dict(
+        arch="Gemma3TextConfig",
+        hidden_size=1152,
+        num_hidden_layers=26,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        intermediate_size=6912,
+        query_pre_attn_scalar=256,
+        sliding_window=512,
+        rope_theta=1000000.0,
+        rope_local_base_freq=10000.0,
+        hidden_activation="gelu_pytorch_tanh",
+        vocab_size=32000,
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+    ),
 }
 
 

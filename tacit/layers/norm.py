@@ -21,3 +21,19 @@ class RMSNorm(nn.Module):
         # default Q4_1 SmolLM2's "Paris" into a wrong answer (tests/loader/test_gguf.py).
         normed = F.rms_norm(x.float(), self.weight.shape, None, self.eps)
         return self.weight * normed.to(x.dtype)
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm: x * (1 + w), the weight stored as an offset from 1 (a checkpoint's zeros
+    are the identity). The whole product runs in float32 and is cast once at the end, as
+    transformers' Gemma3RMSNorm does (Llama's casts before scaling: the two differ by an ulp in
+    bf16)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(x.float(), self.weight.shape, None, self.eps)
+        return (normed * (1.0 + self.weight.float())).to(x.dtype)

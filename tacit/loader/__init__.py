@@ -14,6 +14,7 @@ from tacit.loader.default_model import resolve_default_model
 from tacit.loader.gguf_file import GGUFFile
 from tacit.loader.hf import hf_eos_token_ids, hf_sampling_defaults, iter_safetensors, read_json, safetensors_files
 from tacit.loader.hf_cache import resolve_model_path
+from tacit.loader.multimodal import is_multimodal_wrapper, text_decoder_config, text_decoder_weights
 from tacit.loader.prequantized import converted_weights, quant_method, quantized_weight_names
 from tacit.loader.shards import narrowed
 from tacit.model_config_checks import check_architecture_numbers
@@ -127,6 +128,13 @@ def _open_model(model: str | Path | None, tokenizer: str | None) -> ModelSource:
     # --tokenizer: a checkpoint without tokenizer files (or with another tokenizer) takes one from elsewhere.
     tok = _other_tokenizer(tokenizer, config) if tokenizer else Tokenizer.from_hf_dir(path)
     eos = hf_eos_token_ids(path, config) or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
+    if is_multimodal_wrapper(config):  # its text decoder, loaded as the text architecture (loader/multimodal.py)
+        if method is not None:
+            raise ValueError(
+                f"{config_file}: a quantized ({method}) multimodal checkpoint's text decoder is not loaded yet"
+            )
+        read = text_decoder_weights(lambda skip=None, shards=None: iter_safetensors(path, skip, shards))
+        return ModelSource(path, text_decoder_config(config), tok, eos, read)
     if method is None:
         return ModelSource(path, config, tok, eos, lambda skip=None, shards=None: iter_safetensors(path, skip, shards))
     # GPTQ / AWQ: each layer's packed 4-bit tensors arrive as one GGMLTensor of Q4_1 blocks; FP8:

@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from tacit.loader.multimodal import is_multimodal_wrapper, text_decoder_config
+
 RECIPE_CONFIGS = Path(__file__).resolve().parents[2] / "recipes" / "configs"
 
 
@@ -71,7 +73,9 @@ class ModelShape:
 
 def shape_from_hf(hf: dict) -> ModelShape:
     """The shape of an HF config dict (Llama/Qwen2/Qwen3 dense, Qwen3-MoE, DeepSeek-V3/Kimi-K2)."""
-    if "text_config" in hf:  # multimodal wrappers keep the decoder here
+    if is_multimodal_wrapper(hf):  # its decoder, over the defaults a sparse text_config leaves out
+        hf = text_decoder_config(hf)
+    elif "text_config" in hf:  # multimodal wrappers keep the decoder here
         hf = {**hf["text_config"], "architectures": hf.get("architectures", [])}
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
         if key not in hf:

@@ -87,6 +87,18 @@ def test_tp2_matches_tp1(tiny_model_factory, arch):
     assert (heads.num_heads, heads.num_kv_heads) == (2, 1)  # half of the tiny models' 4 and 2
 
 
+def test_gemma3_tp2_matches_tp1(tiny_model_factory):
+    """Gemma 3's heads split (4 and 2: 2 and 1 a rank), its post-attention and post-MLP norms
+    applied to the all-reduced sums, each rank's sliding layers keeping their window; the 130-
+    token prompt reaches past the tiny model's 32-token window."""
+    model, _, path = tiny_model_factory("gemma3")
+    ref, got, llm = run_pair(path, prompts_for(model.config.vocab_size), GREEDY, max_num_batched_tokens=64)
+    assert_same(ref, got)
+    layers = llm.engine.model.model.layers
+    assert (layers[0].self_attn.num_heads, layers[0].self_attn.num_kv_heads) == (2, 1)
+    assert [layer.self_attn.attn.sliding_window for layer in layers] == [32] * 5 + [None]
+
+
 @pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_moe_all", "deepseek_v3", "deepseek_v3_qlora"])
 @pytest.mark.parametrize("expert_parallel", [False, True])
 def test_moe_tp2_and_ep2_match_tp1(tiny_model_factory, arch, expert_parallel):
@@ -139,7 +151,8 @@ def test_gpt_oss_tp2_and_ep2_match_tp1(tiny_model_factory, expert_parallel):
 
 
 @pytest.mark.parametrize(
-    "arch, expert_parallel", [("llama3", False), ("qwen2", False), ("qwen3_moe", True), ("deepseek_v3", False)]
+    "arch, expert_parallel",
+    [("llama3", False), ("qwen2", False), ("qwen3_moe", True), ("deepseek_v3", False), ("gemma3", False)],
 )
 def test_two_batch_overlap_matches_tp1(tiny_model_factory, arch, expert_parallel):
     """Steps of 2+ requests as two micro-batches whose all-reduces overlap each other's compute:

@@ -146,6 +146,17 @@ def test_models_the_fused_decoder_does_not_run_keep_the_torch_path(tiny_model_fa
         assert engine.runner.fused_decode is None and fused_decoder_unsupported_reason(engine.model) is not None
 
 
+def test_gemma3_in_bf16_decodes_on_the_torch_path(tiny_model_factory):
+    """The fused step has no Gemma binder (its kernel knows neither sliding windows, two rope
+    tables, Gemma's (1 + w) norms around attention and MLP, nor a GELU MLP): a bf16 Gemma 3,
+    which the fused step would otherwise take, decodes on the torch path, and says why."""
+    _, _, path = tiny_model_factory("gemma3")
+    engine = LLM(str(path), dtype="bfloat16").engine
+    assert engine.runner.fused_decode is None
+    assert "Gemma3ForCausalLM has no fused decode step" in fused_decoder_unsupported_reason(engine.model)
+    assert engine.runner.decode_path.startswith("torch path")
+
+
 def test_layer_by_layer_step_equals_one_call_and_lets_a_cut_in_run(tiny_model_factory):
     """Pausable (the online engine), the fused step runs one C++ call per
     layer; it must give the same bits as one call, and a cut-in prefill between layers must not

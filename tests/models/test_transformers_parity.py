@@ -27,6 +27,7 @@ ARCHS = [
     "deepseek_v3_qlora",
 ]
 ARCHS += ["gpt_oss"]  # sliding window 24 < the longer prompts, sinks, YaRN, biased clamped-SwiGLU experts
+ARCHS += ["gemma3"]  # 6 layers in the 5:1 sliding pattern, a 32-token window: the longer prompts exceed it
 LENGTHS = [1, 2, 7, 16, 17, 45, 100, 201, 300]
 MAX_NEW = 16
 
