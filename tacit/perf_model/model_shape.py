@@ -34,7 +34,19 @@ class ModelShape:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
-    qk_norm: bool = False  # Qwen3: an RMSNorm per head on q and k
+    qk_norm: bool = False  # Qwen3, Gemma 3: an RMSNorm per head on q and k
+    # Each decoder layer's sliding window, 0 for full attention; empty: every layer full
+    # (layer_windows). gpt-oss: 128 on every other layer; Gemma 3: 512/1024 on 5 of every 6.
+    windows: tuple[int, ...] = ()
+    # DeepSeek-V3.2's sparse attention (index_topk == 0: dense): a lightning indexer of
+    # index_n_heads heads of index_head_dim scores every cached token (its own key cache of one
+    # index_head_dim row a token and layer); each query attends only to its index_topk best.
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
+    # The routed experts' stored dtype when the checkpoint fixes it ("mxfp4": gpt-oss, whose
+    # quantization_config converts only the experts); "": the --quantization dtype.
+    expert_weight_dtype: str = ""
     # How alike one sequence's tokens route: measured (tokens, independent draws) points, where
     # T tokens of one sequence read as many distinct experts as `draws` tokens routed at random
     # (perf_model/routing.py measures them). Empty: every token routes independently, the
@@ -57,6 +69,19 @@ class ModelShape:
         return min(tokens, d0 * (tokens / t0) ** slope)
 
     @property
+    def is_dsa(self) -> bool:
+        return self.index_topk > 0
+
+    @property
+    def layer_counts(self) -> dict[int, int]:
+        """Layers per sliding window (0: full attention), full attention first."""
+        counts = {0: self.num_layers - sum(1 for w in self.windows if w)} if self.windows else {0: self.num_layers}
+        for w in self.windows:
+            if w:
+                counts[w] = counts.get(w, 0) + 1
+        return {w: n for w, n in counts.items() if n}
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
@@ -67,6 +92,36 @@ class ModelShape:
     @property
     def num_moe_layers(self) -> int:
         return self.num_layers - self.num_dense_layers if self.is_moe else 0
+
+
+def layer_windows(hf: dict) -> tuple[int, ...]:
+    """Each decoder layer's sliding window (0: full attention) by the rule of tacit's
+    ModelConfig.sliding_window_of: transformers' `layer_types` ("sliding_attention" layers
+    attend to their last `sliding_window` positions); in Gemma 3 configs written without it,
+    every `sliding_window_pattern`-th layer full and the rest sliding (transformers'
+    Gemma3TextConfig); in Qwen2/Qwen3 configs, `use_sliding_window` on the layers from
+    `max_window_layers` on, and `use_sliding_window: false` outranks layer_types. () when every
+    layer is full."""
+    layers = int(hf["num_hidden_layers"])
+    if hf.get("use_sliding_window") is False:
+        return ()
+    types = hf.get("layer_types")
+    if types is not None:
+        if len(types) != layers:
+            raise ValueError(f"layer_types has {len(types)} entries; num_hidden_layers is {layers}")
+        sliding = [t == "sliding_attention" for t in types]
+    elif hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern"):
+        pattern = int(hf.get("sliding_window_pattern") or hf["_sliding_window_pattern"])
+        sliding = [(i + 1) % pattern != 0 for i in range(layers)]
+    else:
+        first = int(hf.get("max_window_layers") or 0)
+        sliding = [bool(hf.get("use_sliding_window")) and i >= first for i in range(layers)]
+    if not any(sliding):
+        return ()
+    window = hf.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ValueError(f"the config has sliding-window layers but sliding_window={window!r}; must be an integer >= 1")
+    return tuple(window if s else 0 for s in sliding)
 
 
 def shape_from_hf(hf: dict) -> ModelShape:
@@ -88,6 +143,10 @@ def shape_from_hf(hf: dict) -> ModelShape:
             only = set(hf.get("mlp_only_layers") or [])
             dense_layers = sum(1 for i in range(layers) if i in only or (i + 1) % step != 0)
     kv_lora = int(hf.get("kv_lora_rank") or 0)
+    quant = hf.get("quantization_config") or {}
+    # The expert width: moe_intermediate_size where a config has dense layers beside the experts
+    # (Qwen3-MoE, DeepSeek); Mixtral and gpt-oss name it intermediate_size (no dense MLP there).
+    moe_inter = int(hf.get("moe_intermediate_size") or (hf.get("intermediate_size") if num_experts else 0) or 0)
     return ModelShape(
         architecture=arch,
         hidden_size=h,
@@ -100,7 +159,7 @@ def shape_from_hf(hf: dict) -> ModelShape:
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         num_experts=num_experts,
         top_k=int(hf.get("num_experts_per_tok") or 0) if num_experts else 0,
-        moe_intermediate_size=int(hf.get("moe_intermediate_size") or 0),
+        moe_intermediate_size=moe_inter,
         num_shared_experts=int(hf.get("n_shared_experts") or 0),
         num_dense_layers=dense_layers,
         kv_lora_rank=kv_lora,
@@ -108,7 +167,12 @@ def shape_from_hf(hf: dict) -> ModelShape:
         qk_nope_head_dim=int(hf.get("qk_nope_head_dim") or 0),
         qk_rope_head_dim=int(hf.get("qk_rope_head_dim") or 0),
         v_head_dim=int(hf.get("v_head_dim") or 0),
-        qk_norm=arch.startswith("Qwen3"),
+        qk_norm=arch.startswith(("Qwen3", "Gemma3")),
+        windows=layer_windows(hf),
+        index_n_heads=int(hf.get("index_n_heads") or 0) if hf.get("index_topk") else 0,
+        index_head_dim=int(hf.get("index_head_dim") or 0) if hf.get("index_topk") else 0,
+        index_topk=int(hf.get("index_topk") or 0),
+        expert_weight_dtype="mxfp4" if quant.get("quant_method") == "mxfp4" and num_experts else "",
     )
 
 

@@ -31,7 +31,10 @@ from tacit.perf_model.roofline import OpTime, op_time, step_seconds
 from tacit.platforms.specs import HardwareSpec
 
 # Projection GEMMs whose cost depends only on the step's token count (not on any context).
-_TOKEN_GEMMS = frozenset({"qkv_proj", "o_proj", "q_a_proj", "q_b_proj", "q_proj", "kv_a_proj"})
+_TOKEN_GEMMS = frozenset(
+    {"qkv_proj", "o_proj", "q_a_proj", "q_b_proj", "q_proj", "kv_a_proj", "index_q_proj", "index_k_proj"}
+    | {"index_weights_proj"}
+)
 
 
 @dataclass(frozen=True)
