@@ -124,10 +124,22 @@ def layer_windows(hf: dict) -> tuple[int, ...]:
     return tuple(window if s else 0 for s in sliding)
 
 
+def _complete_text_config(text: dict) -> dict:
+    """A wrapper's text_config as transformers reads it: checkpoints write it sparse, leaving
+    what equals the config class's defaults out (Gemma-3-27B's has no vocab_size: 262,208, nor
+    tie_word_embeddings: true), so a text_config without vocab_size is filled in by its
+    model_type's config class."""
+    if "vocab_size" in text or "model_type" not in text:
+        return text
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(text["model_type"], **{k: v for k, v in text.items() if k != "model_type"}).to_dict()
+
+
 def shape_from_hf(hf: dict) -> ModelShape:
     """The shape of an HF config dict (Llama/Qwen2/Qwen3 dense, Qwen3-MoE, DeepSeek-V3/Kimi-K2)."""
     if "text_config" in hf:  # multimodal wrappers keep the decoder here
-        hf = {**hf["text_config"], "architectures": hf.get("architectures", [])}
+        hf = {**_complete_text_config(hf["text_config"]), "architectures": hf.get("architectures", [])}
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
         if key not in hf:
             raise ValueError(f"model config has no {key!r}; is it a decoder LLM's config.json?")
