@@ -127,7 +127,8 @@ def mixed_step_times(p: Pricing, step: MixedStep) -> tuple[float, list[OpTime]]:
     times += [op_time(op, p.spec, p.profile, decode_only) for op in shared]
     decodes = step.decodes
     if decodes:
-        # Mean context as a float: attention's FLOPs and bytes are linear in it, so this is exact.
+        # Mean context as a float: attention's FLOPs and bytes are linear in it, so this is exact
+        # (a sliding window or DSA's top-k caps them at min(context, limit): an upper bound there).
         mean_ctx = sum(c.context for c in decodes) / len(decodes)
         dec = StepShape(len(decodes), 1, mean_ctx)  # type: ignore[arg-type]
         times += [op_time(op, p.spec, p.profile, True) for op in _attention(p, dec)]
