@@ -34,6 +34,8 @@ def weight_dtypes_of(expert_dtype: str, weight_dtype: str) -> tuple[str, str]:
     other linears bf16."""
     experts = expert_dtype or weight_dtype
     return experts, "bf16" if weight_dtype in EXPERT_ONLY_DTYPES else weight_dtype
+
+
 KV_DTYPES = ("bf16", "fp16", "fp8", "int8")
 
 

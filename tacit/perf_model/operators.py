@@ -19,8 +19,27 @@ from tacit.perf_model.dtypes import weight_bytes_per_value, weight_dtypes_of
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.op_types import ACT, OP_CLASSES, Op, Parallel, StepShape, gemm_op
 
-# Re-exported: the operator model's names, where callers have always imported them from.
-__all__ = ["ACT", "OP_CLASSES", "Op", "Parallel", "StepShape", "attention_ops", "step_ops"]
+SINGLE_DEVICE = Parallel()  # step_ops' default layout: no parallelism
+
+# The operator model's names, op_types.py's and attention_ops.py's re-exported from where callers
+# have always imported them.
+__all__ = [
+    "ACT",
+    "OP_CLASSES",
+    "SINGLE_DEVICE",
+    "Op",
+    "Parallel",
+    "StepShape",
+    "attention_ops",
+    "communication_ops",
+    "elementwise_ops",
+    "expected_distinct_experts",
+    "head_ops",
+    "layer_elementwise_bytes",
+    "mlp_ops",
+    "sampler_bytes",
+    "step_ops",
+]
 
 
 def expected_distinct_experts(experts: int, top_k: int, draws: float) -> float:
@@ -203,7 +222,7 @@ def communication_ops(s: ModelShape, step: StepShape, par: Parallel, sampled_row
 def step_ops(
     s: ModelShape,
     step: StepShape,
-    par: Parallel = Parallel(),
+    par: Parallel = SINGLE_DEVICE,
     weight_dtype: str = "bf16",
     kv_dtype: str = "bf16",
     group_size: int = 32,
