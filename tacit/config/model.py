@@ -39,6 +39,35 @@ def normalize_rope(hf: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
+def sliding_windows_of(hf: dict[str, Any]) -> list[int | None]:
+    """Each decoder layer's sliding window, None for full attention, as transformers reads a
+    config: `layer_types` ("sliding_attention" layers attend to their last `sliding_window`
+    positions); else, in Gemma 3 configs written before it, every `sliding_window_pattern`-th
+    layer full and the others sliding; else, in Qwen2/Qwen3 configs, `use_sliding_window` on the
+    layers from `max_window_layers` on. `use_sliding_window: false` outranks layer_types (it
+    does in transformers' Qwen2/Qwen3)."""
+    layers = int(hf["num_hidden_layers"])
+    if hf.get("use_sliding_window") is False:
+        return [None] * layers
+    types = hf.get("layer_types")
+    if types is not None:
+        if len(types) != layers:
+            raise ValueError(f"layer_types has {len(types)} entries; num_hidden_layers is {layers}")
+        sliding = [t == "sliding_attention" for t in types]
+    elif hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern"):
+        pattern = int(hf.get("sliding_window_pattern") or hf["_sliding_window_pattern"])
+        sliding = [(i + 1) % pattern != 0 for i in range(layers)]
+    else:
+        first = int(hf.get("max_window_layers") or 0)
+        sliding = [bool(hf.get("use_sliding_window")) and i >= first for i in range(layers)]
+    if not any(sliding):
+        return [None] * layers
+    window = hf.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ValueError(f"the config has sliding-window layers but sliding_window={window!r}; must be an integer >= 1")
+    return [window if s else None for s in sliding]
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A model's architecture, read from config.json (or GGUF metadata mapped onto the same keys).
@@ -136,27 +165,9 @@ class ModelConfig:
         return int(self.hf["num_hidden_layers"])
 
     def sliding_window_of(self, layer: int) -> int | None:
-        """The sliding window of decoder layer `layer`, None for full attention: transformers'
-        `layer_types` ("sliding_attention" layers attend to their last `sliding_window`
-        positions), or, in Qwen2/Qwen3 configs written without it, `use_sliding_window` on the
-        layers from `max_window_layers` on (transformers' rule for those configs)."""
-        if self.hf.get("use_sliding_window") is False:  # Qwen2/Qwen3: the switch outranks layer_types
-            return None
-        types = self.hf.get("layer_types")
-        if types is not None:
-            if len(types) != self.num_layers:
-                raise ValueError(f"layer_types has {len(types)} entries; num_hidden_layers is {self.num_layers}")
-            sliding = types[layer] == "sliding_attention"
-        else:
-            sliding = bool(self.hf.get("use_sliding_window")) and layer >= int(self.get("max_window_layers", 0))
-        if not sliding:
-            return None
-        window = self.hf.get("sliding_window")
-        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-            raise ValueError(
-                f"layer {layer} is a sliding-window layer but sliding_window={window!r}; must be an integer >= 1"
-            )
-        return window
+        """The sliding window of decoder layer `layer`, None for full attention
+        (sliding_windows_of)."""
+        return sliding_windows_of(self.hf)[layer]
 
     @property
     def head_dim(self) -> int:

@@ -46,6 +46,12 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", default=None, help="write the prediction (or the validation) here")
     p.add_argument("--ops", action="store_true", help="also print every operator's time (compute / memory / link)")
+    p.add_argument(
+        "--attention",
+        action="store_true",
+        help="also print the KV cache a token (and a sequence, with sliding windows) and the decode step's "
+        "attention time per layer and per step",
+    )
     p.add_argument("--html", default=None, help="write the step charts (operator classes, roofline) as one HTML file")
     p.add_argument("--validate", action="store_true", help="measure the real engine on this CPU against the model")
     p.add_argument(
@@ -91,6 +97,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         from tacit.perf_model.serve_cli import cmd_serve
 
         return cmd_serve(args)
+    from tacit.perf_model.attention_report import attention_lines, kv_lines
     from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
     from tacit.perf_model.operators import Parallel
     from tacit.perf_model.predict import Workload, predict
@@ -143,6 +150,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
         f"KV {mem.kv_cache / 1e9:.2f}, activations {mem.activations / 1e9:.2f}) of "
         f"{pred.capacity_bytes / 1e9:.1f}: {'fits' if pred.fits else 'does NOT fit'}"
     )
+    if args.attention:
+        for line in kv_lines(shape, work.parallel, kvdt, work.input_len + work.output_len):
+            print(line)
+        for line in attention_lines(pred.decode_ops, pred.decode_context):
+            print(line)
     print("  bottlenecks:")
     for k, v in out["bottlenecks"].items():
         print(f"    {k}: {v}")

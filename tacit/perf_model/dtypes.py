@@ -10,16 +10,32 @@ WEIGHT_BYTES = {
     "fp8": 1.0 + 4 / (128 * 128),
     # tacit's int8 is GGML Q8_0: 32 int8 values and one fp16 scale, 34 bytes per 32 values
     "int8": 34 / 32,
+    # OCP MXFP4 (gpt-oss's experts, GGUF's MXFP4 type): 32 FP4 values in 16 bytes and one E8M0
+    # scale byte, 17 bytes per 32 values = 4.25 bits a value
+    "mxfp4": 17 / 32,
 }
 # int4 is GGML Q4_1: 16 bytes of nibbles, an fp16 scale and an fp16 min per group of g values
 INT4_GROUP_SIZES = (32, 64, 128)
 
 # The compute dtype whose peak a GEMM on these weights reaches: int8 and fp8 weights feed int8 /
-# fp8 tensor units (W8A8, the serving engines' default for these types); int4 is unpacked to
-# 16 bits before the multiply (W4A16), so it runs at the bf16 peak.
-COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "int8": "int8", "int4": "bf16"}
+# fp8 tensor units (W8A8, the serving engines' default for these types); int4 and mxfp4 are
+# unpacked to 16 bits before the multiply (W4A16), so they run at the bf16 peak.
+COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "int8": "int8", "int4": "bf16", "mxfp4": "bf16"}
 
-WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4")
+WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "mxfp4")
+# Formats that exist for MoE experts only (tacit's MXFP4 kernels run the experts): with one of
+# them as the weight dtype the other linear layers stay bf16, as gpt-oss's checkpoint keeps them.
+EXPERT_ONLY_DTYPES = ("mxfp4",)
+
+
+def weight_dtypes_of(expert_dtype: str, weight_dtype: str) -> tuple[str, str]:
+    """(the routed experts' dtype, every other quantized linear's): a checkpoint's fixed expert
+    dtype (ModelShape.expert_weight_dtype) wins for the experts; an expert-only dtype leaves the
+    other linears bf16."""
+    experts = expert_dtype or weight_dtype
+    return experts, "bf16" if weight_dtype in EXPERT_ONLY_DTYPES else weight_dtype
+
+
 KV_DTYPES = ("bf16", "fp16", "fp8", "int8")
 
 

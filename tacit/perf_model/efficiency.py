@@ -63,7 +63,8 @@ class Profile:
     roofs: dict[str, float] | None = None
 
     def gemm_efficiency(self, weight_dtype: str, rows: float) -> float:
-        key = weight_dtype if weight_dtype in self.gemm else ("int8" if weight_dtype == "int4" else "bf16")
+        # a dequantizing 4-bit kernel (int4, mxfp4) without its own curve: int8's
+        key = weight_dtype if weight_dtype in self.gemm else ("int8" if weight_dtype in ("int4", "mxfp4") else "bf16")
         return self.gemm.get(key, self.gemm["bf16"])(rows)
 
     def decode_path(self, architecture: str) -> str:

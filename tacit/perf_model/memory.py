@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tacit.perf_model.dtypes import kv_bytes_per_row, weight_bytes_per_value
+from tacit.config.cache import CacheConfig
+from tacit.kv_cache_interface import sliding_peak_blocks
+from tacit.perf_model.dtypes import kv_bytes_per_row, weight_bytes_per_value, weight_dtypes_of
 from tacit.perf_model.model_shape import ModelShape
-from tacit.perf_model.operators import ACT, Parallel
+from tacit.perf_model.op_types import ACT, Parallel
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class Memory:
 def weight_bytes(s: ModelShape, par: Parallel, wdt: str, group: int = 32) -> float:
     """Per device. Quantized: the linear layers and experts (tacit's --quantization set); kept
     bf16: embeddings, lm_head, norms, MoE routers, MLA's kv_b_proj."""
+    expert_dt, wdt = weight_dtypes_of(s.expert_weight_dtype, wdt)
     q, n, h = weight_bytes_per_value(wdt, group), par.tp, s.hidden_size
     L, na = s.num_layers, par.attention_tp  # attention whole on each device under DP attention
     if s.is_mla:
@@ -32,6 +35,9 @@ def weight_bytes(s: ModelShape, par: Parallel, wdt: str, group: int = 32) -> flo
         q_params = s.q_lora_rank * (h + hq * qk) if s.q_lora_rank else h * hq * qk
         attn = q_params + h * (s.kv_lora_rank + s.qk_rope_head_dim) + hq * s.v_head_dim * h
         kept = s.kv_lora_rank * hq * (s.qk_nope_head_dim + s.v_head_dim)
+        if s.is_dsa:  # the indexer's wq_b and wk (quantized as the checkpoint's fp8 are), weights_proj bf16
+            attn += s.index_n_heads * s.index_head_dim * (s.q_lora_rank or h) + h * s.index_head_dim
+            kept += h * s.index_n_heads
     else:
         hq, hkv = max(1, s.num_heads // na), max(1, s.num_kv_heads // na)
         attn = h * (hq + 2 * hkv) * s.head_dim + hq * s.head_dim * h
@@ -41,27 +47,54 @@ def weight_bytes(s: ModelShape, par: Parallel, wdt: str, group: int = 32) -> flo
     if s.is_moe:
         experts = s.num_experts * 3 * h * s.moe_intermediate_size / n  # EP: E/N whole; TP: all, 1/N wide
         shared = s.num_shared_experts * 3 * h * s.moe_intermediate_size / n
-        total += s.num_moe_layers * ((experts + shared) * q + h * s.num_experts * 2)
+        qe = weight_bytes_per_value(expert_dt, group)
+        total += s.num_moe_layers * ((experts + shared) * qe + h * s.num_experts * 2)
     vocab = s.vocab_size * h / n * 2
     total += vocab * (1 if s.tie_word_embeddings else 2)  # embedding and lm_head, vocab-parallel
     total += (2 * L + 1) * h * 2  # norms
     return total
 
 
-def kv_bytes_per_token(s: ModelShape, par: Parallel, kvdt: str) -> float:
-    """Every layer's cache row for one token on the device that holds it (MLA: the whole latent;
-    under data-parallel attention, every KV head of the device's own sequences)."""
+def kv_row_bytes(s: ModelShape, par: Parallel, kvdt: str) -> tuple[float, float]:
+    """One layer's cache bytes for one token on the device that holds it: (the attention cache,
+    DSA's index-key cache). MLA: the whole latent; under data-parallel attention, every KV head
+    of the device's own sequences. DSA: one index_head_dim row (bf16 128 values: 256 B; int8:
+    the 128 values and a float32 scale, kv_bytes_per_row)."""
+    index = kv_bytes_per_row(kvdt, s.index_head_dim) if s.is_dsa else 0.0
     if s.is_mla:
-        return s.num_layers * kv_bytes_per_row(kvdt, s.kv_lora_rank + s.qk_rope_head_dim)
+        return kv_bytes_per_row(kvdt, s.kv_lora_rank + s.qk_rope_head_dim), index
     hkv = max(1, s.num_kv_heads // par.attention_tp)
-    return s.num_layers * 2 * hkv * kv_bytes_per_row(kvdt, s.head_dim)
+    return 2 * hkv * kv_bytes_per_row(kvdt, s.head_dim), index
+
+
+def kv_bytes_per_token(s: ModelShape, par: Parallel, kvdt: str) -> float:
+    """Every layer's cache row for one token, as a full-attention layer keeps each token (a
+    sliding layer keeps only its window's: kv_bytes_per_sequence)."""
+    return s.num_layers * sum(kv_row_bytes(s, par, kvdt))
+
+
+def sliding_held_tokens(window: int, tokens: int, block_size: int = CacheConfig.block_size, chunk: int = 1) -> int:
+    """Tokens a sliding layer of `window` holds for a request of `tokens` while a step computes
+    `chunk` of them: the blocks the hybrid KV cache keeps at most (kv_cache_interface's
+    sliding_peak_blocks), never more than the request's blocks."""
+    return min(-(-tokens // block_size), sliding_peak_blocks(window, block_size, chunk)) * block_size
+
+
+def kv_bytes_per_sequence(s: ModelShape, par: Parallel, kvdt: str, tokens: int) -> float:
+    """One request's cache at `tokens` tokens, decoding: a full layer holds every token, a
+    sliding one the blocks its window reaches (sliding_held_tokens: a 128-token window in
+    16-token blocks, 144 tokens)."""
+    row = sum(kv_row_bytes(s, par, kvdt))
+    return sum(
+        n * row * (tokens if not w else min(tokens, sliding_held_tokens(w, tokens))) for w, n in s.layer_counts.items()
+    )
 
 
 def device_memory(
     s: ModelShape, par: Parallel, wdt: str, kvdt: str, batch: int, input_len: int, output_len: int, group: int = 32
 ) -> Memory:
     # Under data-parallel attention a device holds only its own sequences' KV.
-    kv = par.sequences_per_device(batch) * (input_len + output_len) * kv_bytes_per_token(s, par, kvdt)
+    kv = par.sequences_per_device(batch) * kv_bytes_per_sequence(s, par, kvdt, input_len + output_len)
     # the prefill of the whole batch is the widest step: hidden state, q/k/v, the MLP's widest
     # intermediate (MoE: every token's k expert rows), and float32 logits of the sampled rows
     tokens = batch * input_len

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from tacit.config.model import sliding_windows_of
 from tacit.loader.multimodal import is_multimodal_wrapper, text_decoder_config
 
 RECIPE_CONFIGS = Path(__file__).resolve().parents[2] / "recipes" / "configs"
@@ -36,7 +37,19 @@ class ModelShape:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
-    qk_norm: bool = False  # Qwen3: an RMSNorm per head on q and k
+    qk_norm: bool = False  # Qwen3, Gemma 3: an RMSNorm per head on q and k
+    # Each decoder layer's sliding window, 0 for full attention; empty: every layer full
+    # (layer_windows). gpt-oss: 128 on every other layer; Gemma 3: 512/1024 on 5 of every 6.
+    windows: tuple[int, ...] = ()
+    # DeepSeek-V3.2's sparse attention (index_topk == 0: dense): a lightning indexer of
+    # index_n_heads heads of index_head_dim scores every cached token (its own key cache of one
+    # index_head_dim row a token and layer); each query attends only to its index_topk best.
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
+    # The routed experts' stored dtype when the checkpoint fixes it ("mxfp4": gpt-oss, whose
+    # quantization_config converts only the experts); "": the --quantization dtype.
+    expert_weight_dtype: str = ""
     # How alike one sequence's tokens route: measured (tokens, independent draws) points, where
     # T tokens of one sequence read as many distinct experts as `draws` tokens routed at random
     # (perf_model/routing.py measures them). Empty: every token routes independently, the
@@ -59,6 +72,19 @@ class ModelShape:
         return min(tokens, d0 * (tokens / t0) ** slope)
 
     @property
+    def is_dsa(self) -> bool:
+        return self.index_topk > 0
+
+    @property
+    def layer_counts(self) -> dict[int, int]:
+        """Layers per sliding window (0: full attention), full attention first."""
+        counts = {0: self.num_layers - sum(1 for w in self.windows if w)} if self.windows else {0: self.num_layers}
+        for w in self.windows:
+            if w:
+                counts[w] = counts.get(w, 0) + 1
+        return {w: n for w, n in counts.items() if n}
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
@@ -69,6 +95,13 @@ class ModelShape:
     @property
     def num_moe_layers(self) -> int:
         return self.num_layers - self.num_dense_layers if self.is_moe else 0
+
+
+def layer_windows(hf: dict) -> tuple[int, ...]:
+    """Each decoder layer's sliding window (0: full attention) by the engine's own rule
+    (config/model.py sliding_windows_of); () when every layer is full."""
+    windows = sliding_windows_of(hf)
+    return tuple(w or 0 for w in windows) if any(windows) else ()
 
 
 def shape_from_hf(hf: dict) -> ModelShape:
@@ -92,6 +125,10 @@ def shape_from_hf(hf: dict) -> ModelShape:
             only = set(hf.get("mlp_only_layers") or [])
             dense_layers = sum(1 for i in range(layers) if i in only or (i + 1) % step != 0)
     kv_lora = int(hf.get("kv_lora_rank") or 0)
+    quant = hf.get("quantization_config") or {}
+    # The expert width: moe_intermediate_size where a config has dense layers beside the experts
+    # (Qwen3-MoE, DeepSeek); Mixtral and gpt-oss name it intermediate_size (no dense MLP there).
+    moe_inter = int(hf.get("moe_intermediate_size") or (hf.get("intermediate_size") if num_experts else 0) or 0)
     return ModelShape(
         architecture=arch,
         hidden_size=h,
@@ -104,10 +141,7 @@ def shape_from_hf(hf: dict) -> ModelShape:
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         num_experts=num_experts,
         top_k=int(hf.get("num_experts_per_tok") or 0) if num_experts else 0,
-        # gpt-oss (like Mixtral) has no moe_intermediate_size: its experts are intermediate_size wide.
-        moe_intermediate_size=int(
-            hf.get("moe_intermediate_size") or (hf.get("intermediate_size") if num_experts else 0) or 0
-        ),
+        moe_intermediate_size=moe_inter,
         num_shared_experts=int(hf.get("n_shared_experts") or 0),
         num_dense_layers=dense_layers,
         kv_lora_rank=kv_lora,
@@ -115,7 +149,12 @@ def shape_from_hf(hf: dict) -> ModelShape:
         qk_nope_head_dim=int(hf.get("qk_nope_head_dim") or 0),
         qk_rope_head_dim=int(hf.get("qk_rope_head_dim") or 0),
         v_head_dim=int(hf.get("v_head_dim") or 0),
-        qk_norm=arch.startswith("Qwen3"),
+        qk_norm=arch.startswith(("Qwen3", "Gemma3")),
+        windows=layer_windows(hf),
+        index_n_heads=int(hf.get("index_n_heads") or 0) if hf.get("index_topk") else 0,
+        index_head_dim=int(hf.get("index_head_dim") or 0) if hf.get("index_topk") else 0,
+        index_topk=int(hf.get("index_topk") or 0),
+        expert_weight_dtype="mxfp4" if quant.get("quant_method") == "mxfp4" and num_experts else "",
     )
 
 

@@ -12,167 +12,34 @@ efficiency absorbs a kernel that re-reads them in row chunks).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from tacit.perf_model.dtypes import kv_bytes_per_row, weight_bytes_per_value
+from tacit.perf_model.attention_ops import attention_ops
+from tacit.perf_model.dtypes import weight_bytes_per_value, weight_dtypes_of
 from tacit.perf_model.model_shape import ModelShape
+from tacit.perf_model.op_types import ACT, OP_CLASSES, Op, Parallel, StepShape, gemm_op
 
-ACT = 2  # bytes of a bf16 activation
-OP_CLASSES = (
-    "attn_proj",
-    "attention",
-    "moe_routing",
-    "experts",
-    "dense_mlp",
-    "norm_elementwise",
-    "lm_head",
-    "sampling",
-    "communication",
-)
+SINGLE_DEVICE = Parallel()  # step_ops' default layout: no parallelism
 
-
-@dataclass(frozen=True)
-class Op:
-    name: str
-    op_class: str  # one of OP_CLASSES
-    flops: float
-    bytes: float
-    rows: float = 1.0  # GEMM: activation rows per weight pass (the efficiency curve's x)
-    weight_dtype: str = "bf16"  # GEMM: the stored weights' dtype (which efficiency curve)
-    launches: float = 1.0  # kernel calls per step (each pays the per-op overhead)
-    collective: str = ""  # communication: all_reduce | all_to_all | all_gather
-    participants: int = 1  # communication: ranks in the collective
-    # a matrix product over stored weights (the GEMM efficiency curve), whatever its class: the
-    # MoE router is one (a bf16 F.linear), though its time counts as routing
-    is_gemm: bool = False
-    # the micro-benchmarked kernel whose efficiency applies: GEMM "" = the linear method of
-    # weight_dtype; "bmm": torch's batched bf16 matmul, MLA's absorbed per-head projections
-    # (0.25-0.28 of bandwidth at 1-16 rows where the C++ GEMV reaches 0.7); "moe": the C++
-    # experts kernel (0.36 at 16 rows per expert where the GEMM curve says 0.29-0.63).
-    # Attention: "mla" for MLA's prefill (up-projection then SDPA at qk 192 / v 128).
-    kernel: str = ""
-    # elementwise: the bytes one layer's call moves, the elementwise curve's x. Its efficiency
-    # depends on whether that fits the caches: tacit's layer ops reached 0.27 of bandwidth at
-    # 14 MB (256 rows of the benchmark layer) and 0.05-0.07 at 230 MB (4096 rows), where every
-    # fresh output tensor is page-faulted in
-    working_set: float = 0.0
-
-
-@dataclass(frozen=True)
-class StepShape:
-    batch: int
-    new_tokens: int  # per sequence
-    context: int  # tokens already cached per sequence
-
-    @property
-    def tokens(self) -> int:
-        return self.batch * self.new_tokens
-
-    @property
-    def key_positions(self) -> float:
-        """Sum over the step's query tokens of the keys each attends to (causal):
-        per sequence T*C + T*(T+1)/2."""
-        t, c = self.new_tokens, self.context
-        return self.batch * (t * c + t * (t + 1) / 2)
-
-
-@dataclass(frozen=True)
-class Parallel:
-    tp: int = 1
-    ep: bool = False
-    dp_attention: bool = False
-
-    @property
-    def attention_tp(self) -> int:
-        """Ranks the attention heads split over: 1 under data-parallel attention."""
-        return 1 if self.dp_attention else self.tp
-
-    def sequences_per_device(self, batch: int) -> int:
-        """The sequences one device attends over (and caches): a 1/tp share under data-parallel
-        attention (the busiest device's, rounded up; one prompt stays on one device)."""
-        return -(-batch // self.tp) if self.dp_attention else batch
-
-    def attention_step(self, step: "StepShape") -> "StepShape":
-        return replace(step, batch=self.sequences_per_device(step.batch))
-
-
-def _gemm(name: str, cls: str, rows: float, k: float, n: float, wdtype: str, group: int, times: int) -> Op:
-    """`times` GEMMs of [rows, k] @ [k, n]: 2*rows*k*n FLOPs, the weight once, activations in and out."""
-    weight = k * n * weight_bytes_per_value(wdtype, group)
-    acts = rows * (k + n) * ACT
-    return Op(name, cls, times * 2 * rows * k * n, times * (weight + acts), rows, wdtype, float(times), is_gemm=True)
-
-
-def _local(count: int, tp: int) -> int:
-    """Heads per rank; fewer heads than ranks are replicated (one each), as KV heads are."""
-    return max(1, count // tp)
-
-
-def attention_ops(s: ModelShape, step: StepShape, par: Parallel, wdt: str, kvdt: str, group: int) -> list[Op]:
-    step = par.attention_step(step)
-    L, m, h = s.num_layers, step.tokens, s.hidden_size
-    hq = _local(s.num_heads, par.attention_tp)
-    if s.is_mla:
-        return _mla_ops(s, step, hq, wdt, kvdt, group)
-    d, hkv = s.head_dim, _local(s.num_kv_heads, par.attention_tp)
-    ops = [
-        _gemm("qkv_proj", "attn_proj", m, h, (hq + 2 * hkv) * d, wdt, group, L),
-        _gemm("o_proj", "attn_proj", m, hq * d, h, wdt, group, L),
-    ]
-    # scores (q.k) and the weighted sum of values: 2 FLOPs per multiply-add each, per head and key
-    flops = 4 * hq * d * step.key_positions
-    kv_row = 2 * hkv * kv_bytes_per_row(kvdt, d)  # K and V of one token
-    cached = step.batch * (step.context + step.new_tokens) * kv_row  # read once per sequence
-    written = m * kv_row
-    qo = m * 2 * hq * d * ACT
-    # rows: a prefill's query tokens per sequence, the prefill attention curve's x
-    ops.append(Op("attention", "attention", L * flops, L * (cached + written + qo), step.new_tokens, launches=L))
-    return ops
-
-
-def _mla_ops(s: ModelShape, step: StepShape, hq: int, wdt: str, kvdt: str, group: int) -> list[Op]:
-    """MLA: the latent cache holds kv_lora_rank + qk_rope_head_dim values per token. Decode runs
-    the absorbed path (q absorbed into the latent space by kv_b_proj's K half, attention over the
-    latent in place, the V half applied after); a prefill up-projects the latent to per-head K and
-    V and attends as usual. kv_b_proj stays bf16 (tacit reads it directly: dense_weight_linears)."""
-    L, m, h = s.num_layers, step.tokens, s.hidden_size
-    nope, rope, v, lat = s.qk_nope_head_dim, s.qk_rope_head_dim, s.v_head_dim, s.kv_lora_rank
-    qk = nope + rope
-    ops = []
-    if s.q_lora_rank:
-        ops.append(_gemm("q_a_proj", "attn_proj", m, h, s.q_lora_rank, wdt, group, L))
-        ops.append(_gemm("q_b_proj", "attn_proj", m, s.q_lora_rank, hq * qk, wdt, group, L))
-    else:
-        ops.append(_gemm("q_proj", "attn_proj", m, h, hq * qk, wdt, group, L))
-    ops.append(_gemm("kv_a_proj", "attn_proj", m, h, lat + rope, wdt, group, L))
-    ops.append(_gemm("o_proj", "attn_proj", m, hq * v, h, wdt, group, L))
-    latent_row = kv_bytes_per_row(kvdt, lat + rope)
-    cached = step.batch * (step.context + step.new_tokens) * latent_row
-    written = m * latent_row
-    kvb_weight = lat * hq * (nope + v) * 2
-    if step.new_tokens == 1:  # absorbed decode
-        absorb = 2 * m * hq * lat * (nope + v)  # q_nope -> latent, and latent -> v per head
-        ops.append(
-            Op(
-                "kv_b_absorbed",
-                "attn_proj",
-                L * absorb,
-                L * (kvb_weight + m * hq * lat * 2 * ACT),
-                m,
-                is_gemm=True,
-                kernel="bmm",
-            )
-        )
-        flops = 2 * hq * (lat + rope) * step.key_positions + 2 * hq * lat * step.key_positions
-        ops.append(Op("attention_latent", "attention", L * flops, L * (cached + written + m * hq * 2 * lat * ACT), m))
-    else:  # naive prefill: up-project every cached and new token's latent
-        keys = step.batch * (step.context + step.new_tokens)
-        ops.append(_gemm("kv_b_proj", "attn_proj", keys, lat, hq * (nope + v), "bf16", group, L))
-        flops = 2 * hq * qk * step.key_positions + 2 * hq * v * step.key_positions
-        kv = keys * hq * (qk + v) * ACT
-        nbytes = L * (cached + written + kv + m * hq * (qk + v) * ACT)
-        ops.append(Op("attention", "attention", L * flops, nbytes, step.new_tokens, kernel="mla"))
-    return ops
+# The operator model's names, op_types.py's and attention_ops.py's re-exported from where callers
+# have always imported them.
+__all__ = [
+    "ACT",
+    "OP_CLASSES",
+    "SINGLE_DEVICE",
+    "Op",
+    "Parallel",
+    "StepShape",
+    "attention_ops",
+    "communication_ops",
+    "elementwise_ops",
+    "expected_distinct_experts",
+    "head_ops",
+    "layer_elementwise_bytes",
+    "mlp_ops",
+    "sampler_bytes",
+    "step_ops",
+]
 
 
 def expected_distinct_experts(experts: int, top_k: int, draws: float) -> float:
@@ -188,11 +55,12 @@ def mlp_ops(
     """draws: the step's independent routing draws; default step.batch sequences of
     step.new_tokens each (mixed steps pass the sum over their chunks)."""
     m, h, ops = step.tokens, s.hidden_size, []
+    expert_dt, wdt = weight_dtypes_of(s.expert_weight_dtype, wdt)
     dense_layers = s.num_dense_layers if s.is_moe else s.num_layers
     if dense_layers:
         inter = s.intermediate_size // par.tp
-        ops.append(_gemm("gate_up_proj", "dense_mlp", m, h, 2 * inter, wdt, group, dense_layers))
-        ops.append(_gemm("down_proj", "dense_mlp", m, inter, h, wdt, group, dense_layers))
+        ops.append(gemm_op("gate_up_proj", "dense_mlp", m, h, 2 * inter, wdt, group, dense_layers))
+        ops.append(gemm_op("down_proj", "dense_mlp", m, inter, h, wdt, group, dense_layers))
     if not s.is_moe or not s.num_moe_layers:
         return ops
     L, e, k = s.num_moe_layers, s.num_experts, s.top_k
@@ -208,7 +76,7 @@ def mlp_ops(
     if draws is None:
         draws = step.batch * s.sequence_draws(step.new_tokens)
     distinct = expected_distinct_experts(e, k, draws) * local_experts / e
-    per_expert = 3 * h * inter * weight_bytes_per_value(wdt, group)
+    per_expert = 3 * h * inter * weight_bytes_per_value(expert_dt, group)
     flops = 2 * pairs * 3 * h * inter
     acts = pairs * (2 * h + 3 * inter) * ACT
     rows = pairs / max(distinct, 1e-9)  # tokens per expert weight pass
@@ -219,7 +87,7 @@ def mlp_ops(
             L * flops,
             L * (distinct * per_expert + acts),
             rows,
-            wdt,
+            expert_dt,
             L * distinct,
             is_gemm=True,
             kernel="moe",
@@ -228,8 +96,8 @@ def mlp_ops(
     if s.num_shared_experts:
         shared = s.num_shared_experts * s.moe_intermediate_size // par.tp
         # the shared expert runs in the same C++ experts call (cpu_fused_moe)
-        ops.append(replace(_gemm("shared_gate_up", "experts", m, h, 2 * shared, wdt, group, L), kernel="moe"))
-        ops.append(replace(_gemm("shared_down", "experts", m, shared, h, wdt, group, L), kernel="moe"))
+        ops.append(replace(gemm_op("shared_gate_up", "experts", m, h, 2 * shared, expert_dt, group, L), kernel="moe"))
+        ops.append(replace(gemm_op("shared_down", "experts", m, shared, h, expert_dt, group, L), kernel="moe"))
     return ops
 
 
@@ -266,7 +134,7 @@ def head_ops(s: ModelShape, step: StepShape, par: Parallel, sampled_rows: int) -
     """lm_head over the rows that sample (kept bf16, tacit's default) and the sampler over the
     full vocabulary of each sampled row (the logits are all-gathered first)."""
     v = s.vocab_size / par.tp
-    head = _gemm("lm_head", "lm_head", sampled_rows, s.hidden_size, v, "bf16", 32, 1)
+    head = gemm_op("lm_head", "lm_head", sampled_rows, s.hidden_size, v, "bf16", 32, 1)
     vocab = s.vocab_size
     sample = Op("sampler", "sampling", 5 * sampled_rows * vocab, sampler_bytes(sampled_rows, vocab), sampled_rows)
     return [head, sample]
@@ -354,7 +222,7 @@ def communication_ops(s: ModelShape, step: StepShape, par: Parallel, sampled_row
 def step_ops(
     s: ModelShape,
     step: StepShape,
-    par: Parallel = Parallel(),
+    par: Parallel = SINGLE_DEVICE,
     weight_dtype: str = "bf16",
     kv_dtype: str = "bf16",
     group_size: int = 32,

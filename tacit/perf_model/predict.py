@@ -78,6 +78,8 @@ class Prediction:
     # The step decode_ops make up: tpot_s, or with speculative decoding the verify step (tpot_s is
     # that step plus drafting, over the tokens it yields).
     decode_step_s: float
+    # The context decode_ops attend over (each sequence's tokens already cached)
+    decode_context: int = 0
 
     @property
     def fits(self) -> bool:
@@ -153,4 +155,5 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
         prefill_ops=prefill,
         decode_ops=decode,
         decode_step_s=decode_step,
+        decode_context=round(mean_context),
     )

@@ -31,7 +31,10 @@ from tacit.perf_model.roofline import OpTime, op_time, step_seconds
 from tacit.platforms.specs import HardwareSpec
 
 # Projection GEMMs whose cost depends only on the step's token count (not on any context).
-_TOKEN_GEMMS = frozenset({"qkv_proj", "o_proj", "q_a_proj", "q_b_proj", "q_proj", "kv_a_proj"})
+_TOKEN_GEMMS = frozenset(
+    {"qkv_proj", "o_proj", "q_a_proj", "q_b_proj", "q_proj", "kv_a_proj", "index_q_proj", "index_k_proj"}
+    | {"index_weights_proj"}
+)
 
 
 @dataclass(frozen=True)
@@ -124,7 +127,8 @@ def mixed_step_times(p: Pricing, step: MixedStep) -> tuple[float, list[OpTime]]:
     times += [op_time(op, p.spec, p.profile, decode_only) for op in shared]
     decodes = step.decodes
     if decodes:
-        # Mean context as a float: attention's FLOPs and bytes are linear in it, so this is exact.
+        # Mean context as a float: attention's FLOPs and bytes are linear in it, so this is exact
+        # (a sliding window or DSA's top-k caps them at min(context, limit): an upper bound there).
         mean_ctx = sum(c.context for c in decodes) / len(decodes)
         dec = StepShape(len(decodes), 1, mean_ctx)  # type: ignore[arg-type]
         times += [op_time(op, p.spec, p.profile, True) for op in _attention(p, dec)]

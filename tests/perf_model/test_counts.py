@@ -199,11 +199,19 @@ def test_elementwise_and_sampler_bytes():
 
 @pytest.mark.parametrize("name, params", [("gpt-oss-20b", 20.91e9), ("gpt-oss-120b", 116.83e9)])
 def test_gpt_oss_weights_are_the_model_cards_parameters(name, params):
-    """gpt-oss's experts are intermediate_size wide (it has no moe_intermediate_size): bf16
-    weights are 2 bytes a parameter of OpenAI's model card (arXiv 2508.10925, table 1: 20.91B
-    and 116.83B), within the biases and sinks the count leaves out."""
+    """gpt-oss's experts are intermediate_size wide (it has no moe_intermediate_size): with its
+    experts in bf16, 2 bytes a parameter of OpenAI's model card (arXiv 2508.10925, table 1:
+    20.91B and 116.83B), within the biases and sinks the count leaves out. As shipped (MXFP4
+    experts, 17 bytes a 32 values) the experts take 17/64 of that."""
+    from dataclasses import replace
+
     from tacit.perf_model.model_shape import load_hf_config
 
-    s = shape_from_hf(load_hf_config(name))
+    shipped = shape_from_hf(load_hf_config(name))
+    assert shipped.expert_weight_dtype == "mxfp4"
+    s = replace(shipped, expert_weight_dtype="")
     assert s.moe_intermediate_size == 2880 and s.num_moe_layers == s.num_layers
     assert weight_bytes(s, Parallel(), "bf16") == pytest.approx(2 * params, rel=0.005)
+    experts = s.num_moe_layers * s.num_experts * 3 * s.hidden_size * s.moe_intermediate_size
+    saved = experts * (2 - 17 / 32)
+    assert weight_bytes(shipped, Parallel(), "bf16") == pytest.approx(weight_bytes(s, Parallel(), "bf16") - saved)
