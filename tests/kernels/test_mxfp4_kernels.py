@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
+from tacit.kernels.cpu_fused_moe import CPUFusedMoEKernel
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16, load_cpu_kernels
 from tacit.kernels.ggml_quant import MXFP4, dequantize, e8m0_to_fp32_half
-from tacit.kernels.cpu_fused_moe import CPUFusedMoEKernel
 from tacit.kernels.moe_kernel import ExpertWeights
 from tacit.kernels.torch_moe import TorchMoEKernel
 from tests.kernels.test_ggml_kernels import int8_rounded, within_bound
