@@ -53,9 +53,10 @@ def test_oracle_is_llamacpp_arithmetic_for_every_code_and_exponent():
 
 
 @needs_kernels
-@pytest.mark.parametrize("n, k", [(1, 32), (5, 96), (16, 64), (33, 320), (130, 2880)])
+@pytest.mark.parametrize("n, k", [(1, 32), (5, 96), (16, 64), (8, 512), (33, 320), (130, 2880)])
 def test_gemv_is_the_oracles_product_at_1_to_8_rows(n, k):
-    """130 x 2880: gpt-oss's hidden size (90 blocks a row)."""
+    """Four blocks a step at 1-4 rows: 8 x 512 whole groups, the rest a short last group (96, 320:
+    3 and 2 blocks left; 130 x 2880, gpt-oss's hidden size: 90 blocks a row, 2 left)."""
     kernels = load_cpu_kernels()
     assert kernels is not None
     blocks = random_blocks(n, k, seed=n + k)

@@ -245,8 +245,8 @@ inline void tile_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n
 // q - 16, Q8_0's signed bytes flipped to c + 128) enters as c and the dot product starts from
 // -o * sum(x) instead of 0.
 //
-// This pairwise path is Q5_0's, Q8_0's and MXFP4's (its codes kvalue + 16, Q5_0's lane order and
-// offset: ggml_mxfp4.h); Q4_0 and Q4_1 take four blocks a step
+// This pairwise path is Q5_0's and Q8_0's; MXFP4 takes four blocks a step as Q4_0 does (its codes
+// looked up by vpshufb, ggml_mxfp4.h); Q4_0 and Q4_1 take four blocks a step
 // (ggml_q4_groups.h), the K-quants a super-block a step with one activation scale per 256 values
 // (ggml_k_quants.h). Lane order here (int32 lane l of a chunk sums 4 activations): Q5_0 pairs two
 // 32-value blocks A, B as [A lo nibbles (values 0-15), B lo, A hi (values 16-31), B hi], the order
@@ -256,12 +256,12 @@ inline void tile_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n
 enum class Lanes { kPairs, kNatural };
 
 template <int T>
-constexpr bool kHasInt8Path = T == kQ5_0 || T == kQ8_0 || T == kMXFP4;
+constexpr bool kHasInt8Path = T == kQ5_0 || T == kQ8_0;
 template <int T>
-constexpr Lanes kLanesOf = T == kQ5_0 || T == kMXFP4 ? Lanes::kPairs : Lanes::kNatural;
+constexpr Lanes kLanesOf = T == kQ5_0 ? Lanes::kPairs : Lanes::kNatural;
 // log2 of the code offset o above (0: none)
 template <int T>
-constexpr int kOffsetShift = T == kQ5_0 ? 4 : T == kMXFP4 ? mxfp4::kOffsetShift : 7;
+constexpr int kOffsetShift = T == kQ5_0 ? 4 : 7;
 
 struct QuantizedRows {
   const int8_t* q;          // [M][chunks * 64] int8, in the lane order above
@@ -374,13 +374,8 @@ inline void vnni_tile(const uint8_t* w, const QuantizedRows& xq, float* y, int64
     for (int j = 0; j < R; ++j) {
       const uint8_t* ba = wr + j * rb + a * bb;
       const uint8_t* bl = b < nb ? ba + bb : kZeroBlock;
-      if constexpr (T == kMXFP4) {
-        wq[j] = mxfp4::chunk(ba, bl);
-        d[j] = mxfp4::pair_scales(ba, bl);
-      } else {
-        wq[j] = T == kQ8_0 ? q8_0_chunk(ba, bl) : q5_0_chunk(ba, bl);
-        d[j] = pair_lanes<kLanesOf<T>>(ba, bl);
-      }
+      wq[j] = T == kQ8_0 ? q8_0_chunk(ba, bl) : q5_0_chunk(ba, bl);
+      d[j] = pair_lanes<kLanesOf<T>>(ba, bl);
     }
     multiply(p, wq, d);
   }
@@ -413,6 +408,7 @@ void rows_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64
   // (ggml_k_quants.h).
   if (int8_activations) {
     if constexpr ((T == kQ4_0 || T == kQ4_1) && M <= 4) return q4_groups::group_rows<T, M>(w, x, y, n, begin, end, k);
+    if constexpr (T == kMXFP4 && M <= 4) return mxfp4::group_rows<M>(w, x, y, n, begin, end, k);
     if constexpr (kHasInt8Path<T> && M <= 4) return vnni_rows<T, M>(w, x, y, n, begin, end, k);
     if constexpr (T == kQ4_K || T == kQ5_K || T == kQ6_K) return k_quants::super_rows<T, M>(w, x, y, n, begin, end, k);
   }

@@ -10,6 +10,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "ggml_gemv.h"
+#include "ggml_prefetch.h"
+#include "ggml_q4_groups.h"
+
 namespace tacit::mxfp4 {
 
 // ggml's GGML_E8M0_TO_FP32_HALF bit for bit: 2^(e - 128); e = 0, 1 are the subnormals 2^-128,
@@ -36,26 +40,67 @@ inline __m512bh dequant_block(const uint8_t* b) {
   return _mm512_cvtne2ps_pbh(_mm512_mul_ps(hi, d), _mm512_mul_ps(lo, d));
 }
 
-// For vpdpbusd (unsigned weight bytes): a code enters as kvalue + 16 (4..28), the dot product
-// starting from -16 * sum(x) (ggml_gemv.cpp's code offset, log2 16 = 4).
-constexpr int kOffsetShift = 4;
+// ---- 1-4 int8 activation rows: four blocks (128 weights) a step, ggml_q4_groups.h's layout ----
+//
+// vpdpbusd multiplies unsigned weight bytes, so a code enters as kvalue + 16 (4..28), looked up
+// by one vpshufb per 64 nibbles, and the dot product starts from -16 * sum(x) (GroupRows.start).
+// A group of four 17-byte blocks: their 16 code bytes by four 16-byte loads into 128-bit lanes
+// 0-3 (the blocks start at odd offsets, so Q4_0's word permute cannot gather them), their
+// exponents turned into 2^(e - 128) four at a time. The arithmetic is exact up to fp32 sums: each
+// int32 lane sums 8 products |kvalue * x| <= 12 * 127, and d * dx is a power of two times dx.
+// 2880 x 2880 (gpt-oss's hidden size), one thread, weights in cache, a shared 2-core machine: 0.28
+// ms at one row, 0.53 at four, Q4_0's four-block kernel 0.27 / 0.54 in the same run.
 
-// Blocks a, b as those unsigned codes in ggml_gemv.cpp's pair order [A values 0-15, B 0-15, A
-// 16-31, B 16-31] (Q5_0's: two 16-byte loads, nibbles split), looked up by one vpshufb.
-inline __m512i chunk(const uint8_t* a, const uint8_t* b) {
-  const __m256i mask = _mm256_set1_epi8(0x0F);
-  const __m256i both =
-      _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 1))),
-                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 1)), 1);
-  const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(both, mask)),
-                                       _mm256_and_si256(_mm256_srli_epi16(both, 4), mask), 1);
-  const __m512i table = _mm512_broadcast_i32x4(_mm_setr_epi8(16, 17, 18, 19, 20, 22, 24, 28, 16, 15, 14, 13, 12, 10, 8, 4));
-  return _mm512_shuffle_epi8(table, q);
+// Int32 lane l (of 16): block l / 4's 2^(e - 128), e the exponent bytes of a group's blocks.
+inline __m512 group_scales(const uint8_t* b) {
+  const __m128i e = _mm_setr_epi32(b[0], b[17], b[34], b[51]);
+  const __m128i normal = _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23);
+  const __m128i subnormal = _mm_sllv_epi32(_mm_set1_epi32(0x00200000), e);
+  const __m128i bits = _mm_mask_blend_epi32(_mm_cmplt_epi32_mask(e, _mm_set1_epi32(2)), normal, subnormal);
+  const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  return _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_castsi128_ps(bits)));
 }
 
-// Block a's scale on the int32 lanes of its values in that order (0-3, 8-11), b's on 4-7, 12-15.
-inline __m512 pair_scales(const uint8_t* a, const uint8_t* b) {
-  return _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(e8m0_half(a[0])), _mm512_set1_ps(e8m0_half(b[0])));
+// Row r of w (MXFP4) against xq's M rows into y (rows of y n floats apart).
+template <int M>
+inline void group_row(const uint8_t* w, const q4_groups::GroupRows& xq, float* y, int64_t n, int64_t r, int64_t k) {
+  constexpr int64_t bb = 17, gb = 4 * bb;
+  const int64_t nb = k / 32, rb = nb * bb;
+  const __m512i table = _mm512_broadcast_i32x4(_mm_setr_epi8(16, 17, 18, 19, 20, 22, 24, 28, 16, 15, 14, 13, 12, 10, 8, 4));
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  __m512 acc[M];
+  for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+  const uint8_t* wr = w + r * rb;
+  alignas(64) uint8_t tail[gb] = {};  // a short last group: its blocks, then zeros (never past the row)
+  for (int64_t g = 0; g < xq.groups; ++g) {
+    const uint8_t* b = wr + g * gb;
+    if (4 * g + 4 > nb) {
+      std::memcpy(tail, b, (nb - 4 * g) * bb);
+      b = tail;
+    }
+    prefetch_ahead<2>(b);  // 68 bytes: two lines cover wherever the group starts
+    const auto codes_of = [&](int s) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + s * bb + 1)); };
+    const __m512i codes = _mm512_inserti32x4(
+        _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(codes_of(0)), codes_of(1), 1), codes_of(2), 2),
+        codes_of(3), 3);
+    const __m512i lo = _mm512_shuffle_epi8(table, _mm512_and_si512(codes, mask));
+    const __m512i hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(codes, 4), mask));
+    const __m512 d = group_scales(b);
+    for (int m = 0; m < M; ++m) {
+      const int64_t at = m * xq.groups + g;
+      const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(xq.start[at], lo, _mm512_loadu_si512(xq.q + at * 128)),
+                                              hi, _mm512_loadu_si512(xq.q + at * 128 + 64));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_loadu_ps(xq.scale + at * 16)), acc[m]);
+    }
+  }
+  for (int m = 0; m < M; ++m) y[m * n + r] = _mm512_reduce_add_ps(acc[m]);
+}
+
+// Rows [begin, end) of w x M activation rows, on the calling thread.
+template <int M>
+void group_rows(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64_t begin, int64_t end, int64_t k) {
+  const q4_groups::GroupRows xq = q4_groups::quantize_for_groups<kMXFP4>(x, M, k);
+  for (int64_t r = begin; r < end; ++r) group_row<M>(w, xq, y, n, r, k);
 }
 
 }  // namespace tacit::mxfp4
