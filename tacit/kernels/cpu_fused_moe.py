@@ -5,7 +5,7 @@ every layer; here a layer is one call to route (softmax or grouped-sigmoid top-k
 torch.topk does, ties included) and one to run the experts: a counting sort into per-expert
 slot lists, gate/up with SiLU-times-up in the epilogue, down with the routing weight folded
 into the sum, threads split across (expert, rows) work items. Expert weights are bf16 or GGML
-blocks (Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K); a shared expert runs in the same call.
+blocks (Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q5_K/Q6_K/MXFP4); a shared expert runs in the same call.
 """
 
 from __future__ import annotations

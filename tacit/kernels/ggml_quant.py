@@ -16,6 +16,11 @@ its own run of 32-value blocks, so rows can be permuted (llama's q/k un-permute)
        byte l for value l of sub-block s), then Q4_K's 128 bytes of nibbles; q = nibble + 16 * bit
   Q6_K (210 bytes per 256 values): 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8
        scales (one per 16 values), fp16 d last;  value = (d * sc) * (q - 32)
+  MXFP4 (17 bytes): E8M0 exponent e, 16 bytes of FP4 E2M1 nibbles (value j low, j + 16 high);
+       value = kvalues_mxfp4[q] * 2^(e - 128): ggml's doubled E2M1 table {0, 1, 2, 3, 4, 6, 8, 12,
+       0, -1, ..., -12} (integers, so the int8 kernel multiplies them as codes) times its halved
+       scale (GGML_E8M0_TO_FP32_HALF), which is e2m1(q) * 2^(e - 127), the OCP MX value that HF's
+       gpt-oss checkpoints hold too (loader/mxfp4_checkpoint.py re-packs those)
 
 and one layout of tacit's own, under a tag outside ggml's enum (never written to a GGUF):
 
@@ -38,6 +43,9 @@ import torch
 QK = 32  # values per block (Q4_K: per sub-block; its blocks hold 256)
 BF16 = 30  # GGML's id for bf16: the fused decoder's tag for a plain bf16 matrix
 FP8_E4M3 = 200  # tacit's tag for FP8 block-scaled weights (below), outside ggml's enum
+MXFP4 = 39  # ggml's id for MXFP4 (gpt-oss's experts)
+# ggml's kvalues_mxfp4: the 16 E2M1 values doubled, so that every one is an integer
+KVALUES_MXFP4 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,7 @@ GGML_TYPES = {
         GGMLType("Q4_K", 12, 144, 256),
         GGMLType("Q5_K", 13, 176, 256),
         GGMLType("Q6_K", 14, 210, 256),
+        GGMLType("MXFP4", MXFP4, 17),
         GGMLType("FP8_E4M3", FP8_E4M3, 36),  # csrc/ggml_gemv.h kF8E4M3
     )
 }
@@ -132,6 +141,10 @@ def dequantize(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
     if t.name == "FP8_E4M3":
         s = blocks[..., 0:4].contiguous().view(torch.float32)  # [rows, nb, 1]
         return (blocks[..., 4:].contiguous().view(torch.float8_e4m3fn).float() * s).reshape(rows, cols)
+    if t.name == "MXFP4":
+        qs = blocks[..., 1:].long()
+        q = torch.tensor(KVALUES_MXFP4, dtype=torch.float32)[torch.cat([qs & 0x0F, qs >> 4], dim=-1)]
+        return (e8m0_to_fp32_half(blocks[..., 0:1]) * q).reshape(rows, cols)
     d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [rows, nb, 1]
     if t.name == "Q8_0":
         q = blocks[..., 2:].contiguous().view(torch.int8).float()
@@ -148,6 +161,15 @@ def dequantize(data: torch.Tensor, ggml_type: int, cols: int) -> torch.Tensor:
         m = blocks[..., 2:4].contiguous().view(torch.float16).float()
         return (d * q + m).reshape(rows, cols)
     return (d * (q - 8)).reshape(rows, cols)
+
+
+def e8m0_to_fp32_half(e: torch.Tensor) -> torch.Tensor:
+    """uint8 E8M0 exponents -> 2^(e - 128) as float32, ggml's GGML_E8M0_TO_FP32_HALF bit for bit:
+    e >= 2 is the normal float with exponent field e - 1; e = 0, 1 (2^-128, 2^-127) are the
+    subnormals 0x00200000 and 0x00400000."""
+    e = e.to(torch.int32)
+    bits = torch.where(e < 2, torch.tensor(0x00200000, dtype=torch.int32) << e, (e - 1) << 23)
+    return bits.view(torch.float32)
 
 
 def _dequantize_q4_k(blocks: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Linear layers whose weight stays in its GGUF file's GGML blocks (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K).
+"""Linear layers whose weight stays in its GGUF file's GGML blocks (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4).
 
 Chosen per layer from the type of the checkpoint tensor it loads (ggml_linear_method in
 layers/linear.py, asked by models/quantization.py), not per model: a GGUF file may mix types. The weight is the file's bytes,

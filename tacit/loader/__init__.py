@@ -138,7 +138,8 @@ def _open_model(model: str | Path | None, tokenizer: str | None) -> ModelSource:
     if method is None:
         return ModelSource(path, config, tok, eos, lambda skip=None, shards=None: iter_safetensors(path, skip, shards))
     # GPTQ / AWQ: each layer's packed 4-bit tensors arrive as one GGMLTensor of Q4_1 blocks; FP8:
-    # each weight and its block scales as one of FP8_E4M3 blocks; kept or dequantized as a
+    # each weight and its block scales as one of FP8_E4M3 blocks; MXFP4 (gpt-oss): each expert
+    # stack's _blocks and _scales as GGMLExpertStacks of MXFP4 blocks; kept or dequantized as a
     # GGUF's are (--quantization auto | gguf | none).
     return ModelSource(
         path,

@@ -56,7 +56,7 @@ def _add_tensor(writer: Any, name: str, arr: np.ndarray, bf16: bool, ggml_type: 
             raw = gguf.quants.quantize(arr.astype(np.float32), qtype)
         except NotImplementedError:  # the gguf package dequantizes K-quants but cannot make them
             raise ValueError(
-                f"{name}: the gguf package cannot quantize to {ggml_type} (Q8_0, Q4_0, Q4_1 it can)"
+                f"{name}: the gguf package cannot quantize to {ggml_type} (Q8_0, Q4_0, Q4_1, Q5_0, MXFP4 it can)"
             ) from None
         writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
     elif bf16 and matrix:
@@ -64,6 +64,23 @@ def _add_tensor(writer: Any, name: str, arr: np.ndarray, bf16: bool, ggml_type: 
         writer.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
     else:
         writer.add_tensor(name, arr.astype(np.float32))
+
+
+def add_ggml_blocks(writer: Any, name: str, blocks: torch.Tensor, ggml_type: int) -> None:
+    """Blocks already in `ggml_type`, uint8 [..., rows, row_bytes] (an HF checkpoint's MXFP4
+    experts re-packed by loader/mxfp4_checkpoint.py), written as they are: no re-quantization, so
+    the file holds the checkpoint's own values (llama.cpp's converter writes gpt-oss so)."""
+    import gguf
+
+    if blocks.dtype != torch.uint8 or blocks.dim() < 2:
+        raise ValueError(
+            f"{name}: GGML blocks are uint8 [..., rows, row_bytes]; got {blocks.dtype} {list(blocks.shape)}"
+        )
+    qtype = gguf.GGMLQuantizationType(ggml_type)
+    type_size = gguf.GGML_QUANT_SIZES[qtype][1]
+    if blocks.shape[-1] % type_size:
+        raise ValueError(f"{name}: rows of {blocks.shape[-1]} bytes are not whole {qtype.name} blocks of {type_size}")
+    writer.add_tensor(name, blocks.contiguous().numpy(), raw_dtype=qtype)
 
 
 def reencode_gguf(src: Path, dst: Path, bf16: bool = True) -> Path:

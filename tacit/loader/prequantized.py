@@ -1,5 +1,5 @@
-"""Hugging Face checkpoints already quantized: 4 bits by GPTQ or AWQ (here), or FP8 block-scaled
-(loader/fp8_checkpoint.py). GPTQ and AWQ layers are converted at load into Q4_1 blocks, which the GGML kernels, the fused decode step and the prefill path run as they
+"""Hugging Face checkpoints already quantized: 4 bits by GPTQ or AWQ (here), FP8 block-scaled
+(loader/fp8_checkpoint.py), or gpt-oss's MXFP4 experts (loader/mxfp4_checkpoint.py). GPTQ and AWQ layers are converted at load into Q4_1 blocks, which the GGML kernels, the fused decode step and the prefill path run as they
 run a GGUF's (one implementation of a quantized matmul; see kernels/weight_quant.py).
 
 Both store, per linear layer `p`, p.qweight (int32, eight 4-bit values each), p.qzeros (int32,
@@ -32,6 +32,7 @@ from safetensors import safe_open
 from tacit.kernels.ggml_quant import QK, GGMLTensor
 from tacit.kernels.weight_quant import Q4_1, pack_q4_1
 from tacit.loader.fp8_checkpoint import check_fp8_config, fp8_converted, fp8_weight_names
+from tacit.loader.mxfp4_checkpoint import mxfp4_converted, mxfp4_weight_names
 from tacit.loader.safetensors_check import check_safetensors_file
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # bit slot i of a packed int32 holds column 8c + AWQ_ORDER[i]
@@ -41,7 +42,7 @@ _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
 
 
 def quant_method(path: Path, config: dict) -> str | None:
-    """ "gptq", "awq" or "fp8" for a checkpoint tacit converts; None for an unquantized one; a
+    """ "gptq", "awq", "fp8" or "mxfp4" for a checkpoint tacit converts; None for an unquantized one; a
     ValueError naming the setting for any other quantization_config."""
     qc = config.get("quantization_config")
     if qc is None:
@@ -53,10 +54,12 @@ def quant_method(path: Path, config: dict) -> str | None:
     if method == "fp8":
         check_fp8_config(qc, where)
         return method
+    if method == "mxfp4":  # nothing to choose: 32-value blocks, E8M0 scales, E2M1 values
+        return method
     if method not in ("gptq", "awq"):
         raise ValueError(
-            f"{where}: quant_method {method!r} is not supported; tacit loads gptq and awq (4-bit) and fp8 "
-            "(block-scaled e4m3)"
+            f"{where}: quant_method {method!r} is not supported; tacit loads gptq and awq (4-bit), fp8 "
+            "(block-scaled e4m3) and mxfp4"
         )
     bits = qc.get("bits", qc.get("w_bit"))
     if bits != 4:
@@ -75,9 +78,17 @@ def quant_method(path: Path, config: dict) -> str | None:
 
 def quantized_weight_names(files: list[Path], method: str) -> dict[str, int]:
     """{HF weight name: GGML type} of the layers `method` converts (headers only): Q4_1 for every
-    layer whose qweight the shards hold, FP8_E4M3 for every fp8 weight with a scale."""
+    layer whose qweight the shards hold, FP8_E4M3 for every fp8 weight with a scale, MXFP4 for
+    every expert stack stored as _blocks and _scales."""
     if method == "fp8":
         return fp8_weight_names(files)
+    if method == "mxfp4":
+        keys = []
+        for f in files:
+            check_safetensors_file(f)
+            with safe_open(str(f), framework="pt") as handle:
+                keys.extend(handle.keys())
+        return mxfp4_weight_names(keys)
     out = {}
     for f in files:
         check_safetensors_file(f)  # a lying or truncated header fails here, naming the file
@@ -148,6 +159,9 @@ def converted_weights(
     qc = config["quantization_config"]
     if method == "fp8":
         yield from fp8_converted(tensors, tuple(qc["weight_block_size"]))
+        return
+    if method == "mxfp4":
+        yield from mxfp4_converted(tensors)
         return
     # AutoGPTQ v1 stores zero - 1 (its "zero point offset"); gptq_v2 (GPTQModel) the zero itself.
     offset = 1 if method == "gptq" and str(qc.get("checkpoint_format", "gptq")).lower() != "gptq_v2" else 0

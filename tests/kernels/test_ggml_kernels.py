@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16, load_cpu_kernels
-from tacit.kernels.ggml_quant import FP8_E4M3, GGML_TYPES, GGMLTensor, dequantize
+from tacit.kernels.ggml_quant import FP8_E4M3, GGML_TYPES, MXFP4, GGMLTensor, dequantize
 from tacit.layers.ggml_linear_method import GGMLLinearMethod
 from tacit.layers.linear import Linear
 
@@ -112,12 +112,12 @@ def int8_rounded(x: torch.Tensor, block: int) -> torch.Tensor:
     return (torch.round(blocks * inv) * (amax / 127.0)).reshape(m, k)
 
 
-INT8_TYPES = [2, 3, 6, 8, Q4_K, Q5_K, Q6_K]  # csrc/ggml_gemv.cpp rows_kernel
+INT8_TYPES = [2, 3, 6, 8, MXFP4, Q4_K, Q5_K, Q6_K]  # csrc/ggml_gemv.cpp rows_kernel
 
 
 @pytest.mark.parametrize("ggml_type, n, k", type_shapes(INT8_TYPES))
 def test_decode_rows_round_activations_to_int8_per_block(ggml_type, n, k):
-    """Q4_0, Q4_1, Q5_0, Q8_0 with 1-4 rows and the K-quants with 1-8 take llama.cpp's arithmetic
+    """Q4_0, Q4_1, Q5_0, Q8_0, MXFP4 with 1-4 rows and the K-quants with 1-8 take llama.cpp's arithmetic
     with int8_activations (activations as int8 per 32-value block, q8_0; the K-quants per
     256-value super-block, q8_K), compared here with the bf16 path (int8_activations=False)."""
     block = 256 if ggml_type in _K_SCALES else 32

@@ -165,9 +165,20 @@ def quantize_q5_0(w: torch.Tensor) -> GGMLTensor:
     return GGMLTensor(torch.from_numpy(blocks), 6, tuple(w.shape))
 
 
+def quantize_mxfp4(w: torch.Tensor) -> GGMLTensor:
+    """MXFP4 blocks by the gguf package (gpt-oss's experts, ggml type 39)."""
+    import gguf
+    from gguf.quants import quantize
+
+    blocks = quantize(w.float().numpy(), gguf.GGMLQuantizationType.MXFP4)
+    return GGMLTensor(torch.from_numpy(blocks), 39, tuple(w.shape))
+
+
 @needs_cpu_kernels
 @pytest.mark.parametrize(
-    "quantize", [quantize_int8_per_channel, quantize_int4_groupwise, quantize_q5_0], ids=["Q8_0", "Q4_1", "Q5_0"]
+    "quantize",
+    [quantize_int8_per_channel, quantize_int4_groupwise, quantize_q5_0, quantize_mxfp4],
+    ids=["Q8_0", "Q4_1", "Q5_0", "MXFP4"],
 )
 @pytest.mark.parametrize("tokens", [1, 5, 300])
 def test_cpu_kernel_runs_ggml_experts_as_the_torch_kernel_does(quantize, tokens):

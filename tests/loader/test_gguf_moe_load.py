@@ -1,11 +1,14 @@
 """qwen3moe / deepseek2 GGUF files (as the writer makes them, llama.cpp's layouts) load into
 tacit's Qwen3-MoE and DeepSeek-V3 models and run as the HF directory they came from."""
 
+import os
+
 import numpy as np
 import pytest
 import torch
 
 from tacit import LLM, SamplingParams
+from tacit.kernels.cpu_kernels import cpu_supports_avx512_bf16
 from tacit.loader.gguf_file import GGUFFile
 from tacit.loader.gguf_writer import export_hf_to_gguf, reencode_gguf
 
@@ -71,6 +74,33 @@ def test_q8_0_experts_load_as_their_blocks_say(arch, exported, tmp_path):
             assert x.outputs[0].token_ids == y.outputs[0].token_ids
         first_logprobs_close(got, want, 1e-4)
     first_logprobs_close(want, LLM(str(hf_dir), dtype="float32").generate(PROMPTS, GREEDY), 0.05)
+
+
+def test_mxfp4_experts_load_as_their_blocks_say(exported, tmp_path):
+    """MXFP4 expert stacks (ggml type 39, gpt-oss's), quantized by the gguf package: kept in their
+    blocks (quantization="gguf") or dequantized at load ("none"), token for token the same file
+    dequantized to float32; in bf16 the fused MoE kernel streams the blocks (bf16 activations:
+    the dequantized model's arithmetic) and gives the dequantized bf16 model's tokens."""
+    from tacit.layers.moe import FusedMoE
+
+    hf_dir, _ = exported("qwen3_moe_all")
+    path = export_hf_to_gguf(hf_dir, tmp_path / "mxfp4.gguf", ggml_types={"_exps.weight": "MXFP4"})
+    want = LLM(str(reencode_gguf(path, tmp_path / "deq.gguf", bf16=False)), dtype="float32").generate(PROMPTS, GREEDY)
+    for quantization, kept in (("gguf", 39), ("none", None)):
+        llm = LLM(str(path), dtype="float32", quantization=quantization)
+        moe = [m for m in llm.engine.model.modules() if isinstance(m, FusedMoE)]
+        assert moe and all(m.w13_type == kept and m.w2_type == kept for m in moe)
+        got = llm.generate(PROMPTS, GREEDY)
+        for x, y in zip(got, want):
+            assert x.outputs[0].token_ids == y.outputs[0].token_ids
+        first_logprobs_close(got, want, 1e-4)
+    kept, deq = (LLM(str(path), dtype="bfloat16", quantization=q, ggml_bf16_activations=True) for q in ("gguf", "none"))
+    moe = [m for m in kept.engine.model.modules() if isinstance(m, FusedMoE)]
+    assert all(m.w13_type == m.w2_type == 39 and m.w13.dtype == torch.uint8 for m in moe)
+    if cpu_supports_avx512_bf16() and not os.environ.get("TACIT_NO_CPU_KERNELS"):
+        assert all(m.kernel.name == "cpu_fused" for m in moe)  # the AVX512 kernel streams the blocks
+    for x, y in zip(kept.generate(PROMPTS, GREEDY), deq.generate(PROMPTS, GREEDY)):
+        assert x.outputs[0].token_ids == y.outputs[0].token_ids
 
 
 @pytest.mark.parametrize("down, down_id, block_bytes", [("Q4_0", 2, 18), ("Q5_0", 6, 22)])

@@ -51,7 +51,7 @@ def ggml_layers(llm: LLM) -> dict[str, str]:
 
 
 @pytest.mark.skipif(not KERNELS, reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set")
-@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q5_0", "Q8_0"])
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "MXFP4"])
 def test_native_weights_give_the_dequantized_tokens(tiny_llama_dir, tmp_path, ggml_type, bf16_ggml_activations):
     path = export(tiny_llama_dir, tmp_path, {"": ggml_type})
     native, llm = greedy(path, dtype="bfloat16")  # auto: kept quantized where the kernels run
@@ -69,7 +69,7 @@ def test_native_weights_give_the_dequantized_tokens(tiny_llama_dir, tmp_path, gg
 
 
 @pytest.mark.skipif(not KERNELS, reason="CPU lacks AVX512-BF16, or TACIT_NO_CPU_KERNELS is set")
-@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q5_0", "Q8_0"])
+@pytest.mark.parametrize("ggml_type", ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "MXFP4"])
 def test_int8_activations_keep_the_dequantized_tokens_up_to_near_ties(tiny_llama_dir, tmp_path, ggml_type):
     """By default GGML decode rows round activations to int8 per 32 values (llama.cpp's
     arithmetic; so does a prefill of 1-4 rows): on this flat tiny model (top

@@ -10,7 +10,7 @@
 // at a time measured no faster: the unpacking, not the access pattern, bounds these types.)
 // Error against the fp32 oracle (dequantize, matmul): the weight's bf16 rounding, |dw| <=
 // 2^-9 |w|, plus fp32 summation and the output's bf16 rounding. That is the path at 5-8 rows
-// (Q4_0/Q4_1/Q5_0/Q8_0), for FP8, and with int8 activations off; 1-4 rows of the GGML types (and
+// (Q4_0/Q4_1/Q5_0/Q8_0/MXFP4), for FP8, and with int8 activations off; 1-4 rows of the GGML types (and
 // 5-8 of the K-quants) take int8 dot products instead (Q5_0 / Q8_0 further down, Q4_0 / Q4_1 in
 // ggml_q4_groups.h, the K-quants in ggml_k_quants.h).
 #include "ggml_gemv.h"
@@ -27,6 +27,7 @@
 #include "bf16_common.h"
 #include "ggml_int8_activations.h"
 #include "ggml_k_quants.h"
+#include "ggml_mxfp4.h"
 #include "ggml_prefetch.h"
 #include "ggml_q4_groups.h"
 
@@ -65,7 +66,9 @@ inline __m512bh e4m3_to_bf16(const uint8_t* p) {
 // One block's 32 values as bf16, value i in lane i (low nibbles are values 0-15, high 16-31).
 template <int T>
 inline __m512bh dequant_block(const uint8_t* b) {
-  if constexpr (T == kQ8_0) {
+  if constexpr (T == kMXFP4) {
+    return mxfp4::dequant_block(b);
+  } else if constexpr (T == kQ8_0) {
     const __m512 d = _mm512_set1_ps(half_at(b));
     const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2))));
     const __m512 hi =
@@ -242,7 +245,8 @@ inline void tile_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n
 // q - 16, Q8_0's signed bytes flipped to c + 128) enters as c and the dot product starts from
 // -o * sum(x) instead of 0.
 //
-// This pairwise path is Q5_0's and Q8_0's; Q4_0 and Q4_1 take four blocks a step
+// This pairwise path is Q5_0's and Q8_0's; MXFP4 takes four blocks a step as Q4_0 does (its codes
+// looked up by vpshufb, ggml_mxfp4.h); Q4_0 and Q4_1 take four blocks a step
 // (ggml_q4_groups.h), the K-quants a super-block a step with one activation scale per 256 values
 // (ggml_k_quants.h). Lane order here (int32 lane l of a chunk sums 4 activations): Q5_0 pairs two
 // 32-value blocks A, B as [A lo nibbles (values 0-15), B lo, A hi (values 16-31), B hi], the order
@@ -404,6 +408,7 @@ void rows_kernel(const uint8_t* w, const uint16_t* x, float* y, int64_t n, int64
   // (ggml_k_quants.h).
   if (int8_activations) {
     if constexpr ((T == kQ4_0 || T == kQ4_1) && M <= 4) return q4_groups::group_rows<T, M>(w, x, y, n, begin, end, k);
+    if constexpr (T == kMXFP4 && M <= 4) return mxfp4::group_rows<M>(w, x, y, n, begin, end, k);
     if constexpr (kHasInt8Path<T> && M <= 4) return vnni_rows<T, M>(w, x, y, n, begin, end, k);
     if constexpr (T == kQ4_K || T == kQ5_K || T == kQ6_K) return k_quants::super_rows<T, M>(w, x, y, n, begin, end, k);
   }
@@ -443,12 +448,12 @@ void dequant_rows(const uint8_t* w, uint16_t* out, int64_t n, int64_t k) {
 
 bool has_kernel(int type) {
   return type == kQ4_0 || type == kQ4_1 || type == kQ5_0 || type == kQ8_0 || type == kQ4_K || type == kQ5_K ||
-         type == kQ6_K || type == kF8E4M3;
+         type == kQ6_K || type == kF8E4M3 || type == kMXFP4;
 }
 
 void check_weight(const torch::Tensor& weight, int64_t type, int64_t k) {
   TORCH_CHECK(has_kernel(static_cast<int>(type)), "GGML type ", type,
-              " has no kernel (Q4_0=2, Q4_1=3, Q5_0=6, Q8_0=8, Q4_K=12, Q5_K=13, Q6_K=14, FP8_E4M3=200)");
+              " has no kernel (Q4_0=2, Q4_1=3, Q5_0=6, Q8_0=8, Q4_K=12, Q5_K=13, Q6_K=14, MXFP4=39, FP8_E4M3=200)");
   const int64_t rb = ggml_row_bytes(static_cast<int>(type), k);
   TORCH_CHECK(k > 0 && rb > 0, "K=", k, " is not whole blocks of GGML type ", type);
   TORCH_CHECK(weight.scalar_type() == torch::kUInt8 && weight.is_contiguous() && weight.dim() == 2 &&
@@ -479,6 +484,7 @@ int64_t ggml_row_bytes(int type, int64_t k) {
     case kQ5_K: return row_bytes_of<kQ5_K>(k);
     case kQ6_K: return row_bytes_of<kQ6_K>(k);
     case kF8E4M3: return row_bytes_of<kF8E4M3>(k);
+    case kMXFP4: return row_bytes_of<kMXFP4>(k);
     default: return 0;
   }
 }
@@ -493,6 +499,7 @@ int64_t ggml_row_values(int type, int64_t bytes) {
     case kQ5_K: return row_values_of<kQ5_K>(bytes);
     case kQ6_K: return row_values_of<kQ6_K>(bytes);
     case kF8E4M3: return row_values_of<kF8E4M3>(bytes);
+    case kMXFP4: return row_values_of<kMXFP4>(bytes);
     default: return 0;
   }
 }
@@ -508,6 +515,7 @@ void gemv_ggml(const uint8_t* w, int type, const uint16_t* x, float* y, int64_t 
     case kQ5_K: return gemv_type<kQ5_K>(w, x, y, n, k, m, ldy);
     case kQ6_K: return gemv_type<kQ6_K>(w, x, y, n, k, m, ldy);
     case kF8E4M3: return gemv_type<kF8E4M3>(w, x, y, n, k, m, ldy);
+    case kMXFP4: return gemv_type<kMXFP4>(w, x, y, n, k, m, ldy);
     default: TORCH_CHECK(false, "GGML type ", type, " has no kernel");
   }
 }
@@ -523,6 +531,7 @@ void gemv_ggml_rows(const uint8_t* w, int type, const uint16_t* x, float* y, int
     case kQ5_K: return dispatch_rows<kQ5_K, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k, int8_activations);
     case kQ6_K: return dispatch_rows<kQ6_K, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k, int8_activations);
     case kF8E4M3: return dispatch_rows<kF8E4M3, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k, int8_activations);
+    case kMXFP4: return dispatch_rows<kMXFP4, 1, 2, 3, 4, 5, 6, 7, 8>(m, w, x, y, n, begin, end, k, int8_activations);
     default: TORCH_CHECK(false, "GGML type ", type, " has no kernel");
   }
 }
@@ -541,6 +550,7 @@ torch::Tensor ggml_dequantize(torch::Tensor weight, int64_t type, int64_t k) {
     case kQ4_K: dequant_rows<kQ4_K>(w, o, n, k); break;
     case kQ5_K: dequant_rows<kQ5_K>(w, o, n, k); break;
     case kF8E4M3: dequant_rows<kF8E4M3>(w, o, n, k); break;
+    case kMXFP4: dequant_rows<kMXFP4>(w, o, n, k); break;
     default: dequant_rows<kQ6_K>(w, o, n, k); break;
   }
   return out;

@@ -1,4 +1,4 @@
-// GGML block-quantized weights (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, and FP8 e4m3 blocks) x 1-8 bf16
+// GGML block-quantized weights (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, and FP8 e4m3 blocks) x 1-8 bf16
 // activation rows, for decode.
 #pragma once
 
@@ -20,6 +20,7 @@ enum GgmlType : int {
   kQ5_K = 13,
   kQ6_K = 14,
   kBf16 = 30,
+  kMXFP4 = 39,
   kF8E4M3 = 200,
 };
 
@@ -31,13 +32,14 @@ constexpr int64_t kBlockBytes = T == kQ4_0   ? 18
                                  : T == kQ5_0 ? 22
                                  : T == kQ8_0 ? 34
                                  : T == kF8E4M3 ? 36
+                                 : T == kMXFP4 ? 17
                                  : T == kQ4_K ? 144
                                  : T == kQ5_K ? 176
                                               : 210;
 template <int T>
 constexpr int64_t kBlockValues = T == kQ4_K || T == kQ5_K || T == kQ6_K ? 256 : 32;
 
-// Q4_0, Q4_1, Q5_0, Q8_0 with 1-4 activation rows multiply activations rounded to int8 per
+// Q4_0, Q4_1, Q5_0, Q8_0, MXFP4 with 1-4 activation rows multiply activations rounded to int8 per
 // 32-value block (llama.cpp's q8_0 / q8_1 arithmetic, vpdpbusd), the K-quants with 1-8 rows
 // activations rounded per 256 values (q8_K, vpmaddubsw / vpdpwssd); on by default. Off (and at 5-8
 // rows of the others, and for FP8): the blocks unpacked to bf16 against bf16 activations (the

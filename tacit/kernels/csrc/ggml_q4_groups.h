@@ -1,4 +1,5 @@
-// Q4_0 / Q4_1 weights x 1-4 int8 activation rows, four blocks (128 weights) a step, AVX512-VNNI.
+// Q4_0 / Q4_1 weights x 1-4 int8 activation rows, four blocks (128 weights) a step, AVX512-VNNI
+// (MXFP4 reuses the activation layout and quantize_for_groups: ggml_mxfp4.h).
 //
 // The pairwise kernel in ggml_gemv.cpp (which Q5_0, Q8_0 and the K-quants still use) took ~25
 // instructions per two blocks: each pair's nibbles from two 16-byte loads, each block's fp16 d (and
@@ -42,7 +43,8 @@ struct GroupRows {
   const int8_t* q;        // [M][groups][128]
   const float* scale;     // [M][groups][16]: int32 lane l -> dx of block 4g + l/4
   const float* sum;       // [M][groups][16]: dx * the sum of lane l's 8 int8 values (Q4_1's m term)
-  const __m512i* start;   // [M][groups]: -8 * that sum (Q4_0's codes are q - 8: they enter as q)
+  const __m512i* start;   // [M][groups]: -8 * that sum (Q4_0's codes are q - 8: they enter as q;
+                          // MXFP4's -16 * it: its codes enter as kvalue + 16, ggml_mxfp4.h)
   int64_t groups;
 };
 
@@ -74,7 +76,7 @@ inline GroupRows quantize_for_groups(const uint16_t* x, int m, int64_t k) {
       if constexpr (T == kQ4_1)
         _mm512_storeu_ps(sum.data() + g * 16, _mm512_mul_ps(_mm512_loadu_ps(scale.data() + g * 16), _mm512_cvtepi32_ps(lanes)));
       else
-        start[g] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(lanes, 3));
+        start[g] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(lanes, T == kMXFP4 ? 4 : 3));
     }
   }
   return {q.data(), scale.data(), sum.data(), start.data(), groups};
