@@ -5,8 +5,10 @@ a bias and whose experts have biases and a clamped SwiGLU (kernels/torch_moe.py 
 transformers' gpt_oss is the reference. Its checkpoint keeps each layer's experts as stacks:
 gate_up_proj [E, H, 2I] with gate and up interleaved as even / odd columns, gate_up_proj_bias
 [E, 2I] interleaved alike, down_proj [E, I, H], down_proj_bias [E, H]; they load into FusedMoE's
-[E, 2I, H] (gate rows, then up rows) and [E, H, I]. Only float (bf16 / fp32) experts load here:
-OpenAI's release ships them as MXFP4 (`*_blocks` / `*_scales` pairs), which is refused by name.
+[E, 2I, H] (gate rows, then up rows) and [E, H, I]. OpenAI's release ships the two weight stacks
+in MXFP4 (`*_blocks` / `*_scales` pairs, quantization_config quant_method "mxfp4"): the loader
+re-packs each pair into MXFP4 expert stacks named as a GGUF's (loader/mxfp4_checkpoint.py), kept
+in their 17-byte blocks (4.25 bits a weight) and loaded as the other MoE models load GGUF stacks.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import nn
 from tacit.config import ModelConfig
 from tacit.distributed.communicator import Communicator
 from tacit.distributed.parallel_state import SINGLE, TensorParallel
+from tacit.kernels.ggml_quant import GGMLExpertStack
 from tacit.kernels.moe_kernel import ExpertActivation
 from tacit.kernels.moe_routing import MoERouting
 from tacit.layers.attention import Attention
@@ -27,6 +30,7 @@ from tacit.layers.linear import Linear
 from tacit.layers.moe import FusedMoE
 from tacit.models.base import CausalLM
 from tacit.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaModel
+from tacit.models.qwen3_moe import load_expert_tensor
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 # HF's stacked expert tensors: "model.layers.{i}.mlp.experts.{gate_up_proj,down_proj}[_bias]".
@@ -44,15 +48,6 @@ def layer_types(cfg: ModelConfig) -> list[str]:
             f"{cfg.path}: layer_types={types!r} must name each of the {n} layers one of {', '.join(LAYER_TYPES)}"
         )
     return list(types)
-
-
-def refuse_mxfp4(cfg: ModelConfig) -> None:
-    qc = cfg.hf.get("quantization_config") or {}
-    if isinstance(qc, dict) and str(qc.get("quant_method", "")).lower() == "mxfp4":
-        raise ValueError(
-            f"{cfg.path}: quantization_config quant_method 'mxfp4' (gpt-oss's MXFP4 experts) is not loaded yet; "
-            "use a checkpoint with bf16 experts (e.g. one saved by transformers with Mxfp4Config(dequantize=True))"
-        )
 
 
 class GptOssAttention(LlamaAttention):
@@ -114,7 +109,8 @@ class GptOssMLP(nn.Module):
     def load_stack(self, proj: str, bias: bool, tensor: torch.Tensor) -> str:
         """One of transformers' stacks (this rank's part) into FusedMoE's layout; -> the parameter filled."""
         experts = self.experts
-        dtype = experts.w13.dtype
+        # The biases' own dtype: under an MXFP4 checkpoint w13 / w2 hold GGML blocks (uint8).
+        dtype = experts.w13_bias.dtype if bias else experts.w13.dtype
         if proj == "gate_up_proj":
             # Even columns gate, odd columns up -> gate rows, then up rows.
             if bias:
@@ -140,7 +136,6 @@ class GptOssForCausalLM(CausalLM):
 
     def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        refuse_mxfp4(cfg)
         if cfg.expert_cache_memory is not None:
             raise ValueError("expert_cache_memory: gpt-oss's experts (stacks with biases) do not stream; drop it")
         self.tp = tp
@@ -153,11 +148,14 @@ class GptOssForCausalLM(CausalLM):
         self.model = LlamaModel(cfg, make_layer, rotary_dim=cfg.head_dim, tp=tp)
         self._init_head(cfg, tp)
 
-    def weight_hook(self, name: str, tensor: torch.Tensor) -> str | None:
-        if name.endswith(("_blocks", "_scales")):
-            # An MXFP4 checkpoint's experts: each *_blocks / *_scales pair would be converted to
-            # the experts' held form here (refused up front by refuse_mxfp4 when the config says so).
-            raise ValueError(f"{name}: MXFP4 expert tensors are not loaded yet; use a checkpoint with bf16 experts")
+    def weight_hook(self, name: str, tensor: torch.Tensor | GGMLExpertStack) -> str | None:
+        if isinstance(tensor, GGMLExpertStack):  # an MXFP4 checkpoint's experts, re-packed by the loader
+            return load_expert_tensor(self, name, tensor)
+        if name.endswith(("_blocks", "_scales")):  # a pair the config did not declare mxfp4
+            raise ValueError(
+                f"{name}: an MXFP4 expert tensor in a checkpoint whose config.json has no quantization_config "
+                "quant_method 'mxfp4'"
+            )
         sinks = _SINKS.match(name)
         if sinks is not None:
             attn = self.get_submodule(sinks.group(1)).attn

@@ -49,19 +49,60 @@ def test_layers_take_the_configs_windows_and_sinks(tiny_model_factory):
         assert ours.mlp.experts.activation.limit == 7.0
 
 
-def test_an_mxfp4_checkpoint_is_refused_by_name(tiny_model_factory, tmp_path):
+def _mxfp4_pair(experts: int, rows: int, cols: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF `_blocks` [E, rows, cols / 32, 16] of every code and `_scales` [E, rows, cols / 32] of
+    exponents 2^-9..2^-5: values up to 6 * 2^-5, a trained expert's range."""
+    blocks = torch.randint(0, 256, (experts, rows, cols // 32, 16), dtype=torch.uint8, generator=g)
+    scales = torch.randint(118, 123, (experts, rows, cols // 32), dtype=torch.uint8, generator=g)
+    return blocks, scales
+
+
+def test_an_mxfp4_checkpoint_decodes_as_transformers_on_its_dequantized_experts(tiny_model_factory, tmp_path):
+    """OpenAI's release format: experts as `_blocks` / `_scales` pairs under quantization_config
+    mxfp4. The oracle is transformers on the same checkpoint with those experts dequantized by
+    transformers' own convert_moe_packed_tensors; tacit keeps them as MXFP4 blocks."""
+    import transformers
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from tacit.kernels.ggml_quant import MXFP4
+
     _, _, path = tiny_model_factory("gpt_oss")
-    with pytest.raises(ValueError, match="quant_method 'mxfp4'"):
-        with torch.device("meta"):
-            GptOssForCausalLM(config_with(path, quantization_config={"quant_method": "mxfp4"}))
-    copy = shutil.copytree(path, tmp_path / "mxfp4")
-    hf = json.loads((copy / "config.json").read_text())
-    (copy / "config.json").write_text(json.dumps({**hf, "quantization_config": {"quant_method": "mxfp4"}}))
-    with pytest.raises(ValueError, match="mxfp4"):
-        LLM(str(copy), dtype="float32")
+    ref_dir, mx_dir = shutil.copytree(path, tmp_path / "ref"), shutil.copytree(path, tmp_path / "mxfp4")
+    hf = json.loads((path / "config.json").read_text())
+    experts, hidden, inter = hf["num_local_experts"], hf["hidden_size"], hf["intermediate_size"]
+    weights = load_file(str(path / "model.safetensors"))
+    g = torch.Generator().manual_seed(5)
+    packed = dict(weights)
+    for i in range(hf["num_hidden_layers"]):
+        for proj, (rows, cols) in {"gate_up_proj": (2 * inter, hidden), "down_proj": (hidden, inter)}.items():
+            name = f"model.layers.{i}.mlp.experts.{proj}"
+            blocks, scales = _mxfp4_pair(experts, rows, cols, g)
+            weights[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32).contiguous()
+            del packed[name]
+            packed[f"{name}_blocks"], packed[f"{name}_scales"] = blocks, scales
+    save_file(weights, str(ref_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_file(packed, str(mx_dir / "model.safetensors"), metadata={"format": "pt"})
+    (mx_dir / "config.json").write_text(json.dumps({**hf, "quantization_config": {"quant_method": "mxfp4"}}))
+
+    oracle = transformers.AutoModelForCausalLM.from_pretrained(ref_dir, dtype=torch.float32)
+    llm = LLM(str(mx_dir), dtype="float32", quantization="gguf")  # kept as blocks in float32 too
+    moe = [m for m in llm.engine.runner.model.modules() if isinstance(m, FusedMoE)]
+    assert all(m.w13_type == m.w2_type == MXFP4 for m in moe), "experts were dequantized at load"
+    outs = llm.generate(PROMPTS, GREEDY)
+    with torch.no_grad():
+        for p, o in zip(PROMPTS, outs):
+            want = oracle.generate(
+                torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0
+            )
+            assert o.outputs[0].token_ids == want[0, len(p) :].tolist()
+
+
+def test_mxfp4_tensors_without_the_config_are_refused_by_name(tiny_model_factory):
+    _, _, path = tiny_model_factory("gpt_oss")
     with torch.device("meta"):
         m = GptOssForCausalLM(config_with(path))
-    with pytest.raises(ValueError, match="gate_up_proj_blocks: MXFP4 expert tensors are not loaded yet"):
+    with pytest.raises(ValueError, match="gate_up_proj_blocks: an MXFP4 expert tensor in a checkpoint whose config"):
         m.weight_hook("model.layers.0.mlp.experts.gate_up_proj_blocks", torch.zeros(8, 64, 2, 16, dtype=torch.uint8))
 
 
