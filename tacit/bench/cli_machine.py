@@ -54,9 +54,10 @@ def cmd_hw(args: argparse.Namespace) -> int:
 
 def cmd_attention(args: argparse.Namespace) -> int:
     from tacit.bench.attention import measure_attention
+    from tacit.bench.random_model import resolve_bench_model
     from tacit.loader import open_model
 
-    hf = open_model(args.model).hf_config
+    hf = open_model(resolve_bench_model(args.model)).hf_config
     if args.sliding_window:
         from tacit.bench.window_attention import measure_sliding_window
 
