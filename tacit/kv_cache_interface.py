@@ -9,11 +9,14 @@ from its spec and answers the engine with a KVCacheConfig: plain data, the same 
 rank layout, from which the engine builds its KVCacheManager, its SwapSpace and its capped
 max_model_len without reading the runner.
 
-Layers of different kinds (full attention beside a sliding window: gpt-oss, Gemma 3) form
-groups of equal size that share the cache tensors (vLLM's hybrid allocator): tensor j holds
-layer j of every group, a block id belongs to one group at a time, and each request keeps one
-block table per group. A full-attention group's table grows with the context; a sliding-window
-group's gives back the blocks behind the window, so its share is bounded by the window.
+Groups whose kinds all keep every token (full attention, MLA's latent, MLA with DSA's index
+keys, in any mix: GLM-5's layers with and without an indexer) share one block table: block id b
+addresses block b of every layer's own tensor. With a sliding window among them (gpt-oss,
+Gemma 3: a hybrid model) the layers form groups of equal size that share the cache tensors
+instead (vLLM's hybrid allocator): tensor j holds layer j of every group, a block id belongs to
+one group at a time, and each request keeps one block table per group. A full-attention
+group's table grows with the context; a sliding-window group's gives back the blocks behind the
+window, so its share is bounded by the window.
 """
 
 from __future__ import annotations
@@ -147,10 +150,17 @@ class KVCacheGroupSpec:
     kv_cache_spec: KVCacheSpec
 
 
+def is_hybrid(groups: tuple[KVCacheGroupSpec, ...]) -> bool:
+    """Whether some group has a sliding window: then each group keeps its own block table and
+    the groups share cache tensors (module docstring); else one table serves them all."""
+    return any(window_of(g.kv_cache_spec) is not None for g in groups)
+
+
 def bytes_per_block_of(groups: tuple[KVCacheGroupSpec, ...]) -> int:
-    """Bytes one block id takes: a page of each shared cache tensor, one per layer of the
-    largest group (groups share tensors, module docstring): what the pool is sized by."""
-    return max(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
+    """Bytes one block id takes: what the pool is sized by. One table: a page of every layer;
+    hybrid: a page of each shared tensor, one per layer of the largest group."""
+    pages = [g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups]
+    return max(pages) if is_hybrid(groups) else sum(pages)
 
 
 def window_of(spec: KVCacheSpec) -> int | None:
@@ -190,17 +200,27 @@ def capacity_tokens_of(windows: tuple[int | None, ...], block_size: int, num_blo
 
 
 def sliding_windows_of(groups: tuple[KVCacheGroupSpec, ...]) -> tuple[int | None, ...]:
-    """Each group's window (None: full), in group order."""
-    return tuple(window_of(g.kv_cache_spec) for g in groups)
+    """Each block table's window (None: full): one per group of a hybrid model, in group order;
+    (None,) for groups that share one table."""
+    return tuple(window_of(g.kv_cache_spec) for g in groups) if is_hybrid(groups) else (None,)
+
+
+def table_of_group(groups: tuple[KVCacheGroupSpec, ...], group: int) -> int:
+    """The block table (and so the attention metadata) a group's layers read."""
+    return group if is_hybrid(groups) else 0
 
 
 def check_shareable(groups: tuple[KVCacheGroupSpec, ...]) -> None:
-    """Groups that share cache tensors need pages of one shape (the same rows a token, the same
-    block size): a sliding layer beside a full one of the same heads passes; MLA's latent beside
-    a paged layer would not."""
+    """A hybrid model's groups share cache tensors, so they need pages of one shape (the same
+    rows a token, the same block size): a sliding layer beside a full one of the same heads
+    passes; a sliding layer beside MLA's latent would not. Groups of one table need only one
+    block size."""
+    sizes = sorted({g.kv_cache_spec.block_size for g in groups})
+    if len(sizes) > 1:
+        raise ValueError(f"KVCacheConfig: groups of different block sizes {sizes}; a block table needs one")
     shapes = {g.kv_cache_spec.kv_cache_shape(1) for g in groups}
     dtypes = {g.kv_cache_spec.dtype for g in groups}
-    if len(groups) > 1 and (len(shapes) > 1 or len(dtypes) > 1):
+    if is_hybrid(groups) and len(groups) > 1 and (len(shapes) > 1 or len(dtypes) > 1):
         kinds = ", ".join(f"{g.kv_cache_spec.kind} {g.kv_cache_spec.kv_cache_shape(1)}" for g in groups)
         raise ValueError(f"KV cache groups cannot share cache tensors: their pages differ ({kinds})")
 

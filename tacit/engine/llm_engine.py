@@ -107,7 +107,7 @@ class LLMEngine:
                 )
         model_cfg = self.config.model
         cache = self.config.cache
-        if len(kv_config.kv_cache_groups) > 1:
+        if len(kv_config.sliding_windows) > 1:
             # One table per group: a swap's block list and the second tier's blocks name one.
             kinds = sorted({g.kv_cache_spec.kind for g in kv_config.kv_cache_groups})
             if cache.kv_offloading_size:

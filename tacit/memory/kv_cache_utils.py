@@ -3,13 +3,14 @@ for its hybrid allocator): the pool is sized and a manager allocates per group, 
 
 from __future__ import annotations
 
-from tacit.kv_cache_interface import KVCacheGroupSpec, KVCacheSpec, check_shareable
+from tacit.kv_cache_interface import KVCacheGroupSpec, KVCacheSpec, check_shareable, window_of
 
 
 def get_kv_cache_groups(specs: dict[str, KVCacheSpec]) -> tuple[KVCacheGroupSpec, ...]:
     """{layer name: spec} -> groups of layers of one spec, in the order of their first layer.
 
-    One spec: one group of every layer. Several (full attention beside a sliding window): every
+    Kinds that all keep every token: one group per spec (one block table serves them). With a
+    sliding window among them (a hybrid model): every
     group has the size of the smallest spec's layer count, the larger specs' layers cut into
     groups of that size in order, because groups share cache tensors (tacit/kv_cache_interface.py):
     gpt-oss's 12 sliding and 12 full layers make two groups of 12; Gemma 3 1B's 22 sliding and 4
@@ -20,8 +21,11 @@ def get_kv_cache_groups(specs: dict[str, KVCacheSpec]) -> tuple[KVCacheGroupSpec
     by_spec: dict[KVCacheSpec, list[str]] = {}
     for name, spec in specs.items():
         by_spec.setdefault(spec, []).append(name)
-    if len(by_spec) == 1:
-        return tuple(KVCacheGroupSpec(tuple(names), spec) for spec, names in by_spec.items())
+    if len(by_spec) == 1 or all(window_of(spec) is None for spec in by_spec):
+        # Every kind keeps every token: one group per spec, one block table for all of them.
+        groups = tuple(KVCacheGroupSpec(tuple(names), spec) for spec, names in by_spec.items())
+        check_shareable(groups)
+        return groups
     size = min(len(names) for names in by_spec.values())
     groups = tuple(
         KVCacheGroupSpec(tuple(names[i : i + size]), spec)

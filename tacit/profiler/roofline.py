@@ -92,6 +92,7 @@ def model_shapes(model: nn.Module) -> ModelShapes:
             qk = getattr(m, "qk_head_dim", None) or m.head_dim
             v = getattr(m, "v_dim", None) or qk
             shapes.attention = (m.num_heads, qk, v, m.kv_cache_spec.bytes_per_token)
+            shapes.window = getattr(m, "sliding_window", None)
         elif module_category(name, m) == "moe_routing" and hasattr(m, "gate") and not isinstance(m.gate, LinearBase):
             w = m.gate.weight  # DeepSeek-V3's router, read in float32
             shapes.router = (w.shape[0], w.shape[1], w.numel() * w.element_size())
@@ -99,6 +100,15 @@ def model_shapes(model: nn.Module) -> ModelShapes:
 
 
 Work = dict[str, dict[str, tuple[float, float]]]  # layer -> category -> (FLOPs, bytes)
+
+
+def attended_pairs(n: int, c: int, window: int | None) -> float:
+    """(query, key) pairs of n new tokens after c computed: query j (position c + j) sees its
+    c + j + 1 positions, at most `window` of them."""
+    if window is None:
+        return n * c + n * (n + 1) / 2
+    full = max(0, min(n, window - c))  # queries still short of the window: c + j + 1 <= window
+    return full * c + full * (full + 1) / 2 + (n - full) * window
 
 
 def step_work(shapes: ModelShapes, rows: list[tuple[int, int]], num_samples: int) -> Work:
@@ -117,9 +127,10 @@ def step_work(shapes: ModelShapes, rows: list[tuple[int, int]], num_samples: int
             w["norm"] = (sum(4.0 * t * n for n in s.norms), sum(2.0 * t * n * ACT_BYTES for n in s.norms))
         if s.attention:
             heads, qk, v, kv_token = s.attention
-            # Query j of a row attends to all positions up to itself: QK^T and PV over them.
-            pairs = sum(n * c + n * (n + 1) / 2 for n, c in rows)
-            kv = sum((n + c) * kv_token for n, c in rows)  # each row's context read once, its new KV written
+            # Query j of a row attends to all positions up to itself (a sliding layer: its last
+            # `window`): QK^T and PV over them; each row's keys read once, its new KV written.
+            pairs = sum(attended_pairs(n, c, s.window) for n, c in rows)
+            kv = sum((n + (c if s.window is None else min(c, s.window - 1))) * kv_token for n, c in rows)
             w["attention"] = (2.0 * heads * (qk + v) * pairs, kv + t * heads * (qk + v) * ACT_BYTES)
         if s.router:
             e, h, b = s.router

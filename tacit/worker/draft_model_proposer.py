@@ -120,11 +120,11 @@ class DraftModelProposer(DraftProposer):
         )
         runner = ModelRunner(draft_config, model, device, platform.free_memory_bytes())
         groups = runner.kv_cache_config.kv_cache_groups
-        if len(groups) > 1:  # its blocks are kept here in one table a request (_reserve)
+        if len(runner.kv_cache_config.sliding_windows) > 1:  # its blocks are kept here in one table a request
             kinds = ", ".join(g.kv_cache_spec.kind for g in groups)
             raise ValueError(
-                f"speculative_config model {config.model!r} has {len(groups)} KV cache groups ({kinds}); "
-                "a draft model must keep one (full-attention or MLA layers only)"
+                f"speculative_config model {config.model!r} has sliding-window layers ({kinds}); a draft "
+                "model keeps one block table a request (full-attention or MLA layers only)"
             )
         logger.info(
             "draft model %s: %d KV blocks of %d tokens, decode steps on the %s",

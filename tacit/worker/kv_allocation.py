@@ -8,7 +8,14 @@ from __future__ import annotations
 import torch
 
 from tacit.config import EngineConfig
-from tacit.kv_cache_interface import KVCacheGroupSpec, KVCacheSpec, blocks_for_tokens, sliding_windows_of
+from tacit.kv_cache_interface import (
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    blocks_for_tokens,
+    is_hybrid,
+    sliding_windows_of,
+    table_of_group,
+)
 from tacit.layers.kv_cache import KVCacheLayer
 from tacit.memory.kv_cache_utils import get_kv_cache_groups
 
@@ -54,18 +61,19 @@ def allocate_kv_caches(
     layers: dict[str, KVCacheLayer], groups: tuple[KVCacheGroupSpec, ...], num_blocks: int, device: torch.device
 ) -> None:
     """Allocate each layer's cache of num_blocks blocks from its group's spec and bind the spec
-    (and its group's index, the block table it reads) to it. Groups share tensors: layer j of
+    (and the block table it reads) to it. A hybrid model's groups share tensors: layer j of
     every group binds the tensor layer j of the first group allocated (the groups' pages are of
-    one shape, checked when grouped). A layer whose tensor is not what its spec says (a layer
+    one shape, checked when grouped); otherwise each layer has its own. A layer whose tensor is not what its spec says (a layer
     computing its own shape, as DeepSeek's MLAAttention does) is refused here: the pool was
     sized from the specs."""
     shared: list[torch.Tensor] = []
+    hybrid = is_hybrid(groups)
     for index, group in enumerate(groups):
         spec = group.kv_cache_spec
         for j, name in enumerate(group.layer_names):
             m = layers[name]
-            m.kv_cache_group = index
-            if j < len(shared):
+            m.kv_cache_group = table_of_group(groups, index)
+            if hybrid and j < len(shared):
                 m.kv_cache, m.kv_cache_spec = shared[j], spec
                 continue
             m.allocate_kv_cache(num_blocks, spec.block_size, spec.dtype, device)

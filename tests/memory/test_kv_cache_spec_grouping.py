@@ -54,10 +54,22 @@ def test_sliding_and_full_layers_form_groups_of_the_smallest_kinds_size():
     assert config.capacity_tokens == (100 - 5 * 7) * 16
 
 
-def test_groups_that_cannot_share_tensors_are_refused():
+def test_kinds_that_keep_every_token_share_one_table_with_tensors_of_their_own():
     mla = MLAAttentionSpec(block_size=16, dtype=torch.bfloat16, kv_lora_rank=512, rope_dim=64)
-    with pytest.raises(ValueError, match="cannot share cache tensors"):
-        get_kv_cache_groups({"l0": full(), "l1": mla})
+    specs = {"l0": full(), "l1": mla, "l2": full(), "l3": full(heads=4), "l4": mla}
+    groups = get_kv_cache_groups(specs)
+    assert [(g.layer_names, g.kv_cache_spec) for g in groups] == [
+        (("l0", "l2"), full()),
+        (("l1", "l4"), mla),
+        (("l3",), full(heads=4)),
+    ]
+    config = KVCacheConfig(num_blocks=10, kv_cache_groups=groups, max_model_len=160)
+    # One table: a block id is a page of every layer (2 x 512 B, 2 x MLA's 1152 B, 1024 B a token).
+    assert config.bytes_per_block == 16 * (2 * 512 + 2 * 1152 + 1024)
+    assert config.sliding_windows == (None,) and config.capacity_tokens == 160
+
+
+def test_a_hybrid_models_groups_must_share_tensors():
     with pytest.raises(ValueError, match="cannot share cache tensors"):
         get_kv_cache_groups({"l0": full(heads=4), "l1": sliding()})
 
@@ -75,10 +87,16 @@ def test_bad_specs_and_configs_are_refused():
         full(dtype=torch.int32)
     with pytest.raises(ValueError, match="block_size=0 is invalid"):
         full(block_size=0)
+    with pytest.raises(ValueError, match="groups of different block sizes \\[8, 16\\]"):
+        KVCacheConfig(
+            num_blocks=4,
+            kv_cache_groups=(KVCacheGroupSpec(("a",), full(8)), KVCacheGroupSpec(("b",), full(16, heads=4))),
+            max_model_len=32,
+        )
     with pytest.raises(ValueError, match="cannot share cache tensors"):
         KVCacheConfig(
             num_blocks=4,
-            kv_cache_groups=(KVCacheGroupSpec(("a",), full(8)), KVCacheGroupSpec(("b",), sliding(block_size=16))),
+            kv_cache_groups=(KVCacheGroupSpec(("a",), full(heads=4)), KVCacheGroupSpec(("b",), sliding())),
             max_model_len=32,
         )
     with pytest.raises(ValueError, match="sliding_window=0 must be an integer >= 1"):
