@@ -187,6 +187,31 @@ def make_config(arch: str, vocab: int):
             norm_topk_prob=True,
             **extra,
         )
+    if arch == "deepseek_v32":
+        # index_topk 24 < the longer test prompts (45..300 tokens): most queries attend sparsely.
+        # 8 index heads: a key scores exactly 0 (every head's ReLU off) with odds 2^-8, so the
+        # top-k edge rarely falls on a tie that two correct implementations may break differently.
+        kw.update(num_key_value_heads=4, num_hidden_layers=3)
+        return tf.DeepseekV32Config(
+            **kw,
+            moe_intermediate_size=32,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            kv_lora_rank=32,
+            q_lora_rank=24,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            first_k_dense_replace=1,
+            norm_topk_prob=True,
+            index_n_heads=8,
+            index_head_dim=16,
+            index_topk=24,
+        )
     raise KeyError(arch)
 
 

@@ -1,0 +1,184 @@
+"""DeepSeek-V3.2's sparse attention (DSA) over the paged latent + indexer-key cache.
+
+The lightning indexer scores every earlier token of a request for each query t:
+
+    index[t, s] = sum_h w[t, h] * relu(scale * q_idx[t, h] . k_idx[s])      (causal s <= t)
+
+and the query attends (absorbed MLA, kernels/absorbed_mla_attention.py) only over the
+index_topk tokens of highest score: all of them while its context is at most index_topk
+(transformers' DeepseekV32Indexer picks topk over the causally masked scores; a -inf pick is
+masked again, so a short context is dense). The indexer's keys live beside the latent rows in
+one cache (kv_cache_interface.MLAIndexerAttentionSpec, block-major halves: dsa_cache_views).
+
+The step's metadata is the MLA backends' (TorchAttentionMetadata: padded request groups); both
+halves are read through each group's block table. Per query the selected latent rows are
+gathered (index_topk x 576 values, 2.3 MB in bf16 for V3.2) and attended as one request of
+index_topk keys, so decode costs the indexer's one matmul over the context's index keys
+(64 heads x 128 per key) plus attention over 2,048 rows instead of the whole context.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tacit.kernels.absorbed_mla_attention import SCORE_BLOCK_ELEMENTS, absorbed_weights, latent_attention
+from tacit.kernels.kv_quant import SCALE_BYTES, pack_rows, unpack_rows
+from tacit.kernels.torch_attention import (
+    AttentionGroup,
+    TorchAttentionMetadata,
+    gather_blocks,
+    pad_queries,
+    run_groups,
+    unpad_queries,
+)
+from tacit.kernels.torch_mla_attention import MLADims
+
+
+def dsa_cache_views(
+    kv_cache: torch.Tensor, block_size: int, latent_width: int, index_width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """kv_cache [blocks, block_size * (latent_width + index_width)] -> its latent rows
+    [blocks, block_size, latent_width] and index rows [blocks, block_size, index_width]: views,
+    so writes land in the cache and gather_blocks reads a block's half as one run."""
+    nb = kv_cache.shape[0]
+    if kv_cache.dim() != 2 or kv_cache.shape[1] != block_size * (latent_width + index_width):
+        raise ValueError(
+            f"a DSA cache is [blocks, block_size * (latent + index row)] = [*, {block_size * (latent_width + index_width)}]"
+            f", got {tuple(kv_cache.shape)}"
+        )
+    split = block_size * latent_width
+    latent = kv_cache[:, :split].view(nb, block_size, latent_width)
+    index = kv_cache[:, split:].view(nb, block_size, index_width)
+    return latent, index
+
+
+def write_dsa_kv(
+    latent_cache: torch.Tensor,
+    index_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    latent: torch.Tensor,
+    k_pe: torch.Tensor,
+    index_key: torch.Tensor,
+) -> None:
+    """The step's normed latents [T, rank], rotated k_pe [T, rope] and index keys [T, D_idx] at
+    their slots (int8: each part its own row with its scale, as MLAWriteKV stores the latent)."""
+    bs = latent_cache.shape[1]
+    block, offset = slot_mapping // bs, slot_mapping % bs
+    if latent_cache.dtype == torch.int8:
+        rows, keys = torch.cat([pack_rows(latent), pack_rows(k_pe)], dim=-1), pack_rows(index_key)
+    else:
+        rows, keys = torch.cat([latent, k_pe], dim=-1).to(latent_cache.dtype), index_key.to(index_cache.dtype)
+    latent_cache[block, offset] = rows
+    index_cache[block, offset] = keys
+
+
+def _rows_as(rows: torch.Tensor, widths: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Cached rows [..., sum(widths) (+ a scale each in int8)] in `dtype` (int8: dequantized part by part)."""
+    if rows.dtype != torch.int8:
+        return rows.to(dtype)
+    parts = rows.split([w + SCALE_BYTES for w in widths], dim=-1)
+    return torch.cat([unpack_rows(p, dtype) for p in parts], dim=-1)
+
+
+def index_scores(
+    q_idx: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q_idx [R, Q, Hi, D], weights [R, Q, Hi] (float32), keys [R, L, D], mask [R, Q, L] (True:
+    may attend) -> the indexer's scores [R, Q, L] float32, -inf where masked. The q.k products
+    are one matmul in the keys' dtype (bf16 under a bf16 model: what the issue asks of decode;
+    transformers computes them in float32, so a bf16 run may swap near-ties at the top-k edge)."""
+    r, nq, hi, d = q_idx.shape
+    raw = torch.bmm(q_idx.reshape(r, nq * hi, d).to(keys.dtype), keys.transpose(1, 2)).float()
+    raw = torch.relu_(raw.mul_(scale)).view(r, nq, hi, -1)
+    out = torch.matmul(weights.unsqueeze(-2), raw).squeeze(-2)  # [R, Q, L]: the heads' weighted sum
+    return out.masked_fill_(~mask, float("-inf"))
+
+
+def select_topk(scores: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """scores [R, Q, L] -> (indices [R, Q, k], valid [R, Q, k]) with k = min(topk, L): a query
+    with fewer than k attendable keys gets all of them, its other picks marked invalid."""
+    values, indices = scores.topk(min(topk, scores.shape[-1]), dim=-1)
+    return indices, values > float("-inf")
+
+
+def gather_selected(latent_cache: torch.Tensor, g: AttentionGroup, indices: torch.Tensor) -> torch.Tensor:
+    """indices [R, Q, k] into each request's context (as gather_blocks orders it) -> the latent
+    rows [R, Q, k, row] read straight from their blocks: only the selected rows are copied."""
+    bs = latent_cache.shape[1]
+    r = indices.shape[0]
+    blocks = torch.gather(g.block_tables, 1, (indices // bs).reshape(r, -1)).view_as(indices)
+    return latent_cache[blocks, indices % bs]
+
+
+def sparse_attend(
+    q: torch.Tensor,
+    q_idx: torch.Tensor,
+    idx_weights: torch.Tensor,
+    g: AttentionGroup,
+    latent_cache: torch.Tensor,
+    index_cache: torch.Tensor,
+    kv_b_proj: torch.Tensor,
+    dims: MLADims,
+    scale: float,
+    index_scale: float,
+    topk: int,
+) -> torch.Tensor:
+    """One group's queries q [Tg, H, nope + rope] -> [Tg, H, v]: the indexer's top-k per query,
+    then absorbed MLA over only those rows. Queries go in slices so neither the indexer's
+    scores nor the gathered rows top SCORE_BLOCK_ELEMENTS (a 32k prefill of V3.2's 64 index
+    heads would otherwise hold 64 x 32k x 32k scores)."""
+    w_uk, w_uv_t = absorbed_weights(kv_b_proj, dims)
+    q_nope, q_pe = q.split([dims.nope, dims.rope], dim=-1)
+    q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [Tg, H, rank]
+    q_abs = pad_queries(torch.cat([q_latent.float(), q_pe.float()], dim=-1), g)  # [R, Q, H, rank + rope]
+    qi, wi = pad_queries(q_idx, g), pad_queries(idx_weights, g)
+    keys = _rows_as(gather_blocks(index_cache, g), (q_idx.shape[-1],), q_idx.dtype)  # [R, L, D]
+    mask = g.attn_mask[:, 0]  # [R, Q, L]
+    r, nq = q_abs.shape[:2]
+    length, hi = keys.shape[1], q_idx.shape[1]
+    k = min(topk, length)
+    row = dims.rank + dims.rope
+    step = max(1, min(nq, SCORE_BLOCK_ELEMENTS // (r * max(hi * length, k * (row + dims.heads)))))
+    o_latent = q_abs.new_empty(r, nq, dims.heads, dims.rank)
+    for q0 in range(0, nq, step):
+        qs = slice(q0, q0 + step)
+        scores = index_scores(qi[:, qs], wi[:, qs], keys, mask[:, qs], index_scale)
+        indices, valid = select_topk(scores, topk)
+        n = indices.shape[0] * indices.shape[1]
+        ctx = _rows_as(gather_selected(latent_cache, g, indices), (dims.rank, dims.rope), torch.float32)
+        out = latent_attention(
+            q_abs[:, qs].reshape(n, 1, dims.heads, row), ctx.view(n, -1, row), valid.view(n, 1, -1), scale, dims.rank
+        )
+        o_latent[:, qs] = out.view(r, -1, dims.heads, dims.rank)
+    o = unpad_queries(o_latent, g).to(q.dtype)  # [Tg, H, rank]
+    return torch.bmm(o.transpose(0, 1), w_uv_t).transpose(0, 1)
+
+
+def sparse_mla_forward(
+    query: torch.Tensor,
+    q_idx: torch.Tensor,
+    idx_weights: torch.Tensor,
+    latent_cache: torch.Tensor,
+    index_cache: torch.Tensor,
+    meta: TorchAttentionMetadata,
+    kv_b_proj: torch.Tensor,
+    dims: MLADims,
+    scale: float,
+    index_scale: float,
+    topk: int,
+) -> torch.Tensor:
+    """The step's queries [T, H, nope + rope], index queries [T, Hi, D] and head weights
+    [T, Hi] (float32) -> [T, H, v], each query over its request's top-k tokens."""
+    if not isinstance(meta, TorchAttentionMetadata):
+        raise TypeError(
+            f"DSA attention reads the torch MLA backends' padded-group metadata (TorchAttentionMetadata), got "
+            f"{type(meta).__name__}: run DeepSeek-V3.2 with the absorbed_mla or torch_mla backend"
+        )
+
+    def attend(q: torch.Tensor, g: AttentionGroup) -> torch.Tensor:
+        sel = slice(None) if g.token_index is None else g.token_index
+        return sparse_attend(
+            q, q_idx[sel], idx_weights[sel], g, latent_cache, index_cache, kv_b_proj, dims, scale, index_scale, topk
+        )
+
+    return run_groups(query, meta, dims.v, attend)

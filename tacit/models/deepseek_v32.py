@@ -1,0 +1,147 @@
+"""DeepSeek-V3.2 (DeepseekV32ForCausalLM): DeepSeek-V3 with DeepSeek Sparse Attention (DSA).
+
+Everything but the attention's key selection is V3's (models/deepseek_v3.py). Each layer adds a
+lightning indexer (transformers' DeepseekV32Indexer, the parity oracle: a bf16/float indexer
+without the original code's Hadamard rotation, which preserves dot products, and its FP8):
+
+    q_idx = wq_b(q_resid)                    [T, index_n_heads, index_head_dim]
+    k_idx = LayerNorm(wk(x))                 [T, index_head_dim], one key per token
+    the first qk_rope_head_dim values of both rotated half-split (MLA's own rope is interleaved)
+    w = weights_proj(x) / sqrt(index_n_heads)   in float32 (transformers keeps it there)
+    score[t, s] = sum_h w[t, h] relu(q_idx[t, h] . k_idx[s] / sqrt(index_head_dim))
+
+and each query attends (MLA) only over its index_topk highest-scoring earlier tokens: every one
+while its context is at most index_topk. The indexer's keys are cached beside the latent
+(kv_cache_interface.MLAIndexerAttentionSpec); kernels/sparse_mla_attention.py does the rest.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tacit.config import ModelConfig
+from tacit.distributed.parallel_state import SINGLE, TensorParallel
+from tacit.forward_context import get_attention_metadata
+from tacit.kernels.kv_quant import kv_row_width
+from tacit.kernels.sparse_mla_attention import dsa_cache_views, sparse_mla_forward, write_dsa_kv
+from tacit.kernels.torch_mla_attention import MLADims
+from tacit.kv_cache_interface import KVCacheSpec, MLAAttentionSpec, MLAIndexerAttentionSpec
+from tacit.layers.linear import Linear
+from tacit.layers.rotary import RotaryEmbedding, rotate_neox
+from tacit.models.deepseek_v3 import DeepseekV3ForCausalLM, MLAAttention
+
+
+class DSAIndexer(nn.Module):
+    """The lightning indexer's weights and its query/key. Whole on every tensor-parallel rank
+    (its 64 heads of V3.2 are not split): each rank selects the same tokens for its MLA heads."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        hf = cfg.hf
+        hidden = hf["hidden_size"]
+        self.n_heads, self.head_dim = int(hf["index_n_heads"]), int(hf["index_head_dim"])
+        self.topk, self.rope_dim = int(hf["index_topk"]), int(hf["qk_rope_head_dim"])
+        if self.rope_dim > self.head_dim or self.topk < 1:
+            raise ValueError(
+                f"{cfg.path}: index_head_dim={self.head_dim} must hold qk_rope_head_dim={self.rope_dim} and "
+                f"index_topk={self.topk} must be >= 1"
+            )
+        self.wq_b = Linear(hf["q_lora_rank"], self.n_heads * self.head_dim, bias=False)
+        self.wk = Linear(hidden, self.head_dim, bias=False)
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6)
+        self.weights_proj = Linear(hidden, self.n_heads, bias=False)
+        # The head weights in float32, as transformers keeps them (_keep_in_fp32_modules): they
+        # scale every head's ReLU score before the top-k, where a bf16 rounding flips near-ties.
+        self.weights_proj.keep_fp32 = True
+        self.scale = self.head_dim**-0.5
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, D]: its first rope_dim values rotated half-split (transformers' rotate_half)."""
+        rot, rest = x.split([self.rope_dim, self.head_dim - self.rope_dim], dim=-1)
+        return torch.cat([rotate_neox(rot, cos, sin), rest], dim=-1)
+
+    def key(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden] -> each token's index key [T, index_head_dim] (what the cache keeps)."""
+        k = self.k_norm(self.wk(x))
+        return self._rotate(k[:, None, :], cos, sin)[:, 0]
+
+    def query(
+        self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> the index queries [T, n_heads, head_dim] and each head's weight [T, n_heads] float32."""
+        q = self.wq_b(q_resid).view(x.shape[0], self.n_heads, self.head_dim)
+        w_dtype = self.weights_proj.weight.dtype
+        weights = self.weights_proj(x.to(w_dtype) if w_dtype.is_floating_point else x).float()
+        return self._rotate(q, cos, sin), weights * self.n_heads**-0.5
+
+
+class DSAAttention(MLAAttention):
+    """MLA whose queries attend only the indexer's top-k tokens. Its cache holds the latent rows
+    and the indexer's keys (MLAIndexerAttentionSpec); the bound MLA backend supplies the step's
+    metadata, the attention itself is kernels/sparse_mla_attention.py's."""
+
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
+        super().__init__(cfg, tp)
+        if self.q_lora_rank is None:
+            raise ValueError(f"{cfg.path}: DeepSeek-V3.2's indexer reads the q LoRA's output; q_lora_rank is null")
+        self.indexer = DSAIndexer(cfg)
+        self.index_head_dim = self.indexer.head_dim
+        self.block_size = 0  # set with the cache
+
+    def get_kv_cache_spec(self, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
+        """The MLA backend's latent spec with the indexer's key row added."""
+        spec = super().get_kv_cache_spec(block_size, dtype)
+        if not isinstance(spec, MLAAttentionSpec):
+            raise ValueError(f"DSAAttention needs an MLA backend's latent cache spec, got {type(spec).__name__}")
+        return MLAIndexerAttentionSpec(
+            block_size=spec.block_size,
+            dtype=spec.dtype,
+            kv_lora_rank=spec.kv_lora_rank,
+            rope_dim=spec.rope_dim,
+            index_head_dim=self.index_head_dim,
+        )
+
+    def kv_numel_per_token(self, dtype: torch.dtype) -> int:
+        return super().kv_numel_per_token(dtype) + kv_row_width(self.index_head_dim, dtype)
+
+    def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        numel = self.kv_numel_per_token(dtype)
+        self.kv_cache = torch.zeros(num_blocks, block_size * numel, dtype=dtype, device=device)
+        self.block_size = block_size
+
+    def cache_views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cache's latent rows [blocks, block_size, row] and index keys [blocks, block_size, D_idx]."""
+        dtype = self.kv_cache.dtype
+        latent_width = MLAAttention.kv_numel_per_token(self, dtype)
+        return dsa_cache_views(self.kv_cache, self.block_size, latent_width, kv_row_width(self.index_head_dim, dtype))
+
+    def forward(
+        self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor, reduce: bool = True
+    ) -> torch.Tensor:
+        meta = get_attention_metadata()
+        t, h = x.shape[0], self.num_heads
+        q_resid, q_nope, q_pe, latent, k_pe = self.project(x, rotary, cos, sin)
+        latent_cache, index_cache = self.cache_views()
+        write_dsa_kv(latent_cache, index_cache, meta.slot_mapping, latent, k_pe, self.indexer.key(x, cos, sin))
+        q_idx, weights = self.indexer.query(x, q_resid, cos, sin)
+        query = torch.cat([q_nope, q_pe], dim=-1)
+        kv_b = self.kv_b_proj.weight
+        out = sparse_mla_forward(
+            query,
+            q_idx,
+            weights,
+            latent_cache,
+            index_cache,
+            meta,
+            kv_b,
+            MLADims.of(query, latent_cache, kv_b),
+            self.scale,
+            self.indexer.scale,
+            self.indexer.topk,
+        )
+        return self.o_proj(out.reshape(t, h * self.v_dim), reduce=reduce)
+
+
+class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
+    attention_cls = DSAAttention
