@@ -12,16 +12,19 @@ one cache (kv_cache_interface.MLAIndexerAttentionSpec, block-major halves: dsa_c
 
 The step's metadata is the MLA backends' (TorchAttentionMetadata: padded request groups); both
 halves are read through each group's block table. Per query the selected latent rows are
-gathered (index_topk x 576 values, 2.3 MB in bf16 for V3.2) and attended as one request of
-index_topk keys, so decode costs the indexer's one matmul over the context's index keys
-(64 heads x 128 per key) plus attention over 2,048 rows instead of the whole context.
+gathered (index_topk x 576 values, 2.3 MB in bf16 for V3.2) and attended as one decode
+request whose context is those rows (selected_group), by the absorbed backend's own decode
+(csrc's mla_decode_attention for bf16 or int8 on CPU). So decode costs the indexer's one
+matmul over the context's index keys (64 heads x 128 per key: 0.27G multiply-adds at 32k)
+plus attention over 2,048 rows (128 heads x 2,048 x 1,088: 0.29G) instead of the whole
+context (128 x 32k x 1,088: 4.6G).
 """
 
 from __future__ import annotations
 
 import torch
 
-from tacit.kernels.absorbed_mla_attention import SCORE_BLOCK_ELEMENTS, absorbed_weights, latent_attention
+from tacit.kernels.absorbed_mla_attention import SCORE_BLOCK_ELEMENTS, absorbed_attend
 from tacit.kernels.kv_quant import SCALE_BYTES, pack_rows, unpack_rows
 from tacit.kernels.torch_attention import (
     AttentionGroup,
@@ -110,6 +113,33 @@ def gather_selected(latent_cache: torch.Tensor, g: AttentionGroup, indices: torc
     return latent_cache[blocks, indices % bs]
 
 
+def selected_group(indices: torch.Tensor, valid: torch.Tensor, block_size: int) -> tuple[AttentionGroup, torch.Tensor]:
+    """n queries' selections (indices, valid [n, k]; topk's descending order puts the invalid
+    picks last) -> a decode group in which query i is request i whose context is its gathered
+    rows: blocks [i * B, (i + 1) * B) of the gathered cache (k padded up to B whole blocks),
+    its position its last valid row. Then the absorbed backend's decode (the C++ kernel over
+    bf16 or int8 rows included) attends the selection as it would a whole context.
+    Returns the group and the row index [n, B * block_size] to gather (padding repeats row 0,
+    past every position)."""
+    n, k = indices.shape
+    blocks = -(-k // block_size)
+    if blocks * block_size > k:
+        indices = torch.cat([indices, indices[:, :1].expand(n, blocks * block_size - k)], dim=1)
+        valid = torch.cat([valid, valid.new_zeros(n, blocks * block_size - k)], dim=1)
+    ident = torch.arange(n, device=indices.device)
+    group = AttentionGroup(
+        token_index=None,
+        query_pad_index=ident,
+        query_unpad_index=ident,
+        block_tables=torch.arange(n * blocks, device=indices.device).view(n, blocks),
+        attn_mask=valid[:, None, None, :],
+        num_reqs=n,
+        max_query_len=1,
+        decode_positions=valid.sum(-1) - 1,
+    )
+    return group, indices
+
+
 def sparse_attend(
     q: torch.Tensor,
     q_idx: torch.Tensor,
@@ -124,34 +154,29 @@ def sparse_attend(
     topk: int,
 ) -> torch.Tensor:
     """One group's queries q [Tg, H, nope + rope] -> [Tg, H, v]: the indexer's top-k per query,
-    then absorbed MLA over only those rows. Queries go in slices so neither the indexer's
-    scores nor the gathered rows top SCORE_BLOCK_ELEMENTS (a 32k prefill of V3.2's 64 index
-    heads would otherwise hold 64 x 32k x 32k scores)."""
-    w_uk, w_uv_t = absorbed_weights(kv_b_proj, dims)
-    q_nope, q_pe = q.split([dims.nope, dims.rope], dim=-1)
-    q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [Tg, H, rank]
-    q_abs = pad_queries(torch.cat([q_latent.float(), q_pe.float()], dim=-1), g)  # [R, Q, H, rank + rope]
-    qi, wi = pad_queries(q_idx, g), pad_queries(idx_weights, g)
+    then absorbed MLA over only those rows (selected_group). Queries go in slices so neither
+    the indexer's scores nor the gathered rows top SCORE_BLOCK_ELEMENTS (a 32k prefill of
+    V3.2's 64 index heads would otherwise hold 64 x 32k x 32k scores)."""
+    qp, qi, wi = pad_queries(q, g), pad_queries(q_idx, g), pad_queries(idx_weights, g)
     keys = _rows_as(gather_blocks(index_cache, g), (q_idx.shape[-1],), q_idx.dtype)  # [R, L, D]
     mask = g.attn_mask[:, 0]  # [R, Q, L]
-    r, nq = q_abs.shape[:2]
-    length, hi = keys.shape[1], q_idx.shape[1]
+    r, nq = qp.shape[:2]
+    length, hi, bs = keys.shape[1], q_idx.shape[1], latent_cache.shape[1]
     k = min(topk, length)
-    row = dims.rank + dims.rope
+    row = latent_cache.shape[-1]
     step = max(1, min(nq, SCORE_BLOCK_ELEMENTS // (r * max(hi * length, k * (row + dims.heads)))))
-    o_latent = q_abs.new_empty(r, nq, dims.heads, dims.rank)
+    out = q.new_empty(r, nq, dims.heads, dims.v)
     for q0 in range(0, nq, step):
         qs = slice(q0, q0 + step)
-        scores = index_scores(qi[:, qs], wi[:, qs], keys, mask[:, qs], index_scale)
-        indices, valid = select_topk(scores, topk)
+        indices, valid = select_topk(index_scores(qi[:, qs], wi[:, qs], keys, mask[:, qs], index_scale), topk)
         n = indices.shape[0] * indices.shape[1]
-        ctx = _rows_as(gather_selected(latent_cache, g, indices), (dims.rank, dims.rope), torch.float32)
-        out = latent_attention(
-            q_abs[:, qs].reshape(n, 1, dims.heads, row), ctx.view(n, -1, row), valid.view(n, 1, -1), scale, dims.rank
+        group, rows = selected_group(indices.reshape(n, -1), valid.reshape(n, -1), bs)
+        ctx = gather_selected(latent_cache, g, rows.view(r, -1, rows.shape[-1]))  # [R, q, k', row]
+        attended = absorbed_attend(
+            qp[:, qs].reshape(n, dims.heads, -1), group, ctx.reshape(-1, bs, row), kv_b_proj, dims, scale
         )
-        o_latent[:, qs] = out.view(r, -1, dims.heads, dims.rank)
-    o = unpad_queries(o_latent, g).to(q.dtype)  # [Tg, H, rank]
-    return torch.bmm(o.transpose(0, 1), w_uv_t).transpose(0, 1)
+        out[:, qs] = attended.view(r, -1, dims.heads, dims.v)
+    return unpad_queries(out, g)
 
 
 def sparse_mla_forward(

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from tacit import LLM
+from tacit.kernels import absorbed_mla_attention as absorbed
+from tacit.kernels.cpu_kernels import load_cpu_kernels
 from tacit.kernels.kv_quant import kv_row_width, pack_rows, unpack_rows
 from tacit.kernels.sparse_mla_attention import (
     dsa_cache_views,
@@ -184,3 +186,29 @@ def test_int8_dsa_cache_scores_close_to_float(tiny_model_factory):
     ]
     # Measured: 97% of the float cache's picks kept on average over the 3 layers (94% the least).
     assert len(overlap) == len(ref_picks) and float(torch.stack(overlap).mean()) > 0.9
+
+
+@pytest.mark.skipif(load_cpu_kernels() is None, reason="needs the AVX512-BF16 CPU kernels")
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.int8])
+def test_bf16_decode_runs_the_cpp_kernel_over_the_selected_rows(monkeypatch, cache_dtype):
+    """A bf16 decode step: csrc's mla_decode_attention over the gathered top-k rows (as one
+    request each) against the torch path over the same rows."""
+    meta, cache, latent_cache, index_cache, x = random_step([24, 17], cache_dtype)
+    tables = np.array([[3, 0, 5, 7, 9, 11, 13, 15], [2, 4, 6, 8, 10, 12, 14, 1]])
+    computed = np.array([24, 17])
+    slots = np.array([tables[r][c // BS] * BS + c % BS for r, c in enumerate(computed)])
+    decode = TorchMLAAttentionBackend().build_metadata(
+        np.array([1, 1]), computed, tables, slots, torch.device("cpu"), BS
+    )
+    torch.manual_seed(1)
+    step_x = {k: v[:2] for k, v in x.items() if k != "kv_b"} | {"kv_b": x["kv_b"]}
+    write_dsa_kv(latent_cache, index_cache, decode.slot_mapping, step_x["latent"], step_x["k_pe"], step_x["index_key"])
+    bf16 = {k: v.bfloat16() if k != "weights" else v for k, v in step_x.items()}
+    calls = []
+    real = absorbed.decode_kernel
+    monkeypatch.setattr(absorbed, "decode_kernel", lambda *a: calls.append(real(*a)) or calls[-1])
+    got = run(decode, latent_cache, index_cache, bf16, topk=10)
+    assert calls and all(c is not None for c in calls)  # the C++ kernel ran
+    monkeypatch.setattr(absorbed, "decode_kernel", lambda *a: None)
+    want = run(decode, latent_cache, index_cache, bf16, topk=10)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
