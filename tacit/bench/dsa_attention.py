@@ -31,7 +31,9 @@ def dsa_attention_case(
     attention output [1, H, v] over one random context of `context` tokens."""
     for key in ("kv_lora_rank", "index_topk", "index_n_heads", "index_head_dim", "q_lora_rank"):
         if hf.get(key) is None:
-            raise ValueError(f"--dsa needs a DeepSeek-V3.2 config (kv_lora_rank, index_* and q_lora_rank); {key} is missing")
+            raise ValueError(
+                f"--dsa needs a DeepSeek-V3.2 config (kv_lora_rank, index_* and q_lora_rank); {key} is missing"
+            )
     g = torch.Generator().manual_seed(seed)
     heads, rank, rope = int(hf["num_attention_heads"]), int(hf["kv_lora_rank"]), int(hf["qk_rope_head_dim"])
     nope, v, q_lora = int(hf["qk_nope_head_dim"]), int(hf["v_head_dim"]), int(hf["q_lora_rank"])

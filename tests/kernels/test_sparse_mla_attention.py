@@ -37,9 +37,7 @@ def random_step(lengths: list[int], dtype: torch.dtype = torch.float32):
     t = sum(lengths)
     spec = MLAIndexerAttentionSpec(block_size=BS, dtype=dtype, kv_lora_rank=RANK, rope_dim=ROPE, index_head_dim=IDX)
     cache = torch.zeros(spec.kv_cache_shape(16), dtype=dtype)
-    latent_cache, index_cache = dsa_cache_views(
-        cache, BS, spec.latent_numel_per_token, spec.index_numel_per_token
-    )
+    latent_cache, index_cache = dsa_cache_views(cache, BS, spec.latent_numel_per_token, spec.index_numel_per_token)
     x = dict(
         latent=torch.randn(t, RANK),
         k_pe=torch.randn(t, ROPE),

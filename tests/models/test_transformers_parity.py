@@ -11,7 +11,17 @@ import torch
 
 from tacit import LLM, SamplingParams
 
-ARCHS = ["llama", "llama3", "qwen2", "qwen3", "qwen3_moe", "qwen3_moe_nonorm", "deepseek_v3", "deepseek_v3_qlora", "deepseek_v32"]
+ARCHS = [
+    "llama",
+    "llama3",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "qwen3_moe_nonorm",
+    "deepseek_v3",
+    "deepseek_v3_qlora",
+    "deepseek_v32",
+]
 LENGTHS = [1, 2, 7, 16, 17, 45, 100, 201, 300]
 MAX_NEW = 16
 
