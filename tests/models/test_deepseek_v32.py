@@ -1,0 +1,36 @@
+"""DeepSeek-V3.2's indexer keys travel with the latents (one MLAIndexerAttentionSpec cache):
+a prefix-cache hit and a swapped-out, swapped-in request decode as a fresh run does."""
+
+import pytest
+import torch
+
+from tacit import LLM, SamplingParams
+
+SP = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def v32(tiny_model_factory):
+    path = str(tiny_model_factory("deepseek_v32")[2])
+    g = torch.Generator().manual_seed(7)
+    base = torch.randint(3, 384, (120,), generator=g).tolist()  # past index_topk 24: sparse
+    prompts = [base + torch.randint(3, 384, (n,), generator=g).tolist() for n in (5, 40, 70)]
+    ref = [o.outputs[0].token_ids for o in LLM(path, dtype="float32").generate(prompts, SP)]
+    return path, prompts, ref
+
+
+def test_a_prefix_cache_hit_reads_the_cached_index_keys(v32):
+    path, prompts, ref = v32
+    llm = LLM(path, dtype="float32", enable_prefix_caching=True)
+    llm.generate(prompts[:1], SP)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, SP)] == ref
+    assert llm.engine.get_stats().prefix_cache_hits >= 3 * 112  # 7 whole blocks of 16 per prompt
+
+
+def test_swap_preemption_carries_the_index_keys(v32):
+    path, prompts, ref = v32
+    llm = LLM(
+        path, dtype="float32", num_kv_blocks=24, block_size=16, preemption_mode="swap", max_num_batched_tokens=128
+    )
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, SP)] == ref
+    assert llm.engine.scheduler.swapper.num_swapped_out > 0
