@@ -187,7 +187,7 @@ def make_config(arch: str, vocab: int):
             norm_topk_prob=True,
             **extra,
         )
-    if arch == "deepseek_v32":
+    if arch in ("deepseek_v32", "glm_moe_dsa"):
         # index_topk 24 < the longer test prompts (45..300 tokens): most queries attend sparsely.
         # 32 index heads: a key scores exactly 0 when every head's ReLU is off, odds ~2^-32 here.
         # With 8 heads (odds 2^-8) a 201-token prompt had zero-score ties at the top-k edge of
@@ -195,8 +195,11 @@ def make_config(arch: str, vocab: int):
         # torch.topk breaks ties by shape: tacit's padded batch and transformers' lone prompt
         # picked different keys, both correctly.
         kw.update(num_key_value_heads=4, num_hidden_layers=3)
-        return tf.DeepseekV32Config(
+        # GLM-5's layer 1 reuses layer 0's top-k (no indexer of its own); its indexer's rope is interleaved.
+        glm = dict(indexer_types=["full", "shared", "full"]) if arch == "glm_moe_dsa" else {}
+        return (tf.GlmMoeDsaConfig if arch == "glm_moe_dsa" else tf.DeepseekV32Config)(
             **kw,
+            **glm,
             moe_intermediate_size=32,
             n_routed_experts=8,
             num_experts_per_tok=2,

@@ -22,6 +22,8 @@ context (128 x 32k x 1,088: 4.6G).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+
 import torch
 
 from tacit.kernels.absorbed_mla_attention import SCORE_BLOCK_ELEMENTS, absorbed_attend
@@ -140,35 +142,47 @@ def selected_group(indices: torch.Tensor, valid: torch.Tensor, block_size: int) 
     return group, indices
 
 
-def sparse_attend(
-    q: torch.Tensor,
+def index_selections(
     q_idx: torch.Tensor,
     idx_weights: torch.Tensor,
     g: AttentionGroup,
-    latent_cache: torch.Tensor,
     index_cache: torch.Tensor,
+    index_scale: float,
+    topk: int,
+    row_elements: int,
+) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor]]:
+    """The indexer's top-k for one group's queries (q_idx [Tg, Hi, D], idx_weights [Tg, Hi]),
+    yielded slice by slice of the padded queries (so a slice's selection is attended before the
+    next is made) so neither its scores nor the rows gathered for a slice
+    (row_elements per selected key) top SCORE_BLOCK_ELEMENTS: a 32k prefill of V3.2's 64
+    index heads would otherwise hold 64 x 32k x 32k scores."""
+    qi, wi = pad_queries(q_idx, g), pad_queries(idx_weights, g)
+    keys = _rows_as(gather_blocks(index_cache, g), (q_idx.shape[-1],), q_idx.dtype)  # [R, L, D]
+    mask = g.attn_mask[:, 0]  # [R, Q, L]
+    r, nq, hi = qi.shape[0], qi.shape[1], q_idx.shape[1]
+    length = keys.shape[1]
+    step = max(1, min(nq, SCORE_BLOCK_ELEMENTS // (r * max(hi * length, min(topk, length) * row_elements))))
+    for q0 in range(0, nq, step):
+        qs = slice(q0, q0 + step)
+        yield (qs, *select_topk(index_scores(qi[:, qs], wi[:, qs], keys, mask[:, qs], index_scale), topk))
+
+
+def sparse_attend(
+    q: torch.Tensor,
+    selections: Iterable[tuple[slice, torch.Tensor, torch.Tensor]],
+    g: AttentionGroup,
+    latent_cache: torch.Tensor,
     kv_b_proj: torch.Tensor,
     dims: MLADims,
     scale: float,
-    index_scale: float,
-    topk: int,
 ) -> torch.Tensor:
-    """One group's queries q [Tg, H, nope + rope] -> [Tg, H, v]: the indexer's top-k per query,
-    then absorbed MLA over only those rows (selected_group). Queries go in slices so neither
-    the indexer's scores nor the gathered rows top SCORE_BLOCK_ELEMENTS (a 32k prefill of
-    V3.2's 64 index heads would otherwise hold 64 x 32k x 32k scores)."""
-    qp, qi, wi = pad_queries(q, g), pad_queries(q_idx, g), pad_queries(idx_weights, g)
-    keys = _rows_as(gather_blocks(index_cache, g), (q_idx.shape[-1],), q_idx.dtype)  # [R, L, D]
-    mask = g.attn_mask[:, 0]  # [R, Q, L]
+    """One group's queries q [Tg, H, nope + rope] -> [Tg, H, v]: absorbed MLA over only each
+    query's selected rows (selected_group), slice by slice as index_selections cut them."""
+    qp = pad_queries(q, g)
     r, nq = qp.shape[:2]
-    length, hi, bs = keys.shape[1], q_idx.shape[1], latent_cache.shape[1]
-    k = min(topk, length)
-    row = latent_cache.shape[-1]
-    step = max(1, min(nq, SCORE_BLOCK_ELEMENTS // (r * max(hi * length, k * (row + dims.heads)))))
+    bs, row = latent_cache.shape[1], latent_cache.shape[-1]
     out = q.new_empty(r, nq, dims.heads, dims.v)
-    for q0 in range(0, nq, step):
-        qs = slice(q0, q0 + step)
-        indices, valid = select_topk(index_scores(qi[:, qs], wi[:, qs], keys, mask[:, qs], index_scale), topk)
+    for qs, indices, valid in selections:
         n = indices.shape[0] * indices.shape[1]
         group, rows = selected_group(indices.reshape(n, -1), valid.reshape(n, -1), bs)
         ctx = gather_selected(latent_cache, g, rows.view(r, -1, rows.shape[-1]))  # [R, q, k', row]
@@ -181,29 +195,45 @@ def sparse_attend(
 
 def sparse_mla_forward(
     query: torch.Tensor,
-    q_idx: torch.Tensor,
-    idx_weights: torch.Tensor,
+    q_idx: torch.Tensor | None,
+    idx_weights: torch.Tensor | None,
     latent_cache: torch.Tensor,
-    index_cache: torch.Tensor,
+    index_cache: torch.Tensor | None,
     meta: TorchAttentionMetadata,
     kv_b_proj: torch.Tensor,
     dims: MLADims,
     scale: float,
     index_scale: float,
     topk: int,
+    carry: dict | None = None,
 ) -> torch.Tensor:
     """The step's queries [T, H, nope + rope], index queries [T, Hi, D] and head weights
-    [T, Hi] (float32) -> [T, H, v], each query over its request's top-k tokens."""
+    [T, Hi] (float32) -> [T, H, v], each query over its request's top-k tokens.
+
+    carry: GLM-5's cross-layer top-k sharing. A layer with an indexer stores its selections
+    there (with the step's metadata); a layer without one (q_idx None) attends the stored ones,
+    as transformers' GlmMoeDsaAttention reuses the previous full layer's top-k."""
     if not isinstance(meta, TorchAttentionMetadata):
         raise TypeError(
             f"DSA attention reads the torch MLA backends' padded-group metadata (TorchAttentionMetadata), got "
             f"{type(meta).__name__}: run DeepSeek-V3.2 with the absorbed_mla or torch_mla backend"
         )
+    shared = q_idx is None
+    if shared and (carry is None or carry.get("meta") is not meta):
+        raise RuntimeError("a layer that shares the top-k ran before any indexer layer of this step")
+    if not shared and carry is not None:
+        carry.clear()
+        carry["meta"] = meta
+    row_elements = latent_cache.shape[-1] + dims.heads
 
     def attend(q: torch.Tensor, g: AttentionGroup) -> torch.Tensor:
-        sel = slice(None) if g.token_index is None else g.token_index
-        return sparse_attend(
-            q, q_idx[sel], idx_weights[sel], g, latent_cache, index_cache, kv_b_proj, dims, scale, index_scale, topk
-        )
+        if shared:
+            selections = carry[id(g)]
+        else:
+            sel = slice(None) if g.token_index is None else g.token_index
+            selections = index_selections(q_idx[sel], idx_weights[sel], g, index_cache, index_scale, topk, row_elements)
+            if carry is not None:  # kept for the next layers: every slice's selection at once
+                selections = carry[id(g)] = list(selections)
+        return sparse_attend(q, selections, g, latent_cache, kv_b_proj, dims, scale)
 
     return run_groups(query, meta, dims.v, attend)

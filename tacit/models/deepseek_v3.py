@@ -202,7 +202,7 @@ class DeepseekV3ForCausalLM(CausalLM):
                 if i >= first_dense and hf.get("n_routed_experts")
                 else LlamaMLP(hf["hidden_size"], hf["intermediate_size"], tp=tp)
             )
-            return LlamaDecoderLayer(cfg, self.attention_cls(cfg, tp.attention), mlp, tp)
+            return LlamaDecoderLayer(cfg, self.make_attention(cfg, i, tp.attention), mlp, tp)
 
         self.model = LlamaModel(
             cfg,
@@ -212,6 +212,10 @@ class DeepseekV3ForCausalLM(CausalLM):
             tp=tp,
         )
         self._init_head(cfg, tp)
+
+    def make_attention(self, cfg: ModelConfig, layer: int, tp: TensorParallel) -> MLAAttention:
+        """Layer `layer`'s attention (GLM-5 picks per layer whether its indexer runs)."""
+        return self.attention_cls(cfg, tp)
 
     def weight_hook(self, name: str, tensor: torch.Tensor) -> str | None:
         return load_expert_tensor(self, name, tensor) or super().weight_hook(name, tensor)

@@ -13,6 +13,9 @@ without the original code's Hadamard rotation, which preserves dot products, and
 and each query attends (MLA) only over its index_topk highest-scoring earlier tokens: every one
 while its context is at most index_topk. The indexer's keys are cached beside the latent
 (kv_cache_interface.MLAIndexerAttentionSpec); kernels/sparse_mla_attention.py does the rest.
+
+GLM-5 (GlmMoeDsaForCausalLM, transformers' glm_moe_dsa) is built from the same pieces: its
+indexer's rope is interleaved and some layers reuse the previous indexer layer's top-k.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from tacit.kernels.sparse_mla_attention import dsa_cache_views, sparse_mla_forwa
 from tacit.kernels.torch_mla_attention import MLADims
 from tacit.kv_cache_interface import KVCacheSpec, MLAAttentionSpec, MLAIndexerAttentionSpec
 from tacit.layers.linear import Linear
-from tacit.layers.rotary import RotaryEmbedding, rotate_neox
+from tacit.layers.rotary import RotaryEmbedding, rotate_interleaved, rotate_neox
 from tacit.models.deepseek_v3 import DeepseekV3ForCausalLM, MLAAttention
 
 
@@ -36,7 +39,8 @@ class DSAIndexer(nn.Module):
     """The lightning indexer's weights and its query/key. Whole on every tensor-parallel rank
     (its 64 heads of V3.2 are not split): each rank selects the same tokens for its MLA heads."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, interleaved_rope: bool = False) -> None:
+        """interleaved_rope: GLM-5's indexer rotates DeepSeek's interleaved pairs; V3.2's half-splits."""
         super().__init__()
         hf = cfg.hf
         hidden = hf["hidden_size"]
@@ -55,11 +59,12 @@ class DSAIndexer(nn.Module):
         # scale every head's ReLU score before the top-k, where a bf16 rounding flips near-ties.
         self.weights_proj.keep_fp32 = True
         self.scale = self.head_dim**-0.5
+        self._rope = rotate_interleaved if interleaved_rope else rotate_neox
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [T, heads, D]: its first rope_dim values rotated half-split (transformers' rotate_half)."""
+        """x [T, heads, D]: its first rope_dim values rotated (transformers' rotate_half for V3.2)."""
         rot, rest = x.split([self.rope_dim, self.head_dim - self.rope_dim], dim=-1)
-        return torch.cat([rotate_neox(rot, cos, sin), rest], dim=-1)
+        return torch.cat([self._rope(rot, cos, sin), rest], dim=-1)
 
     def key(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [T, hidden] -> each token's index key [T, index_head_dim] (what the cache keeps)."""
@@ -81,17 +86,33 @@ class DSAAttention(MLAAttention):
     and the indexer's keys (MLAIndexerAttentionSpec); the bound MLA backend supplies the step's
     metadata, the attention itself is kernels/sparse_mla_attention.py's."""
 
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        tp: TensorParallel = SINGLE,
+        *,
+        interleaved_index_rope: bool = False,
+        topk_carry: dict | None = None,
+        shares_topk: bool = False,
+    ) -> None:
+        """GLM-5 (GlmMoeDsaForCausalLM): interleaved_index_rope, and layers whose indexer is
+        shared (shares_topk: no indexer, no index keys cached; they attend the top-k the last
+        indexer layer left in topk_carry, which every layer of the model holds)."""
         super().__init__(cfg, tp)
         if self.q_lora_rank is None:
             raise ValueError(f"{cfg.path}: DeepSeek-V3.2's indexer reads the q LoRA's output; q_lora_rank is null")
-        self.indexer = DSAIndexer(cfg)
-        self.index_head_dim = self.indexer.head_dim
+        self.indexer = None if shares_topk else DSAIndexer(cfg, interleaved_index_rope)
+        self.index_head_dim = 0 if shares_topk else self.indexer.head_dim
+        self.index_topk = int(cfg.hf["index_topk"])
+        self.topk_carry = topk_carry
         self.block_size = 0  # set with the cache
 
     def get_kv_cache_spec(self, block_size: int, dtype: torch.dtype) -> KVCacheSpec:
-        """The MLA backend's latent spec with the indexer's key row added."""
+        """The MLA backend's latent spec with the indexer's key row added (a layer sharing
+        another's top-k caches the latent only)."""
         spec = super().get_kv_cache_spec(block_size, dtype)
+        if self.indexer is None:
+            return spec
         if not isinstance(spec, MLAAttentionSpec):
             raise ValueError(f"DSAAttention needs an MLA backend's latent cache spec, got {type(spec).__name__}")
         return MLAIndexerAttentionSpec(
@@ -106,12 +127,17 @@ class DSAAttention(MLAAttention):
         return super().kv_numel_per_token(dtype) + kv_row_width(self.index_head_dim, dtype)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.block_size = block_size
+        if self.indexer is None:
+            return super().allocate_kv_cache(num_blocks, block_size, dtype, device)
         numel = self.kv_numel_per_token(dtype)
         self.kv_cache = torch.zeros(num_blocks, block_size * numel, dtype=dtype, device=device)
-        self.block_size = block_size
 
-    def cache_views(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The cache's latent rows [blocks, block_size, row] and index keys [blocks, block_size, D_idx]."""
+    def cache_views(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The cache's latent rows [blocks, block_size, row] and index keys [blocks, block_size, D_idx]
+        (None in a layer sharing another's top-k)."""
+        if self.indexer is None:
+            return self.kv_cache, None
         dtype = self.kv_cache.dtype
         latent_width = MLAAttention.kv_numel_per_token(self, dtype)
         return dsa_cache_views(self.kv_cache, self.block_size, latent_width, kv_row_width(self.index_head_dim, dtype))
@@ -123,8 +149,14 @@ class DSAAttention(MLAAttention):
         t, h = x.shape[0], self.num_heads
         q_resid, q_nope, q_pe, latent, k_pe = self.project(x, rotary, cos, sin)
         latent_cache, index_cache = self.cache_views()
-        write_dsa_kv(latent_cache, index_cache, meta.slot_mapping, latent, k_pe, self.indexer.key(x, cos, sin))
-        q_idx, weights = self.indexer.query(x, q_resid, cos, sin)
+        if self.indexer is None:
+            self.backend.write_kv(latent_cache, latent, k_pe, meta)
+            q_idx = weights = None
+            index_scale = 0.0
+        else:
+            write_dsa_kv(latent_cache, index_cache, meta.slot_mapping, latent, k_pe, self.indexer.key(x, cos, sin))
+            q_idx, weights = self.indexer.query(x, q_resid, cos, sin)
+            index_scale = self.indexer.scale
         query = torch.cat([q_nope, q_pe], dim=-1)
         kv_b = self.kv_b_proj.weight
         out = sparse_mla_forward(
@@ -137,11 +169,38 @@ class DSAAttention(MLAAttention):
             kv_b,
             MLADims.of(query, latent_cache, kv_b),
             self.scale,
-            self.indexer.scale,
-            self.indexer.topk,
+            index_scale,
+            self.index_topk,
+            self.topk_carry,
         )
         return self.o_proj(out.reshape(t, h * self.v_dim), reduce=reduce)
 
 
 class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
     attention_cls = DSAAttention
+
+
+class GlmMoeDsaForCausalLM(DeepseekV3ForCausalLM):
+    """GLM-5 (glm_moe_dsa): DeepSeek-V3.2's pieces (MLA, the indexer, sigmoid-routed MoE) with
+    two differences, as transformers' GlmMoeDsaForCausalLM has them: the indexer's rope rotates
+    interleaved pairs, and config.indexer_types may mark layers "shared", which run no indexer
+    and attend the top-k of the last "full" layer before them (the first layer must be full)."""
+
+    attention_cls = DSAAttention
+
+    def make_attention(self, cfg: ModelConfig, layer: int, tp: TensorParallel) -> MLAAttention:
+        kinds = cfg.hf.get("indexer_types") or ["full"] * cfg.num_layers
+        if len(kinds) < cfg.num_layers or set(kinds) - {"full", "shared"} or kinds[0] != "full":
+            raise ValueError(
+                f"{cfg.path}: indexer_types={kinds!r} must give each of the {cfg.num_layers} layers 'full' or "
+                f"'shared', the first 'full'"
+            )
+        if layer == 0:
+            self._topk_carry: dict = {}  # the selections of the step's last indexer layer
+        return DSAAttention(
+            cfg,
+            tp,
+            interleaved_index_rope=True,
+            topk_carry=self._topk_carry,
+            shares_topk=kinds[layer] == "shared",
+        )

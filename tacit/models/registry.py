@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from tacit.models.deepseek_v3 import DeepseekV3ForCausalLM
-from tacit.models.deepseek_v32 import DeepseekV32ForCausalLM
+from tacit.models.deepseek_v32 import DeepseekV32ForCausalLM, GlmMoeDsaForCausalLM
 from tacit.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 from tacit.models.qwen3_moe import Qwen3MoeForCausalLM
 
@@ -16,6 +16,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "DeepseekV32ForCausalLM": DeepseekV32ForCausalLM,
+    "GlmMoeDsaForCausalLM": GlmMoeDsaForCausalLM,
 }
 
 

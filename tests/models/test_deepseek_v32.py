@@ -34,3 +34,18 @@ def test_swap_preemption_carries_the_index_keys(v32):
     )
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, SP)] == ref
     assert llm.engine.scheduler.swapper.num_swapped_out > 0
+
+
+def test_glm_shared_topk_layers_cache_the_latent_only(tiny_model_factory):
+    """GLM-5's layer 1 shares layer 0's top-k: no indexer, so its cache is plain MLA; the two
+    kinds are two groups of one pool (one block table: same block size)."""
+    from tacit.kv_cache_interface import MLAAttentionSpec, MLAIndexerAttentionSpec
+
+    engine = LLM(str(tiny_model_factory("glm_moe_dsa")[2]), dtype="float32", num_kv_blocks=6, block_size=8).engine
+    groups = {type(g.kv_cache_spec): g.layer_names for g in engine.kv_cache_config.kv_cache_groups}
+    assert groups == {
+        MLAIndexerAttentionSpec: ("model.layers.0.self_attn", "model.layers.2.self_attn"),
+        MLAAttentionSpec: ("model.layers.1.self_attn",),
+    }
+    assert engine.model.model.layers[1].self_attn.indexer is None
+    assert engine.kv_cache_config.bytes_per_block == 8 * (2 * (32 + 8 + 16) + (32 + 8)) * 4

@@ -21,6 +21,7 @@ ARCHS = [
     "deepseek_v3",
     "deepseek_v3_qlora",
     "deepseek_v32",
+    "glm_moe_dsa",
 ]
 LENGTHS = [1, 2, 7, 16, 17, 45, 100, 201, 300]
 MAX_NEW = 16
