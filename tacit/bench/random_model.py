@@ -13,6 +13,8 @@ from pathlib import Path
 from tacit.paths import cache_dir
 
 FP8_SUFFIX = "-fp8"
+# The shapes whose checkpoints carry an MTP layer (bench/random_mtp.py), as DeepSeek's do.
+MTP_ARCHS = ("DeepseekV3Config", "DeepseekV32Config")
 SHAPES = {
     # The issue-4 reference shape: 100M parameters, 200 MB in bf16.
     "qwen3-100m": dict(
@@ -183,9 +185,9 @@ def ensure_random_model(spec: str) -> Path:
         valid = ", ".join(f"random:{s}[{FP8_SUFFIX}]" for s in SHAPES)
         raise ValueError(f"random model {name!r} is not known; valid: {valid}")
     path = cache_dir() / f"random-{name}"
-    # DeepSeek-V3 shapes carry an MTP layer (model-mtp.safetensors); a copy written before they
+    # DeepSeek-V3 and V3.2 shapes carry an MTP layer (model-mtp.safetensors); a copy written before they
     # did is written again (the same seed gives the same weights).
-    with_mtp = SHAPES[base]["arch"] == "DeepseekV3Config" and name == base
+    with_mtp = SHAPES[base]["arch"] in MTP_ARCHS and name == base
     if (path / "model.safetensors").exists() and (not with_mtp or (path / "model-mtp.safetensors").exists()):
         return path
     if name != base:
@@ -207,7 +209,7 @@ def write_random_model(shape: dict, path: Path) -> Path:
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
-    if isinstance(cfg, transformers.DeepseekV3Config):  # its MTP layer, for speculative_config method mtp
+    if type(cfg).__name__ in MTP_ARCHS:  # its MTP layer, for speculative_config method mtp
         from tacit.bench.random_mtp import write_mtp_layer
 
         write_mtp_layer(model, path, std=0.02)

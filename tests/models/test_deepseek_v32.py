@@ -49,3 +49,22 @@ def test_glm_shared_topk_layers_cache_the_latent_only(tiny_model_factory):
     }
     assert engine.model.model.layers[1].self_attn.indexer is None
     assert engine.kv_cache_config.bytes_per_block == 8 * (2 * (32 + 8 + 16) + (32 + 8)) * 4
+
+
+def test_a_random_v32_checkpoint_carries_its_mtp_layer(tmp_path):
+    """bench/random_model.py's writer on a small V3.2 shape (random:deepseek-v32-* use it): the
+    checkpoint loads, and its MTP layer drafts without changing greedy output."""
+    from tacit.bench.random_model import SHAPES, write_random_model
+
+    shape = dict(SHAPES["deepseek-v32-small"])
+    shape.update(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32)
+    shape.update(kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, intermediate_size=64)
+    shape.update(moe_intermediate_size=16, n_routed_experts=8, index_n_heads=4, index_head_dim=16, index_topk=8)
+    shape.update(vocab_size=600, max_position_embeddings=512)
+    path = write_random_model(shape, tmp_path)
+    assert (path / "model-mtp.safetensors").exists()
+    prompts = [list(range(10, 40)), list(range(50, 62))]
+    want = [o.outputs[0].token_ids for o in LLM(str(path), dtype="float32").generate(prompts, SP)]
+    spec = {"method": "mtp", "num_speculative_tokens": 2, "min_speculative_tokens": 2}
+    llm = LLM(str(path), dtype="float32", speculative_config=spec)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, SP)] == want
