@@ -22,6 +22,7 @@ context (128 x 32k x 1,088: 4.6G).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -106,12 +107,13 @@ def select_topk(scores: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Te
     return indices, values > float("-inf")
 
 
-def gather_selected(latent_cache: torch.Tensor, g: AttentionGroup, indices: torch.Tensor) -> torch.Tensor:
-    """indices [R, Q, k] into each request's context (as gather_blocks orders it) -> the latent
-    rows [R, Q, k, row] read straight from their blocks: only the selected rows are copied."""
+def gather_selected(latent_cache: torch.Tensor, block_tables: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """indices [R, Q, k] into each request's context (block_tables [R, B], in gather_blocks'
+    order) -> the latent rows [R, Q, k, row] read straight from their blocks: only the selected
+    rows are copied."""
     bs = latent_cache.shape[1]
     r = indices.shape[0]
-    blocks = torch.gather(g.block_tables, 1, (indices // bs).reshape(r, -1)).view_as(indices)
+    blocks = torch.gather(block_tables, 1, (indices // bs).reshape(r, -1)).view_as(indices)
     return latent_cache[blocks, indices % bs]
 
 
@@ -142,6 +144,10 @@ def selected_group(indices: torch.Tensor, valid: torch.Tensor, block_size: int) 
     return group, indices
 
 
+# One slice of a group's padded queries: its requests, its query slots, and their selection.
+Selection = tuple[slice, slice, torch.Tensor, torch.Tensor]
+
+
 def index_selections(
     q_idx: torch.Tensor,
     idx_weights: torch.Tensor,
@@ -150,26 +156,32 @@ def index_selections(
     index_scale: float,
     topk: int,
     row_elements: int,
-) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor]]:
+) -> Iterator[Selection]:
     """The indexer's top-k for one group's queries (q_idx [Tg, Hi, D], idx_weights [Tg, Hi]),
-    yielded slice by slice of the padded queries (so a slice's selection is attended before the
-    next is made) so neither its scores nor the rows gathered for a slice
-    (row_elements per selected key) top SCORE_BLOCK_ELEMENTS: a 32k prefill of V3.2's 64
-    index heads would otherwise hold 64 x 32k x 32k scores."""
+    yielded slice by slice of the padded [R, Q] queries, each attended before the next is made.
+    A slice's scores, index keys and gathered rows (row_elements per selected key) stay within
+    SCORE_BLOCK_ELEMENTS: a 32k prefill of V3.2's 64 index heads would otherwise score
+    64 x 32k x 32k at once, and 64 decodes at 32k gather 512 MB of index keys."""
     qi, wi = pad_queries(q_idx, g), pad_queries(idx_weights, g)
-    keys = _rows_as(gather_blocks(index_cache, g), (q_idx.shape[-1],), q_idx.dtype)  # [R, L, D]
     mask = g.attn_mask[:, 0]  # [R, Q, L]
     r, nq, hi = qi.shape[0], qi.shape[1], q_idx.shape[1]
-    length = keys.shape[1]
-    step = max(1, min(nq, SCORE_BLOCK_ELEMENTS // (r * max(hi * length, min(topk, length) * row_elements))))
-    for q0 in range(0, nq, step):
-        qs = slice(q0, q0 + step)
-        yield (qs, *select_topk(index_scores(qi[:, qs], wi[:, qs], keys, mask[:, qs], index_scale), topk))
+    length = mask.shape[-1]
+    per_query = max(hi * length, min(topk, length) * row_elements)
+    q_step = max(1, min(nq, SCORE_BLOCK_ELEMENTS // per_query))
+    r_step = max(1, SCORE_BLOCK_ELEMENTS // (per_query * q_step)) if q_step == nq else 1
+    for r0 in range(0, r, r_step):
+        rs = slice(r0, r0 + r_step)
+        part = dataclasses.replace(g, block_tables=g.block_tables[rs])
+        keys = _rows_as(gather_blocks(index_cache, part), (q_idx.shape[-1],), q_idx.dtype)  # [r, L, D]
+        for q0 in range(0, nq, q_step):
+            qs = slice(q0, q0 + q_step)
+            scores = index_scores(qi[rs, qs], wi[rs, qs], keys, mask[rs, qs], index_scale)
+            yield (rs, qs, *select_topk(scores, topk))
 
 
 def sparse_attend(
     q: torch.Tensor,
-    selections: Iterable[tuple[slice, torch.Tensor, torch.Tensor]],
+    selections: Iterable[Selection],
     g: AttentionGroup,
     latent_cache: torch.Tensor,
     kv_b_proj: torch.Tensor,
@@ -182,14 +194,14 @@ def sparse_attend(
     r, nq = qp.shape[:2]
     bs, row = latent_cache.shape[1], latent_cache.shape[-1]
     out = q.new_empty(r, nq, dims.heads, dims.v)
-    for qs, indices, valid in selections:
-        n = indices.shape[0] * indices.shape[1]
+    for rs, qs, indices, valid in selections:
+        rr, n = indices.shape[0], indices.shape[0] * indices.shape[1]
         group, rows = selected_group(indices.reshape(n, -1), valid.reshape(n, -1), bs)
-        ctx = gather_selected(latent_cache, g, rows.view(r, -1, rows.shape[-1]))  # [R, q, k', row]
+        ctx = gather_selected(latent_cache, g.block_tables[rs], rows.view(rr, -1, rows.shape[-1]))  # [r, q, k', row]
         attended = absorbed_attend(
-            qp[:, qs].reshape(n, dims.heads, -1), group, ctx.reshape(-1, bs, row), kv_b_proj, dims, scale
+            qp[rs, qs].reshape(n, dims.heads, -1), group, ctx.reshape(-1, bs, row), kv_b_proj, dims, scale
         )
-        out[:, qs] = attended.view(r, -1, dims.heads, dims.v)
+        out[rs, qs] = attended.view(rr, -1, dims.heads, dims.v)
     return unpad_queries(out, g)
 
 

@@ -8,6 +8,7 @@ import torch
 
 from tacit import LLM
 from tacit.kernels import absorbed_mla_attention as absorbed
+from tacit.kernels import sparse_mla_attention as sparse
 from tacit.kernels.cpu_kernels import load_cpu_kernels
 from tacit.kernels.kv_quant import kv_row_width, pack_rows, unpack_rows
 from tacit.kernels.sparse_mla_attention import (
@@ -69,9 +70,15 @@ def test_the_halves_are_views_of_one_block_major_cache():
         dsa_cache_views(cache[:, :-1], BS, RANK + ROPE, IDX)
 
 
-def test_a_topk_covering_every_key_is_dense_mla():
+# The default, and budgets that cut a step into slices of one query, and of a few requests.
+SLICE_BUDGETS = [1 << 24, 1, 3000]
+
+
+@pytest.mark.parametrize("budget", SLICE_BUDGETS)
+def test_a_topk_covering_every_key_is_dense_mla(monkeypatch, budget):
     """index_topk >= the context: every query attends its whole causal prefix, as the torch
     MLA reference does over the same latents."""
+    monkeypatch.setattr(sparse, "SCORE_BLOCK_ELEMENTS", budget)
     meta, _, latent_cache, index_cache, x = random_step([9, 6])
     got = run(meta, latent_cache, index_cache, x, topk=64)
     plain = torch.zeros(16, BS, RANK + ROPE)
@@ -81,9 +88,11 @@ def test_a_topk_covering_every_key_is_dense_mla():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_sparse_attention_matches_a_per_query_reference():
+@pytest.mark.parametrize("budget", SLICE_BUDGETS)
+def test_sparse_attention_matches_a_per_query_reference(monkeypatch, budget):
     """topk 5 under contexts of up to 11 tokens: each query attends its 5 best-scored earlier
     tokens, written out one query at a time from the raw inputs."""
+    monkeypatch.setattr(sparse, "SCORE_BLOCK_ELEMENTS", budget)
     lengths, topk = [11, 7], 5
     meta, _, latent_cache, index_cache, x = random_step(lengths)
     got = run(meta, latent_cache, index_cache, x, topk)
@@ -151,8 +160,6 @@ def test_int8_index_keys_keep_every_clear_winner():
 def test_int8_dsa_cache_scores_close_to_float(tiny_model_factory):
     """The tiny V3.2 over an int8 cache (latents and index keys) against a float32 cache,
     teacher-forced: per-position KL(float || int8), and the share of each query's top-k kept."""
-    import tacit.kernels.sparse_mla_attention as sparse
-
     path = str(tiny_model_factory("deepseek_v32")[2])
     seqs = [[(7 * i) % 300 + 3 for i in range(120)]]
     picks: list[torch.Tensor] = []
