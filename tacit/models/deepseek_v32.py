@@ -21,6 +21,7 @@ indexer's rope is interleaved and some layers reuse the previous indexer layer's
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tacit.config import ModelConfig
@@ -33,6 +34,23 @@ from tacit.kv_cache_interface import KVCacheSpec, MLAAttentionSpec, MLAIndexerAt
 from tacit.layers.linear import Linear
 from tacit.layers.rotary import RotaryEmbedding, rotate_interleaved, rotate_neox
 from tacit.models.deepseek_v3 import DeepseekV3ForCausalLM, MLAAttention
+
+
+class IndexerHeadWeights(nn.Module):
+    """The indexer's per-head weights (weights_proj) in float32, as transformers keeps them
+    (_keep_in_fp32_modules) and as DeepseekV3Gate keeps the router: they scale every head's
+    ReLU score before the top-k, where a bf16 rounding flips near-ties. A plain parameter, not
+    a Linear, so no bf16 or quantized linear method takes it."""
+
+    keep_fp32 = True
+
+    def __init__(self, n_heads: int, hidden: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_heads, hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden] -> [T, n_heads] float32."""
+        return F.linear(x.float(), self.weight.float())
 
 
 class DSAIndexer(nn.Module):
@@ -54,10 +72,7 @@ class DSAIndexer(nn.Module):
         self.wq_b = Linear(hf["q_lora_rank"], self.n_heads * self.head_dim, bias=False)
         self.wk = Linear(hidden, self.head_dim, bias=False)
         self.k_norm = nn.LayerNorm(self.head_dim, eps=1e-6)
-        self.weights_proj = Linear(hidden, self.n_heads, bias=False)
-        # The head weights in float32, as transformers keeps them (_keep_in_fp32_modules): they
-        # scale every head's ReLU score before the top-k, where a bf16 rounding flips near-ties.
-        self.weights_proj.keep_fp32 = True
+        self.weights_proj = IndexerHeadWeights(self.n_heads, hidden)
         self.scale = self.head_dim**-0.5
         self._rope = rotate_interleaved if interleaved_rope else rotate_neox
 
@@ -76,9 +91,7 @@ class DSAIndexer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> the index queries [T, n_heads, head_dim] and each head's weight [T, n_heads] float32."""
         q = self.wq_b(q_resid).view(x.shape[0], self.n_heads, self.head_dim)
-        w_dtype = self.weights_proj.weight.dtype
-        weights = self.weights_proj(x.to(w_dtype) if w_dtype.is_floating_point else x).float()
-        return self._rotate(q, cos, sin), weights * self.n_heads**-0.5
+        return self._rotate(q, cos, sin), self.weights_proj(x) * self.n_heads**-0.5
 
 
 class DSAAttention(MLAAttention):

@@ -68,3 +68,18 @@ def test_a_random_v32_checkpoint_carries_its_mtp_layer(tmp_path):
     spec = {"method": "mtp", "num_speculative_tokens": 2, "min_speculative_tokens": 2}
     llm = LLM(str(path), dtype="float32", speculative_config=spec)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, SP)] == want
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "int8"])
+def test_bf16_engine_keeps_the_indexer_head_weights_in_float32(v32, kv_dtype):
+    """A bf16 engine: weights_proj stays float32 (no bf16 linear method takes it), and its
+    teacher-forced scores stay near float32's. Measured on this tiny model: median KL 2.7e-3
+    (bf16 cache) and 1.8e-3 (int8), where the bf16 weights' rounding also moves the router."""
+    path, _, _ = v32
+    seqs = [[(7 * i) % 300 + 3 for i in range(120)]]
+    ref = LLM(path, dtype="float32").score_full_logprobs(seqs)[0]
+    llm = LLM(path, dtype="bfloat16", kv_cache_dtype=kv_dtype)
+    assert llm.engine.model.model.layers[0].self_attn.indexer.weights_proj.weight.dtype == torch.float32
+    got = llm.score_full_logprobs(seqs)[0].float()
+    kl = (ref.exp() * (ref - got)).sum(-1)
+    assert kl.median() < 1e-2
