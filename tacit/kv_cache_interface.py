@@ -142,6 +142,51 @@ class MLAAttentionSpec(KVCacheSpec):
         return (num_blocks, self.block_size, self.numel_per_token)
 
 
+@dataclass(frozen=True, kw_only=True)
+class MLAIndexerAttentionSpec(MLAAttentionSpec):
+    """DeepSeek-V3.2's sparse attention (DSA): MLA's latent row plus the lightning indexer's key
+    (index_head_dim values, one per token shared by every index head) in one spec, so the pool,
+    swap, preemption and the prefix cache carry the indexer's keys with the latents, block for
+    block, with no other change: the indexer scores every earlier token, so it keeps every
+    token's key as MLA keeps every latent (nothing is dropped, one block table still serves).
+
+    Block-major: a block is its block_size latent rows, then its block_size index rows
+    ([num_blocks, block_size * row]; kernels/sparse_mla_attention.py dsa_cache_views). Each half
+    is then a [blocks, block_size, width] view whose block_size x width run is contiguous, so
+    the indexer reads a block's keys (16 x 256 bytes in V3.2's bf16) as one run instead of
+    256-byte pieces at a 1,408-byte stride. int8: the index key is one more kv_quant row with
+    its scale.
+
+    Bytes per token for V3.2's dims (kv_lora_rank 512, rope 64, index_head_dim 128): bf16
+    (512 + 64) x 2 = 1,152 for the latent, + 128 x 2 = 256 for the index key: 1,408 (+22%);
+    int8 (512 + 4) + (64 + 4) + (128 + 4) = 716. (DeepSeek's own FP8 layout is 656 bytes of
+    latent and rope, + 132 for the FP8 index key with its scale.)"""
+
+    index_head_dim: int
+    kind: ClassVar[str] = "mla_indexer"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.index_head_dim < 1:
+            raise ValueError(f"MLAIndexerAttentionSpec: index_head_dim={self.index_head_dim} must be >= 1")
+
+    @property
+    def latent_numel_per_token(self) -> int:
+        """The MLA half of a token's elements (the latent row, then k_pe's)."""
+        return super().numel_per_token
+
+    @property
+    def index_numel_per_token(self) -> int:
+        return kv_row_width(self.index_head_dim, self.dtype)
+
+    @property
+    def numel_per_token(self) -> int:
+        return self.latent_numel_per_token + self.index_numel_per_token
+
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        return (num_blocks, self.block_size * self.numel_per_token)
+
+
 @dataclass(frozen=True)
 class KVCacheGroupSpec:
     """Layers whose caches share one spec (named as model.named_modules() names them)."""

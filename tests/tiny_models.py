@@ -226,6 +226,37 @@ def make_config(arch: str, vocab: int):
             },
             final_logit_softcapping=30.0,
         )
+    if arch in ("deepseek_v32", "glm_moe_dsa"):
+        # index_topk 24 < the longer test prompts (45..300 tokens): most queries attend sparsely.
+        # 32 index heads: a key scores exactly 0 when every head's ReLU is off, odds ~2^-32 here.
+        # With 8 heads (odds 2^-8) a 201-token prompt had zero-score ties at the top-k edge of
+        # queries whose head weights were mostly negative (zeros then outrank every key), and
+        # torch.topk breaks ties by shape: tacit's padded batch and transformers' lone prompt
+        # picked different keys, both correctly.
+        kw.update(num_key_value_heads=4, num_hidden_layers=3)
+        # GLM-5's layer 1 reuses layer 0's top-k (no indexer of its own); its indexer's rope is interleaved.
+        glm = dict(indexer_types=["full", "shared", "full"]) if arch == "glm_moe_dsa" else {}
+        return (tf.GlmMoeDsaConfig if arch == "glm_moe_dsa" else tf.DeepseekV32Config)(
+            **kw,
+            **glm,
+            moe_intermediate_size=32,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=4,
+            topk_group=2,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            kv_lora_rank=32,
+            q_lora_rank=24,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            first_k_dense_replace=1,
+            norm_topk_prob=True,
+            index_n_heads=32,
+            index_head_dim=16,
+            index_topk=24,
+        )
     raise KeyError(arch)
 
 

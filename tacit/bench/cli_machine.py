@@ -25,6 +25,11 @@ def add_machine_parsers(bsub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="a sliding-window layer against a full one of the model's shape (torch backend), and KV bytes a request",
     )
+    at.add_argument(
+        "--dsa",
+        action="store_true",
+        help="a DeepSeek-V3.2 model: one layer's DSA (indexer + sparse MLA) against dense absorbed MLA, batch 1, bf16",
+    )
     at.add_argument("--json", default=None)
     at.set_defaults(func=cmd_attention)
     cm = bsub.add_parser("comm", help="the shared-memory communicator against gloo on local ranks")
@@ -58,16 +63,17 @@ def cmd_attention(args: argparse.Namespace) -> int:
     from tacit.loader import open_model
 
     hf = open_model(resolve_bench_model(args.model)).hf_config
-    if args.sliding_window:
+    if args.dsa:
+        from tacit.bench.dsa_attention import measure_dsa_attention
+
+        rows = measure_dsa_attention(hf, args.context, args.repeats)
+    elif args.sliding_window:
         from tacit.bench.window_attention import measure_sliding_window
 
         rows = measure_sliding_window(hf, args.context, args.repeats)
-        print(table(rows))
-        if args.json:
-            json.dump(rows, open(args.json, "w"), indent=2)
-        return 0
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    rows = measure_attention(hf, args.context, batch_sizes, args.kv_cache_dtypes.split(","), args.repeats)
+    else:
+        batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+        rows = measure_attention(hf, args.context, batch_sizes, args.kv_cache_dtypes.split(","), args.repeats)
     print(table(rows))
     if args.json:
         json.dump(rows, open(args.json, "w"), indent=2)

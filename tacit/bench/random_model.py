@@ -13,6 +13,8 @@ from pathlib import Path
 from tacit.paths import cache_dir
 
 FP8_SUFFIX = "-fp8"
+# The shapes whose checkpoints carry an MTP layer (bench/random_mtp.py), as DeepSeek's do.
+MTP_ARCHS = ("DeepseekV3Config", "DeepseekV32Config")
 SHAPES = {
     # The issue-4 reference shape: 100M parameters, 200 MB in bf16.
     "qwen3-100m": dict(
@@ -131,6 +133,69 @@ SHAPES = {
         tie_word_embeddings=True,
         max_position_embeddings=32768,
     ),
+    # DeepSeek-V3.2's sparse attention (DSA) at deepseek-v3-1b's scale, with a small index_topk
+    # (256) so prompts past 256 tokens run sparse: 0.22B parameters, 0.44 GB in bf16.
+    "deepseek-v32-small": dict(
+        arch="DeepseekV32Config",
+        hidden_size=1024,
+        num_hidden_layers=4,
+        first_k_dense_replace=1,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        q_lora_rank=384,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+        intermediate_size=2048,
+        moe_intermediate_size=384,
+        n_routed_experts=32,
+        n_shared_experts=1,
+        num_experts_per_tok=4,
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        index_n_heads=16,
+        index_head_dim=128,
+        index_topk=256,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+        max_position_embeddings=8192,
+    ),
+    # DeepSeek-V3.2's own attention (hidden 7168, 128 heads, q_lora 1536, kv_lora 512, rope 64,
+    # nope 128, v 128, 64 index heads of 128, index_topk 2048) in two layers, the first dense,
+    # with 8 small experts and a 16k vocabulary: 0.78B parameters, 1.6 GB in bf16. Positions to
+    # 40,960, so a 32k context fits: the DSA-against-dense attention comparison's shape
+    # (tacit bench attention --model random:deepseek-v32-attn --context 32768 --dsa).
+    "deepseek-v32-attn": dict(
+        arch="DeepseekV32Config",
+        hidden_size=7168,
+        num_hidden_layers=2,
+        first_k_dense_replace=1,
+        num_attention_heads=128,
+        num_key_value_heads=128,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+        intermediate_size=2048,
+        moe_intermediate_size=512,
+        n_routed_experts=8,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        index_n_heads=64,
+        index_head_dim=128,
+        index_topk=2048,
+        vocab_size=16384,
+        tie_word_embeddings=False,
+        max_position_embeddings=40960,
+    ),
 }
 
 
@@ -164,9 +229,9 @@ def ensure_random_model(spec: str) -> Path:
         valid = ", ".join(f"random:{s}[{FP8_SUFFIX}]" for s in SHAPES)
         raise ValueError(f"random model {name!r} is not known; valid: {valid}")
     path = cache_dir() / f"random-{name}"
-    # DeepSeek-V3 shapes carry an MTP layer (model-mtp.safetensors); a copy written before they
+    # DeepSeek-V3 and V3.2 shapes carry an MTP layer (model-mtp.safetensors); a copy written before they
     # did is written again (the same seed gives the same weights).
-    with_mtp = SHAPES[base]["arch"] == "DeepseekV3Config" and name == base
+    with_mtp = SHAPES[base]["arch"] in MTP_ARCHS and name == base
     if (path / "model.safetensors").exists() and (not with_mtp or (path / "model-mtp.safetensors").exists()):
         return path
     if name != base:
@@ -188,7 +253,7 @@ def write_random_model(shape: dict, path: Path) -> Path:
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
-    if isinstance(cfg, transformers.DeepseekV3Config):  # its MTP layer, for speculative_config method mtp
+    if type(cfg).__name__ in MTP_ARCHS:  # its MTP layer, for speculative_config method mtp
         from tacit.bench.random_mtp import write_mtp_layer
 
         write_mtp_layer(model, path, std=0.02)

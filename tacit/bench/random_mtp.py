@@ -1,4 +1,4 @@
-"""A random DeepSeek-V3 checkpoint gains an MTP layer, written as DeepSeek's checkpoints hold it:
+"""A random DeepSeek-V3 (or V3.2) checkpoint gains an MTP layer, written as DeepSeek's checkpoints hold it:
 `model.layers.{num_hidden_layers}.` with the decoder layer's tensors (named as transformers
 saves a decoder layer), enorm, hnorm, eh_proj, shared_head.norm, and the copies of the embedding
 and head a real checkpoint carries. Returns transformers' MtpModel holding the same weights, the
@@ -26,6 +26,18 @@ def write_mtp_layer(main_model, path: Path, seed: int = 1, std: float = 0.15):
     dtype = next(main_model.parameters()).dtype
     cfg = copy.deepcopy(main_model.config)
     cfg.num_hidden_layers = n + 1  # its layer n is the MTP layer's decoder layer, saved under its names
+    if getattr(cfg, "mlp_layer_types", None) is not None:
+        # DeepSeek-V3.2's config lists each layer's kinds: the MTP layer is a MoE layer with its
+        # indexer, and MtpModel asks for its own lists (it restarts layer indexes at 0).
+        cfg.mlp_layer_types = list(cfg.mlp_layer_types) + ["sparse"]
+        cfg.layer_types = list(cfg.layer_types) + [cfg.layer_types[-1]]
+        main_model.config.num_mtp_layers = 1
+        main_model.config.mtp_layer_types = [cfg.layer_types[-1]]
+        main_model.config.mtp_mlp_layer_types = ["sparse"]
+        config_json = path / "config.json"
+        doc = json.loads(config_json.read_text())
+        doc.setdefault("num_nextn_predict_layers", 1)  # V3.2's checkpoints say 1; its transformers config has no field
+        config_json.write_text(json.dumps(doc, indent=2))
     torch.manual_seed(seed)
     longer = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     mtp = MtpModel(main_model, 1).to(dtype)

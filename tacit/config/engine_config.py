@@ -59,9 +59,9 @@ class EngineConfig:
     def _check_mtp(self) -> None:
         """MTP drafts with the checkpoint's own next-token-prediction layers (DeepSeek-V3/R1's)."""
         model = self.model
-        if model.architecture != "DeepseekV3ForCausalLM":
+        if model.architecture not in ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"):
             raise ValueError(
-                f"speculative_config method='mtp' runs DeepSeek-V3/R1's MTP layers; {model.path} is "
+                f"speculative_config method='mtp' runs DeepSeek-V3/R1/V3.2's MTP layers; {model.path} is "
                 f"{model.architecture}: use ngram, suffix or draft_model"
             )
         if int(model.hf.get("num_nextn_predict_layers") or 0) < 1:

@@ -1,4 +1,4 @@
-"""DeepSeek-V3/R1's multi-token-prediction (MTP) layers, as the checkpoint ships them after the
+"""DeepSeek-V3/R1's (and V3.2's) multi-token-prediction (MTP) layers, as the checkpoint ships them after the
 decoder stack (`model.layers.{num_hidden_layers + i}`, num_nextn_predict_layers of them; V3 and
 R1 ship one, layer 61; tacit runs the first).
 
@@ -26,6 +26,7 @@ from tacit.models.base import CausalLM
 from tacit.models.deepseek_v3 import DeepseekV3MoE, MLAAttention
 from tacit.models.llama import LlamaDecoderLayer, LlamaMLP
 from tacit.models.qwen3_moe import load_expert_tensor
+from tacit.models.registry import get_model_class
 
 
 class SharedHead(nn.Module):
@@ -42,7 +43,9 @@ class DeepseekV3MTPLayer(LlamaDecoderLayer):
         hf = cfg.hf
         hidden, eps = hf["hidden_size"], cfg.get("rms_norm_eps", 1e-6)
         mlp = DeepseekV3MoE(cfg) if hf.get("n_routed_experts") else LlamaMLP(hidden, hf["intermediate_size"])
-        super().__init__(cfg, MLAAttention(cfg), mlp)
+        # DeepSeek-V3.2's MTP layer is a V3.2 decoder layer: its sparse attention, indexer included.
+        attention_cls = getattr(get_model_class(cfg.architecture), "attention_cls", MLAAttention)
+        super().__init__(cfg, attention_cls(cfg), mlp)
         self.enorm = RMSNorm(hidden, eps)
         self.hnorm = RMSNorm(hidden, eps)
         self.eh_proj = Linear(2 * hidden, hidden, bias=False)

@@ -8,6 +8,8 @@ the point of MLA. How the latent is cached and attended is an MLA attention back
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -82,18 +84,29 @@ class MLAAttention(nn.Module, KVCacheLayer):
         numel = self.kv_numel_per_token(dtype)
         self.kv_cache = torch.zeros(num_blocks, block_size, numel, dtype=dtype, device=device)
 
+    def project(
+        self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [T, hidden] -> (q_resid [T, q_lora_rank], None without a q LoRA; q_nope [T, H, nope];
+        rotated q_pe [T, H, rope]; the normed latent [T, rank]; rotated k_pe [T, rope]). DeepSeek-V3.2's
+        indexer reads q_resid too (models/deepseek_v32.py)."""
+        t, h = x.shape[0], self.num_heads
+        q_resid = None if self.q_lora_rank is None else self.q_a_layernorm(self.q_a_proj(x))
+        q = self.q_proj(x) if q_resid is None else self.q_b_proj(q_resid)
+        q_nope, q_pe = q.view(t, h, self.qk_head_dim).split([self.nope_dim, self.rope_dim], dim=-1)
+        latent, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        latent = self.kv_a_layernorm(latent)
+        q_pe, k_pe = rotary(q_pe, k_pe[:, None, :], cos, sin)
+        return q_resid, q_nope, q_pe, latent, k_pe[:, 0]
+
     def forward(
         self, x: torch.Tensor, rotary: RotaryEmbedding, cos: torch.Tensor, sin: torch.Tensor, reduce: bool = True
     ) -> torch.Tensor:
         meta = get_attention_metadata()
         t, h = x.shape[0], self.num_heads
-        q = self.q_proj(x) if self.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q_nope, q_pe = q.view(t, h, self.qk_head_dim).split([self.nope_dim, self.rope_dim], dim=-1)
-        latent, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        latent = self.kv_a_layernorm(latent)
-        q_pe, k_pe = rotary(q_pe, k_pe[:, None, :], cos, sin)
+        _, q_nope, q_pe, latent, k_pe = self.project(x, rotary, cos, sin)
 
-        self.backend.write_kv(self.kv_cache, latent, k_pe[:, 0], meta)
+        self.backend.write_kv(self.kv_cache, latent, k_pe, meta)
         out = self.backend.forward(
             torch.cat([q_nope, q_pe], dim=-1), self.kv_cache, meta, self.scale, kv_b_proj=self.kv_b_proj.weight
         )
@@ -173,6 +186,8 @@ class DeepseekV3MoE(nn.Module):
 class DeepseekV3ForCausalLM(CausalLM):
     dense_weight_linears = ("self_attn.kv_b_proj",)  # MLA attention absorbs its weight directly
     supports_tensor_parallel = True
+    # Each layer's attention: DeepSeek-V3.2 swaps in its sparse (DSA) subclass (models/deepseek_v32.py).
+    attention_cls: ClassVar[type[MLAAttention]] = MLAAttention
 
     def __init__(self, cfg: ModelConfig, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
@@ -187,7 +202,7 @@ class DeepseekV3ForCausalLM(CausalLM):
                 if i >= first_dense and hf.get("n_routed_experts")
                 else LlamaMLP(hf["hidden_size"], hf["intermediate_size"], tp=tp)
             )
-            return LlamaDecoderLayer(cfg, MLAAttention(cfg, tp.attention), mlp, tp)
+            return LlamaDecoderLayer(cfg, self.make_attention(cfg, i, tp.attention), mlp, tp)
 
         self.model = LlamaModel(
             cfg,
@@ -197,6 +212,10 @@ class DeepseekV3ForCausalLM(CausalLM):
             tp=tp,
         )
         self._init_head(cfg, tp)
+
+    def make_attention(self, cfg: ModelConfig, layer: int, tp: TensorParallel) -> MLAAttention:
+        """Layer `layer`'s attention (GLM-5 picks per layer whether its indexer runs)."""
+        return self.attention_cls(cfg, tp)
 
     def weight_hook(self, name: str, tensor: torch.Tensor) -> str | None:
         return load_expert_tensor(self, name, tensor) or super().weight_hook(name, tensor)

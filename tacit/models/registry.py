@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from tacit.models.deepseek_v3 import DeepseekV3ForCausalLM
+from tacit.models.deepseek_v32 import DeepseekV32ForCausalLM, GlmMoeDsaForCausalLM
 from tacit.models.gemma3 import Gemma3ForCausalLM
 from tacit.models.gpt_oss import GptOssForCausalLM
 from tacit.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
@@ -18,6 +19,8 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "DeepseekV32ForCausalLM": DeepseekV32ForCausalLM,
+    "GlmMoeDsaForCausalLM": GlmMoeDsaForCausalLM,
 }
 
 

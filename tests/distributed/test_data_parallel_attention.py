@@ -40,7 +40,14 @@ def run_dp(path, prompts, params, dtype="float32", rank_of=None, **kwargs):
 
 @pytest.mark.parametrize(
     "arch, expert_parallel",
-    [("deepseek_v3", True), ("deepseek_v3_qlora", False), ("qwen3_moe", True), ("llama", False), ("gemma3", False)],
+    [
+        ("deepseek_v3", True),
+        ("deepseek_v3_qlora", False),
+        ("deepseek_v32", False),
+        ("qwen3_moe", True),
+        ("llama", False),
+        ("gemma3", False),
+    ],
 )
 def test_dp_attention_matches_tp1(tiny_model_factory, arch, expert_parallel):
     """Four prompts of 1-130 tokens under a 64-token step budget: chunked prefills and mixed

@@ -99,7 +99,9 @@ def test_gemma3_tp2_matches_tp1(tiny_model_factory):
     assert [layer.self_attn.attn.sliding_window for layer in layers] == [32] * 5 + [None]
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_moe_all", "deepseek_v3", "deepseek_v3_qlora"])
+@pytest.mark.parametrize(
+    "arch", ["qwen3_moe", "qwen3_moe_all", "deepseek_v3", "deepseek_v3_qlora", "deepseek_v32", "glm_moe_dsa"]
+)
 @pytest.mark.parametrize("expert_parallel", [False, True])
 def test_moe_tp2_and_ep2_match_tp1(tiny_model_factory, arch, expert_parallel):
     """Experts split by feature (each rank 1/2 of every expert) or by expert (EP: each rank half

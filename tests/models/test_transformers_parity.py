@@ -25,6 +25,8 @@ ARCHS = [
     "qwen3_moe_nonorm",
     "deepseek_v3",
     "deepseek_v3_qlora",
+    "deepseek_v32",
+    "glm_moe_dsa",
 ]
 ARCHS += ["gpt_oss"]  # sliding window 24 < the longer prompts, sinks, YaRN, biased clamped-SwiGLU experts
 ARCHS += ["gemma3"]  # 6 layers in the 5:1 sliding pattern, a 32-token window: the longer prompts exceed it

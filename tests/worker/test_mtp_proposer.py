@@ -137,7 +137,7 @@ def test_seeded_sampling_is_reproducible(deepseek_mtp):
 
 
 def test_mtp_is_refused_where_it_cannot_run(deepseek_mtp, tiny_llama, tmp_path):
-    with pytest.raises(ValueError, match="runs DeepSeek-V3/R1's MTP layers; .* is LlamaForCausalLM"):
+    with pytest.raises(ValueError, match="runs DeepSeek-V3/R1/V3.2's MTP layers; .* is LlamaForCausalLM"):
         LLM(str(tiny_llama[2]), dtype="float32", speculative_config=mtp_config(1))
     bare = tmp_path / "no_mtp"
     shutil.copytree(deepseek_mtp[2], bare)
@@ -167,3 +167,19 @@ def test_bf16_output_parts_from_no_speculation_only_at_near_ties(tmp_path):
     got = spec.generate(PROMPTS, params)
     assert spec.engine.get_stats().spec_decode_num_draft_tokens > 0
     assert_bf16_runs_agree(LLM(str(tmp_path), dtype="float32"), PROMPTS, ref, got)
+
+
+def test_deepseek_v32_mtp_layer_runs_sparse_attention(tmp_path):
+    """DeepSeek-V3.2's MTP layer is a V3.2 decoder layer (its indexer loaded from the checkpoint):
+    prompts past index_topk (24) decode as without speculation."""
+    from tacit.models.deepseek_v32 import DSAAttention
+
+    model, _ = build_hf_model("deepseek_v32", tmp_path)
+    write_mtp_layer(model, tmp_path)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 384, (n,), generator=g).tolist() for n in (10, 60, 130)]
+    want = tokens(LLM(str(tmp_path), dtype="float32").generate(prompts, GREEDY))
+    spec = LLM(str(tmp_path), dtype="float32", speculative_config=mtp_config(3))
+    assert isinstance(spec.engine.runner.drafter.layers[0].self_attn, DSAAttention)
+    assert tokens(spec.generate(prompts, GREEDY)) == want
+    assert spec.engine.get_stats().spec_decode_num_draft_tokens > 0
