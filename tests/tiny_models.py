@@ -273,7 +273,9 @@ def build_hf_model(arch: str, path: Path, seed: int = 0, std: float = 0.15):
         for name, p in model.named_parameters():
             if "e_score_correction_bias" in name:
                 p.copy_(torch.randn_like(p) * 0.1)
-            elif name.endswith("experts.gate_up_proj"):  # gpt-oss: pre-activations past +-7, the clamp bites
+            elif arch == "gpt_oss" and name.endswith(
+                "experts.gate_up_proj"
+            ):  # pre-activations past +-7: the clamp bites
                 p.copy_(torch.randn_like(p) * 0.6)
             elif name.endswith("self_attn.sinks"):  # gpt-oss: sinks that take a real share of each softmax
                 p.copy_(torch.randn_like(p))
