@@ -72,8 +72,11 @@ class CPUFusedMoEKernel(MoEKernel):
             return BF16 if t is None else t
 
         if shared is not None and not shared.plain_swiglu:
-            raise ValueError("cpu_fused MoE: a shared expert runs as plain SwiGLU (no biases, silu); got one with "
-                             f"activation {shared.activation.name!r} and biases")
+            biased = shared.w13_bias is not None or shared.w2_bias is not None
+            raise ValueError(
+                "cpu_fused MoE: a shared expert runs as plain SwiGLU (silu, no biases); got activation "
+                f"{shared.activation.name!r}{' with biases' if biased else ''}"
+            )
 
         def bias(b: torch.Tensor | None) -> torch.Tensor | None:
             return None if b is None else b.contiguous()

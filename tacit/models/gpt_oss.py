@@ -5,8 +5,10 @@ a bias and whose experts have biases and a clamped SwiGLU (kernels/torch_moe.py 
 transformers' gpt_oss is the reference. Its checkpoint keeps each layer's experts as stacks:
 gate_up_proj [E, H, 2I] with gate and up interleaved as even / odd columns, gate_up_proj_bias
 [E, 2I] interleaved alike, down_proj [E, I, H], down_proj_bias [E, H]; they load into FusedMoE's
-[E, 2I, H] (gate rows, then up rows) and [E, H, I]. Only float (bf16 / fp32) experts load here:
-OpenAI's release ships them as MXFP4 (`*_blocks` / `*_scales` pairs), which is refused by name.
+[E, 2I, H] (gate rows, then up rows) and [E, H, I]. Only float (bf16 / fp32) experts load from
+an HF checkpoint: OpenAI's release ships them as MXFP4 (`*_blocks` / `*_scales` pairs), which is
+refused by name. A llama.cpp `gpt-oss` GGUF (loader/gguf_gpt_oss.py) gives the stacks per
+projection, float or GGML blocks (FusedMoE.load_expert_stack), and the biases as HF's stacks.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tacit.layers.linear import Linear
 from tacit.layers.moe import FusedMoE
 from tacit.models.base import CausalLM
 from tacit.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaModel
+from tacit.models.qwen3_moe import load_expert_tensor
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 # HF's stacked expert tensors: "model.layers.{i}.mlp.experts.{gate_up_proj,down_proj}[_bias]".
@@ -114,7 +117,8 @@ class GptOssMLP(nn.Module):
     def load_stack(self, proj: str, bias: bool, tensor: torch.Tensor) -> str:
         """One of transformers' stacks (this rank's part) into FusedMoE's layout; -> the parameter filled."""
         experts = self.experts
-        dtype = experts.w13.dtype
+        # The biases' dtype, not w13's: a GGUF's experts held as GGML blocks make w13 uint8.
+        dtype = experts.w13_bias.dtype
         if proj == "gate_up_proj":
             # Even columns gate, odd columns up -> gate rows, then up rows.
             if bias:
@@ -166,6 +170,9 @@ class GptOssForCausalLM(CausalLM):
             with torch.no_grad():
                 attn.sinks.copy_(tensor)
             return f"{sinks.group(1)}.attn.sinks"
+        filled = load_expert_tensor(self, name, tensor)  # a GGUF's expert stacks (loader/gguf_gpt_oss.py)
+        if filled is not None:
+            return filled
         stack = _STACK.match(name)
         if stack is not None:
             mlp, proj, bias = stack.groups()
