@@ -16,7 +16,10 @@ What the file cannot say, llama.cpp's graph fixes: layer i slides when i is even
 (set_swa_pattern(2)), the clamped SwiGLU's alpha 1.702 and limit 7.0, softmax over the top-k
 logits, YaRN without rounding its correction range (no GGUF key for transformers' `truncate`;
 every gpt-oss checkpoint says false). The writer refuses a config that differs; the reader
-sets them.
+sets them. llama.cpp itself rounds YaRN's correction range out to whole dimensions
+(ggml_rope_yarn_corr_dims): on gpt-oss-20b's rope (head_dim 64, base 150000, original context
+4096) its ramp spans dims 8..18 where transformers' spans 8.09..17.40, so llama.cpp on such a
+file computes slightly otherwise than transformers on the checkpoint (tacit follows transformers).
 
 MXFP4 experts: a float checkpoint's stacks are quantized to MXFP4 by export_hf_to_gguf's
 ggml_types ({"_exps.weight": "MXFP4"}, the gguf package's quantizer) and load back through

@@ -135,6 +135,51 @@ def test_mxfp4_experts_load_as_the_file_dequantized(gpt_oss, tmp_path):
     first_logprobs_close(got, want, 1e-4)
 
 
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"layer_types": ["full_attention", "sliding_attention"]}, "slides on even layers"),
+        ({"swiglu_limit": 8.0}, "fixes swiglu_alpha=1.702, swiglu_limit=7.0; got 1.702, 8.0"),
+        ({"rope_parameters": {"truncate": True}}, "YaRN with truncate=true"),
+    ],
+    ids=["full-first", "limit", "truncate"],
+)
+def test_the_writer_refuses_what_llama_cpp_would_compute_otherwise(gpt_oss, tmp_path, edit, message):
+    import json
+    import shutil
+
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(gpt_oss[1], hf_dir)
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    for key, value in edit.items():
+        cfg[key] = {**cfg[key], **value} if isinstance(value, dict) else value
+    (hf_dir / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=message):
+        export_hf_to_gguf(hf_dir, tmp_path / "m.gguf")
+
+
+def test_a_gate_bias_without_its_up_bias_is_named(gpt_oss, tmp_path):
+    """A file missing one layer's ffn_up_exps.bias: the error names the tensor that has no partner."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gpt_oss[2]))
+    writer = gguf.GGUFWriter(str(tmp_path / "cut.gguf"), "gpt-oss")
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    for t in reader.tensors:
+        if t.name != "blk.1.ffn_up_exps.bias":
+            writer.add_tensor(t.name, np.array(t.data).reshape(tuple(reversed([int(d) for d in t.shape]))))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match="blk.1.ffn_gate_exps.bias has no blk.1.ffn_up_exps.bias beside it"):
+        LLM(str(tmp_path / "cut.gguf"), dtype="float32")
+
+
 def with_rounded_yarn(model):
     """The same checkpoint with YaRN's correction range rounded out to whole dimensions
     (transformers' truncate=true), as llama.cpp's ggml_rope_yarn_corr_dims computes it."""
