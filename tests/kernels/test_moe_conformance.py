@@ -249,6 +249,34 @@ def test_bf16_moe_models_run_the_cpu_kernel_and_match_the_torch_kernel(tiny_mode
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0.02, atol=0.05)
 
 
+@needs_cpu_kernels
+def test_gpt_oss_layers_run_the_cpu_kernel_as_the_torch_kernel_on_the_models_own_inputs(tiny_model_factory):
+    """A bf16 gpt-oss: every MoE layer runs the C++ kernel, and on each layer's real hidden states
+    and router logits (a 7- and a 31-token prefill: experts past the GEMV tile's 16 slots, then
+    decode steps) its output is the torch kernel's within bf16_close's bound."""
+    from tacit import LLM, SamplingParams
+
+    _, _, path = tiny_model_factory("gpt_oss")
+    llm = LLM(str(path), dtype="bfloat16")
+    layers = [m for m in llm.engine.model.modules() if isinstance(m, FusedMoE)]
+    assert layers and all(m.kernel.name == "cpu_fused" for m in layers)
+    ref, seen = TorchMoEKernel(), []
+
+    def compare(layer, args, out):
+        x, logits = args[0], args[1]
+        weights, ids = layer.kernel.route(logits.float(), layer.routing)
+        want = ref.experts(x, weights, ids, layer.expert_weights())
+        got = layer.kernel.experts(x, weights, ids, layer.expert_weights())
+        bf16_close(got, want, want.float().abs().max().item())
+        seen.append(x.shape[0])
+
+    for m in layers:
+        m.register_forward_hook(compare)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    llm.generate([[5, 9, 11, 3, 200, 17, 40], list(range(40, 71))], params)
+    assert max(seen) == 38 and min(seen) <= 2  # the batched prefill and the decode steps
+
+
 def gpt_oss_experts(g, experts, hidden, inter, dtype):
     # Gate/up weights of std 1 over unit inputs: pre-activations of std ~8, so the +-7 clamps bite.
     ew = ExpertWeights(
