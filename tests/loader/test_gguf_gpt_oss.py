@@ -74,6 +74,20 @@ def test_float32_gguf_decodes_as_transformers(gpt_oss):
     first_logprobs_close(got, LLM(str(hf_dir), dtype="float32").generate(PROMPTS, GREEDY), 1e-5)
 
 
+def test_bf16_gguf_decodes_as_the_hf_directory_in_bf16(gpt_oss, tmp_path):
+    """bf16 matrices and expert stacks (round-to-nearest-even, as torch rounds the HF directory's
+    float32 weights at load; norms, biases, sinks float32 in both): the same weights in a bf16
+    model, so the same tokens and log-probabilities (the C++ MoE kernel in both where the CPU
+    has AVX512-BF16)."""
+    _, hf_dir, _ = gpt_oss
+    path = export_hf_to_gguf(hf_dir, tmp_path / "bf16.gguf", bf16=True)
+    got = LLM(str(path), dtype="bfloat16").generate(PROMPTS, GREEDY)
+    want = LLM(str(hf_dir), dtype="bfloat16").generate(PROMPTS, GREEDY)
+    for x, y in zip(got, want):
+        assert x.outputs[0].token_ids == y.outputs[0].token_ids
+    first_logprobs_close(got, want, 1e-6)
+
+
 def test_q8_0_experts_stay_blocks_and_run_on_the_cpu_kernel_in_bf16(gpt_oss, tmp_path):
     """Q8_0 expert stacks with float32 biases: kept as blocks (FusedMoE.load_expert_stack) they
     decode as the same file dequantized at load (float32: both through the torch kernel's
