@@ -3,6 +3,7 @@
 Q4_0, Q4_1, Q8_0, Q4_K, Q5_K and Q6_K tensors come out still in their GGML blocks (kernels/ggml_quant.GGMLTensor):
 a linear layer built for that type keeps them as they are, anything else dequantizes them as it
 loads them; MoE expert stacks of those types come out whole (GGMLExpertStack, gguf_moe_import.py).
+gpt-oss's names, keys and expert biases are gguf_gpt_oss.py's.
 Tensors of other quantized types are dequantized here, with a message naming the type.
 """
 
@@ -17,6 +18,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+import tacit.loader.gguf_gpt_oss as gpt_oss
 from tacit.kernels.ggml_quant import FP8_E4M3, GGML_TYPES, GGMLTensor
 from tacit.loader.gguf_header import GGUFHeader
 from tacit.loader.gguf_moe_import import MOE_ARCHS, STACK_PROJ, KVBJoiner, expert_tensors, moe_hf_config, yarn_extras
@@ -25,7 +27,14 @@ from tacit.loader.progress import progress
 from tacit.model_config_checks import SIZE_LIMITS, check_size
 from tacit.tokenizer import Tokenizer
 
-_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", **MOE_ARCHS}
+_ARCHS = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    **MOE_ARCHS,
+    gpt_oss.ARCH: gpt_oss.HF_ARCH,
+}
+_STACKED = {*MOE_ARCHS, gpt_oss.ARCH}  # archs whose experts come as [experts, rows, cols] stacks
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
@@ -69,6 +78,7 @@ _SIZE_KEYS = {
     "attention.value_length_mla": "v_head_dim",
     "attention.value_length": "v_head_dim",
     "rope.dimension_count": "qk_rope_head_dim",
+    "attention.sliding_window": "sliding_window",
 }
 _BLOCK = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 
@@ -153,6 +163,8 @@ class GGUFFile:
                 cfg["rope_scaling"].update(yarn_extras(self._meta))
         if self.arch in MOE_ARCHS:
             cfg.update(moe_hf_config(self.arch, str(self.path), self._meta, self._size, heads))
+        if self.arch == gpt_oss.ARCH:
+            cfg.update(gpt_oss.hf_config(self._meta, self._size, cfg.get("rope_scaling")))
         return cfg
 
     def eos_token_ids(self) -> list[int]:
@@ -172,9 +184,12 @@ class GGUFFile:
                 return None
             if f"{m.group(2)}.{m.group(3)}" == ROUTER_BIAS_GGUF:
                 return f"model.layers.{m.group(1)}.{ROUTER_BIAS_HF}"
-            if m.group(2) not in _LAYER_NAMES:
+            if self.arch == gpt_oss.ARCH and m.group(2) == gpt_oss.SINKS:
+                return f"model.layers.{m.group(1)}.self_attn.sinks"  # HF names the sinks without a suffix
+            names = gpt_oss.LAYER_HF if self.arch == gpt_oss.ARCH else _LAYER_NAMES
+            if m.group(2) not in names:
                 return None
-            name = f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+            name = f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
         return name
 
     def quantized_weights(self) -> dict[str, int]:
@@ -186,7 +201,8 @@ class GGUFFile:
             if t.ggml_type not in GGML_TYPES:
                 continue
             m = _BLOCK.match(t.name)
-            if m is not None and m.group(2) in STACK_PROJ and self.arch in MOE_ARCHS and len(t.shape) == 3:
+            stack = m is not None and m.group(2) in STACK_PROJ and m.group(3) == "weight"
+            if stack and self.arch in _STACKED and len(t.shape) == 3:
                 out[f"model.layers.{m.group(1)}.mlp.experts.{STACK_PROJ[m.group(2)]}.weight"] = t.ggml_type
                 continue
             name = self._hf_name(t.name)
@@ -200,10 +216,16 @@ class GGUFFile:
 
         cfg = self.hf_config()
         dequantized: dict[str, int] = {}
-        kv_b = KVBJoiner()
+        kv_b, biases = KVBJoiner(), gpt_oss.BiasJoiner()
         for t in progress(self.header.tensors, desc=f"loading {self.path.name}"):
             m = _BLOCK.match(t.name)
-            if m is not None and m.group(2) in STACK_PROJ and self.arch in MOE_ARCHS:
+            if m is not None and m.group(2) in STACK_PROJ and m.group(3) == "bias" and self.arch == gpt_oss.ARCH:
+                bias = dequantize(self.header.data(t), GGMLQuantizationType(t.ggml_type)).reshape(t.shape)
+                joined = biases.add(m.group(1), m.group(2), torch.from_numpy(np.array(bias, dtype=np.float32)))
+                if joined is not None:
+                    yield joined
+                continue
+            if m is not None and m.group(2) in STACK_PROJ and self.arch in _STACKED:
                 if t.ggml_type not in GGML_TYPES:
                     self._count_dequantized(t.ggml_type, dequantized)
                 prefix = f"model.layers.{m.group(1)}.mlp"
@@ -237,6 +259,7 @@ class GGUFFile:
                 arr = self._unpermute(arr.reshape(arr.shape[0], -1), heads).reshape(arr.shape)
             yield name, torch.from_numpy(np.array(arr, dtype=np.float32))  # a copy: the file is mapped read-only
         kv_b.check_done(str(self.path))
+        biases.check_done(str(self.path))
         self.header.release_data()  # every tensor above was copied out of the mapping
         if dequantized:
             kinds = ", ".join(f"{k} ({n} tensors)" for k, n in sorted(dequantized.items()))

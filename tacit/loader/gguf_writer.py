@@ -13,9 +13,16 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
+import tacit.loader.gguf_gpt_oss as gpt_oss
 from tacit.loader.gguf_moe_export import MOE_ARCHS, check_exportable, moe_gguf_tensors, write_moe_metadata
 
-_HF_ARCH = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", **MOE_ARCHS}
+_HF_ARCH = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    **MOE_ARCHS,
+    gpt_oss.HF_ARCH: gpt_oss.ARCH,
+}
 _LAYER = {
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
@@ -44,8 +51,9 @@ def _permute(x: np.ndarray, heads: int) -> np.ndarray:
 def _add_tensor(writer: Any, name: str, arr: np.ndarray, bf16: bool, ggml_type: str | None = None) -> None:
     import gguf
 
-    # Norms, biases and the MoE router stay float32, as llama.cpp's converter keeps them.
-    matrix = arr.ndim >= 2 and not name.endswith("ffn_gate_inp.weight")
+    # Norms, biases (gpt-oss's expert biases are [experts, rows]) and the MoE router stay
+    # float32, as llama.cpp's converter keeps them.
+    matrix = arr.ndim >= 2 and not name.endswith(("ffn_gate_inp.weight", ".bias"))
     if ggml_type is not None and matrix:
         qtype = gguf.GGMLQuantizationType[ggml_type]
         block = gguf.GGML_QUANT_SIZES[qtype][0]
@@ -105,7 +113,7 @@ def reencode_gguf(src: Path, dst: Path, bf16: bool = True) -> Path:
 
 
 def export_hf_to_gguf(hf_dir: Path, dst: Path, bf16: bool = False, ggml_types: dict[str, str] | None = None) -> Path:
-    """An HF llama/qwen2/qwen3/qwen3_moe/deepseek_v3 directory with a byte-level BPE tokenizer.json -> GGUF.
+    """An HF llama/qwen2/qwen3/qwen3_moe/deepseek_v3/gpt_oss directory with a byte-level BPE tokenizer.json -> GGUF.
 
     ggml_types: {GGUF tensor-name suffix ("attn_q.weight", "ffn_up_exps.weight"; "" for every
     matrix): GGML type name ("Q4_1")}: those matrices (and expert stacks, row by row) are
@@ -121,6 +129,8 @@ def export_hf_to_gguf(hf_dir: Path, dst: Path, bf16: bool = False, ggml_types: d
         raise ValueError(f"{hf_dir}: only {', '.join(_HF_ARCH)} export to GGUF")
     if arch in MOE_ARCHS.values():
         check_exportable(arch, cfg, str(hf_dir))
+    if arch == gpt_oss.ARCH:
+        gpt_oss.check_exportable(cfg, str(hf_dir))
     heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     rope = cfg.get("rope_parameters") or {}
     w = gguf.GGUFWriter(str(dst), arch)
@@ -131,6 +141,8 @@ def export_hf_to_gguf(hf_dir: Path, dst: Path, bf16: bool = False, ggml_types: d
     w.add_head_count(heads)
     if arch in MOE_ARCHS.values():
         write_moe_metadata(w, arch, cfg)
+    elif arch == gpt_oss.ARCH:
+        gpt_oss.write_metadata(w, cfg)
     else:
         w.add_head_count_kv(kv_heads)
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
@@ -164,6 +176,8 @@ def export_hf_to_gguf(hf_dir: Path, dst: Path, bf16: bool = False, ggml_types: d
     items = iter_safetensors(hf_dir)
     if arch in MOE_ARCHS.values():
         items = moe_gguf_tensors(items, cfg, arch, _LAYER)
+    elif arch == gpt_oss.ARCH:
+        items = gpt_oss.gguf_tensors(items, cfg)
     for name, tensor in _hf_tensors(items, cfg):
         x = tensor.float().numpy()
         if name.startswith("blk."):

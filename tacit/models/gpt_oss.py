@@ -9,6 +9,8 @@ gate_up_proj [E, H, 2I] with gate and up interleaved as even / odd columns, gate
 in MXFP4 (`*_blocks` / `*_scales` pairs, quantization_config quant_method "mxfp4"): the loader
 re-packs each pair into MXFP4 expert stacks named as a GGUF's (loader/mxfp4_checkpoint.py), kept
 in their 17-byte blocks (4.25 bits a weight) and loaded as the other MoE models load GGUF stacks.
+A llama.cpp `gpt-oss` GGUF (loader/gguf_gpt_oss.py) gives the stacks per projection, float or
+GGML blocks (FusedMoE.load_expert_stack), and the biases as HF's stacks.
 """
 
 from __future__ import annotations
@@ -149,8 +151,6 @@ class GptOssForCausalLM(CausalLM):
         self._init_head(cfg, tp)
 
     def weight_hook(self, name: str, tensor: torch.Tensor | GGMLExpertStack) -> str | None:
-        if isinstance(tensor, GGMLExpertStack):  # an MXFP4 checkpoint's experts, re-packed by the loader
-            return load_expert_tensor(self, name, tensor)
         if name.endswith(("_blocks", "_scales")):  # a pair the config did not declare mxfp4
             raise ValueError(
                 f"{name}: an MXFP4 expert tensor in a checkpoint whose config.json has no quantization_config "
@@ -164,6 +164,10 @@ class GptOssForCausalLM(CausalLM):
             with torch.no_grad():
                 attn.sinks.copy_(tensor)
             return f"{sinks.group(1)}.attn.sinks"
+        # Stacks per projection: a GGUF's (loader/gguf_gpt_oss.py) or an MXFP4 checkpoint's, re-packed.
+        filled = load_expert_tensor(self, name, tensor)
+        if filled is not None:
+            return filled
         stack = _STACK.match(name)
         if stack is not None:
             mlp, proj, bias = stack.groups()

@@ -2,8 +2,10 @@
 and the CPU kernel against the torch kernel: the same experts chosen (ties included), outputs
 within bf16 rounding, for softmax and grouped-sigmoid routing, 1 to 512 tokens, shared experts
 and GGML-quantized experts. gpt-oss's experts (biases, the clamped SwiGLU): every kernel runs
-them as the definition says or declines them, and a declined layer runs the torch kernel."""
+them as the definition says or declines them, and a declined layer runs the torch kernel; the
+CPU kernel runs them (bf16 and GGML stacks) as the torch kernel does."""
 
+import dataclasses
 import os
 
 import pytest
@@ -235,7 +237,7 @@ def test_fused_moe_layer_keeps_ggml_blocks_and_refuses_wrong_ones():
 
 
 @needs_cpu_kernels
-@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3", "gpt_oss"])
 def test_bf16_moe_models_run_the_cpu_kernel_and_match_the_torch_kernel(tiny_model_factory, arch):
     from tacit import LLM, SamplingParams
     from tacit.layers.moe import use_moe_kernel
@@ -256,6 +258,34 @@ def test_bf16_moe_models_run_the_cpu_kernel_and_match_the_torch_kernel(tiny_mode
         got = [next(iter(d.values())).logprob for d in fused.prompt_logprobs[1:]]
         want = [next(iter(d.values())).logprob for d in ref.prompt_logprobs[1:]]
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0.02, atol=0.05)
+
+
+@needs_cpu_kernels
+def test_gpt_oss_layers_run_the_cpu_kernel_as_the_torch_kernel_on_the_models_own_inputs(tiny_model_factory):
+    """A bf16 gpt-oss: every MoE layer runs the C++ kernel, and on each layer's real hidden states
+    and router logits (a 7- and a 31-token prefill: experts past the GEMV tile's 16 slots, then
+    decode steps) its output is the torch kernel's within bf16_close's bound."""
+    from tacit import LLM, SamplingParams
+
+    _, _, path = tiny_model_factory("gpt_oss")
+    llm = LLM(str(path), dtype="bfloat16")
+    layers = [m for m in llm.engine.model.modules() if isinstance(m, FusedMoE)]
+    assert layers and all(m.kernel.name == "cpu_fused" for m in layers)
+    ref, seen = TorchMoEKernel(), []
+
+    def compare(layer, args, out):
+        x, logits = args[0], args[1]
+        weights, ids = layer.kernel.route(logits.float(), layer.routing)
+        want = ref.experts(x, weights, ids, layer.expert_weights())
+        got = layer.kernel.experts(x, weights, ids, layer.expert_weights())
+        bf16_close(got, want, want.float().abs().max().item())
+        seen.append(x.shape[0])
+
+    for m in layers:
+        m.register_forward_hook(compare)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    llm.generate([[5, 9, 11, 3, 200, 17, 40], list(range(40, 71))], params)
+    assert max(seen) == 38 and min(seen) <= 2  # the batched prefill and the decode steps
 
 
 def gpt_oss_experts(g, experts, hidden, inter, dtype):
@@ -327,10 +357,69 @@ def test_a_layer_whose_experts_a_kernel_declines_runs_the_torch_kernel():
 
 
 @needs_cpu_kernels
-def test_the_cpu_kernel_declines_gpt_oss_experts():
+def test_the_cpu_kernel_takes_gpt_oss_experts_with_bf16_biases():
     g = torch.Generator().manual_seed(0)
-    assert not MOE_KERNELS["cpu_fused"].supports_experts(gpt_oss_experts(g, 4, 32, 16, torch.bfloat16))
-    assert MOE_KERNELS["cpu_fused"].supports_experts(random_experts(g, 4, 32, 16, torch.bfloat16))
+    cls = MOE_KERNELS["cpu_fused"]
+    assert cls.supports_experts(gpt_oss_experts(g, 4, 32, 16, torch.bfloat16))
+    assert cls.supports_experts(random_experts(g, 4, 32, 16, torch.bfloat16))
+    # float32 biases under bf16 activations: declined (the layer runs the torch kernel), not cast per call
+    assert not cls.supports_experts(gpt_oss_experts(g, 4, 32, 16, torch.float32))
+
+
+def gpt_oss_stacks(ew, layout, experts):
+    """gpt-oss experts as the CPU kernel takes them: bf16 stacks, GGML blocks (bf16 biases), or
+    the upper half held by this expert-parallel rank (slots; biases indexed by slot too)."""
+    if layout == "slots":
+        half = experts // 2
+        slots = torch.full((experts,), -1, dtype=torch.int64)
+        slots[half:] = torch.arange(half)
+        cut = slice(half, experts)
+        return ExpertWeights(
+            ew.w13[cut].contiguous(),
+            ew.w2[cut].contiguous(),
+            slots=slots,
+            w13_bias=ew.w13_bias[cut].contiguous(),
+            w2_bias=ew.w2_bias[cut].contiguous(),
+            activation=ew.activation,
+        )
+    if layout == "bf16":
+        return ew
+    quantize = {"Q8_0": quantize_int8_per_channel, "Q5_0": quantize_q5_0}[layout]
+    stacks = [torch.stack([quantize(w[e].float()).data for e in range(experts)]) for w in (ew.w13, ew.w2)]
+    ggml_type = {"Q8_0": 8, "Q5_0": 6}[layout]
+    return ExpertWeights(
+        *stacks, ggml_type, ggml_type, w13_bias=ew.w13_bias, w2_bias=ew.w2_bias, activation=ew.activation
+    )
+
+
+@needs_cpu_kernels
+@pytest.mark.parametrize("layout", ["bf16", "Q8_0", "Q5_0", "slots"])
+@pytest.mark.parametrize("tokens", [1, 2, 9, 64, 512])
+def test_cpu_kernel_runs_gpt_oss_experts_as_the_torch_kernel_does(layout, tokens):
+    """Biases in both GEMV epilogues, the clamped SwiGLU in phase 1, and (512 tokens x 4 of 8
+    experts: ~256 slots an expert, past the GEMV tile's 16) the oneDNN path's own bias and
+    activation. The bound is bf16_close's: both kernels round at the same points (F.linear's one
+    rounding of x w^T + b, then each of the activation's five bf16 ops), so they differ only
+    where fp32 summation order or exp's last bit flips a rounding."""
+    g = torch.Generator().manual_seed(tokens)
+    hidden, inter, experts = 128, 96, 8
+    full = gpt_oss_experts(g, experts, hidden, inter, torch.bfloat16)
+    # Down biases of std 8, the size of the experts' outputs (std 0.5 ones moved the result by
+    # only ~1.2x the bound below: a dropped bias would have passed by a hair).
+    full = dataclasses.replace(full, w2_bias=full.w2_bias * 16)
+    ew = gpt_oss_stacks(full, layout, experts)
+    x = torch.randn(tokens, hidden, generator=g).bfloat16()
+    weights, ids = torch.softmax(torch.randn(tokens, experts, generator=g), -1).topk(4, dim=-1)
+    kernel = MOE_KERNELS["cpu_fused"]()
+    kernel.ggml_int8_activations = False  # the dequantized model's arithmetic, as the torch kernel's
+    got = kernel.experts(x, weights, ids, ew)
+    if layout == "slots":
+        # The whole stack with the other rank's terms weighted 0: a bias read from the wrong
+        # slot (or added for an expert held elsewhere) shows as a difference of the bias's size.
+        want = TorchMoEKernel().experts(x, weights * (ids >= experts // 2), ids, full)
+    else:
+        want = TorchMoEKernel().experts(x, weights, ids, ew)
+    bf16_close(got, want, want.float().abs().max().item())
 
 
 def test_fused_moe_loads_stacks_and_refuses_wrong_ones():

@@ -75,7 +75,7 @@ def test_unknown_gguf_architecture_lists_supported(tmp_path):
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(
-        ValueError, match="'mamba' is not supported; supported: deepseek2, llama, qwen2, qwen3, qwen3moe"
+        ValueError, match="'mamba' is not supported; supported: deepseek2, gpt-oss, llama, qwen2, qwen3, qwen3moe"
     ):
         LLM(str(tmp_path / "x.gguf"))
 

@@ -89,6 +89,11 @@ class ProcessPeer(BenchEngine):
             raise value
         return value
 
+    def ask(self, method: str, *args: Any) -> Any:
+        """Any other method of the peer (a check, not a measurement: llama.cpp's greedy tokens
+        on a file tacit wrote); None once the peer failed, as for the measurements."""
+        return self._call(method, *args)
+
     def latency(self, prompts: list[list[int]], output_len: int) -> dict[str, float] | None:
         return self._call("latency", prompts, output_len)
 

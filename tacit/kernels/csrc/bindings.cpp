@@ -38,13 +38,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       [](torch::Tensor x, torch::Tensor topk_weights, torch::Tensor topk_ids, torch::Tensor w13, int64_t w13_type,
          torch::Tensor w2, int64_t w2_type, std::optional<torch::Tensor> shared_w13, int64_t shared_w13_type,
          std::optional<torch::Tensor> shared_w2, int64_t shared_w2_type, std::optional<torch::Tensor> expert_slots,
-         bool int8_activations) {
+         bool int8_activations, std::optional<torch::Tensor> w13_bias, std::optional<torch::Tensor> w2_bias,
+         int64_t activation, double alpha, double limit) {
         const tacit::GgmlActivations activations(int8_activations);
         return tacit::moe_experts(x, topk_weights, topk_ids, w13, w13_type, w2, w2_type, shared_w13, shared_w13_type,
-                                  shared_w2, shared_w2_type, expert_slots);
+                                  shared_w2, shared_w2_type, expert_slots, w13_bias, w2_bias, activation, alpha,
+                                  limit);
       },
-      "MoE experts: bf16 or GGML expert weights, shared expert fused; int8_activations as gemm_ggml_skinny's",
-      pybind11::call_guard<pybind11::gil_scoped_release>());
+      "MoE experts: bf16 or GGML expert weights, shared expert fused; int8_activations as gemm_ggml_skinny's; "
+      "routed biases and activation (0 silu, 1 swigluoai with alpha, limit) as fused_moe.h says",
+      pybind11::arg("x"), pybind11::arg("topk_weights"), pybind11::arg("topk_ids"), pybind11::arg("w13"),
+      pybind11::arg("w13_type"), pybind11::arg("w2"), pybind11::arg("w2_type"), pybind11::arg("shared_w13"),
+      pybind11::arg("shared_w13_type"), pybind11::arg("shared_w2"), pybind11::arg("shared_w2_type"),
+      pybind11::arg("expert_slots"), pybind11::arg("int8_activations"), pybind11::arg("w13_bias") = pybind11::none(),
+      pybind11::arg("w2_bias") = pybind11::none(), pybind11::arg("activation") = 0, pybind11::arg("alpha") = 1.702,
+      pybind11::arg("limit") = 7.0, pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<tacit::FusedDecoder>(m, "FusedDecoder")
       .def(pybind11::init<torch::Tensor, int64_t, int64_t, torch::Tensor, torch::Tensor, torch::Tensor, int64_t,
                           int64_t, int64_t, int64_t, double, double, int64_t>())

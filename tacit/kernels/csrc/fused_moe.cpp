@@ -25,6 +25,8 @@
 //   An expert with more than kLargeRows slots (prefill) instead runs as two oneDNN GEMMs on its
 //   gathered rows before phase 2: past ~16 rows the GEMV tile re-reads its weights from cache
 //   and the AMX GEMM is faster.
+//   gpt-oss's experts add a bias to each gate/up row and each down row, in the same epilogues,
+//   and join gate and up with their clamped SwiGLU (swiglu_oai_mul) instead of silu_mul.
 //   The shared expert (DeepSeek) is one more expert that every token uses with weight 1; its
 //   output is added after the routed sum is rounded, as `routed + shared_experts(x)` does.
 //
@@ -121,8 +123,41 @@ void route_grouped_sigmoid(const float* logits, const float* bias, int64_t e, in
   for (int64_t j = 0; j < k; ++j) weights[j] = (renormalize ? weights[j] / (kept + 1e-20f) : weights[j]) * scaling;
 }
 
+// gpt-oss's activation from fp32 gate/up GEMV outputs (their biases already added), rounded to
+// bf16 where the torch kernel's bf16 ops round (kernels/torch_moe.py gate_activation):
+// g = min(round(gate), limit), u = clamp(round(up), -limit, limit),
+// act = round(round(u + 1) * round(g * round(sigmoid(round(g * alpha))))).
+inline void swiglu_oai_mul(const float* gate, const float* up, uint16_t* act, int64_t n, float alpha, float limit) {
+  int64_t i = 0;
+  const __m512 one = _mm512_set1_ps(1.0f), lim = _mm512_set1_ps(limit), neg = _mm512_set1_ps(-limit);
+  const __m512 a = _mm512_set1_ps(alpha);
+  for (; i + 16 <= n; i += 16) {
+    // min/max return their second operand when one is NaN: the value goes second, so a NaN
+    // passes through as torch.clamp passes it.
+    const __m512 g = _mm512_min_ps(lim, round16(_mm512_loadu_ps(gate + i)));
+    const __m512 u = _mm512_max_ps(neg, _mm512_min_ps(lim, round16(_mm512_loadu_ps(up + i))));
+    const __m512 ga = round16(_mm512_mul_ps(g, a));
+    const __m512 s = round16(_mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), ga)))));
+    const __m512 glu = round16(_mm512_mul_ps(g, s));
+    store16(act + i, _mm512_mul_ps(round16(_mm512_add_ps(u, one)), glu));
+  }
+  for (; i < n; ++i) {
+    const float g0 = round_bf16(gate[i]), u0 = round_bf16(up[i]);
+    const float g = std::isnan(g0) ? g0 : std::min(g0, limit);
+    const float u = std::isnan(u0) ? u0 : std::max(-limit, std::min(u0, limit));
+    const float s = round_bf16(1.0f / (1.0f + exp1(-round_bf16(g * alpha))));
+    act[i] = float_to_bf16(round_bf16(u + 1.0f) * round_bf16(g * s));
+  }
+}
+
+// y[j] += bias[j] for the n fp32 outputs of one row (bias bf16), before their first rounding:
+// F.linear with a bias rounds x w^T + b once.
+inline void add_bias(float* y, const uint16_t* bias, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) y[j] += bf16_to_float(bias[j]);
+}
+
 // One expert set's matrices: w13 [E, 2I, H] (gate rows, then up rows) and w2 [E, H, I], each
-// bf16 or a GGML type's uint8 blocks (ggml_gemv.h).
+// bf16 or a GGML type's uint8 blocks (ggml_gemv.h); optional bf16 biases b13 [E, 2I], b2 [E, H].
 struct Experts {
   const uint8_t* w13;
   const uint8_t* w2;
@@ -130,9 +165,26 @@ struct Experts {
   int64_t row13, row2;  // bytes per row
   int64_t hidden, inter;
   const int64_t* slot = nullptr;  // expert id -> row of the stacks (a streamed expert cache), or none
+  const u16* b13 = nullptr;
+  const u16* b2 = nullptr;
+  int64_t activation = kActSilu;
+  float alpha = 0.f, limit = 0.f;
   int64_t row_of(int64_t e) const { return slot ? slot[e] : e; }
   const uint8_t* gate_up(int64_t e) const { return w13 + row_of(e) * 2 * inter * row13; }
   const uint8_t* down(int64_t e) const { return w2 + row_of(e) * hidden * row2; }
+  const u16* gate_up_bias(int64_t e) const { return b13 ? b13 + row_of(e) * 2 * inter : nullptr; }
+  const u16* down_bias(int64_t e) const { return b2 ? b2 + row_of(e) * hidden : nullptr; }
+  // act[n] from one row's fp32 gate and up outputs (chunk c of the intermediate), biases added.
+  void activate(int64_t e, int64_t c, float* g, float* u, u16* act, int64_t n) const {
+    if (const u16* b = gate_up_bias(e)) {
+      add_bias(g, b + c, n);
+      add_bias(u, b + inter + c, n);
+    }
+    if (activation == kActSwigluOai)
+      swiglu_oai_mul(g, u, act, n, alpha, limit);
+    else
+      silu_mul(g, u, act, n);
+  }
 };
 
 int64_t row_bytes(int type, int64_t k) { return type == kBf16 ? 2 * k : ggml_row_bytes(type, k); }
@@ -227,7 +279,8 @@ std::tuple<torch::Tensor, torch::Tensor> moe_route(torch::Tensor logits, std::op
 torch::Tensor moe_experts(torch::Tensor x, torch::Tensor topk_weights, torch::Tensor topk_ids, torch::Tensor w13,
                           int64_t w13_type, torch::Tensor w2, int64_t w2_type, std::optional<torch::Tensor> shared_w13,
                           int64_t shared_w13_type, std::optional<torch::Tensor> shared_w2, int64_t shared_w2_type,
-                          std::optional<torch::Tensor> expert_slots) {
+                          std::optional<torch::Tensor> expert_slots, std::optional<torch::Tensor> w13_bias,
+                          std::optional<torch::Tensor> w2_bias, int64_t activation, double alpha, double limit) {
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16 && x.dim() == 2 && x.is_contiguous(), "x: contiguous bf16 [T, H]");
   TORCH_CHECK(topk_ids.scalar_type() == torch::kInt64 && topk_ids.dim() == 2 && topk_ids.size(0) == x.size(0),
               "topk_ids: int64 [T, K]");
@@ -236,6 +289,20 @@ torch::Tensor moe_experts(torch::Tensor x, torch::Tensor topk_weights, torch::Te
   TORCH_CHECK(w13.dim() == 3, "w13: [E, 2 * I, cols]");
   const int64_t inter = w13.size(1) / 2;
   Experts routed = experts_of(w13, w13_type, w2, w2_type, h, inter, "routed experts");
+  TORCH_CHECK(activation == kActSilu || activation == kActSwigluOai, "expert activation ", activation,
+              " is not one of 0 (silu), 1 (swigluoai)");
+  routed.activation = activation;
+  routed.alpha = static_cast<float>(alpha);
+  routed.limit = static_cast<float>(limit);
+  const auto bias_of = [&](const std::optional<torch::Tensor>& b, int64_t cols, const char* name) -> const u16* {
+    if (!b.has_value()) return nullptr;
+    TORCH_CHECK(b->scalar_type() == torch::kBFloat16 && b->is_contiguous() && b->dim() == 2 &&
+                    b->size(0) == w13.size(0) && b->size(1) == cols,
+                name, ": contiguous bf16 [", w13.size(0), ", ", cols, "]");
+    return reinterpret_cast<const u16*>(b->data_ptr<at::BFloat16>());
+  };
+  routed.b13 = bias_of(w13_bias, 2 * inter, "w13_bias");
+  routed.b2 = bias_of(w2_bias, h, "w2_bias");
   int64_t num_experts = w13.size(0);
   torch::Tensor slots_c;
   if (expert_slots.has_value()) {  // ids index the slot table, the table indexes the stacks
@@ -295,9 +362,22 @@ torch::Tensor moe_experts(torch::Tensor x, torch::Tensor topk_weights, torch::Te
     if (sg.count <= kLargeRows) continue;
     const Experts& ex = *sg.set;
     auto idx = torch::from_blob(token.data() + sg.begin, {sg.count}, torch::dtype(torch::kInt64));
-    auto gate_up = torch::linear(x.index_select(0, idx), dense_matrix(ex.gate_up(sg.expert), ex.t13, 2 * ex.inter, h));
+    const auto bias = [](const u16* b, int64_t n) -> std::optional<torch::Tensor> {
+      if (!b) return std::nullopt;
+      return torch::from_blob(const_cast<u16*>(b), {n}, torch::dtype(torch::kBFloat16));
+    };
+    auto gate_up = torch::linear(x.index_select(0, idx), dense_matrix(ex.gate_up(sg.expert), ex.t13, 2 * ex.inter, h),
+                                 bias(ex.gate_up_bias(sg.expert), 2 * ex.inter));
     auto parts = gate_up.chunk(2, 1);
-    large_out[i] = torch::linear(torch::silu(parts[0]) * parts[1], dense_matrix(ex.down(sg.expert), ex.t2, h, ex.inter));
+    torch::Tensor act_rows;
+    if (ex.activation == kActSwigluOai) {  // kernels/torch_moe.py gate_activation, op for op
+      auto g = parts[0].clamp_max(ex.limit), u = parts[1].clamp(-ex.limit, ex.limit);
+      act_rows = (u + 1) * (g * torch::sigmoid(g * ex.alpha));
+    } else {
+      act_rows = torch::silu(parts[0]) * parts[1];
+    }
+    large_out[i] = torch::linear(act_rows, dense_matrix(ex.down(sg.expert), ex.t2, h, ex.inter),
+                                 bias(ex.down_bias(sg.expert), h));
   }
 
   // Phase 1: (segment, block of <= 8 slots, chunk of the intermediate) -> act.
@@ -338,7 +418,8 @@ torch::Tensor moe_experts(torch::Tensor x, torch::Tensor topk_weights, torch::Te
       gemv_rows(w + item.chunk * ex.row13, ex.t13, rows, gate.data(), n, h, m, int8);
       gemv_rows(w + (ex.inter + item.chunk) * ex.row13, ex.t13, rows, up.data(), n, h, m, int8);
       for (int r = 0; r < m; ++r)
-        silu_mul(gate.data() + r * n, up.data() + r * n, sg.act + (item.first + r) * ex.inter + item.chunk, n);
+        ex.activate(sg.expert, item.chunk, gate.data() + r * n, up.data() + r * n,
+                    sg.act + (item.first + r) * ex.inter + item.chunk, n);
     }
   }
 
@@ -373,6 +454,8 @@ torch::Tensor moe_experts(torch::Tensor x, torch::Tensor topk_weights, torch::Te
       for (int64_t f = 0; f < sg.count; f += kMaxSkinnyRows) {
         const int m = static_cast<int>(std::min<int64_t>(kMaxSkinnyRows, sg.count - f));
         gemv_rows(ex.down(sg.expert) + h0 * ex.row2, ex.t2, sg.act + f * ex.inter, y.data(), n, ex.inter, m, int8);
+        if (const u16* b = ex.down_bias(sg.expert))
+          for (int r = 0; r < m; ++r) add_bias(y.data() + r * n, b + h0, n);
         for (int r = 0; r < m; ++r) {
           const float wt = weight[sg.begin + f + r];
           float* o = out + token[sg.begin + f + r] * h + h0;
