@@ -3,11 +3,9 @@ tokens, and a chat template that renders a conversation the way gpt-oss's does i
 server relies on (reasoning_effort in the system turn, tools as a developer turn, earlier calls
 as `to=functions.NAME ... <|call|>` after their analysis (`thinking`), tool results from `functions.NAME to=assistant`).
 
-The model under it is a tiny llama until a tiny gpt-oss exists (tiny_models.make_config has no
-"gpt_oss" yet); the server then reads harmony only because the test asks for it with vLLM's
-flag (--tool-call-parser openai). To switch: ARCH = "gpt_oss" and SERVER_FLAGS = {} — the
-server keys on architectures GptOssForCausalLM / model_type gpt_oss (harmony.speaks_harmony)
-and must pick harmony with no flag.
+The model under it is the tiny gpt-oss (tiny_models.make_config("gpt_oss")): the server must
+pick harmony with no flag, from its architecture GptOssForCausalLM / model_type gpt_oss
+(harmony.speaks_harmony).
 """
 
 from __future__ import annotations
@@ -19,8 +17,8 @@ import torch
 
 from tiny_models import build_tokenizer, make_config
 
-ARCH = "llama"
-SERVER_FLAGS = {"tool_call_parser": "openai"}
+ARCH = "gpt_oss"
+SERVER_FLAGS: dict[str, str] = {}
 
 HARMONY_SPECIAL = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"]
 
