@@ -1,8 +1,8 @@
 """gpt-oss beyond the transformers parity suite (tests/models/test_transformers_parity.py checks
-its greedy, chunked and preempted tokens): in bf16 on the CPU its experts run the torch MoE
-kernel (the C++ one declines biases and the clamped SwiGLU) and its decode steps the torch path
-(the fused C++ step has no gpt-oss binder); its layers take the config's windows and sinks;
-what it cannot load is refused by name."""
+its greedy, chunked and preempted tokens): in bf16 on the CPU its experts run the C++ MoE
+kernel (biases and the clamped SwiGLU included) and its decode steps the torch path (the fused
+C++ step has no gpt-oss binder); its layers take the config's windows and sinks; what it cannot
+load is refused by name."""
 
 import json
 import shutil
@@ -12,7 +12,8 @@ import torch
 
 from tacit import LLM, SamplingParams
 from tacit.config import ModelConfig
-from tacit.kernels.torch_moe import TorchMoEKernel
+from tacit.kernels.cpu_fused_moe import CPUFusedMoEKernel
+from tacit.kernels.cpu_kernels import load_cpu_kernels
 from tacit.layers.moe import FusedMoE
 from tacit.models.gpt_oss import GptOssForCausalLM
 from tacit.worker.paths.fused_binders import fused_decoder_unsupported_reason
@@ -26,14 +27,15 @@ def config_with(path, **changes) -> ModelConfig:
     return ModelConfig(path=str(path), hf=hf, dtype=torch.float32)
 
 
-def test_bf16_runs_the_torch_moe_kernel_and_the_torch_decode_path(tiny_model_factory):
+@pytest.mark.skipif(load_cpu_kernels() is None, reason="no AVX512-BF16 CPU kernels: the torch MoE kernel runs")
+def test_bf16_runs_the_cpp_moe_kernel_and_the_torch_decode_path(tiny_model_factory):
     _, _, path = tiny_model_factory("gpt_oss")
     llm = LLM(str(path), dtype="bfloat16")
     runner = llm.engine.runner
     assert runner.fused_decode is None
     assert "GptOssForCausalLM has no fused decode step" in fused_decoder_unsupported_reason(runner.model)
     layers = [m for m in runner.model.modules() if isinstance(m, FusedMoE)]
-    assert len(layers) == 2 and all(type(m.kernel) is TorchMoEKernel for m in layers)
+    assert len(layers) == 2 and all(type(m.kernel) is CPUFusedMoEKernel for m in layers)
     # Not compared with float32 token by token: this model's clamped experts and peaked logits
     # move by up to 4.3 nats (median 0.09) between transformers' own bf16 and float32 runs of it.
     outs = llm.generate(PROMPTS, GREEDY)
