@@ -155,6 +155,9 @@ class PagedKVCacheManager(KVCacheManager):
         taken = [b for g, h in enumerate(per_group) for b in h[behind[g] :]]
         if taken and tables[0]:
             raise RuntimeError(f"request {request_id} already holds blocks: a prefix hit comes before any")
+        # First, what no query from here on reads (never needed again, whatever this call
+        # answers): the room a sliding group's peak was sized with counts it as free.
+        self._release_behind_windows(request_id, num_computed_tokens)
         need = self.blocks_needed_by_table(num_computed_tokens + num_new_tokens)
         extra = [need - len(t) - len(h) for t, h in zip(tables, per_group)]
         total = sum(max(e, 0) for e in extra)
@@ -170,7 +173,6 @@ class PagedKVCacheManager(KVCacheManager):
                 tables[g].extend(h)
                 released[g] = behind[g]
             self._num_cached[request_id] = [len(h) for h in per_group]
-        self._release_behind_windows(request_id, num_computed_tokens)
         out = tuple(pool.allocate(e) if e > 0 else [] for e in extra)
         for table, new in zip(tables, out):
             table.extend(new)

@@ -2,6 +2,8 @@
 behind its window as a request decodes, so a request's blocks stay bounded by the window in
 that group while the full-attention group's table grows with the context."""
 
+import pytest
+
 from tacit.kv_cache_interface import blocks_for_tokens
 from tacit.memory.paged_kv_cache_manager import PagedKVCacheManager
 
@@ -123,3 +125,19 @@ def test_a_hit_is_shortened_until_the_sliding_group_holds_its_window():
     assert tokens == 32
     assert full == [seen[i][1] for i in range(8)] and sliding == [0] * 6 + [seen[6][0], seen[7][0]]
     assert kv.allocate_slots("b", tokens, 41 - tokens, hit) is not None
+
+
+@pytest.mark.parametrize("window, block_size", [(3, 2), (5, 4), (8, 4), (13, 2)])
+def test_a_lone_request_reaches_the_capacity_the_pool_reports(window, block_size):
+    """capacity_tokens (what max_model_len is capped to and prompts are refused beyond) is met in
+    chunks of any size up to max_chunk_tokens: the blocks a sliding group gives back in a call
+    are room for that call's new ones (before, 363 of these pools refused a lone request short
+    of its capacity)."""
+    for chunk in (1, 3, 4, 6):
+        for num_blocks in range(6, 30):
+            kv = PagedKVCacheManager(num_blocks, block_size, sliding_windows=(window, None), max_chunk_tokens=chunk)
+            c = 0
+            while c < kv.capacity_tokens:
+                n = min(chunk, kv.capacity_tokens - c)
+                assert kv.allocate_slots("a", c, n) is not None, (chunk, num_blocks, c)
+                c += n
