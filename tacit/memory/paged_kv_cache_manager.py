@@ -158,6 +158,11 @@ class PagedKVCacheManager(KVCacheManager):
         # First, what no query from here on reads (never needed again, whatever this call
         # answers): the room a sliding group's peak was sized with counts it as free.
         self._release_behind_windows(request_id, num_computed_tokens)
+        for g, table in enumerate(tables):
+            # A sliding group whose table starts past its window (computed tokens it never held
+            # blocks for: a hit, or any table begun late) stands block 0 for those positions.
+            if len(table) < released[g] and not per_group[g]:
+                table.extend([0] * (released[g] - len(table)))
         need = self.blocks_needed_by_table(num_computed_tokens + num_new_tokens)
         extra = [need - len(t) - len(h) for t, h in zip(tables, per_group)]
         total = sum(max(e, 0) for e in extra)

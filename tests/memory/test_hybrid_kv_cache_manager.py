@@ -141,3 +141,15 @@ def test_a_lone_request_reaches_the_capacity_the_pool_reports(window, block_size
                 n = min(chunk, kv.capacity_tokens - c)
                 assert kv.allocate_slots("a", c, n) is not None, (chunk, num_blocks, c)
                 c += n
+
+
+def test_a_table_begun_past_the_window_holds_only_the_window():
+    """Slots asked for a request whose computed tokens lie behind its window and which holds no
+    blocks yet: the sliding group allocates the window's blocks only, block 0 standing for the rest."""
+    kv = hybrid()
+    new = kv.allocate_slots("a", 40, 1)  # the next query, position 40, reads positions 33-40
+    sliding, full = kv.get_block_ids("a")
+    assert len(full) == 11 and len(sliding) == 11 and sliding[:8] == [0] * 8
+    assert [len(b) for b in new] == [3, 11] and kv.num_blocks_of("a") == 14
+    kv.free("a")
+    assert kv.num_free_blocks == 64
