@@ -17,22 +17,17 @@ import time
 import numpy as np
 import torch
 
-from tacit.config.model import ModelConfig
+from tacit.config.model import layer_sliding_windows
 from tacit.kernels.torch_attention import TorchAttentionBackend
-from tacit.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec, bytes_per_block_of, sliding_windows_of
-from tacit.memory.kv_cache_utils import get_kv_cache_groups
+from tacit.kv_cache_interface import FullAttentionSpec, bytes_per_block_of, sliding_windows_of
+from tacit.memory.kv_cache_utils import window_groups
 from tacit.memory.paged_kv_cache_manager import PagedKVCacheManager
-
-
-def _layer_windows(hf: dict) -> list[int | None]:
-    cfg = ModelConfig("bench", hf, torch.bfloat16)
-    return [cfg.sliding_window_of(i) for i in range(cfg.num_layers)]
 
 
 def measure_sliding_window(hf: dict, context: int, repeats: int, block_size: int = 16) -> list[dict]:
     """Rows of {layer, context, ms_per_layer, kv_mb_per_request, ...} for a full and a sliding
     layer of hf's attention shape at `context`, alternated within each repeat."""
-    windows = _layer_windows(hf)
+    windows = layer_sliding_windows(hf)
     sliding = sorted({w for w in windows if w is not None})
     if not sliding:
         raise ValueError("the model has no sliding-window layers (config layer_types / sliding_window)")
@@ -67,11 +62,7 @@ def measure_sliding_window(hf: dict, context: int, repeats: int, block_size: int
     # Bytes a request of `context` tokens holds: every layer full, against the pool's groups
     # (groups share tensors: a block id is one page of each of the largest group's layers).
     full_bytes = n * blocks * full.page_size_bytes
-    specs = {
-        f"l{i}": full if w is None else SlidingWindowSpec(**{**full.__dict__, "sliding_window": w})
-        for i, w in enumerate(windows)
-    }
-    groups = get_kv_cache_groups(specs)
+    groups = window_groups(windows, full)
     # A request decoding its token at context - 1, as the pool's manager holds it.
     kv = PagedKVCacheManager(
         -(-context // block_size) * len(groups), block_size, sliding_windows=sliding_windows_of(groups)

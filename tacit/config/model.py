@@ -39,7 +39,7 @@ def normalize_rope(hf: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def sliding_windows_of(hf: dict[str, Any]) -> list[int | None]:
+def layer_sliding_windows(hf: dict[str, Any]) -> list[int | None]:
     """Each decoder layer's sliding window, None for full attention, as transformers reads a
     config: `layer_types` ("sliding_attention" layers attend to their last `sliding_window`
     positions); else, in Gemma 3 configs written before it, every `sliding_window_pattern`-th
@@ -166,8 +166,8 @@ class ModelConfig:
 
     def sliding_window_of(self, layer: int) -> int | None:
         """The sliding window of decoder layer `layer`, None for full attention
-        (sliding_windows_of)."""
-        return sliding_windows_of(self.hf)[layer]
+        (layer_sliding_windows)."""
+        return layer_sliding_windows(self.hf)[layer]
 
     @property
     def head_dim(self) -> int:

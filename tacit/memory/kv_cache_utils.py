@@ -3,7 +3,14 @@ for its hybrid allocator): the pool is sized and a manager allocates per group, 
 
 from __future__ import annotations
 
-from tacit.kv_cache_interface import KVCacheGroupSpec, KVCacheSpec, check_shareable, window_of
+from tacit.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheGroupSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
+    check_shareable,
+    window_of,
+)
 
 
 def get_kv_cache_groups(specs: dict[str, KVCacheSpec]) -> tuple[KVCacheGroupSpec, ...]:
@@ -34,3 +41,14 @@ def get_kv_cache_groups(specs: dict[str, KVCacheSpec]) -> tuple[KVCacheGroupSpec
     )
     check_shareable(groups)
     return groups
+
+
+def window_groups(windows: list[int | None], full: FullAttentionSpec) -> tuple[KVCacheGroupSpec, ...]:
+    """The groups of a model whose layers all have `full`'s shape and these sliding windows
+    (config/model.py layer_sliding_windows), without building it: what a benchmark or a test sizes
+    a pool by."""
+    specs = {
+        f"layer{i}": full if w is None else SlidingWindowSpec(**{**vars(full), "sliding_window": w})
+        for i, w in enumerate(windows)
+    }
+    return get_kv_cache_groups(specs)

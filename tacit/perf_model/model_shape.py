@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from tacit.config.model import sliding_windows_of
+from tacit.config.model import layer_sliding_windows
 from tacit.loader.multimodal import is_multimodal_wrapper, text_decoder_config
 
 RECIPE_CONFIGS = Path(__file__).resolve().parents[2] / "recipes" / "configs"
@@ -99,8 +99,8 @@ class ModelShape:
 
 def layer_windows(hf: dict) -> tuple[int, ...]:
     """Each decoder layer's sliding window (0: full attention) by the engine's own rule
-    (config/model.py sliding_windows_of); () when every layer is full."""
-    windows = sliding_windows_of(hf)
+    (config/model.py layer_sliding_windows); () when every layer is full."""
+    windows = layer_sliding_windows(hf)
     return tuple(w or 0 for w in windows) if any(windows) else ()
 
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from tacit import LLM, SamplingParams
-from tacit.config.model import ModelConfig
-from tacit.kv_cache_interface import sliding_peak_blocks
+from tacit.config.model import layer_sliding_windows
+from tacit.kv_cache_interface import FullAttentionSpec, sliding_peak_blocks, sliding_windows_of
+from tacit.memory.kv_cache_utils import window_groups
 
 ARCHS = [
     "llama",
@@ -86,16 +87,12 @@ def test_chunked_prefill_matches(reference):
 
 
 def pool_blocks(path, full_blocks: int, block_size: int, chunk: int) -> int:
-    """full_blocks for each full-attention KV cache group, and each sliding-window group's
-    most (its window and a chunk): groups are the smaller kind's layer count (kv_cache_utils)."""
-    cfg = ModelConfig(str(path), json.loads((path / "config.json").read_text()), torch.float32)
-    windows = [cfg.sliding_window_of(i) for i in range(cfg.num_layers)]
-    sliding = [w for w in windows if w is not None]
-    if not sliding:
-        return full_blocks
-    size = min(len(sliding), len(windows) - len(sliding)) or len(sliding)
-    num_full = -(-(len(windows) - len(sliding)) // size)
-    return num_full * full_blocks + -(-len(sliding) // size) * sliding_peak_blocks(sliding[0], block_size, chunk)
+    """full_blocks for each full-attention block table, and each sliding-window table's most (its
+    window and a chunk), over the engine's own grouping of the model's layers."""
+    windows = layer_sliding_windows(json.loads((path / "config.json").read_text()))
+    shape = FullAttentionSpec(block_size=block_size, dtype=torch.float32, num_kv_heads=1, head_size=1)
+    tables = sliding_windows_of(window_groups(windows, shape))
+    return sum(full_blocks if w is None else sliding_peak_blocks(w, block_size, chunk) for w in tables)
 
 
 def test_preemption_resumes_exactly(reference):
