@@ -27,11 +27,20 @@ class HardwareSpec:
     flops: dict[str, Sourced]
     memory_bandwidth: Sourced  # bytes/s the device's own memory streams
     memory_capacity: Sourced  # bytes of device memory
-    link_bandwidth: Sourced  # bytes/s one device sends (one direction) to its peers
-    link_latency: Sourced  # seconds per step of a collective
+    link_bandwidth: Sourced  # bytes/s one device sends (one direction) to its peers in its node
+    link_latency: Sourced  # seconds per step of a collective inside a node
     # The efficiency profile in tacit/perf_model/data/efficiency.json this part uses.
     efficiency_profile: str = "accelerator"
     extra: dict[str, Sourced] = field(default_factory=dict)
+    # Devices one node's fast links (NVLink, HCCS, UPI) join; a collective over more of them
+    # crosses the inter-node network (InfiniBand / RoCE), whose figures are the two below.
+    devices_per_node: int = 1
+    inter_node_bandwidth: Sourced | None = None  # bytes/s one device sends, one direction
+    inter_node_latency: Sourced | None = None  # seconds per step of a collective across nodes
+    # Whether serving engines capture decode steps as graphs on this part (CUDA graphs, Ascend's
+    # ACL graphs) by default, so kernel launches cost a graph replay, not one launch each;
+    # `tacit predict --enforce-eager` prices the launches instead.
+    graphs: bool = False
 
     def peak_flops(self, dtype: str) -> float:
         """Dense FLOP/s of a GEMM in `dtype`; a part without that unit computes in its 16-bit one
@@ -48,6 +57,9 @@ class HardwareSpec:
             link_bandwidth=self.link_bandwidth,
             link_latency=self.link_latency,
         )
+        for key in ("inter_node_bandwidth", "inter_node_latency"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         out.update({f"extra[{k}]": v for k, v in self.extra.items()})
         return out
 
@@ -55,6 +67,14 @@ class HardwareSpec:
 def check_spec(spec: HardwareSpec) -> HardwareSpec:
     """Refuse an entry with a field that does not say where its number comes from, or a
     non-positive number (a zero bandwidth would divide by zero far from here)."""
+    if (
+        isinstance(spec.devices_per_node, bool)
+        or not isinstance(spec.devices_per_node, int)
+        or spec.devices_per_node < 1
+    ):
+        raise ValueError(
+            f"hardware {spec.name!r}: devices_per_node must be an integer >= 1, got {spec.devices_per_node!r}"
+        )
     if "bf16" not in spec.flops:
         raise ValueError(f"hardware {spec.name!r}: flops has no 'bf16' entry (has {sorted(spec.flops)})")
     for key, v in spec.sourced_fields().items():
