@@ -55,6 +55,11 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--html", default=None, help="write the step charts (operator classes, roofline) as one HTML file")
     p.add_argument("--validate", action="store_true", help="measure the real engine on this CPU against the model")
     p.add_argument(
+        "--published",
+        action="store_true",
+        help="predict every published figure in perf_model/data/published.yaml; error by category (--json: rows)",
+    )
+    p.add_argument(
         "--plot", default=None, help="with --validate: predicted against measured, one point per case (PNG; matplotlib)"
     )
     sv = p.add_argument_group("--serve: replay tacit's scheduler over a workload file on a simulated clock")
@@ -87,6 +92,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise ValueError("--plot draws --validate's cases; for one prediction's charts use --html FILE")
     if args.html is not None and (args.validate or args.serve):
         raise ValueError("--html draws one prediction's steps; it does not go with --validate or --serve")
+    if args.published:
+        from tacit.perf_model.published import run_published
+
+        return run_published(args.json)
     if args.validate:
         from tacit.perf_model.validate import run_validation
         from tacit.plotting import require_plotting
