@@ -81,6 +81,13 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_predict)
 
 
+def predict_parser() -> argparse.ArgumentParser:
+    """`tacit predict`'s parser alone: --published parses each figure's arguments with it."""
+    parser = argparse.ArgumentParser(prog="tacit")
+    add_predict_parser(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
 def _check_choice(value: str, valid: tuple[str, ...], flag: str) -> str:
     if value not in valid:
         raise ValueError(f"{flag} {value!r} is not known; valid: {', '.join(valid)}")
@@ -95,7 +102,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.published:
         from tacit.perf_model.published import run_published
 
-        return run_published(args.json)
+        return run_published(args.json, predict_parser())
     if args.validate:
         from tacit.perf_model.validate import run_validation
         from tacit.plotting import require_plotting

@@ -109,19 +109,10 @@ def check_entry(e: dict) -> None:
         raise ValueError(f"published figure {name}: the command may not carry {', '.join(used)}")
 
 
-def predict_parser() -> argparse.ArgumentParser:
-    """The parser `tacit predict` uses: the same add_predict_parser the CLI calls."""
-    from tacit.perf_model.cli import add_predict_parser
-
-    parser = argparse.ArgumentParser(prog="tacit")
-    add_predict_parser(parser.add_subparsers(dest="command", required=True))
-    return parser
-
-
-def run_entry(entry: dict, parser: argparse.ArgumentParser | None = None) -> Result:
+def run_entry(entry: dict, parser: argparse.ArgumentParser) -> Result:
     """The entry's metric as `tacit predict <command> --json` gives it, times the entry's scale;
-    any failure to parse or run is the result's error, not an exception."""
-    parser = parser or predict_parser()
+    any failure to parse or run is the result's error, not an exception. `parser` is predict's
+    own (perf_model/cli.py's predict_parser: the CLI passes it, so this module never imports it)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "prediction.json"
         argv = ["predict", *shlex.split(entry["command"]), "--json", str(out)]
@@ -209,10 +200,9 @@ def report(results: list[Result], summary: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def run_published(json_out: str | None, path: Path = PUBLISHED_FILE) -> int:
+def run_published(json_out: str | None, parser: argparse.ArgumentParser, path: Path = PUBLISHED_FILE) -> int:
     """`tacit predict --published`: every figure, the table, the summary; --json writes both."""
     entries = load_entries(path)
-    parser = predict_parser()
     results = [run_entry(e, parser) for e in entries]
     summary = summarize(results)
     print(report(results, summary))

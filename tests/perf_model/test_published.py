@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tacit.cli import main
+from tacit.perf_model.cli import predict_parser
 from tacit.perf_model.published import (
     KINDS,
     METRICS,
@@ -106,7 +107,7 @@ def test_summary_median_and_p90_by_hand():
     ],
 )
 def test_a_command_the_code_cannot_run_is_not_expressible_and_says_why(command, message):
-    r = run_entry(_entry(command=command))
+    r = run_entry(_entry(command=command), predict_parser())
     assert r.predicted is None and r.rel_error is None
     assert message in r.error
 
@@ -120,9 +121,9 @@ def _cli_json(tmp_path, command: str) -> dict:
 
 def test_a_runnable_figure_reads_the_metric_the_cli_writes(tmp_path):
     cli = _cli_json(tmp_path, RUNNABLE)
-    assert run_entry(_entry(metric="tpot_ms")).predicted == pytest.approx(cli["tpot_ms"])
+    assert run_entry(_entry(metric="tpot_ms"), predict_parser()).predicted == pytest.approx(cli["tpot_ms"])
     # decode_tok_s: 2 sequences a token each every TPOT; scale turns a deployment figure per node.
-    r = run_entry(_entry(metric="decode_tok_s", value=500.0, scale=0.5))
+    r = run_entry(_entry(metric="decode_tok_s", value=500.0, scale=0.5), predict_parser())
     assert r.predicted == pytest.approx(0.5 * 2 * 1e3 / cli["tpot_ms"])
     assert r.rel_error == pytest.approx(r.predicted / 500.0 - 1)
 
@@ -133,7 +134,7 @@ def test_run_published_reports_every_figure_and_writes_rows(tmp_path, capsys):
     path = tmp_path / "figures.yaml"
     path.write_text(yaml.safe_dump([good, copy.deepcopy(bad)]))
     out = tmp_path / "out.json"
-    assert run_published(str(out), path) == 0
+    assert run_published(str(out), predict_parser(), path) == 0
     text = capsys.readouterr().out
     assert "good" in text and "bad" in text and "not expressible: ValueError: unrecognized arguments" in text
     data = json.loads(out.read_text())
