@@ -45,7 +45,10 @@ def _check_self(par: Parallel) -> None:
             "mean is >= 1"
         )
     if not par.ep:
-        for value, flag in ((par.ep_size, "--expert-parallel-size"), (par.redundant_experts, "--num-redundant-experts")):
+        for value, flag in (
+            (par.ep_size, "--expert-parallel-size"),
+            (par.redundant_experts, "--num-redundant-experts"),
+        ):
             if value:
                 raise ValueError(f"{flag} needs --enable-expert-parallel (experts split whole)")
     s = par.stage_devices

@@ -7,7 +7,6 @@ the larger of the embedding and the head (the first stage holds one, the last th
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 from tacit.config.cache import CacheConfig

@@ -170,11 +170,15 @@ def head_ops(s: ModelShape, step: StepShape, par: Parallel, sampled_rows: int) -
     return [head, sample]
 
 
-def _collective(ops: dict[str, Op], name: str, kind: str, count: float, nbytes: float, ranks: int, alg: str = "") -> None:
+def _collective(
+    ops: dict[str, Op], name: str, kind: str, count: float, nbytes: float, ranks: int, alg: str = ""
+) -> None:
     """`count` calls of `nbytes` each among `ranks`, merged into the op of that name."""
     if ranks <= 1 or count <= 0:
         return
-    op = Op(name, "communication", 0, count * nbytes, launches=count, collective=kind, participants=ranks, algorithm=alg)
+    op = Op(
+        name, "communication", 0, count * nbytes, launches=count, collective=kind, participants=ranks, algorithm=alg
+    )
     prev = ops.get(name)
     if prev is not None and (prev.participants != ranks or prev.collective != kind):
         name = f"{name}_{ranks}"  # another group size: its own row

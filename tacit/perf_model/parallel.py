@@ -84,7 +84,10 @@ def all_reduce_seconds(m: float, n: int, intra: Link, inter: Link, per_node: int
         return min(f(m, n, intra) for f in _ALL_REDUCE_FNS.values())
     if algorithm != "auto":
         return _ALL_REDUCE_FNS[algorithm](m, n, inter)
-    return min(hierarchical_all_reduce(m, n, intra, inter, per_node), *(f(m, n, inter) for f in (ring_all_reduce, tree_all_reduce)))
+    return min(
+        hierarchical_all_reduce(m, n, intra, inter, per_node),
+        *(f(m, n, inter) for f in (ring_all_reduce, tree_all_reduce)),
+    )
 
 
 def hierarchical_all_reduce(m: float, n: int, intra: Link, inter: Link, per_node: int) -> float:

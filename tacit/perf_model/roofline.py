@@ -79,7 +79,9 @@ def communication_seconds(op: Op, spec: HardwareSpec) -> float:
         steps = 2 if op.algorithm == "normal" else 1
         return calls * direct_send_seconds(op.bytes / calls, op.inter_bytes / calls, steps, intra, inter)
     per_node = spec.devices_per_node
-    return calls * collective_seconds(op.collective, op.bytes / calls, op.participants, intra, inter, per_node, op.algorithm)
+    return calls * collective_seconds(
+        op.collective, op.bytes / calls, op.participants, intra, inter, per_node, op.algorithm
+    )
 
 
 def step_seconds(times: list[OpTime], profile: Profile, path: str, num_layers: int) -> float:
