@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass
 
 ALL_REDUCE = ("ring", "tree", "one_shot", "two_shot")
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v", "p2p")
 # Inside a node, vLLM's custom all-reduce and NCCL's NVLS use one-shot / two-shot; over the network
 # only ring and tree exist (they need peer memory, which InfiniBand does not give)
 INTRA_ONLY = ("one_shot", "two_shot")
@@ -101,15 +100,16 @@ def hierarchical_all_reduce(m: float, n: int, intra: Link, inter: Link, per_node
 
 def gather_seconds(m: float, n: int, intra: Link, inter: Link, per_node: int) -> float:
     """All-gather / reduce-scatter of an M-byte whole tensor: a ring inside a node; across nodes
-    the faster of a flat ring at the network's figures and the hierarchical form (the nodes
-    exchange their K-device shards over the network, (nodes-1)/nodes * M, then every node
-    gathers inside: ring_gather of M over K)."""
+    the faster of a flat ring at the network's figures and the hierarchical form: each device
+    gathers the shards of its counterparts in the other nodes over the network (a ring of the
+    nodes over M/K: (nodes-1)/nodes * M/K bytes), then the node's K devices gather inside
+    (ring_gather of M over K); a reduce-scatter runs the same steps backwards."""
     if n <= 1:
         return 0.0
     if n <= per_node:
         return ring_gather(m, n, intra)
     nodes = math.ceil(n / per_node)
-    hier = ring_gather(m, nodes, inter) + ring_gather(m, per_node, intra)
+    hier = ring_gather(m / per_node, nodes, inter) + ring_gather(m, per_node, intra)
     return min(ring_gather(m, n, inter), hier)
 
 
@@ -154,4 +154,4 @@ def collective_seconds(
         return gather_seconds(message_bytes, ranks, intra, inter, k)
     if kind == "all_to_all":
         return all_to_all_seconds(message_bytes, ranks, intra, inter, k)
-    raise ValueError(f"collective {kind!r} is not known; valid: {', '.join(COLLECTIVES)}")
+    raise ValueError(f"collective {kind!r} is not known; valid: all_reduce, all_gather, reduce_scatter, all_to_all")
