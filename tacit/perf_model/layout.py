@@ -111,9 +111,13 @@ def resolve_layout(par: Parallel, s: ModelShape) -> Parallel:
 
 
 def place(par: Parallel, spec: HardwareSpec) -> tuple[Parallel, HardwareSpec]:
-    """--devices-per-node overrides the hardware's; otherwise the layout takes the hardware's."""
+    """--devices-per-node overrides the hardware's; otherwise the layout takes the hardware's. A
+    part listed without a network (one device a node and no inter-node figures) is taken to
+    reach every peer over its own links: one node of the whole deployment."""
     if par.devices_per_node:
-        return par, replace(spec, devices_per_node=par.devices_per_node)
+        spec = replace(spec, devices_per_node=par.devices_per_node)
+    elif spec.devices_per_node == 1 and spec.inter_node_bandwidth is None:
+        spec = replace(spec, devices_per_node=par.devices)
     return replace(par, devices_per_node=spec.devices_per_node), spec
 
 

@@ -220,3 +220,24 @@ def test_the_layout_flags_reach_the_prediction(capsys):
     assert "TP=8 EP=32 DP=4 MoE via deepep" in out and "moe_dispatch" in out
     assert main(argv + ["--expert-parallel-size", "5"]) == 2
     assert "--expert-parallel-size 5 must divide" in capsys.readouterr().err
+
+
+def test_place_takes_the_flag_then_the_hardware_and_a_part_without_a_network_is_one_node():
+    bare = replace(get_hardware_spec("a100-80g"), devices_per_node=1, inter_node_bandwidth=None)
+    assert place(Parallel(tp=8), bare)[1].devices_per_node == 8
+    par, spec = place(Parallel(tp=16, devices_per_node=4), _h100_nodes())
+    assert par.devices_per_node == spec.devices_per_node == 4
+    assert place(Parallel(tp=16), _h100_nodes())[0].devices_per_node == 8
+
+
+def test_small_tp8_decode_all_reduces_take_one_shot_not_a_ring():
+    """Llama-3.1-70B at TP 8, batch 1: each all-reduce is 16 KB, where the ring's 14 latencies
+    are most of its time and one-shot pays one."""
+    s = shape_from_hf(load_hf_config("Llama-3.1-70B"))
+    spec = _h100_nodes()
+    ring, auto = (
+        predict(s, spec, Workload(1, 128, 16, parallel=Parallel(tp=8, all_reduce_algorithm=alg)))
+        for alg in ("ring", "auto")
+    )
+    t_ring, t_auto = (next(x.seconds for x in p.decode_ops if x.op.name == "all_reduce") for p in (ring, auto))
+    assert t_auto < t_ring / 4 and auto.tpot_s < ring.tpot_s
