@@ -195,8 +195,8 @@ def communication_ops(s: ModelShape, step: StepShape, par: Parallel, sampled_row
       spanning attention groups) it all-gathers their tokens and reduce-scatters the sums;
     - MoE layers, tacit's engine (allgather): as a dense MLP over every device of the stage,
       or with EP inside one attention group an all-to-all of each token's row to its k experts
-      and back; DeepEP: dispatch / combine of the device's own tokens (moe_dispatch.py), then
-      the group's tokens all-gathered inside the attention group;
+      and back; DeepEP: attention's sums reduce-scattered inside the attention group, dispatch /
+      combine of the device's own tokens (moe_dispatch.py), then all-gathered back;
     - the embedding reduce-scatters its rows when vocab-parallel over several attention groups;
     - the head: the logits all-gathered over its group; over several attention groups the
       sampled rows' hidden states are gathered first;
@@ -207,7 +207,12 @@ def communication_ops(s: ModelShape, step: StepShape, par: Parallel, sampled_row
     group_rows = par.sequences_per_device(step.batch) * nt  # an attention group's tokens
     ops: dict[str, Op] = {}
     na, S = par.attention_tp, par.stage_devices
-    _collective(ops, "all_reduce", "all_reduce", L, group_rows * h * reduce_bytes, na, alg)
+    moe, deepep = s.num_moe_layers, s.is_moe and par.backend == "deepep"
+    # DeepEP: before a MoE layer attention's sums are reduce-scattered, each device keeping the
+    # tokens it dispatches (all-gathered back after the combine), the all-reduce's bytes in halves
+    _collective(ops, "all_reduce", "all_reduce", L - moe if deepep else L, group_rows * h * reduce_bytes, na, alg)
+    if deepep:
+        _collective(ops, "attn_reduce_scatter", "reduce_scatter", moe, group_rows * h * reduce_bytes, na)
 
     def mlp(layers: int, group: int) -> None:
         """`layers` MLPs whose weights split over `group` devices."""
@@ -220,9 +225,8 @@ def communication_ops(s: ModelShape, step: StepShape, par: Parallel, sampled_row
         _collective(ops, "mlp_reduce_scatter", "reduce_scatter", layers, rows * h * reduce_bytes, group)
 
     mlp(s.num_dense_layers if s.is_moe else L, par.dense_group)
-    moe = s.num_moe_layers
     extra: list[Op] = []
-    if moe and par.backend == "deepep":
+    if moe and deepep:
         draws = step.batch * s.sequence_draws(nt)
         extra = deepep_ops(s, step, par, expert_load_factor(s, par, draws))
         _collective(ops, "moe_all_gather", "all_gather", moe, group_rows * h * ACT, na)
