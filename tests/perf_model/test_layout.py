@@ -65,9 +65,9 @@ def test_deepep_dispatch_bytes_of_a_deepseek_v3_layout_by_hand():
     assert d.bytes == pytest.approx(58 * row * (1.75 + 6)) and d.inter_bytes == pytest.approx(58 * row * 6)
     assert c.bytes == pytest.approx(58 * 4 * 7168 * 2 * 7.75) and d.algorithm == "low_latency"
     assert d.launches == 58 and d.participants == 32
-    # attention's sums: all-reduced before the 3 dense layers, reduce-scattered before the 58 MoE
-    # ones (each device keeps its 4 tokens) and all-gathered back after the combine
-    assert ops["all_reduce"].launches == 3 and ops["attn_reduce_scatter"].launches == 58
+    # attention's sums: all-reduced in the 3 dense layers (their MLPs too: 6), reduce-scattered
+    # before the 58 MoE ones (each device keeps its 4 tokens) and all-gathered after the combine
+    assert ops["all_reduce"].launches == 6 and ops["attn_reduce_scatter"].launches == 58
     assert ops["moe_all_gather"].bytes == 58 * 32 * 7168 * 2 and ops["moe_all_gather"].participants == 8
     # normal mode (a prefill): one copy a destination rank, across nodes once a node
     pre = _ops(V3, StepShape(128, 4, 0), par)["moe_dispatch"]
