@@ -245,3 +245,18 @@ def test_small_tp8_decode_all_reduces_take_one_shot_not_a_ring():
     )
     t_ring, t_auto = (next(x.seconds for x in p.decode_ops if x.op.name == "all_reduce") for p in (ring, auto))
     assert t_auto < t_ring / 4 and auto.tpot_s < ring.tpot_s
+
+
+def test_dense_tp_1_and_dp_lm_head_keep_each_device_to_its_own_sequences():
+    """SGLang's --moe-dense-tp-size 1 --enable-dp-lm-head under DP attention over 16 devices:
+    the dense layers and the head run whole on each device over its 4 of 64 sequences, with no
+    gather around them; by default both split over all 16 and gather every sequence."""
+    step = StepShape(64, 1, 500)
+    base = Parallel(tp=16, ep=True, dp_attention=True)
+    own = _ops(V3, step, replace(base, dense_tp=1, dp_lm_head=True))
+    wide = _ops(V3, step, base)
+    assert own["gate_up_proj"].rows == 4 and wide["gate_up_proj"].rows == 64
+    assert own["gate_up_proj"].flops == wide["gate_up_proj"].flops  # 1/16 the rows, 16x the width
+    assert own["lm_head"].rows == 4 and own["lm_head"].flops == wide["lm_head"].flops
+    assert not any("gather" in n or "scatter" in n for n in own if n != "moe_all_gather")
+    assert "head_all_gather" in wide and "mlp_all_gather" in wide
