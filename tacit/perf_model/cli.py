@@ -9,20 +9,14 @@ from pathlib import Path
 
 from tacit.config.engine_args import EngineArgs
 from tacit.perf_model.dtypes import KV_DTYPES, WEIGHT_DTYPES, normalize_dtype
+from tacit.perf_model.layout_cli import add_layout_args, describe_layout, layout_from_args
 
 
 def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="predict TTFT/TPOT/memory of a model on a hardware spec (no weights loaded)")
     p.add_argument("--model", default=None, help="config.json or its directory, a recipes/configs name, or random:NAME")
     p.add_argument("--hardware", default="this-cpu", help="a tacit.platforms.specs name (see the error for the list)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--expert-parallel", action="store_true", help="MoE experts split whole across the TP devices")
-    p.add_argument(
-        "--data-parallel-attention",
-        action="store_true",
-        help="attention whole on each TP device over 1/N of the sequences (their KV only); MLPs, experts, "
-        "embedding and head split as before",
-    )
+    add_layout_args(p)
     p.add_argument("--quantization", default="bf16", help=f"weights: {' | '.join(WEIGHT_DTYPES)} (none/auto: bf16)")
     p.add_argument("--quantization-group-size", type=int, default=32, help="int4 values per scale: 32 | 64 | 128")
     p.add_argument("--kv-cache-dtype", default="bf16", help=f"{' | '.join(KV_DTYPES)} (auto: bf16)")
@@ -115,16 +109,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
         return cmd_serve(args)
     from tacit.perf_model.attention_report import attention_lines, kv_lines
     from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
-    from tacit.perf_model.operators import Parallel
     from tacit.perf_model.predict import Workload, predict
     from tacit.platforms.hardware_table import get_hardware_spec
 
     if args.model is None:
         raise ValueError("--model is required (a config.json, a recipes/configs name, or random:NAME)")
-    if args.tensor_parallel_size < 1:
-        raise ValueError(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
-    if args.data_parallel_attention and args.tensor_parallel_size < 2:
-        raise ValueError("--data-parallel-attention needs --tensor-parallel-size >= 2: it spreads sequences over them")
     wdt = _check_choice(normalize_dtype(args.quantization), WEIGHT_DTYPES, "--quantization")
     kvdt = _check_choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype")
     spec = get_hardware_spec(args.hardware)  # before the model: a bad name fails fast
@@ -136,7 +125,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         wdt,
         kvdt,
         args.quantization_group_size,
-        Parallel(args.tensor_parallel_size, args.expert_parallel, args.data_parallel_attention),
+        layout_from_args(args),
         prefix_hit_rate=args.prefix_hit_rate,
         speculative_tokens=args.speculative_tokens,
         acceptance=args.acceptance,
@@ -145,8 +134,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     pred = predict(shape, spec, work)
     out = pred.as_json()
     heading = (
-        f"{args.model} on {spec.name} ({spec.description}), TP={work.parallel.tp}{' EP' if work.parallel.ep else ''}"
-        f"{' DP-attention' if work.parallel.dp_attention else ''}, "
+        f"{args.model} on {spec.name} ({spec.description}), {describe_layout(pred.layout)}, "
         f"weights {wdt}, KV {kvdt}, batch {work.batch}, input {work.input_len}"
         f"{f' ({work.cached_tokens} cached)' if work.cached_tokens else ''}, output {work.output_len}"
         + (

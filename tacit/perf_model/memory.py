@@ -1,15 +1,20 @@
 """Bytes one device holds: weights (its shard), the KV cache of the batch at full length, and
-the largest step's activations."""
+the largest step's activations. Each part splits as Parallel says: attention over the attention
+group, dense MLPs over the dense group, experts ceil((E + R) / EP) whole a device and 1/expert_tp
+wide, the embedding and head over the head group; a pipeline stage holds ceil(L / P) layers and
+the larger of the embedding and the head (the first stage holds one, the last the other)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tacit.config.cache import CacheConfig
 from tacit.kv_cache_interface import sliding_peak_blocks
 from tacit.perf_model.dtypes import kv_bytes_per_row, weight_bytes_per_value, weight_dtypes_of
 from tacit.perf_model.model_shape import ModelShape
-from tacit.perf_model.op_types import ACT, Parallel
+from tacit.perf_model.moe_dispatch import busiest_pairs, expert_slots
+from tacit.perf_model.op_types import ACT, Parallel, StepShape
 
 
 @dataclass(frozen=True)
@@ -27,7 +32,7 @@ def weight_bytes(s: ModelShape, par: Parallel, wdt: str, group: int = 32) -> flo
     """Per device. Quantized: the linear layers and experts (tacit's --quantization set); kept
     bf16: embeddings, lm_head, norms, MoE routers, MLA's kv_b_proj."""
     expert_dt, wdt = weight_dtypes_of(s.expert_weight_dtype, wdt)
-    q, n, h = weight_bytes_per_value(wdt, group), par.tp, s.hidden_size
+    q, h = weight_bytes_per_value(wdt, group), s.hidden_size
     L, na = s.num_layers, par.attention_tp  # attention whole on each device under DP attention
     if s.is_mla:
         hq = max(1, s.num_heads // na)
@@ -43,16 +48,27 @@ def weight_bytes(s: ModelShape, par: Parallel, wdt: str, group: int = 32) -> flo
         attn = h * (hq + 2 * hkv) * s.head_dim + hq * s.head_dim * h
         kept = 0
     dense_layers = s.num_dense_layers if s.is_moe else L
-    total = L * (attn * q + kept * 2) + dense_layers * 3 * h * (s.intermediate_size // n) * q
+    total = L * (attn * q + kept * 2) + dense_layers * 3 * h * (s.intermediate_size // par.dense_group) * q
     if s.is_moe:
-        experts = s.num_experts * 3 * h * s.moe_intermediate_size / n  # EP: E/N whole; TP: all, 1/N wide
-        shared = s.num_shared_experts * 3 * h * s.moe_intermediate_size / n
+        if par.ep:  # the busiest rank's whole experts, 1/expert_tp of their width
+            experts = expert_slots(s, par)[0] * 3 * h * s.moe_intermediate_size / par.expert_tp
+        else:  # every expert, 1/N of its width over the stage's devices
+            experts = s.num_experts * 3 * h * s.moe_intermediate_size / par.stage_devices
+        shared_split = 1 if par.backend == "deepep" else par.dense_group  # DeepEP: whole on each device
+        shared = s.num_shared_experts * 3 * h * s.moe_intermediate_size / shared_split
         qe = weight_bytes_per_value(expert_dt, group)
         total += s.num_moe_layers * ((experts + shared) * qe + h * s.num_experts * 2)
-    vocab = s.vocab_size * h / n * 2
-    total += vocab * (1 if s.tie_word_embeddings else 2)  # embedding and lm_head, vocab-parallel
     total += (2 * L + 1) * h * 2  # norms
-    return total
+    total *= stage_share(s, par)
+    vocab = s.vocab_size * h / par.head_group * 2  # embedding and lm_head, vocab-parallel
+    if par.pp > 1:  # the first stage holds the embedding, the last the head: the busier one of them
+        return total + vocab
+    return total + vocab * (1 if s.tie_word_embeddings else 2)
+
+
+def stage_share(s: ModelShape, par: Parallel) -> float:
+    """The busiest pipeline stage's share of the layers: ceil(L / P) of L."""
+    return math.ceil(s.num_layers / par.pp) / s.num_layers
 
 
 def kv_row_bytes(s: ModelShape, par: Parallel, kvdt: str) -> tuple[float, float]:
@@ -94,11 +110,21 @@ def device_memory(
     s: ModelShape, par: Parallel, wdt: str, kvdt: str, batch: int, input_len: int, output_len: int, group: int = 32
 ) -> Memory:
     # Under data-parallel attention a device holds only its own sequences' KV.
-    kv = par.sequences_per_device(batch) * kv_bytes_per_sequence(s, par, kvdt, input_len + output_len)
+    seqs = par.sequences_per_device(batch)
+    kv = seqs * kv_bytes_per_sequence(s, par, kvdt, input_len + output_len) * stage_share(s, par)
     # the prefill of the whole batch is the widest step: hidden state, q/k/v, the MLP's widest
-    # intermediate (MoE: every token's k expert rows), and float32 logits of the sampled rows
+    # intermediate (MoE: every token's k expert rows), and float32 logits of the sampled rows.
+    # Under DeepEP a device holds its own tokens and the expert rows it computes (the busiest's).
     tokens = batch * input_len
     width = s.top_k * s.moe_intermediate_size if s.is_moe else s.intermediate_size / par.tp
-    per_token = (4 * s.hidden_size + 3 * s.num_heads * s.head_dim / par.tp + 2 * width) * ACT
-    acts = tokens * per_token + batch * s.vocab_size * 4
+    heads = s.num_heads * s.head_dim / par.tp
+    logit_rows = seqs if par.dp_lm_head else batch
+    if s.is_moe and par.backend == "deepep":
+        step = StepShape(batch, input_len, 0)
+        tokens = par.own_tokens(step)
+        pairs = busiest_pairs(s, step, par, batch * s.sequence_draws(input_len))
+        width = pairs * s.moe_intermediate_size / par.expert_tp / max(tokens, 1e-9)
+        heads, logit_rows = s.num_heads * s.head_dim, seqs
+    per_token = (4 * s.hidden_size + 3 * heads + 2 * width) * ACT
+    acts = tokens * per_token + logit_rows * s.vocab_size * 4
     return Memory(weight_bytes(s, par, wdt, group), kv, acts)

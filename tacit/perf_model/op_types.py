@@ -49,6 +49,11 @@ class Op:
     # attention-class ops: the decoder layers the counts sum over (a per-layer time is the op's
     # over this); 0 where an op is not one per layer
     layers: int = 0
+    # communication: the algorithm asked for (all_reduce: parallel.ALL_REDUCE; all_to_all_v:
+    # DeepEP's "low_latency" or "normal"), and the part of `bytes` that crosses nodes where the
+    # op says so itself (dispatch, pipeline sends); collectives derive it from participants
+    algorithm: str = ""
+    inter_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -69,21 +74,96 @@ class StepShape:
         return self.batch * (t * c + t * (t + 1) / 2)
 
 
+A2A_BACKENDS = ("allgather", "deepep")
+DEEPEP_MODES = ("auto", "low_latency", "normal")
+ALL_REDUCE_ALGORITHMS = ("auto", "ring", "tree", "one_shot", "two_shot")
+
+
+def _ceil(a: float, b: float) -> int:
+    return int(-(-a // b))
+
+
 @dataclass(frozen=True)
 class Parallel:
-    tp: int = 1
-    ep: bool = False
-    dp_attention: bool = False
+    """One replica's layout, per part (perf_model/layout.py validates it against the model and
+    moves dense data-parallel ranks into `replicas`). A pipeline stage holds tp * dp devices:
+    dp attention groups (data-parallel ranks) of tp devices each, or under tacit's
+    --data-parallel-attention tp groups of one device. The defaults are one group of tp devices
+    splitting every part, today's meaning."""
+
+    tp: int = 1  # --tensor-parallel-size: devices of one attention group
+    ep: bool = False  # experts split whole (--enable-expert-parallel / --expert-parallel)
+    dp_attention: bool = False  # tacit's --data-parallel-attention: attention TP 1 over the tp devices
+    dp: int = 1  # --data-parallel-size: attention groups sharing one stage's experts
+    ep_size: int = 0  # --expert-parallel-size; 0: every device of a stage under ep
+    dense_tp: int = 0  # --moe-dense-tp-size; 0: the attention group, every device under dp_attention
+    dp_lm_head: bool = False  # --enable-dp-lm-head: the head vocab-parallel inside the attention group
+    pp: int = 1  # --pipeline-parallel-size
+    replicas: int = 1  # independent copies of the model, the batch split over them
+    redundant_experts: int = 0  # --num-redundant-experts (EPLB)
+    expert_load_imbalance: float = 0.0  # the busiest EP rank's routed pairs over the mean; 0: derived
+    a2a_backend: str = ""  # --moe-a2a-backend; "": deepep when experts span attention groups
+    deepep_mode: str = "auto"  # auto: low_latency for decode, normal for prefill
+    two_batch_overlap: bool = False
+    all_reduce_algorithm: str = "auto"
+    devices_per_node: int = 0  # 0: the hardware's (predict fills it in)
+
+    @property
+    def stage_devices(self) -> int:
+        return self.tp * self.dp
+
+    @property
+    def devices(self) -> int:
+        return self.stage_devices * self.pp * self.replicas
 
     @property
     def attention_tp(self) -> int:
         """Ranks the attention heads split over: 1 under data-parallel attention."""
         return 1 if self.dp_attention else self.tp
 
+    @property
+    def attention_ranks(self) -> int:
+        """Attention groups of a stage, each over its own sequences."""
+        return self.stage_devices // self.attention_tp
+
+    @property
+    def expert_ranks(self) -> int:
+        """Ranks the experts are split over whole (1: every device holds a slice of each)."""
+        return (self.ep_size or self.stage_devices) if self.ep else 1
+
+    @property
+    def expert_tp(self) -> int:
+        return self.stage_devices // self.expert_ranks
+
+    @property
+    def dense_group(self) -> int:
+        return self.dense_tp or (self.stage_devices if self.dp_attention else self.tp)
+
+    @property
+    def head_group(self) -> int:
+        """Devices the head's vocabulary splits over (embedding too)."""
+        return self.attention_tp if self.dp_lm_head else self.dense_group
+
+    @property
+    def backend(self) -> str:
+        if self.a2a_backend:
+            return self.a2a_backend
+        return "deepep" if self.ep and self.attention_ranks > 1 else "allgather"
+
     def sequences_per_device(self, batch: int) -> int:
-        """The sequences one device attends over (and caches): a 1/tp share under data-parallel
-        attention (the busiest device's, rounded up; one prompt stays on one device)."""
-        return -(-batch // self.tp) if self.dp_attention else batch
+        """The sequences one device attends over (and caches): its attention group's share (the
+        busiest group's, rounded up; one prompt stays on one group)."""
+        return _ceil(batch, self.attention_ranks)
+
+    def group_sequences(self, batch: int, group: int) -> int:
+        """Sequences a group of `group` devices of a stage computes together: the attention groups
+        it spans (at least the device's own), never more than the batch."""
+        return min(batch, self.sequences_per_device(batch) * max(1, group // self.attention_tp))
+
+    def own_tokens(self, step: "StepShape") -> float:
+        """Tokens a device dispatches itself under DeepEP: its attention group's split over the
+        group's devices (SGLang scatters them after attention's reduction)."""
+        return self.sequences_per_device(step.batch) * step.new_tokens / self.attention_tp
 
     def attention_step(self, step: "StepShape") -> "StepShape":
         return replace(step, batch=self.sequences_per_device(step.batch))

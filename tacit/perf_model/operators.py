@@ -5,7 +5,10 @@ A step is `batch` sequences, each adding `new_tokens` to `context` tokens alread
 parallelism of `tp` (heads, features and vocabulary split; MLA's latent cache whole on every
 rank, as tacit keeps it) and, with `ep`, experts split whole across the same ranks; with
 `dp_attention` the ranks split the sequences instead of the heads for attention (each holds
-every head and 1/tp of the sequences' KV; tacit's --data-parallel-attention).
+every head and 1/tp of the sequences' KV; tacit's --data-parallel-attention). Parallel's other
+parts (dense-MLP TP, EP size and TP inside experts, the head's group, DeepEP dispatch, pipeline
+sends) are priced where each part runs; a step's ops are those of one replica's device, summed
+over every pipeline stage (a step's latency), the busiest device's where devices differ.
 Weights are read once per step per device (the roofline's assumption; the fitted GEMM
 efficiency absorbs a kernel that re-reads them in row chunks).
 """
@@ -17,6 +20,7 @@ from dataclasses import replace
 from tacit.perf_model.attention_ops import attention_ops
 from tacit.perf_model.dtypes import weight_bytes_per_value, weight_dtypes_of
 from tacit.perf_model.model_shape import ModelShape
+from tacit.perf_model.moe_dispatch import busiest_pairs, deepep_ops, expert_load_factor, expert_slots
 from tacit.perf_model.op_types import ACT, OP_CLASSES, Op, Parallel, StepShape, gemm_op
 
 SINGLE_DEVICE = Parallel()  # step_ops' default layout: no parallelism
@@ -53,29 +57,35 @@ def mlp_ops(
     s: ModelShape, step: StepShape, par: Parallel, wdt: str, group: int, draws: float | None = None
 ) -> list[Op]:
     """draws: the step's independent routing draws; default step.batch sequences of
-    step.new_tokens each (mixed steps pass the sum over their chunks)."""
-    m, h, ops = step.tokens, s.hidden_size, []
+    step.new_tokens each (mixed steps pass the sum over their chunks). Dense MLPs run over the
+    tokens of their TP group (Parallel.dense_group); under DeepEP the router and the shared
+    experts run on a device's own tokens (the shared experts whole on each)."""
+    h, ops = s.hidden_size, []
     expert_dt, wdt = weight_dtypes_of(s.expert_weight_dtype, wdt)
     dense_layers = s.num_dense_layers if s.is_moe else s.num_layers
+    dense_rows = par.group_sequences(step.batch, par.dense_group) * step.new_tokens
     if dense_layers:
-        inter = s.intermediate_size // par.tp
-        ops.append(gemm_op("gate_up_proj", "dense_mlp", m, h, 2 * inter, wdt, group, dense_layers))
-        ops.append(gemm_op("down_proj", "dense_mlp", m, inter, h, wdt, group, dense_layers))
+        inter = s.intermediate_size // par.dense_group
+        ops.append(gemm_op("gate_up_proj", "dense_mlp", dense_rows, h, 2 * inter, wdt, group, dense_layers))
+        ops.append(gemm_op("down_proj", "dense_mlp", dense_rows, inter, h, wdt, group, dense_layers))
     if not s.is_moe or not s.num_moe_layers:
         return ops
     L, e, k = s.num_moe_layers, s.num_experts, s.top_k
+    deepep = par.backend == "deepep"
+    m = par.own_tokens(step) if deepep else step.tokens
     # routing: the router GEMM (kept bf16), top-k, and gathering each token's rows to its experts
     router_bytes = L * (h * e * 2 + m * (h * ACT + e * 4))
     ops.append(Op("router", "moe_routing", L * 2 * m * h * e, router_bytes, m, launches=L, is_gemm=True))
     moved = 2 * m * k * h * ACT  # each token's row to its k experts and back, per layer
     ops.append(Op("dispatch_combine", "moe_routing", L * m * k * h * 2, L * moved, m, launches=L, working_set=moved))
-    if par.ep:  # each rank holds E/N whole experts and computes the pairs routed to them
-        local_experts, inter, pairs = e / par.tp, s.moe_intermediate_size, m * k / par.tp
-    else:  # each rank holds every expert's 1/N of the features
-        local_experts, inter, pairs = e, s.moe_intermediate_size / par.tp, m * k
     if draws is None:
         draws = step.batch * s.sequence_draws(step.new_tokens)
-    distinct = expected_distinct_experts(e, k, draws) * local_experts / e
+    pairs = busiest_pairs(s, step, par, draws)
+    if par.ep:  # the busiest rank holds ceil((E + R) / EP) whole experts, 1/expert_tp of their width
+        local_experts, inter = expert_slots(s, par)[0], s.moe_intermediate_size / par.expert_tp
+    else:  # each rank holds every expert's 1/N of the features
+        local_experts, inter = e, s.moe_intermediate_size / par.stage_devices
+    distinct = expected_distinct_experts(e, k, draws) * min(local_experts, e) / e
     per_expert = 3 * h * inter * weight_bytes_per_value(expert_dt, group)
     flops = 2 * pairs * 3 * h * inter
     acts = pairs * (2 * h + 3 * inter) * ACT
@@ -94,10 +104,16 @@ def mlp_ops(
         )
     )
     if s.num_shared_experts:
-        shared = s.num_shared_experts * s.moe_intermediate_size // par.tp
+        split = 1 if deepep else par.dense_group
+        shared_rows = m if deepep else dense_rows
+        shared = s.num_shared_experts * s.moe_intermediate_size // split
         # the shared expert runs in the same C++ experts call (cpu_fused_moe)
-        ops.append(replace(gemm_op("shared_gate_up", "experts", m, h, 2 * shared, expert_dt, group, L), kernel="moe"))
-        ops.append(replace(gemm_op("shared_down", "experts", m, shared, h, expert_dt, group, L), kernel="moe"))
+        ops.append(
+            replace(gemm_op("shared_gate_up", "experts", shared_rows, h, 2 * shared, expert_dt, group, L), kernel="moe")
+        )
+        ops.append(
+            replace(gemm_op("shared_down", "experts", shared_rows, shared, h, expert_dt, group, L), kernel="moe")
+        )
     return ops
 
 
@@ -113,10 +129,17 @@ def layer_elementwise_bytes(rows: float, hidden: float, width: float, rope_width
 
 def elementwise_ops(s: ModelShape, step: StepShape, par: Parallel) -> list[Op]:
     """Per layer: layer_elementwise_bytes; plus the embedding lookup and the final norm
-    (~3 passes of the hidden state). A few FLOPs per element; bytes are what count."""
+    (~3 passes of the hidden state). A few FLOPs per element; bytes are what count. Under
+    DeepEP a device norms its own tokens and activates the expert rows it computes (the busiest
+    device's pairs); otherwise every token of the stage, as tacit's engine gathers them."""
     m, h, L = step.tokens, s.hidden_size, s.num_layers
     width = s.moe_intermediate_size * s.top_k if s.is_moe else s.intermediate_size / par.tp
     heads = (s.num_heads + s.num_kv_heads) / par.tp * (s.qk_rope_head_dim or s.head_dim)
+    if s.is_moe and par.backend == "deepep":
+        m = par.own_tokens(step)
+        pairs = busiest_pairs(s, step, par, step.batch * s.sequence_draws(step.new_tokens))
+        width = pairs * s.moe_intermediate_size / par.expert_tp / max(m, 1e-9)
+        heads = (s.num_heads + s.num_kv_heads) * (s.qk_rope_head_dim or s.head_dim)
     per_layer = layer_elementwise_bytes(m, h, width, heads, s.qk_norm)
     flops = L * m * (4 * 5 * h + 4 * width + 6 * heads)
     nbytes = L * per_layer + 3 * m * h * ACT
@@ -131,92 +154,113 @@ def sampler_bytes(rows: float, vocab: float) -> float:
 
 
 def head_ops(s: ModelShape, step: StepShape, par: Parallel, sampled_rows: int) -> list[Op]:
-    """lm_head over the rows that sample (kept bf16, tacit's default) and the sampler over the
-    full vocabulary of each sampled row (the logits are all-gathered first)."""
-    v = s.vocab_size / par.tp
-    head = gemm_op("lm_head", "lm_head", sampled_rows, s.hidden_size, v, "bf16", 32, 1)
+    """lm_head over the rows that sample (kept bf16, tacit's default), vocab-parallel over
+    Parallel.head_group and over the sampled rows of the attention groups it spans; the sampler
+    over the full vocabulary of each sampled row (the logits are all-gathered first): every
+    row of the stage as tacit's engine samples, a device's own group's rows under DeepEP or
+    --enable-dp-lm-head."""
+    g = par.head_group
+    v = s.vocab_size / g
+    head = gemm_op("lm_head", "lm_head", par.group_sequences(sampled_rows, g), s.hidden_size, v, "bf16", 32, 1)
     vocab = s.vocab_size
-    sample = Op("sampler", "sampling", 5 * sampled_rows * vocab, sampler_bytes(sampled_rows, vocab), sampled_rows)
+    rows = sampled_rows
+    if par.dp_lm_head or (s.is_moe and par.backend == "deepep"):
+        rows = par.sequences_per_device(sampled_rows)
+    sample = Op("sampler", "sampling", 5 * rows * vocab, sampler_bytes(rows, vocab), rows)
     return [head, sample]
 
 
+def _collective(
+    ops: dict[str, Op], name: str, kind: str, count: float, nbytes: float, ranks: int, alg: str = ""
+) -> None:
+    """`count` calls of `nbytes` each among `ranks`, merged into the op of that name."""
+    if ranks <= 1 or count <= 0:
+        return
+    op = Op(
+        name, "communication", 0, count * nbytes, launches=count, collective=kind, participants=ranks, algorithm=alg
+    )
+    prev = ops.get(name)
+    if prev is not None and (prev.participants != ranks or prev.collective != kind):
+        name = f"{name}_{ranks}"  # another group size: its own row
+        op, prev = replace(op, name=name), ops.get(name)
+    if prev is not None:
+        op = replace(prev, bytes=prev.bytes + op.bytes, launches=prev.launches + count)
+    ops[name] = op
+
+
 def communication_ops(s: ModelShape, step: StepShape, par: Parallel, sampled_rows: int, reduce_bytes: int) -> list[Op]:
-    """Tensor parallel: an all-reduce of the hidden state after attention and after the MLP in
-    every layer (`reduce_bytes` per value: tacit's CPU ranks sum in float32) and an all-gather of
-    the logits. Expert parallel: the MoE layer's all-reduce becomes an all-to-all dispatch of each
-    token's hidden state to its k experts' ranks and the combine back. Data-parallel attention:
-    no attention all-reduce; every layer's MLP all-gathers the ranks' tokens and reduce-scatters
-    the sums back (tacit's layers/data_parallel.py), the embedding reduce-scatters its rows, and
-    the sampled rows' hidden states are gathered before the head."""
-    n = par.tp
-    if n == 1:
+    """Per device, per part (`reduce_bytes` per summed value: tacit's CPU ranks sum in float32):
+    - attention TP: an all-reduce of the group's hidden states after attention, every layer;
+    - a dense MLP over the attention group's devices (or fewer) all-reduces; over more (dense TP
+      spanning attention groups) it all-gathers their tokens and reduce-scatters the sums;
+    - MoE layers, tacit's engine (allgather): as a dense MLP over every device of the stage,
+      or with EP inside one attention group an all-to-all of each token's row to its k experts
+      and back; DeepEP: attention's sums reduce-scattered inside the attention group, dispatch /
+      combine of the device's own tokens (moe_dispatch.py), then all-gathered back;
+    - the embedding reduce-scatters its rows when vocab-parallel over several attention groups;
+    - the head: the logits all-gathered over its group; over several attention groups the
+      sampled rows' hidden states are gathered first;
+    - pipeline stages: P-1 sends of the hidden states (across nodes when a stage fills one)."""
+    if par.stage_devices == 1 and par.pp == 1:
         return []
-    m, h, L = step.tokens, s.hidden_size, s.num_layers
-    if par.dp_attention:
-        return [
+    h, L, nt, alg = s.hidden_size, s.num_layers, step.new_tokens, par.all_reduce_algorithm
+    group_rows = par.sequences_per_device(step.batch) * nt  # an attention group's tokens
+    ops: dict[str, Op] = {}
+    na, S = par.attention_tp, par.stage_devices
+    moe, deepep = s.num_moe_layers, s.is_moe and par.backend == "deepep"
+    # DeepEP: before a MoE layer attention's sums are reduce-scattered, each device keeping the
+    # tokens it dispatches (all-gathered back after the combine), the all-reduce's bytes in halves
+    _collective(ops, "all_reduce", "all_reduce", L - moe if deepep else L, group_rows * h * reduce_bytes, na, alg)
+    if deepep:
+        _collective(ops, "attn_reduce_scatter", "reduce_scatter", moe, group_rows * h * reduce_bytes, na)
+
+    def mlp(layers: int, group: int) -> None:
+        """`layers` MLPs whose weights split over `group` devices."""
+        if group <= na:
+            name = "all_reduce" if group == na else "mlp_all_reduce"
+            _collective(ops, name, "all_reduce", layers, group_rows * h * reduce_bytes, group, alg)
+            return
+        rows = par.group_sequences(step.batch, group) * nt
+        _collective(ops, "mlp_all_gather", "all_gather", layers, rows * h * ACT, group)
+        _collective(ops, "mlp_reduce_scatter", "reduce_scatter", layers, rows * h * reduce_bytes, group)
+
+    mlp(s.num_dense_layers if s.is_moe else L, par.dense_group)
+    extra: list[Op] = []
+    if moe and deepep:
+        draws = step.batch * s.sequence_draws(nt)
+        extra = deepep_ops(s, step, par, expert_load_factor(s, par, draws))
+        _collective(ops, "moe_all_gather", "all_gather", moe, group_rows * h * ACT, na)
+    elif moe and par.ep and par.attention_ranks == 1:
+        a2a = 2 * step.tokens * s.top_k * h * ACT  # dispatch + combine, each token to k experts
+        _collective(ops, "moe_all_to_all", "all_to_all", 2 * moe, a2a / 2, par.expert_ranks)
+        _collective(ops, "expert_all_reduce", "all_reduce", moe, step.tokens * h * reduce_bytes, par.expert_tp, alg)
+    elif moe:
+        mlp(moe, S)
+    g = par.head_group
+    rows = par.group_sequences(sampled_rows, g)
+    if g > na:
+        embed = par.group_sequences(step.batch, g) * nt * h * reduce_bytes
+        _collective(ops, "mlp_reduce_scatter", "reduce_scatter", 1, embed, g)
+        _collective(ops, "head_all_gather", "all_gather", 2, rows * (h * ACT + s.vocab_size * 4) / 2, g)
+    else:
+        _collective(ops, "logits_all_gather", "all_gather", 1, rows * s.vocab_size * 4, g)
+    if par.pp > 1:
+        # consecutive stages sit on the next devices: a stage of a node's devices or more sends across nodes
+        send, k = group_rows * h * ACT, par.devices_per_node
+        crossing = sum(1 for i in range(1, par.pp) if k and (i * S) // k != (i * S - 1) // k)
+        extra.append(
             Op(
-                "mlp_all_gather",
+                "pp_send",
                 "communication",
                 0,
-                L * m * h * ACT,
-                launches=L,
-                collective="all_gather",
-                participants=n,
-            ),
-            Op(
-                "mlp_reduce_scatter",
-                "communication",
-                0,
-                (L + 1) * m * h * reduce_bytes,
-                launches=L + 1,
-                collective="reduce_scatter",
-                participants=n,
-            ),
-            Op(
-                "head_all_gather",
-                "communication",
-                0,
-                sampled_rows * (h * ACT + s.vocab_size * 4),
-                launches=2,
-                collective="all_gather",
-                participants=n,
-            ),
-        ]
-    message = m * h * reduce_bytes
-    moe_layers = s.num_moe_layers if par.ep else 0
-    ops = [
-        Op(
-            "all_reduce",
-            "communication",
-            0,
-            (2 * L - moe_layers) * message,
-            launches=2 * L - moe_layers,
-            collective="all_reduce",
-            participants=n,
-        ),
-        Op(
-            "logits_all_gather",
-            "communication",
-            0,
-            sampled_rows * s.vocab_size * 4,
-            collective="all_gather",
-            participants=n,
-        ),
-    ]
-    if moe_layers:
-        a2a = 2 * m * s.top_k * h * ACT  # dispatch + combine, each token to k experts
-        ops.append(
-            Op(
-                "moe_all_to_all",
-                "communication",
-                0,
-                moe_layers * a2a,
-                launches=2 * moe_layers,
-                collective="all_to_all",
-                participants=n,
+                (par.pp - 1) * send,
+                launches=par.pp - 1,
+                collective="p2p",
+                participants=2,
+                inter_bytes=crossing * send,
             )
         )
-    return ops
+    return [*ops.values(), *extra]
 
 
 def step_ops(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tacit.perf_model.efficiency import Profile, load_profile
+from tacit.perf_model.layout import place, resolve_layout
 from tacit.perf_model.memory import Memory, device_memory
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.operators import Parallel, StepShape, step_ops
@@ -80,6 +81,8 @@ class Prediction:
     decode_step_s: float
     # The context decode_ops attend over (each sequence's tokens already cached)
     decode_context: int = 0
+    # The layout priced: one replica's Parallel, resolved and placed (layout.py)
+    layout: Parallel = Parallel()
 
     @property
     def fits(self) -> bool:
@@ -99,12 +102,27 @@ class Prediction:
 def step_time(
     s: ModelShape, spec: HardwareSpec, profile: Profile, w: Workload, step: StepShape
 ) -> tuple[float, list[OpTime]]:
-    """Seconds of one engine step and its operators' times."""
+    """Seconds of one engine step and its operators' times. Under --two-batch-overlap the step
+    runs as two micro-batches of half the sequences, one's communication in flight while the
+    other computes (SGLang's and DeepSeek's overlap): each layer takes the longer of a half's
+    compute and communication twice, plus the shorter once to fill the pipe,
+    2 * max(C, M) + min(C, M) / L over the step's halves' totals C and M; every weight is read
+    once per micro-batch, so a memory-bound decode pays its weight reads twice. The times
+    returned are the half's operators doubled (both micro-batches run them)."""
     decode = step.new_tokens == 1
-    ops = step_ops(s, step, w.parallel, w.weight_dtype, w.kv_dtype, w.group_size, profile.reduce_bytes)
     path = profile.decode_path(s.architecture) if decode else "torch"
+    tbo = w.parallel.two_batch_overlap and step.batch >= 2
+    run = replace(step, batch=-(-step.batch // 2)) if tbo else step
+    ops = step_ops(s, run, w.parallel, w.weight_dtype, w.kv_dtype, w.group_size, profile.reduce_bytes)
     times = [op_time(op, spec, profile, decode, path) for op in ops]
-    return step_seconds(times, profile, path, s.num_layers), times
+    if not tbo:
+        return step_seconds(times, profile, path, s.num_layers), times
+    comm = sum(t.seconds for t in times if t.op.op_class == "communication")
+    compute = sum(t.seconds for t in times) - comm
+    fixed = step_seconds([], profile, path, s.num_layers)
+    overlapped = 2 * max(compute, comm) + min(compute, comm) / s.num_layers + fixed
+    doubled = [replace(t, seconds=2 * t.seconds, compute_s=2 * t.compute_s, memory_s=2 * t.memory_s) for t in times]
+    return overlapped, doubled
 
 
 def fitted_roofs(spec: HardwareSpec, profile: Profile) -> HardwareSpec:
@@ -121,34 +139,41 @@ def fitted_roofs(spec: HardwareSpec, profile: Profile) -> HardwareSpec:
 
 
 def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | None = None) -> Prediction:
+    """One replica priced (the batch split over --data-parallel-size replicas, their throughput
+    summed). Pipeline parallel: the replica's sequences run as P micro-batches, each step of one
+    a pass through every stage (the sum of the stages plus the P-1 sends), so TPOT is that pass
+    at batch / P and the replica yields its batch every TPOT."""
     profile = profile or load_profile(spec.efficiency_profile)
     spec = fitted_roofs(spec, profile)
-    if s.is_moe and w.parallel.ep and s.num_experts % w.parallel.tp:
-        raise ValueError(f"expert parallel over {w.parallel.tp} devices needs the {s.num_experts} experts to divide")
+    par, spec = place(resolve_layout(w.parallel, s), spec)
+    sequences = w.batch
+    batch = -(-sequences // par.replicas)  # the busiest replica's sequences
+    w = replace(w, batch=batch, parallel=par)
+    micro = -(-batch // par.pp)  # sequences a pipeline micro-batch holds
     cached = w.cached_tokens
-    ttft, prefill = step_time(s, spec, profile, w, StepShape(w.batch, w.input_len - cached, cached))
+    ttft, prefill = step_time(s, spec, profile, w, StepShape(batch, w.input_len - cached, cached))
     # Decode steps read a context growing from input_len to input_len + output_len - 2; attention
     # is linear in it, so the step at the mean context has the mean time.
     mean_context = w.input_len + max(w.output_len - 2, 0) / 2
-    tpot, decode = step_time(s, spec, profile, w, StepShape(w.batch, 1, round(mean_context)))
+    tpot, decode = step_time(s, spec, profile, w, StepShape(micro, 1, round(mean_context)))
     decode_step = tpot
     if w.speculative_tokens:
         # A verify step runs each sequence's token and its k drafts as k + 1 decode rows over the
         # same context (how the fused decoder runs them); it yields tokens_per_verify of them.
         k = w.speculative_tokens
         plain_decode = decode
-        verify, decode = step_time(s, spec, profile, w, StepShape(w.batch * (k + 1), 1, round(mean_context)))
+        verify, decode = step_time(s, spec, profile, w, StepShape(micro * (k + 1), 1, round(mean_context)))
         decode_step = verify
         layers, heads = SPECULATIVE_COSTS[w.speculative_method]
         head = sum(t.seconds for t in plain_decode if t.op.op_class == "lm_head")
         drafting = k * (layers * (tpot - head) / s.num_layers + heads * head)
         tpot = (verify + drafting) / w.tokens_per_verify
     total = ttft + (w.output_len - 1) * tpot
-    mem = device_memory(s, w.parallel, w.weight_dtype, w.kv_dtype, w.batch, w.input_len, w.output_len, w.group_size)
+    mem = device_memory(s, par, w.weight_dtype, w.kv_dtype, batch, w.input_len, w.output_len, w.group_size)
     return Prediction(
         ttft_s=ttft,
         tpot_s=tpot,
-        throughput_tok_s=w.batch * w.output_len / total,
+        throughput_tok_s=sequences * w.output_len / total,
         memory=mem,
         capacity_bytes=spec.memory_capacity.value,
         bottlenecks={**bottlenecks(prefill, spec, "prefill"), **bottlenecks(decode, spec, "decode")},
@@ -156,4 +181,5 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
         decode_ops=decode,
         decode_step_s=decode_step,
         decode_context=round(mean_context),
+        layout=par,
     )

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from tacit.perf_model.dtypes import COMPUTE_DTYPE
 from tacit.perf_model.efficiency import Profile
 from tacit.perf_model.operators import Op
-from tacit.perf_model.parallel import collective_seconds
+from tacit.perf_model.parallel import Link, collective_seconds, direct_send_seconds
 from tacit.platforms.specs import HardwareSpec
 
 
@@ -50,16 +50,38 @@ def _efficiency(op: Op, profile: Profile, decode: bool, path: str) -> float:
 def op_time(op: Op, spec: HardwareSpec, profile: Profile, decode: bool, path: str = "torch") -> OpTime:
     """`path`: the engine path the step runs ("decode_fused" or "torch"), which picks the curve."""
     if op.op_class == "communication":
-        per_call = op.bytes / max(op.launches, 1)
-        t = op.launches * collective_seconds(
-            op.collective, per_call, op.participants, spec.link_bandwidth.value, spec.link_latency.value
-        )
+        t = communication_seconds(op, spec)
         return OpTime(op, t, 0.0, t, 0.0)
     peak = spec.peak_flops(COMPUTE_DTYPE.get(op.weight_dtype, "bf16") if op.is_gemm else "bf16")
     eff = _efficiency(op, profile, decode, path)
     compute = op.flops / (peak * eff)
     memory = op.bytes / (spec.memory_bandwidth.value * eff)
     return OpTime(op, max(compute, memory) + op.launches * profile.op_overhead_s, compute, memory, peak)
+
+
+def links(spec: HardwareSpec) -> tuple[Link, Link]:
+    """(inside a node, between nodes): the network's figures where the part has them, else its
+    own links' (a part listed without a network is priced as if its links reached every peer)."""
+    intra = Link(spec.link_bandwidth.value, spec.link_latency.value)
+    bw, lat = spec.inter_node_bandwidth, spec.inter_node_latency
+    return intra, Link(bw.value if bw else intra.bandwidth, lat.value if lat else intra.latency)
+
+
+def communication_seconds(op: Op, spec: HardwareSpec) -> float:
+    """A communication op's launches, each one call of its per-call bytes (parallel.py): a
+    collective over its participants, or (all_to_all_v: DeepEP's dispatch / combine; p2p: a
+    pipeline send) messages sent at once, `inter_bytes` of them across nodes. DeepEP's
+    low-latency kernels pay one latency a call; its normal ones two (the layout notify, then
+    the transfer)."""
+    calls = max(op.launches, 1)
+    intra, inter = links(spec)
+    if op.collective in ("all_to_all_v", "p2p"):
+        steps = 2 if op.algorithm == "normal" else 1
+        return calls * direct_send_seconds(op.bytes / calls, op.inter_bytes / calls, steps, intra, inter)
+    per_node = spec.devices_per_node
+    return calls * collective_seconds(
+        op.collective, op.bytes / calls, op.participants, intra, inter, per_node, op.algorithm
+    )
 
 
 def step_seconds(times: list[OpTime], profile: Profile, path: str, num_layers: int) -> float:

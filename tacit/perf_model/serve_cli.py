@@ -13,9 +13,10 @@ from tacit.config.engine_args import EngineArgs
 from tacit.memory.swap import SwapSpace
 from tacit.perf_model.dtypes import KV_DTYPES, WEIGHT_DTYPES, normalize_dtype
 from tacit.perf_model.efficiency import load_profile
+from tacit.perf_model.layout import place, resolve_layout
+from tacit.perf_model.layout_cli import layout_from_args
 from tacit.perf_model.memory import kv_bytes_per_token
 from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
-from tacit.perf_model.operators import Parallel
 from tacit.perf_model.serve_sim import KVPool, kv_pool_from_memory, roofline_pricer, simulate, summarize
 from tacit.perf_model.step_model import Pricing
 from tacit.platforms.hardware_table import get_hardware_spec
@@ -63,9 +64,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "--serve does not model --data-parallel-attention: its simulator keeps one KV pool for all "
             "sequences; predict one step without --serve"
         )
-    par = Parallel(args.tensor_parallel_size, args.expert_parallel)
-    if shape.is_moe and par.ep and shape.num_experts % par.tp:
-        raise ValueError(f"expert parallel over {par.tp} devices needs the {shape.num_experts} experts to divide")
+    par = layout_from_args(args)
+    if par.dp > 1 or par.pp > 1:
+        raise ValueError(
+            "--serve simulates one engine's KV pool: it does not take --data-parallel-size or "
+            "--pipeline-parallel-size; predict one step without --serve"
+        )
+    par, spec = place(resolve_layout(par, shape), spec)
     pricing = Pricing(
         shape,
         spec,
