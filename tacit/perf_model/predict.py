@@ -103,8 +103,9 @@ def step_time(
     decode = step.new_tokens == 1
     ops = step_ops(s, step, w.parallel, w.weight_dtype, w.kv_dtype, w.group_size, profile.reduce_bytes)
     path = profile.decode_path(s.architecture) if decode else "torch"
-    times = [op_time(op, spec, profile, decode, path) for op in ops]
-    return step_seconds(times, profile, path, s.num_layers), times
+    graphs = spec.graphs and decode  # engines capture decode steps only (--enforce-eager: spec.graphs off)
+    times = [op_time(op, spec, profile, decode, path, graphs) for op in ops]
+    return step_seconds(times, profile, path, s.num_layers, graphs), times
 
 
 def fitted_roofs(spec: HardwareSpec, profile: Profile) -> HardwareSpec:
