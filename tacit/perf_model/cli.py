@@ -16,6 +16,12 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="predict TTFT/TPOT/memory of a model on a hardware spec (no weights loaded)")
     p.add_argument("--model", default=None, help="config.json or its directory, a recipes/configs name, or random:NAME")
     p.add_argument("--hardware", default="this-cpu", help="a tacit.platforms.specs name (see the error for the list)")
+    p.add_argument(
+        "--hardware-file", default=None, help="YAML/JSON describing a machine not in the table (hardware_file.py)"
+    )
+    p.add_argument(
+        "--enforce-eager", action="store_true", help="price kernel launches without CUDA/ACL graphs (vLLM's flag)"
+    )
     add_layout_args(p)
     p.add_argument("--quantization", default="bf16", help=f"weights: {' | '.join(WEIGHT_DTYPES)} (none/auto: bf16)")
     p.add_argument("--quantization-group-size", type=int, default=32, help="int4 values per scale: 32 | 64 | 128")
@@ -108,15 +114,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
         return cmd_serve(args)
     from tacit.perf_model.attention_report import attention_lines, kv_lines
+    from tacit.perf_model.hardware_file import resolve_hardware
     from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
     from tacit.perf_model.predict import Workload, predict
-    from tacit.platforms.hardware_table import get_hardware_spec
 
     if args.model is None:
         raise ValueError("--model is required (a config.json, a recipes/configs name, or random:NAME)")
     wdt = _check_choice(normalize_dtype(args.quantization), WEIGHT_DTYPES, "--quantization")
     kvdt = _check_choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype")
-    spec = get_hardware_spec(args.hardware)  # before the model: a bad name fails fast
+    spec = resolve_hardware(args.hardware, args.hardware_file, args.enforce_eager)  # before the model: fails fast
     shape = shape_from_hf(load_hf_config(args.model))
     work = Workload(
         args.batch_size,

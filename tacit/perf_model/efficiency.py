@@ -1,8 +1,11 @@
 """Efficiency profiles: the fraction of a roof each operator class reaches, and fixed costs.
 
-data/efficiency.json holds one profile per kind of hardware. `this-cpu` is fitted by
-`python -m tacit.perf_model.fit` (micro-benchmarks of tacit's own kernels on this machine; the
-command and the date are stored with it); the others are stated assumptions, marked so.
+data/efficiency.json holds one profile per family of hardware (nvidia-hopper, ascend-910,
+epyc-zen4, ...). `this-cpu` is fitted by `python -m tacit.perf_model.fit` (micro-benchmarks of
+tacit's own kernels on this machine; the command and the date are stored with it); the families'
+come from microbenchmarks published for those processors (STREAM, vendor GEMM, launch costs),
+each figure's source in the profile's `figures`. A `--hardware-file` may bring its own profile:
+`register_profile` adds it for the process, under a name no file profile has.
 """
 
 from __future__ import annotations
@@ -61,6 +64,12 @@ class Profile:
     # profile predicts with these, not with roofs re-measured in the predicting process (this
     # CPU's read bandwidth moved 41.0 -> 37.7 GB/s between two processes on the shared machine)
     roofs: dict[str, float] | None = None
+    # Under graphs (CUDA / HIP / ACL graphs, HardwareSpec.graphs unless --enforce-eager) a decode
+    # step replays its kernels: each costs graph_op_overhead_s instead of op_overhead_s, the step
+    # one graph launch (graph_step_overhead_s), and no per-layer host cost. None: the profile has
+    # no graph figures and launches are priced eagerly.
+    graph_op_overhead_s: float | None = None
+    graph_step_overhead_s: float = 0.0
 
     def gemm_efficiency(self, weight_dtype: str, rows: float) -> float:
         # a dequantizing 4-bit kernel (int4, mxfp4) without its own curve: int8's
@@ -94,6 +103,8 @@ def _profile(name: str, d: dict) -> Profile:
         reduce_bytes=int(d.get("reduce_bytes", 2)),
         source=d["source"],
         roofs=d.get("roofs"),
+        graph_op_overhead_s=d.get("graph_op_overhead_s"),
+        graph_step_overhead_s=float(d.get("graph_step_overhead_s", 0.0)),
     )
 
 
@@ -102,7 +113,32 @@ def _all(path: str) -> dict[str, dict]:
     return json.loads(Path(path).read_text())
 
 
+# Profiles a hardware file brought inline, by the name its spec carries (hardware_file.py).
+_REGISTERED: dict[str, Profile] = {}
+
+
+def register_profile(name: str, d: dict) -> Profile:
+    """Add an inline profile (efficiency.json's schema) for this process; a missing key or a
+    wrong type is a ValueError naming it. Returns the parsed profile."""
+    if name in _all(str(DATA)):
+        raise ValueError(f"profile name {name!r} is taken by efficiency.json")
+    try:
+        profile = _profile(name, d)
+    except KeyError as e:
+        raise ValueError(f"inline efficiency profile lacks {e.args[0]!r}") from None
+    except (TypeError, AttributeError, ValueError) as e:
+        raise ValueError(f"inline efficiency profile is malformed: {e}") from None
+    _REGISTERED[name] = profile
+    return profile
+
+
+def profile_names(path: Path = DATA) -> list[str]:
+    return [*_all(str(path)), *_REGISTERED]
+
+
 def load_profile(name: str, path: Path = DATA) -> Profile:
+    if path == DATA and name in _REGISTERED:
+        return _REGISTERED[name]
     profiles = _all(str(path))
     if name not in profiles:
         raise ValueError(f"efficiency profile {name!r} is not in {path}; valid: {', '.join(profiles)}")

@@ -111,15 +111,16 @@ def step_time(
     returned are the half's operators doubled (both micro-batches run them)."""
     decode = step.new_tokens == 1
     path = profile.decode_path(s.architecture) if decode else "torch"
+    graphs = spec.graphs and decode  # engines capture decode steps only (--enforce-eager: spec.graphs off)
     tbo = w.parallel.two_batch_overlap and step.batch >= 2
     run = replace(step, batch=-(-step.batch // 2)) if tbo else step
     ops = step_ops(s, run, w.parallel, w.weight_dtype, w.kv_dtype, w.group_size, profile.reduce_bytes)
-    times = [op_time(op, spec, profile, decode, path) for op in ops]
+    times = [op_time(op, spec, profile, decode, path, graphs) for op in ops]
     if not tbo:
-        return step_seconds(times, profile, path, s.num_layers), times
+        return step_seconds(times, profile, path, s.num_layers, graphs), times
     comm = sum(t.seconds for t in times if t.op.op_class == "communication")
     compute = sum(t.seconds for t in times) - comm
-    fixed = step_seconds([], profile, path, s.num_layers)
+    fixed = step_seconds([], profile, path, s.num_layers, graphs)
     overlapped = 2 * max(compute, comm) + min(compute, comm) / s.num_layers + fixed
     doubled = [replace(t, seconds=2 * t.seconds, compute_s=2 * t.compute_s, memory_s=2 * t.memory_s) for t in times]
     return overlapped, doubled

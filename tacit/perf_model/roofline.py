@@ -47,8 +47,19 @@ def _efficiency(op: Op, profile: Profile, decode: bool, path: str) -> float:
     return profile.elementwise(op.working_set)
 
 
-def op_time(op: Op, spec: HardwareSpec, profile: Profile, decode: bool, path: str = "torch") -> OpTime:
-    """`path`: the engine path the step runs ("decode_fused" or "torch"), which picks the curve."""
+def launch_seconds(profile: Profile, graphs: bool) -> float:
+    """One kernel launch: replayed from a captured graph, or launched eagerly (a profile without
+    graph figures prices every launch eagerly)."""
+    if graphs and profile.graph_op_overhead_s is not None:
+        return profile.graph_op_overhead_s
+    return profile.op_overhead_s
+
+
+def op_time(
+    op: Op, spec: HardwareSpec, profile: Profile, decode: bool, path: str = "torch", graphs: bool = False
+) -> OpTime:
+    """`path`: the engine path the step runs ("decode_fused" or "torch"), which picks the curve;
+    `graphs`: the step is a captured graph's replay (spec.graphs, decode, no --enforce-eager)."""
     if op.op_class == "communication":
         t = communication_seconds(op, spec)
         return OpTime(op, t, 0.0, t, 0.0)
@@ -56,7 +67,7 @@ def op_time(op: Op, spec: HardwareSpec, profile: Profile, decode: bool, path: st
     eff = _efficiency(op, profile, decode, path)
     compute = op.flops / (peak * eff)
     memory = op.bytes / (spec.memory_bandwidth.value * eff)
-    return OpTime(op, max(compute, memory) + op.launches * profile.op_overhead_s, compute, memory, peak)
+    return OpTime(op, max(compute, memory) + op.launches * launch_seconds(profile, graphs), compute, memory, peak)
 
 
 def links(spec: HardwareSpec) -> tuple[Link, Link]:
@@ -84,10 +95,15 @@ def communication_seconds(op: Op, spec: HardwareSpec) -> float:
     )
 
 
-def step_seconds(times: list[OpTime], profile: Profile, path: str, num_layers: int) -> float:
+def step_seconds(times: list[OpTime], profile: Profile, path: str, num_layers: int, graphs: bool = False) -> float:
     """The step: its operators in sequence, plus the engine's fixed cost per step and per layer
-    on the path it runs (fitted on this CPU; an assumption elsewhere)."""
-    fixed = profile.step_overhead_s.get(path, 0.0) + num_layers * profile.layer_overhead_s.get(path, 0.0)
+    on the path it runs (fitted on this CPU; from published launch costs elsewhere). A graph
+    replay has no per-layer host cost but one graph launch."""
+    fixed = profile.step_overhead_s.get(path, 0.0)
+    if graphs and profile.graph_op_overhead_s is not None:
+        fixed += profile.graph_step_overhead_s
+    else:
+        fixed += num_layers * profile.layer_overhead_s.get(path, 0.0)
     return sum(t.seconds for t in times) + fixed
 
 

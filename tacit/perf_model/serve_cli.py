@@ -13,13 +13,13 @@ from tacit.config.engine_args import EngineArgs
 from tacit.memory.swap import SwapSpace
 from tacit.perf_model.dtypes import KV_DTYPES, WEIGHT_DTYPES, normalize_dtype
 from tacit.perf_model.efficiency import load_profile
+from tacit.perf_model.hardware_file import resolve_hardware
 from tacit.perf_model.layout import place, resolve_layout
 from tacit.perf_model.layout_cli import layout_from_args
 from tacit.perf_model.memory import kv_bytes_per_token
 from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
 from tacit.perf_model.serve_sim import KVPool, kv_pool_from_memory, roofline_pricer, simulate, summarize
 from tacit.perf_model.step_model import Pricing
-from tacit.platforms.hardware_table import get_hardware_spec
 
 
 def _choice(value: str, valid: tuple[str, ...], flag: str) -> str:
@@ -57,7 +57,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--memory-utilization must be in (0, 1], got {args.memory_utilization}")
     slo = parse_slo(args.slo)
     workload = load_workload(args.workload)  # bad lines fail before anything is sized
-    spec = get_hardware_spec(args.hardware)
+    spec = resolve_hardware(args.hardware, args.hardware_file, args.enforce_eager)
     shape = shape_from_hf(load_hf_config(args.model))
     if args.data_parallel_attention:
         raise ValueError(

@@ -112,6 +112,7 @@ def mixed_step_times(p: Pricing, step: MixedStep) -> tuple[float, list[OpTime]]:
     s, par, m = p.shape, p.parallel, step.tokens
     whole = StepShape(1, m, 0)  # token-count-only operators see the step as m rows
     decode_only = not step.prefills
+    graphs = p.spec.graphs and decode_only  # a step with a prefill chunk runs eagerly
     times: list[OpTime] = []
     proj = attention_ops(s, whole, par, p.weight_dtype, p.kv_dtype, p.group_size)
     shared = [op for op in proj if op.name in _TOKEN_GEMMS]
@@ -124,18 +125,18 @@ def mixed_step_times(p: Pricing, step: MixedStep) -> tuple[float, list[OpTime]]:
         shared += head_ops(s, whole, par, sampled)
     # Collectives carry every row's hidden state; the logits' all-gather only the sampled rows.
     shared += [op for op in communication_ops(s, whole, par, sampled, p.profile.reduce_bytes) if op.bytes > 0]
-    times += [op_time(op, p.spec, p.profile, decode_only) for op in shared]
+    times += [op_time(op, p.spec, p.profile, decode_only, graphs=graphs) for op in shared]
     decodes = step.decodes
     if decodes:
         # Mean context as a float: attention's FLOPs and bytes are linear in it, so this is exact
         # (a sliding window or DSA's top-k caps them at min(context, limit): an upper bound there).
         mean_ctx = sum(c.context for c in decodes) / len(decodes)
         dec = StepShape(len(decodes), 1, mean_ctx)  # type: ignore[arg-type]
-        times += [op_time(op, p.spec, p.profile, True) for op in _attention(p, dec)]
+        times += [op_time(op, p.spec, p.profile, True, graphs=graphs) for op in _attention(p, dec)]
     prefill_ops = [op for c in step.prefills for op in _attention(p, StepShape(1, c.new_tokens, c.context))]
     times += [op_time(op, p.spec, p.profile, False) for op in _merge(prefill_ops)]
     path = p.profile.decode_path(s.architecture) if decode_only else "torch"
-    return step_seconds(times, p.profile, path, s.num_layers), times
+    return step_seconds(times, p.profile, path, s.num_layers, graphs), times
 
 
 def mixed_step_seconds(p: Pricing, step: MixedStep) -> float:

@@ -29,8 +29,9 @@ class HardwareSpec:
     memory_capacity: Sourced  # bytes of device memory
     link_bandwidth: Sourced  # bytes/s one device sends (one direction) to its peers in its node
     link_latency: Sourced  # seconds per step of a collective inside a node
-    # The efficiency profile in tacit/perf_model/data/efficiency.json this part uses.
-    efficiency_profile: str = "accelerator"
+    # The efficiency profile in tacit/perf_model/data/efficiency.json this part uses: one per
+    # family (nvidia-hopper, epyc-zen4, ...); an empty name is refused by check_spec.
+    efficiency_profile: str = ""
     extra: dict[str, Sourced] = field(default_factory=dict)
     # Devices one node's fast links (NVLink, HCCS, UPI) join; a collective over more of them
     # crosses the inter-node network (InfiniBand / RoCE), whose figures are the two below.
@@ -75,6 +76,8 @@ def check_spec(spec: HardwareSpec) -> HardwareSpec:
         raise ValueError(
             f"hardware {spec.name!r}: devices_per_node must be an integer >= 1, got {spec.devices_per_node!r}"
         )
+    if not spec.efficiency_profile.strip():
+        raise ValueError(f"hardware {spec.name!r}: efficiency_profile is empty; name a profile of efficiency.json")
     if "bf16" not in spec.flops:
         raise ValueError(f"hardware {spec.name!r}: flops has no 'bf16' entry (has {sorted(spec.flops)})")
     for key, v in spec.sourced_fields().items():

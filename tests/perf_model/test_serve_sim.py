@@ -119,7 +119,8 @@ def test_more_load_never_lowers_p90_ttft():
         wl = [WorkloadRequest(w.arrival_s / speedup, w.input_len, w.output_len) for w in base]
         out = summarize(simulate(wl, roofline_pricer(p), KVPool(2000, 16)), {})
         p90.append(out["ttft_ms"]["p90"])
-    assert p90 == sorted(p90), p90
+    # lightly loaded, p90 is one prefill at any speed: equal up to float rounding of arrival / speedup
+    assert all(b >= a * (1 - 1e-9) for a, b in zip(p90, p90[1:])), p90
 
 
 def test_goodput_counts_requests_meeting_the_slo():
