@@ -165,9 +165,12 @@ def _model_prediction(engine: Any, requests: list[WorkloadRequest], hardware: st
 
     cfg = engine.config
     hf = cfg.model.hf
-    parallel = Parallel(
-        cfg.parallel.tensor_parallel_size, cfg.parallel.expert_parallel, cfg.parallel.data_parallel_attention
-    )
+    from tacit.perf_model.model_shape import shape_from_hf
+
+    # The engine accepts --expert-parallel on a dense model and ignores it; predict refuses it
+    # (layout.py), so it is passed only where there are experts to split.
+    expert_parallel = cfg.parallel.expert_parallel and shape_from_hf(hf).is_moe
+    parallel = Parallel(cfg.parallel.tensor_parallel_size, expert_parallel, cfg.parallel.data_parallel_attention)
     kv = cfg.cache.cache_dtype
     kv_dtype = normalize_dtype(str(cfg.model.dtype).removeprefix("torch.") if kv == "auto" else kv)
     return predicted_categories(
