@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tacit.perf_model.attention_ops import attention_ops
-from tacit.perf_model.dtypes import weight_bytes_per_value, weight_dtypes_of
+from tacit.perf_model.dtypes import gemm_compute_dtype, weight_bytes_per_value
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.op_types import ACT, OP_CLASSES, Op, Parallel, StepShape, gemm_op
 
@@ -50,17 +50,19 @@ def expected_distinct_experts(experts: int, top_k: int, draws: float) -> float:
 
 
 def mlp_ops(
-    s: ModelShape, step: StepShape, par: Parallel, wdt: str, group: int, draws: float | None = None
+    s: ModelShape, step: StepShape, par: Parallel, wdt: str, group: int, draws: float | None = None, act: str = "auto"
 ) -> list[Op]:
     """draws: the step's independent routing draws; default step.batch sequences of
-    step.new_tokens each (mixed steps pass the sum over their chunks)."""
+    step.new_tokens each (mixed steps pass the sum over their chunks). act: the quantized
+    linears' activation dtype."""
     m, h, ops = step.tokens, s.hidden_size, []
-    expert_dt, wdt = weight_dtypes_of(s.expert_weight_dtype, wdt)
+    dts = s.tensor_dtypes(wdt)
+    expert_dt, wdt = dts.experts, dts.linear
     dense_layers = s.num_dense_layers if s.is_moe else s.num_layers
     if dense_layers:
         inter = s.intermediate_size // par.tp
-        ops.append(gemm_op("gate_up_proj", "dense_mlp", m, h, 2 * inter, wdt, group, dense_layers))
-        ops.append(gemm_op("down_proj", "dense_mlp", m, inter, h, wdt, group, dense_layers))
+        ops.append(gemm_op("gate_up_proj", "dense_mlp", m, h, 2 * inter, wdt, group, dense_layers, act))
+        ops.append(gemm_op("down_proj", "dense_mlp", m, inter, h, wdt, group, dense_layers, act))
     if not s.is_moe or not s.num_moe_layers:
         return ops
     L, e, k = s.num_moe_layers, s.num_experts, s.top_k
@@ -76,7 +78,15 @@ def mlp_ops(
     if draws is None:
         draws = step.batch * s.sequence_draws(step.new_tokens)
     distinct = expected_distinct_experts(e, k, draws) * local_experts / e
-    per_expert = 3 * h * inter * weight_bytes_per_value(expert_dt, group)
+    # gate and up in the default type, down in a GGML mix's ffn_down type (Q6_K on some layers)
+    per_expert = (
+        h
+        * inter
+        * (
+            2 * weight_bytes_per_value(expert_dt, group, "", L)
+            + weight_bytes_per_value(expert_dt, group, "ffn_down", L)
+        )
+    )
     flops = 2 * pairs * 3 * h * inter
     acts = pairs * (2 * h + 3 * inter) * ACT
     rows = pairs / max(distinct, 1e-9)  # tokens per expert weight pass
@@ -91,13 +101,16 @@ def mlp_ops(
             L * distinct,
             is_gemm=True,
             kernel="moe",
+            act_dtype=gemm_compute_dtype(expert_dt, act),
         )
     )
     if s.num_shared_experts:
         shared = s.num_shared_experts * s.moe_intermediate_size // par.tp
         # the shared expert runs in the same C++ experts call (cpu_fused_moe)
-        ops.append(replace(gemm_op("shared_gate_up", "experts", m, h, 2 * shared, expert_dt, group, L), kernel="moe"))
-        ops.append(replace(gemm_op("shared_down", "experts", m, shared, h, expert_dt, group, L), kernel="moe"))
+        ops.append(
+            replace(gemm_op("shared_gate_up", "experts", m, h, 2 * shared, expert_dt, group, L, act), kernel="moe")
+        )
+        ops.append(replace(gemm_op("shared_down", "experts", m, shared, h, expert_dt, group, L, act), kernel="moe"))
     return ops
 
 
@@ -130,11 +143,15 @@ def sampler_bytes(rows: float, vocab: float) -> float:
     return rows * vocab * (ACT + 4 + 4)
 
 
-def head_ops(s: ModelShape, step: StepShape, par: Parallel, sampled_rows: int) -> list[Op]:
-    """lm_head over the rows that sample (kept bf16, tacit's default) and the sampler over the
-    full vocabulary of each sampled row (the logits are all-gathered first)."""
+def head_ops(
+    s: ModelShape, step: StepShape, par: Parallel, sampled_rows: int, wdt: str = "bf16", act: str = "auto"
+) -> list[Op]:
+    """lm_head over the rows that sample, in the checkpoint's head dtype under --quantization `wdt`
+    (dtypes.tensor_dtypes: bf16 unless the checkpoint stores it quantized, a GGML file's Q6_K),
+    and the sampler over the full vocabulary of each sampled row (the logits are all-gathered
+    first)."""
     v = s.vocab_size / par.tp
-    head = gemm_op("lm_head", "lm_head", sampled_rows, s.hidden_size, v, "bf16", 32, 1)
+    head = gemm_op("lm_head", "lm_head", sampled_rows, s.hidden_size, v, s.tensor_dtypes(wdt).head, 32, 1, act)
     vocab = s.vocab_size
     sample = Op("sampler", "sampling", 5 * sampled_rows * vocab, sampler_bytes(sampled_rows, vocab), sampled_rows)
     return [head, sample]
@@ -227,15 +244,16 @@ def step_ops(
     kv_dtype: str = "bf16",
     group_size: int = 32,
     reduce_bytes: int = 2,
+    act: str = "auto",
 ) -> list[Op]:
-    """Every operator of one step on one device."""
+    """Every operator of one step on one device; `act`: the quantized linears' activation dtype."""
     if par.tp < 1:
         raise ValueError(f"tensor parallel size must be >= 1, got {par.tp}")
     sampled = step.batch  # one sampled row per sequence, prefill or decode
     return [
-        *attention_ops(s, step, par, weight_dtype, kv_dtype, group_size),
-        *mlp_ops(s, step, par, weight_dtype, group_size),
+        *attention_ops(s, step, par, weight_dtype, kv_dtype, group_size, act),
+        *mlp_ops(s, step, par, weight_dtype, group_size, act=act),
         *elementwise_ops(s, step, par),
-        *head_ops(s, step, par, sampled),
+        *head_ops(s, step, par, sampled, weight_dtype, act),
         *communication_ops(s, step, par, sampled, reduce_bytes),
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from tacit.perf_model.dtypes import activation_dtype
 from tacit.perf_model.efficiency import Profile, load_profile
 from tacit.perf_model.memory import Memory, device_memory
 from tacit.perf_model.model_shape import ModelShape
@@ -38,6 +39,9 @@ class Workload:
     speculative_tokens: int = 0
     acceptance: float = 0.0
     speculative_method: str = "ngram"
+    # The quantized linears' activation dtype (dtypes.activation_dtype; auto: the weight format's
+    # usual one, bf16 for block fp8 on a part without fp8 units: W8A16)
+    activation_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("batch", "input_len", "output_len"):
@@ -101,7 +105,8 @@ def step_time(
 ) -> tuple[float, list[OpTime]]:
     """Seconds of one engine step and its operators' times."""
     decode = step.new_tokens == 1
-    ops = step_ops(s, step, w.parallel, w.weight_dtype, w.kv_dtype, w.group_size, profile.reduce_bytes)
+    act = activation_dtype(w.weight_dtype, w.activation_dtype, fp8_units="fp8" in spec.flops)
+    ops = step_ops(s, step, w.parallel, w.weight_dtype, w.kv_dtype, w.group_size, profile.reduce_bytes, act)
     path = profile.decode_path(s.architecture) if decode else "torch"
     times = [op_time(op, spec, profile, decode, path) for op in ops]
     return step_seconds(times, profile, path, s.num_layers), times
