@@ -84,11 +84,11 @@ def block_bytes_per_value(gtype: str) -> float:
 
 def ggml_tensor_types(ftype: str, role: str, layers: int) -> list[str]:
     """The block type of each of `layers` tensors of `role` in a file of type `ftype`."""
-    if ftype in GGML_BLOCKS:
-        return [("q6_k" if role == "output" and ftype != "q8_0" else ftype)] * max(layers, 1)
-    mix = GGML_MIXES[ftype]
     if role == "output":
-        return ["q6_k"] * max(layers, 1)
+        return ["q8_0" if ftype == "q8_0" else "q6_k"] * max(layers, 1)
+    if ftype not in GGML_MIXES:  # a block type; "q2_k" names llama-quantize's Q2_K mix, not the block
+        return [ftype] * max(layers, 1)
+    mix = GGML_MIXES[ftype]
     rule = mix.get(role, mix["default"])
     return [_layer_type(rule, mix["default"], i, layers) for i in range(max(layers, 1))]
 
