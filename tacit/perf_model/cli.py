@@ -11,7 +11,6 @@ from tacit.config.engine_args import EngineArgs
 from tacit.perf_model.dtypes import (
     ACTIVATION_DTYPES,
     KV_DTYPES,
-    WEIGHT_DTYPES,
     activation_dtype,
     normalize_dtype,
     resolve_weight_format,
@@ -130,8 +129,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise ValueError(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
     if args.data_parallel_attention and args.tensor_parallel_size < 2:
         raise ValueError("--data-parallel-attention needs --tensor-parallel-size >= 2: it spreads sequences over them")
-    if args.quantization != "auto":
-        _check_choice(normalize_dtype(args.quantization), WEIGHT_DTYPES, "--quantization")
+    resolve_weight_format(args.quantization, "")  # a bad name fails before the model is read
     _check_choice(args.activation_dtype, ACTIVATION_DTYPES, "--activation-dtype")
     kvdt = _check_choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype")
     spec = get_hardware_spec(args.hardware)  # before the model: a bad name fails fast

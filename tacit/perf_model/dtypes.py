@@ -198,7 +198,8 @@ def resolve_weight_format(requested: str, checkpoint: str) -> str:
             )
         return checkpoint or "bf16"
     name = normalize_dtype(requested)
-    _check_format(name)
+    if name not in FORMATS:
+        raise ValueError(f"--quantization {requested!r} is not known; valid: auto, {', '.join(WEIGHT_DTYPES)}")
     return name
 
 

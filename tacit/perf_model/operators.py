@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tacit.perf_model.attention_ops import attention_ops
-from tacit.perf_model.dtypes import gemm_compute_dtype, weight_bytes_per_value
+from tacit.perf_model.dtypes import activation_bytes, gemm_compute_dtype, weight_bytes_per_value
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.op_types import ACT, OP_CLASSES, Op, Parallel, StepShape, gemm_op
 
@@ -88,7 +88,10 @@ def mlp_ops(
         )
     )
     flops = 2 * pairs * 3 * h * inter
-    acts = pairs * (2 * h + 3 * inter) * ACT
+    # per pair: the hidden row in and the down projection's input (at the activation dtype where
+    # the kernel reads them quantized), the gate and up outputs and the hidden row out (bf16)
+    act_in = activation_bytes(expert_dt, act)
+    acts = pairs * ((h + inter) * act_in + (h + 2 * inter) * ACT)
     rows = pairs / max(distinct, 1e-9)  # tokens per expert weight pass
     ops.append(
         Op(
