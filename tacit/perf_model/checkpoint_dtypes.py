@@ -39,18 +39,74 @@ def _compressed_tensors_format(quant: dict) -> str:
     return f"compressed-tensors ({bits}-bit {kind}, {strategy})"
 
 
-def checkpoint_dtypes(quant: dict, layers: int) -> tuple[str, str, str]:
-    """(the weights' format, the lm_head's, kv_b_proj's) of a quantization_config; "" where the
-    tensor is stored as the rest of an unquantized model (bf16) or, for kv_b, in the format. A
-    method tacit does not price comes back by name: --quantization auto then asks for one."""
+# llama.h's enum llama_ftype (a GGUF's general.file_type) and ggml.h's enum ggml_type (each
+# tensor's), for the types dtypes.py prices; "" = unquantized (priced bf16)
+LLAMA_FTYPES = {
+    0: "",
+    1: "",
+    32: "",
+    2: "q4_0",
+    3: "q4_1",
+    7: "q8_0",
+    8: "q5_0",
+    9: "q5_1",
+    10: "q2_k",
+    12: "q3_k_m",
+    15: "q4_k_m",
+    17: "q5_k_m",
+    18: "q6_k",
+    30: "iq4_xs",
+    38: "q8_0",  # MXFP4_MOE: the experts MXFP4, every other tensor Q8_0 (llama-quant.cpp)
+}
+GGML_TYPE_NAMES = {
+    0: "",
+    1: "",
+    30: "",
+    2: "q4_0",
+    3: "q4_1",
+    6: "q5_0",
+    7: "q5_1",
+    8: "q8_0",
+    10: "q2_k",
+    11: "q3_k",
+    12: "q4_k",
+    13: "q5_k",
+    14: "q6_k",
+    23: "iq4_xs",
+    39: "mxfp4",
+}
+
+
+def gguf_quantization(fields: dict, tensor_types: dict[str, int]) -> dict:
+    """A GGUF file's types as a quantization_config checkpoint_dtypes reads: its general.file_type
+    (absent in tacit's own gpt-oss files: unquantized but for MXFP4 experts), whether its experts
+    are MXFP4, and the type its head is stored in (output.weight, else the tied token_embd)."""
+    ftype = fields.get("general.file_type")
+    fmt = "" if ftype is None else LLAMA_FTYPES.get(int(ftype), f"gguf file type {int(ftype)}")
+    head = tensor_types.get("output.weight", tensor_types.get("token_embd.weight"))
+    return {
+        "quant_method": "gguf",
+        "weights": fmt,
+        "experts": "mxfp4" if 39 in tensor_types.values() else "",
+        "head": GGML_TYPE_NAMES.get(head, "") if head is not None else "",
+    }
+
+
+def checkpoint_dtypes(quant: dict, layers: int) -> tuple[str, str, str, str]:
+    """(the weights' format, the routed experts' where the checkpoint fixes them, the lm_head's,
+    kv_b_proj's) of a quantization_config; "" where the tensor is stored as the rest of an
+    unquantized model (bf16) or, for kv_b, in the format. A method tacit does not price comes back
+    by name: --quantization auto then asks for one."""
     method = str(quant.get("quant_method") or "")
     if not method:
-        return "", "", ""
+        return "", "", "", ""
     excluded = [
         *(quant.get("modules_to_not_convert") or []),
         *(quant.get("ignored_layers") or []),
         *(quant.get("ignore") or []),
     ]
+    if method == "gguf":  # gguf_quantization's
+        return quant["weights"], quant["experts"], quant["head"], ""
     if method == "fp8":  # HF's FineGrainedFP8 / DeepSeek's: block scales, else per-channel
         fmt = "fp8" if quant.get("weight_block_size") else "w8a8_fp8"
     elif method == "compressed-tensors":
@@ -72,4 +128,4 @@ def checkpoint_dtypes(quant: dict, layers: int) -> tuple[str, str, str]:
         head = ""
     kv_b_names = [f"model.layers.{i}.self_attn.kv_b_proj" for i in range(max(layers, 1))]
     kv_b = "bf16" if all(_matches(n, excluded) for n in kv_b_names) else ""
-    return fmt, head, kv_b
+    return fmt, "mxfp4" if fmt == "mxfp4" else "", head, kv_b

@@ -204,7 +204,13 @@ def resolve_weight_format(requested: str, checkpoint: str) -> str:
 
 
 def tensor_dtypes(
-    weight: str, checkpoint: str = "", experts: str = "", head: str = "", kv_b: str = "", tied: bool = False
+    weight: str,
+    checkpoint: str = "",
+    experts: str = "",
+    head: str = "",
+    kv_b: str = "",
+    tied: bool = False,
+    hidden: int = 0,
 ) -> TensorDtypes:
     """`weight`: the format priced (resolve_weight_format). The checkpoint's own format
     (`checkpoint`, "" unquantized) keeps its per-tensor choices: `head` the lm_head's stored
@@ -214,12 +220,15 @@ def tensor_dtypes(
     except the lm_head, which tacit (quantize_at_load's _KEPT) and vLLM (ParallelLMHead takes no
     quant method) keep bf16, and, for tacit's own int8/int4, kv_b_proj (read directly:
     dense_weight_linears). A GGML file type follows llama.cpp's rules instead: the head, and a tied
-    embedding, at Q6_K (q8_0 files: Q8_0), an untied embedding in the default type."""
+    embedding, at Q6_K, or Q8_0 in a q8_0 file and where the `hidden` columns are no whole number of
+    Q6_K's 256-value blocks (llama-quant.cpp's tensor_type_fallback: SmolLM2-135M's 576), an untied
+    embedding in the default type; a GGUF file's own head is the type it stores."""
     _check_format(weight)
     own = bool(checkpoint) and weight == checkpoint
     expert_dt, linear = weight_dtypes_of(experts, weight)
     if weight in GGML_TYPES:
-        head_dt = "q8_0" if weight == "q8_0" else "q6_k"
+        head_dt = "q8_0" if weight == "q8_0" or hidden % 256 else "q6_k"
+        head_dt = head if own and head else head_dt
         return TensorDtypes(linear, expert_dt, head_dt, linear, head_dt if tied else linear)
     if own:
         return TensorDtypes(linear, expert_dt, head or "bf16", kv_b or linear)

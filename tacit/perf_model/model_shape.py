@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tacit.config.model import layer_sliding_windows
 from tacit.loader.multimodal import is_multimodal_wrapper, text_decoder_config
-from tacit.perf_model.checkpoint_dtypes import checkpoint_dtypes
+from tacit.perf_model.checkpoint_dtypes import checkpoint_dtypes, gguf_quantization
 from tacit.perf_model.dtypes import TensorDtypes, tensor_dtypes
 
 RECIPE_CONFIGS = Path(__file__).resolve().parents[2] / "recipes" / "configs"
@@ -88,6 +88,7 @@ class ModelShape:
             self.head_weight_dtype,
             self.kv_b_weight_dtype,
             self.tie_word_embeddings,
+            self.hidden_size,
         )
 
     @property
@@ -145,7 +146,7 @@ def shape_from_hf(hf: dict) -> ModelShape:
             only = set(hf.get("mlp_only_layers") or [])
             dense_layers = sum(1 for i in range(layers) if i in only or (i + 1) % step != 0)
     kv_lora = int(hf.get("kv_lora_rank") or 0)
-    fmt, head_dt, kv_b_dt = checkpoint_dtypes(hf.get("quantization_config") or quant, layers)
+    fmt, experts_dt, head_dt, kv_b_dt = checkpoint_dtypes(hf.get("quantization_config") or quant, layers)
     # The expert width: moe_intermediate_size where a config has dense layers beside the experts
     # (Qwen3-MoE, DeepSeek); Mixtral and gpt-oss name it intermediate_size (no dense MLP there).
     moe_inter = int(hf.get("moe_intermediate_size") or (hf.get("intermediate_size") if num_experts else 0) or 0)
@@ -174,7 +175,7 @@ def shape_from_hf(hf: dict) -> ModelShape:
         index_n_heads=int(hf.get("index_n_heads") or 0) if hf.get("index_topk") else 0,
         index_head_dim=int(hf.get("index_head_dim") or 0) if hf.get("index_topk") else 0,
         index_topk=int(hf.get("index_topk") or 0),
-        expert_weight_dtype="mxfp4" if fmt == "mxfp4" and num_experts else "",
+        expert_weight_dtype=experts_dt if num_experts else "",
         weight_format=fmt,
         head_weight_dtype=head_dt,
         kv_b_weight_dtype=kv_b_dt if kv_lora else "",
@@ -203,7 +204,10 @@ def load_hf_config(model: str) -> dict:
     if path.is_file() and path.suffix == ".gguf":  # the shape from its metadata, as the loader reads it
         from tacit.loader.gguf_file import GGUFFile
 
-        return GGUFFile(path).hf_config()
+        gguf = GGUFFile(path)
+        # and its weights' types, as a quantization_config (checkpoint_dtypes reads it)
+        types = {t.name: t.ggml_type for t in gguf.header.tensors}
+        return {**gguf.hf_config(), "quantization_config": gguf_quantization(gguf.header.fields, types)}
     if path.is_file():
         return json.loads(path.read_text())
     if (RECIPE_CONFIGS / model / "config.json").is_file():

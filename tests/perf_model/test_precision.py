@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tacit.cli import main
-from tacit.perf_model.dtypes import activation_dtype, weight_bytes_per_value
+from tacit.perf_model.dtypes import activation_dtype, resolve_weight_format, weight_bytes_per_value
 from tacit.perf_model.memory import weight_bytes
 from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
 from tacit.perf_model.operators import Parallel, StepShape, step_ops
@@ -172,7 +172,12 @@ def test_the_head_and_kv_b_follow_the_checkpoint():
     assert _dtypes(MLA, "int8") == {"head": "bf16", "kv_b": "bf16", "kv_b_absorbed": "bf16", "q": "int8"}
     assert _dtypes(MLA, "fp8") == {"head": "bf16", "kv_b": "fp8", "kv_b_absorbed": "fp8", "q": "fp8"}
     # a llama.cpp file: attn_kv_b in its attn_v rule, output.weight Q6_K
-    assert _dtypes(MLA, "q4_k_m")["head"] == "q6_k"
+    assert _dtypes({**MLA, "hidden_size": 256}, "q4_k_m") == {
+        "head": "q6_k",
+        "kv_b": "q4_k_m",
+        "kv_b_absorbed": "q4_k_m",
+        "q": "q4_k_m",
+    }
 
 
 def test_memory_prices_each_tensor_in_its_own_dtype():
@@ -208,3 +213,51 @@ def test_auto_prices_the_checkpoints_own_format(capsys):
     assert main(["predict", "--model", "DeepSeek-V3", "--hardware", "a100-80g", "--tensor-parallel-size", "8"]) == 0
     out = capsys.readouterr().out
     assert "weights fp8, activations bf16" in out  # no fp8 units: W8A16
+
+
+def test_a_gguf_files_types_are_its_checkpoint_dtypes():
+    from tacit.perf_model.checkpoint_dtypes import checkpoint_dtypes, gguf_quantization
+
+    # llama.h: general.file_type 15 = MOSTLY_Q4_K_M; ggml.h: output.weight type 14 = Q6_K
+    q4km = gguf_quantization({"general.file_type": 15}, {"output.weight": 14, "blk.0.ffn_down.weight": 12})
+    assert checkpoint_dtypes(q4km, 32) == ("q4_k_m", "", "q6_k", "")
+    # MXFP4_MOE (38): experts MXFP4 (type 39), the rest Q8_0; tacit's gpt-oss files carry no file type
+    assert checkpoint_dtypes(gguf_quantization({"general.file_type": 38}, {"blk.0.ffn_down_exps.weight": 39}), 2)[
+        :2
+    ] == (
+        "q8_0",
+        "mxfp4",
+    )
+    assert checkpoint_dtypes(gguf_quantization({}, {"blk.0.ffn_down_exps.weight": 39, "output.weight": 30}), 2) == (
+        "",
+        "mxfp4",
+        "",
+        "",
+    )
+    # a file type tacit does not price: auto asks for --quantization
+    odd = {**MLA, "quantization_config": gguf_quantization({"general.file_type": 19}, {})}
+    with pytest.raises(ValueError, match="'gguf file type 19' is not one tacit prices; pass --quantization"):
+        step_ops(
+            shape_from_hf(odd), StepShape(1, 1, 4), weight_dtype=resolve_weight_format("auto", "gguf file type 19")
+        )
+
+
+def test_q6_k_head_falls_back_to_q8_0_when_the_rows_are_no_whole_blocks():
+    # llama-quant.cpp's tensor_type_fallback: Q6_K needs a multiple of 256 columns (SmolLM2: 576)
+    narrow = shape_from_hf({**MLA, "hidden_size": 576, "num_attention_heads": 4})
+    wide = shape_from_hf({**MLA, "hidden_size": 512})
+    assert (narrow.tensor_dtypes("q4_k_m").head, wide.tensor_dtypes("q4_k_m").head) == ("q8_0", "q6_k")
+
+
+def test_the_block_table_agrees_with_the_engines_kernels():
+    """ggml_mixes keeps the types llama.cpp's files hold; the ones tacit's kernels also run
+    (kernels/ggml_quant.GGML_TYPES) must have the same ids, block bytes and values."""
+    from tacit.kernels.ggml_quant import GGML_TYPES
+    from tacit.perf_model.checkpoint_dtypes import GGML_TYPE_NAMES
+    from tacit.perf_model.ggml_mixes import GGML_BLOCKS
+
+    shared = [t for t in GGML_TYPES.values() if t.name.lower() in GGML_BLOCKS]
+    assert len(shared) == 7  # Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q5_K Q6_K
+    for t in shared:
+        assert GGML_BLOCKS[t.name.lower()] == (t.block_bytes, t.block_values), t.name
+        assert GGML_TYPE_NAMES[t.id] == t.name.lower()
