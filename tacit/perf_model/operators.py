@@ -79,14 +79,9 @@ def mlp_ops(
         draws = step.batch * s.sequence_draws(step.new_tokens)
     distinct = expected_distinct_experts(e, k, draws) * local_experts / e
     # gate and up in the default type, down in a GGML mix's ffn_down type (Q6_K on some layers)
-    per_expert = (
-        h
-        * inter
-        * (
-            2 * weight_bytes_per_value(expert_dt, group, "", L)
-            + weight_bytes_per_value(expert_dt, group, "ffn_down", L)
-        )
-    )
+    gate_up = weight_bytes_per_value(expert_dt, group, "", L)
+    down = weight_bytes_per_value(expert_dt, group, "ffn_down", L)
+    per_expert = h * inter * (2 * gate_up + down)
     flops = 2 * pairs * 3 * h * inter
     # per pair: the hidden row in and the down projection's input (at the activation dtype where
     # the kernel reads them quantized), the gate and up outputs and the hidden row out (bf16)
