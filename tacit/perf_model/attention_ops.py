@@ -9,7 +9,7 @@ norms are two more RMSNorms over the hidden state a layer."""
 
 from __future__ import annotations
 
-from tacit.perf_model.dtypes import kv_bytes_per_row, weight_dtypes_of
+from tacit.perf_model.dtypes import gemm_compute_dtype, kv_bytes_per_row, weight_bytes_per_value
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.op_types import ACT, Op, Parallel, StepShape, gemm_op, local_heads
 
@@ -37,17 +37,21 @@ def rows_read(step: StepShape, limit: int = 0) -> float:
     return step.batch * (total if not limit else min(total, limit - 1 + step.new_tokens))
 
 
-def attention_ops(s: ModelShape, step: StepShape, par: Parallel, wdt: str, kvdt: str, group: int) -> list[Op]:
+def attention_ops(
+    s: ModelShape, step: StepShape, par: Parallel, wdt: str, kvdt: str, group: int, act: str = "auto"
+) -> list[Op]:
+    """`act`: the quantized linears' activation dtype (dtypes.activation_dtype)."""
     step = par.attention_step(step)
-    wdt = weight_dtypes_of(s.expert_weight_dtype, wdt)[1]  # attention is never in an experts-only dtype
+    dts = s.tensor_dtypes(wdt)
+    wdt = dts.linear  # attention is never in an experts-only dtype
     L, m, h = s.num_layers, step.tokens, s.hidden_size
     hq = local_heads(s.num_heads, par.attention_tp)
     if s.is_mla:
-        return _mla_ops(s, step, hq, wdt, kvdt, group)
+        return _mla_ops(s, step, hq, wdt, kvdt, group, act, dts.kv_b)
     d, hkv = s.head_dim, local_heads(s.num_kv_heads, par.attention_tp)
     ops = [
-        gemm_op("qkv_proj", "attn_proj", m, h, (hq + 2 * hkv) * d, wdt, group, L),
-        gemm_op("o_proj", "attn_proj", m, hq * d, h, wdt, group, L),
+        gemm_op("qkv_proj", "attn_proj", m, h, (hq + 2 * hkv) * d, wdt, group, L, act),
+        gemm_op("o_proj", "attn_proj", m, hq * d, h, wdt, group, L, act),
     ]
     kv_row = 2 * hkv * kv_bytes_per_row(kvdt, d)  # K and V of one token
     written = m * kv_row
@@ -65,11 +69,14 @@ def attention_ops(s: ModelShape, step: StepShape, par: Parallel, wdt: str, kvdt:
     return ops
 
 
-def _mla_ops(s: ModelShape, step: StepShape, hq: int, wdt: str, kvdt: str, group: int) -> list[Op]:
+def _mla_ops(
+    s: ModelShape, step: StepShape, hq: int, wdt: str, kvdt: str, group: int, act: str = "auto", kvb: str = "bf16"
+) -> list[Op]:
     """MLA: the latent cache holds kv_lora_rank + qk_rope_head_dim values per token. Decode runs
     the absorbed path (q absorbed into the latent space by kv_b_proj's K half, attention over the
     latent in place, the V half applied after); a prefill up-projects the latent to per-head K and
-    V and attends as usual. kv_b_proj stays bf16 (tacit reads it directly: dense_weight_linears).
+    V and attends as usual. kv_b_proj in `kvb`, the checkpoint's (dtypes.tensor_dtypes: DeepSeek-V3's
+    fp8 stores it fp8; tacit's own int8/int4 keep it bf16, read directly: dense_weight_linears).
     DSA (index_topk > 0): the indexer's operators, then each query's attention over at most
     index_topk keys; a prefill still up-projects every cached token (the naive path, which
     masks each query to its selection)."""
@@ -78,17 +85,17 @@ def _mla_ops(s: ModelShape, step: StepShape, hq: int, wdt: str, kvdt: str, group
     qk, topk = nope + rope, s.index_topk
     ops = []
     if s.q_lora_rank:
-        ops.append(gemm_op("q_a_proj", "attn_proj", m, h, s.q_lora_rank, wdt, group, L))
-        ops.append(gemm_op("q_b_proj", "attn_proj", m, s.q_lora_rank, hq * qk, wdt, group, L))
+        ops.append(gemm_op("q_a_proj", "attn_proj", m, h, s.q_lora_rank, wdt, group, L, act))
+        ops.append(gemm_op("q_b_proj", "attn_proj", m, s.q_lora_rank, hq * qk, wdt, group, L, act))
     else:
-        ops.append(gemm_op("q_proj", "attn_proj", m, h, hq * qk, wdt, group, L))
-    ops.append(gemm_op("kv_a_proj", "attn_proj", m, h, lat + rope, wdt, group, L))
-    ops.append(gemm_op("o_proj", "attn_proj", m, hq * v, h, wdt, group, L))
+        ops.append(gemm_op("q_proj", "attn_proj", m, h, hq * qk, wdt, group, L, act))
+    ops.append(gemm_op("kv_a_proj", "attn_proj", m, h, lat + rope, wdt, group, L, act))
+    ops.append(gemm_op("o_proj", "attn_proj", m, hq * v, h, wdt, group, L, act))
     if s.is_dsa:
-        ops += indexer_ops(s, step, wdt, kvdt, group)
+        ops += indexer_ops(s, step, wdt, kvdt, group, act)
     latent_row = kv_bytes_per_row(kvdt, lat + rope)
     written = m * latent_row
-    kvb_weight = lat * hq * (nope + v) * 2
+    kvb_weight = lat * hq * (nope + v) * weight_bytes_per_value(kvb, group, "attn_v", L, lat)
     keys = attended_keys(step, topk)
     if step.new_tokens == 1:  # absorbed decode
         absorb = 2 * m * hq * lat * (nope + v)  # q_nope -> latent, and latent -> v per head
@@ -99,8 +106,10 @@ def _mla_ops(s: ModelShape, step: StepShape, hq: int, wdt: str, kvdt: str, group
                 L * absorb,
                 L * (kvb_weight + m * hq * lat * 2 * ACT),
                 m,
+                kvb,
                 is_gemm=True,
                 kernel="bmm",
+                act_dtype=gemm_compute_dtype(kvb, act),
             )
         )
         flops = 2 * hq * (lat + rope) * keys + 2 * hq * lat * keys
@@ -109,7 +118,7 @@ def _mla_ops(s: ModelShape, step: StepShape, hq: int, wdt: str, kvdt: str, group
         ops.append(Op(name, "attention", L * flops, L * (cached + written + m * hq * 2 * lat * ACT), m, layers=L))
     else:  # naive prefill: up-project every cached and new token's latent
         all_keys = step.batch * (step.context + step.new_tokens)
-        ops.append(gemm_op("kv_b_proj", "attn_proj", all_keys, lat, hq * (nope + v), "bf16", group, L))
+        ops.append(gemm_op("kv_b_proj", "attn_proj", all_keys, lat, hq * (nope + v), kvb, group, L, act))
         flops = 2 * hq * qk * keys + 2 * hq * v * keys
         kv = all_keys * hq * (qk + v) * ACT
         nbytes = L * (all_keys * latent_row + written + kv + m * hq * (qk + v) * ACT)
@@ -117,7 +126,7 @@ def _mla_ops(s: ModelShape, step: StepShape, hq: int, wdt: str, kvdt: str, group
     return ops
 
 
-def indexer_ops(s: ModelShape, step: StepShape, wdt: str, kvdt: str, group: int) -> list[Op]:
+def indexer_ops(s: ModelShape, step: StepShape, wdt: str, kvdt: str, group: int, act: str = "auto") -> list[Op]:
     """DeepSeek-V3.2's lightning indexer, every layer: its q projection from MLA's q_lora
     activation (wq_b), its one key a token from the hidden state (wk), the per-head weights
     (weights_proj, kept bf16 as the checkpoint keeps it), then every query's score against every
@@ -127,9 +136,9 @@ def indexer_ops(s: ModelShape, step: StepShape, wdt: str, kvdt: str, group: int)
     L, m, h = s.num_layers, step.tokens, s.hidden_size
     nh, d = s.index_n_heads, s.index_head_dim
     ops = [
-        gemm_op("index_q_proj", "attn_proj", m, s.q_lora_rank or h, nh * d, wdt, group, L),
-        gemm_op("index_k_proj", "attn_proj", m, h, d, wdt, group, L),
-        gemm_op("index_weights_proj", "attn_proj", m, h, nh, "bf16", group, L),
+        gemm_op("index_q_proj", "attn_proj", m, s.q_lora_rank or h, nh * d, wdt, group, L, act),
+        gemm_op("index_k_proj", "attn_proj", m, h, d, wdt, group, L, act),
+        gemm_op("index_weights_proj", "attn_proj", m, h, nh, "bf16", group, L, act),
     ]
     keys = step.key_positions  # every query scores every key before it (causal)
     row = kv_bytes_per_row(kvdt, d)

@@ -8,8 +8,22 @@ import json
 from pathlib import Path
 
 from tacit.config.engine_args import EngineArgs
-from tacit.perf_model.dtypes import KV_DTYPES, WEIGHT_DTYPES, normalize_dtype
+from tacit.perf_model.dtypes import (
+    ACTIVATION_DTYPES,
+    KV_DTYPES,
+    activation_dtype,
+    normalize_dtype,
+    resolve_weight_format,
+)
+from tacit.perf_model.ggml_mixes import GGML_TYPES
 from tacit.perf_model.layout_cli import add_layout_args, describe_layout, layout_from_args
+
+QUANTIZATION_HELP = (
+    "weights: auto (the checkpoint's quantization_config, bf16 without one) | bf16 | fp16 | fp8 (e4m3, a scale "
+    "per 128x128 block: DeepSeek's) | w8a8_fp8 | w8a8_int8 (per-channel scales, 8-bit activations) | int8 "
+    "(tacit's own: GGML Q8_0, 34 bytes per 32 values, not per-channel W8A8) | int4 (tacit's own: GGML Q4_1) | "
+    "w4a16 | awq | gptq (int4 in groups of 128) | mxfp4 (MoE experts) | llama.cpp's: " + " ".join(GGML_TYPES)
+)
 
 
 def add_predict_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +37,13 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
         "--enforce-eager", action="store_true", help="price kernel launches without CUDA/ACL graphs (vLLM's flag)"
     )
     add_layout_args(p)
-    p.add_argument("--quantization", default="bf16", help=f"weights: {' | '.join(WEIGHT_DTYPES)} (none/auto: bf16)")
+    p.add_argument("--quantization", default="auto", help=QUANTIZATION_HELP)
+    p.add_argument(
+        "--activation-dtype",
+        default="auto",
+        help=f"the quantized linears' activations: {' | '.join(ACTIVATION_DTYPES)} (auto: the format's usual one: "
+        "8-bit for w8a8_* and llama.cpp's types; fp8 for block fp8 on parts with fp8 units, else bf16 (W8A16))",
+    )
     p.add_argument("--quantization-group-size", type=int, default=32, help="int4 values per scale: 32 | 64 | 128")
     p.add_argument("--kv-cache-dtype", default="bf16", help=f"{' | '.join(KV_DTYPES)} (auto: bf16)")
     p.add_argument("--batch-size", type=int, default=1)
@@ -120,10 +140,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     if args.model is None:
         raise ValueError("--model is required (a config.json, a recipes/configs name, or random:NAME)")
-    wdt = _check_choice(normalize_dtype(args.quantization), WEIGHT_DTYPES, "--quantization")
+    resolve_weight_format(args.quantization, "")  # a bad name fails before the model is read
+    _check_choice(args.activation_dtype, ACTIVATION_DTYPES, "--activation-dtype")
     kvdt = _check_choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype")
     spec = resolve_hardware(args.hardware, args.hardware_file, args.enforce_eager)  # before the model: fails fast
     shape = shape_from_hf(load_hf_config(args.model))
+    wdt = resolve_weight_format(args.quantization, shape.weight_format)
+    act = activation_dtype(wdt, args.activation_dtype, fp8_units="fp8" in spec.flops)  # a bad pairing fails here
     work = Workload(
         args.batch_size,
         args.input_len,
@@ -136,12 +159,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
         speculative_tokens=args.speculative_tokens,
         acceptance=args.acceptance,
         speculative_method=args.speculative_method,
+        activation_dtype=args.activation_dtype,
     )
     pred = predict(shape, spec, work)
     out = pred.as_json()
     heading = (
         f"{args.model} on {spec.name} ({spec.description}), {describe_layout(pred.layout)}, "
-        f"weights {wdt}, KV {kvdt}, batch {work.batch}, input {work.input_len}"
+        f"weights {wdt}, activations {act}, KV {kvdt}, batch {work.batch}, input {work.input_len}"
         f"{f' ({work.cached_tokens} cached)' if work.cached_tokens else ''}, output {work.output_len}"
         + (
             f", {work.speculative_method} drafts {work.speculative_tokens} a step at acceptance {work.acceptance} "

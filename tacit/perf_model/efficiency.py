@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from tacit.perf_model.dtypes import efficiency_dtype
+
 DATA = Path(__file__).resolve().parent / "data" / "efficiency.json"
 
 
@@ -72,8 +74,8 @@ class Profile:
     graph_step_overhead_s: float = 0.0
 
     def gemm_efficiency(self, weight_dtype: str, rows: float) -> float:
-        # a dequantizing 4-bit kernel (int4, mxfp4) without its own curve: int8's
-        key = weight_dtype if weight_dtype in self.gemm else ("int8" if weight_dtype in ("int4", "mxfp4") else "bf16")
+        # a dequantizing or integer kernel (int4, mxfp4, GGML types) without its own curve: int8's
+        key = weight_dtype if weight_dtype in self.gemm else efficiency_dtype(weight_dtype)
         return self.gemm.get(key, self.gemm["bf16"])(rows)
 
     def decode_path(self, architecture: str) -> str:

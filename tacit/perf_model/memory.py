@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from tacit.config.cache import CacheConfig
 from tacit.kv_cache_interface import sliding_peak_blocks
-from tacit.perf_model.dtypes import kv_bytes_per_row, weight_bytes_per_value, weight_dtypes_of
+from tacit.perf_model.dtypes import kv_bytes_per_row, weight_bytes_per_value
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.moe_dispatch import busiest_pairs, expert_slots
 from tacit.perf_model.op_types import ACT, Parallel, StepShape
@@ -29,41 +29,55 @@ class Memory:
 
 
 def weight_bytes(s: ModelShape, par: Parallel, wdt: str, group: int = 32) -> float:
-    """Per device. Quantized: the linear layers and experts (tacit's --quantization set); kept
-    bf16: embeddings, lm_head, norms, MoE routers, MLA's kv_b_proj."""
-    expert_dt, wdt = weight_dtypes_of(s.expert_weight_dtype, wdt)
-    q, h = weight_bytes_per_value(wdt, group), s.hidden_size
+    """Per device, each tensor in its own format (ModelShape.tensor_dtypes): the linear layers and
+    experts in `wdt`, a GGML mix's attn_output / ffn_down / attn_v in their role's types; the
+    lm_head, embedding and MLA's kv_b_proj as the checkpoint stores them; norms, MoE routers and
+    DSA's weights_proj bf16. Each part split as the layout splits it, on the busiest pipeline stage."""
+    dts = s.tensor_dtypes(wdt)
+    expert_dt, wdt = dts.experts, dts.linear
     L, na = s.num_layers, par.attention_tp  # attention whole on each device under DP attention
+
+    def bpv(dtype: str, role: str = "", layers: int = L) -> float:
+        return weight_bytes_per_value(dtype, group, role, layers)
+
+    q, h = bpv(wdt), s.hidden_size
     if s.is_mla:
         hq = max(1, s.num_heads // na)
         qk = s.qk_nope_head_dim + s.qk_rope_head_dim
         q_params = s.q_lora_rank * (h + hq * qk) if s.q_lora_rank else h * hq * qk
-        attn = q_params + h * (s.kv_lora_rank + s.qk_rope_head_dim) + hq * s.v_head_dim * h
-        kept = s.kv_lora_rank * hq * (s.qk_nope_head_dim + s.v_head_dim)
+        attn = (
+            q_params * q
+            + h * (s.kv_lora_rank + s.qk_rope_head_dim) * q
+            + hq * s.v_head_dim * h * bpv(wdt, "attn_output")
+        )
+        attn += s.kv_lora_rank * hq * (s.qk_nope_head_dim + s.v_head_dim) * bpv(dts.kv_b, "attn_v")
         if s.is_dsa:  # the indexer's wq_b and wk (quantized as the checkpoint's fp8 are), weights_proj bf16
-            attn += s.index_n_heads * s.index_head_dim * (s.q_lora_rank or h) + h * s.index_head_dim
-            kept += h * s.index_n_heads
+            attn += (s.index_n_heads * s.index_head_dim * (s.q_lora_rank or h) + h * s.index_head_dim) * q
+            attn += h * s.index_n_heads * 2
     else:
         hq, hkv = max(1, s.num_heads // na), max(1, s.num_kv_heads // na)
-        attn = h * (hq + 2 * hkv) * s.head_dim + hq * s.head_dim * h
-        kept = 0
+        attn = h * (hq + 2 * hkv) * s.head_dim * q + hq * s.head_dim * h * bpv(wdt, "attn_output")
     dense_layers = s.num_dense_layers if s.is_moe else L
-    total = L * (attn * q + kept * 2) + dense_layers * 3 * h * (s.intermediate_size // par.dense_group) * q
+    dense_inter = h * (s.intermediate_size // par.dense_group)
+    total = L * attn + dense_layers * dense_inter * (2 * q + bpv(wdt, "ffn_down", dense_layers))
     if s.is_moe:
         if par.ep:  # the busiest rank's whole experts, 1/expert_tp of their width
-            experts = expert_slots(s, par)[0] * 3 * h * s.moe_intermediate_size / par.expert_tp
+            experts = expert_slots(s, par)[0] * h * s.moe_intermediate_size / par.expert_tp
         else:  # every expert, 1/N of its width over the stage's devices
-            experts = s.num_experts * 3 * h * s.moe_intermediate_size / par.stage_devices
+            experts = s.num_experts * h * s.moe_intermediate_size / par.stage_devices
         shared_split = 1 if par.backend == "deepep" else par.dense_group  # DeepEP: whole on each device
-        shared = s.num_shared_experts * 3 * h * s.moe_intermediate_size / shared_split
-        qe = weight_bytes_per_value(expert_dt, group)
-        total += s.num_moe_layers * ((experts + shared) * qe + h * s.num_experts * 2)
+        shared = s.num_shared_experts * h * s.moe_intermediate_size / shared_split
+        Lm = s.num_moe_layers
+        qe = 2 * bpv(expert_dt, "", Lm) + bpv(expert_dt, "ffn_down", Lm)  # gate, up; down
+        total += Lm * ((experts + shared) * qe + h * s.num_experts * 2)
     total += (2 * L + 1) * h * 2  # norms
     total *= stage_share(s, par)
-    vocab = s.vocab_size * h / par.head_group * 2  # embedding and lm_head, vocab-parallel
+    vocab = s.vocab_size * h / par.head_group  # embedding and lm_head, vocab-parallel
+    head = vocab * bpv(dts.head, "output", 1)
+    embedding = head if s.tie_word_embeddings else vocab * bpv(dts.embedding, "", 1)  # tied: one table
     if par.pp > 1:  # the first stage holds the embedding, the last the head: the busier one of them
-        return total + vocab
-    return total + vocab * (1 if s.tie_word_embeddings else 2)
+        return total + max(head, embedding)
+    return total + (head if s.tie_word_embeddings else head + embedding)
 
 
 def stage_share(s: ModelShape, par: Parallel) -> float:

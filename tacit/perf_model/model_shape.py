@@ -10,6 +10,8 @@ from pathlib import Path
 
 from tacit.config.model import layer_sliding_windows
 from tacit.loader.multimodal import is_multimodal_wrapper, text_decoder_config
+from tacit.perf_model.checkpoint_dtypes import checkpoint_dtypes, gguf_quantization
+from tacit.perf_model.dtypes import TensorDtypes, tensor_dtypes
 
 RECIPE_CONFIGS = Path(__file__).resolve().parents[2] / "recipes" / "configs"
 
@@ -50,6 +52,12 @@ class ModelShape:
     # The routed experts' stored dtype when the checkpoint fixes it ("mxfp4": gpt-oss, whose
     # quantization_config converts only the experts); "": the --quantization dtype.
     expert_weight_dtype: str = ""
+    # The checkpoint's own weight format (checkpoint_dtypes.py: "fp8" for DeepSeek-V3's block
+    # fp8, "" unquantized), its lm_head's ("" = bf16) and MLA's kv_b_proj's ("" = the format;
+    # "bf16" where its quantization_config excludes it): what --quantization auto prices.
+    weight_format: str = ""
+    head_weight_dtype: str = ""
+    kv_b_weight_dtype: str = ""
     # How alike one sequence's tokens route: measured (tokens, independent draws) points, where
     # T tokens of one sequence read as many distinct experts as `draws` tokens routed at random
     # (perf_model/routing.py measures them). Empty: every token routes independently, the
@@ -70,6 +78,18 @@ class ModelShape:
         (t0, d0), (t1, d1) = points[i - 1], points[i]
         slope = math.log(d1 / d0) / math.log(t1 / t0)
         return min(tokens, d0 * (tokens / t0) ** slope)
+
+    def tensor_dtypes(self, weight: str) -> TensorDtypes:
+        """Each kind of weight's stored format under --quantization `weight` (dtypes.tensor_dtypes)."""
+        return tensor_dtypes(
+            weight,
+            self.weight_format,
+            self.expert_weight_dtype,
+            self.head_weight_dtype,
+            self.kv_b_weight_dtype,
+            self.tie_word_embeddings,
+            self.hidden_size,
+        )
 
     @property
     def is_dsa(self) -> bool:
@@ -106,6 +126,7 @@ def layer_windows(hf: dict) -> tuple[int, ...]:
 
 def shape_from_hf(hf: dict) -> ModelShape:
     """The shape of an HF config dict (Llama/Qwen2/Qwen3 dense, Qwen3-MoE, DeepSeek-V3/Kimi-K2)."""
+    quant = hf.get("quantization_config") or {}  # a multimodal wrapper's sits beside its text_config
     if is_multimodal_wrapper(hf):  # its decoder, over the defaults a sparse text_config leaves out
         hf = text_decoder_config(hf)
     elif "text_config" in hf:  # multimodal wrappers keep the decoder here
@@ -125,7 +146,7 @@ def shape_from_hf(hf: dict) -> ModelShape:
             only = set(hf.get("mlp_only_layers") or [])
             dense_layers = sum(1 for i in range(layers) if i in only or (i + 1) % step != 0)
     kv_lora = int(hf.get("kv_lora_rank") or 0)
-    quant = hf.get("quantization_config") or {}
+    fmt, experts_dt, head_dt, kv_b_dt = checkpoint_dtypes(hf.get("quantization_config") or quant, layers)
     # The expert width: moe_intermediate_size where a config has dense layers beside the experts
     # (Qwen3-MoE, DeepSeek); Mixtral and gpt-oss name it intermediate_size (no dense MLP there).
     moe_inter = int(hf.get("moe_intermediate_size") or (hf.get("intermediate_size") if num_experts else 0) or 0)
@@ -154,7 +175,10 @@ def shape_from_hf(hf: dict) -> ModelShape:
         index_n_heads=int(hf.get("index_n_heads") or 0) if hf.get("index_topk") else 0,
         index_head_dim=int(hf.get("index_head_dim") or 0) if hf.get("index_topk") else 0,
         index_topk=int(hf.get("index_topk") or 0),
-        expert_weight_dtype="mxfp4" if quant.get("quant_method") == "mxfp4" and num_experts else "",
+        expert_weight_dtype=experts_dt if num_experts else "",
+        weight_format=fmt,
+        head_weight_dtype=head_dt,
+        kv_b_weight_dtype=kv_b_dt if kv_lora else "",
     )
 
 
@@ -180,7 +204,10 @@ def load_hf_config(model: str) -> dict:
     if path.is_file() and path.suffix == ".gguf":  # the shape from its metadata, as the loader reads it
         from tacit.loader.gguf_file import GGUFFile
 
-        return GGUFFile(path).hf_config()
+        gguf = GGUFFile(path)
+        # and its weights' types, as a quantization_config (checkpoint_dtypes reads it)
+        types = {t.name: t.ggml_type for t in gguf.header.tensors}
+        return {**gguf.hf_config(), "quantization_config": gguf_quantization(gguf.header.fields, types)}
     if path.is_file():
         return json.loads(path.read_text())
     if (RECIPE_CONFIGS / model / "config.json").is_file():

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tacit.perf_model.dtypes import weight_bytes_per_value
+from tacit.perf_model.dtypes import activation_bytes, gemm_compute_dtype, weight_bytes_per_value
+from tacit.perf_model.ggml_mixes import GEMM_ROLES
 
-ACT = 2  # bytes of a bf16 activation
+ACT = 2  # bytes of a bf16 activation (a GEMM's 8-bit input: dtypes.activation_bytes)
 OP_CLASSES = (
     "attn_proj",
     "attention",
@@ -54,6 +55,9 @@ class Op:
     # op says so itself (dispatch, pipeline sends); collectives derive it from participants
     algorithm: str = ""
     inter_bytes: float = 0.0
+    # GEMM: the dtype it multiplies in (dtypes.gemm_compute_dtype; "auto": the weight format's
+    # usual one), whose peak bounds it
+    act_dtype: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -169,11 +173,17 @@ class Parallel:
         return replace(step, batch=self.sequences_per_device(step.batch))
 
 
-def gemm_op(name: str, cls: str, rows: float, k: float, n: float, wdtype: str, group: int, times: int) -> Op:
-    """`times` GEMMs of [rows, k] @ [k, n]: 2*rows*k*n FLOPs, the weight once, activations in and out."""
-    weight = k * n * weight_bytes_per_value(wdtype, group)
-    acts = rows * (k + n) * ACT
-    return Op(name, cls, times * 2 * rows * k * n, times * (weight + acts), rows, wdtype, float(times), is_gemm=True)
+def gemm_op(
+    name: str, cls: str, rows: float, k: float, n: float, wdtype: str, group: int, times: int, act: str = "auto"
+) -> Op:
+    """`times` GEMMs of [rows, k] @ [k, n]: 2*rows*k*n FLOPs, the weight once (a GGML mix's
+    bytes for this GEMM's role over the `times` layers), activations in (at `act`'s bytes where
+    the kernel reads them quantized) and out (bf16)."""
+    weight = k * n * weight_bytes_per_value(wdtype, group, GEMM_ROLES.get(name, ""), times, int(k))
+    acts = rows * (k * activation_bytes(wdtype, act) + n * ACT)
+    compute = gemm_compute_dtype(wdtype, act)
+    flops = times * 2 * rows * k * n
+    return Op(name, cls, flops, times * (weight + acts), rows, wdtype, float(times), is_gemm=True, act_dtype=compute)
 
 
 def local_heads(count: int, tp: int) -> int:

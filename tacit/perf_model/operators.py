@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tacit.perf_model.attention_ops import attention_ops
-from tacit.perf_model.dtypes import weight_bytes_per_value, weight_dtypes_of
+from tacit.perf_model.dtypes import activation_bytes, gemm_compute_dtype, weight_bytes_per_value
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.moe_dispatch import busiest_pairs, deepep_ops, expert_load_factor, expert_slots
 from tacit.perf_model.op_types import ACT, OP_CLASSES, Op, Parallel, StepShape, gemm_op
@@ -54,20 +54,22 @@ def expected_distinct_experts(experts: int, top_k: int, draws: float) -> float:
 
 
 def mlp_ops(
-    s: ModelShape, step: StepShape, par: Parallel, wdt: str, group: int, draws: float | None = None
+    s: ModelShape, step: StepShape, par: Parallel, wdt: str, group: int, draws: float | None = None, act: str = "auto"
 ) -> list[Op]:
     """draws: the step's independent routing draws; default step.batch sequences of
     step.new_tokens each (mixed steps pass the sum over their chunks). Dense MLPs run over the
     tokens of their TP group (Parallel.dense_group); under DeepEP the router and the shared
-    experts run on a device's own tokens (the shared experts whole on each)."""
+    experts run on a device's own tokens (the shared experts whole on each). act: the quantized
+    linears' activation dtype."""
     h, ops = s.hidden_size, []
-    expert_dt, wdt = weight_dtypes_of(s.expert_weight_dtype, wdt)
+    dts = s.tensor_dtypes(wdt)
+    expert_dt, wdt = dts.experts, dts.linear
     dense_layers = s.num_dense_layers if s.is_moe else s.num_layers
     dense_rows = par.group_sequences(step.batch, par.dense_group) * step.new_tokens
     if dense_layers:
         inter = s.intermediate_size // par.dense_group
-        ops.append(gemm_op("gate_up_proj", "dense_mlp", dense_rows, h, 2 * inter, wdt, group, dense_layers))
-        ops.append(gemm_op("down_proj", "dense_mlp", dense_rows, inter, h, wdt, group, dense_layers))
+        ops.append(gemm_op("gate_up_proj", "dense_mlp", dense_rows, h, 2 * inter, wdt, group, dense_layers, act))
+        ops.append(gemm_op("down_proj", "dense_mlp", dense_rows, inter, h, wdt, group, dense_layers, act))
     if not s.is_moe or not s.num_moe_layers:
         return ops
     L, e, k = s.num_moe_layers, s.num_experts, s.top_k
@@ -86,9 +88,15 @@ def mlp_ops(
     else:  # each rank holds every expert's 1/N of the features
         local_experts, inter = e, s.moe_intermediate_size / par.stage_devices
     distinct = expected_distinct_experts(e, k, draws) * min(local_experts, e) / e
-    per_expert = 3 * h * inter * weight_bytes_per_value(expert_dt, group)
+    # gate and up in the default type, down in a GGML mix's ffn_down type (Q6_K on some layers)
+    gate_up = weight_bytes_per_value(expert_dt, group, "", L)
+    down = weight_bytes_per_value(expert_dt, group, "ffn_down", L)
+    per_expert = h * inter * (2 * gate_up + down)
     flops = 2 * pairs * 3 * h * inter
-    acts = pairs * (2 * h + 3 * inter) * ACT
+    # per pair: the hidden row in and the down projection's input (at the activation dtype where
+    # the kernel reads them quantized), the gate and up outputs and the hidden row out (bf16)
+    act_in = activation_bytes(expert_dt, act)
+    acts = pairs * ((h + inter) * act_in + (h + 2 * inter) * ACT)
     rows = pairs / max(distinct, 1e-9)  # tokens per expert weight pass
     ops.append(
         Op(
@@ -101,6 +109,7 @@ def mlp_ops(
             L * distinct,
             is_gemm=True,
             kernel="moe",
+            act_dtype=gemm_compute_dtype(expert_dt, act),
         )
     )
     if s.num_shared_experts:
@@ -109,10 +118,12 @@ def mlp_ops(
         shared = s.num_shared_experts * s.moe_intermediate_size // split
         # the shared expert runs in the same C++ experts call (cpu_fused_moe)
         ops.append(
-            replace(gemm_op("shared_gate_up", "experts", shared_rows, h, 2 * shared, expert_dt, group, L), kernel="moe")
+            replace(
+                gemm_op("shared_gate_up", "experts", shared_rows, h, 2 * shared, expert_dt, group, L, act), kernel="moe"
+            )
         )
         ops.append(
-            replace(gemm_op("shared_down", "experts", shared_rows, shared, h, expert_dt, group, L), kernel="moe")
+            replace(gemm_op("shared_down", "experts", shared_rows, shared, h, expert_dt, group, L, act), kernel="moe")
         )
     return ops
 
@@ -153,15 +164,19 @@ def sampler_bytes(rows: float, vocab: float) -> float:
     return rows * vocab * (ACT + 4 + 4)
 
 
-def head_ops(s: ModelShape, step: StepShape, par: Parallel, sampled_rows: int) -> list[Op]:
-    """lm_head over the rows that sample (kept bf16, tacit's default), vocab-parallel over
-    Parallel.head_group and over the sampled rows of the attention groups it spans; the sampler
-    over the full vocabulary of each sampled row (the logits are all-gathered first): every
-    row of the stage as tacit's engine samples, a device's own group's rows under DeepEP or
-    --enable-dp-lm-head."""
+def head_ops(
+    s: ModelShape, step: StepShape, par: Parallel, sampled_rows: int, wdt: str = "bf16", act: str = "auto"
+) -> list[Op]:
+    """lm_head over the rows that sample, in the checkpoint's head dtype under --quantization `wdt`
+    (dtypes.tensor_dtypes: bf16 unless the checkpoint stores it quantized, a GGML file's Q6_K),
+    vocab-parallel over Parallel.head_group and over the sampled rows of the attention groups it
+    spans; the sampler over the full vocabulary of each sampled row (the logits are all-gathered
+    first): every row of the stage as tacit's engine samples, a device's own group's rows under
+    DeepEP or --enable-dp-lm-head."""
     g = par.head_group
     v = s.vocab_size / g
-    head = gemm_op("lm_head", "lm_head", par.group_sequences(sampled_rows, g), s.hidden_size, v, "bf16", 32, 1)
+    rows_g = par.group_sequences(sampled_rows, g)
+    head = gemm_op("lm_head", "lm_head", rows_g, s.hidden_size, v, s.tensor_dtypes(wdt).head, 32, 1, act)
     vocab = s.vocab_size
     rows = sampled_rows
     if par.dp_lm_head or (s.is_moe and par.backend == "deepep"):
@@ -271,15 +286,16 @@ def step_ops(
     kv_dtype: str = "bf16",
     group_size: int = 32,
     reduce_bytes: int = 2,
+    act: str = "auto",
 ) -> list[Op]:
-    """Every operator of one step on one device."""
+    """Every operator of one step on one device; `act`: the quantized linears' activation dtype."""
     if par.tp < 1:
         raise ValueError(f"tensor parallel size must be >= 1, got {par.tp}")
     sampled = step.batch  # one sampled row per sequence, prefill or decode
     return [
-        *attention_ops(s, step, par, weight_dtype, kv_dtype, group_size),
-        *mlp_ops(s, step, par, weight_dtype, group_size),
+        *attention_ops(s, step, par, weight_dtype, kv_dtype, group_size, act),
+        *mlp_ops(s, step, par, weight_dtype, group_size, act=act),
         *elementwise_ops(s, step, par),
-        *head_ops(s, step, par, sampled),
+        *head_ops(s, step, par, sampled, weight_dtype, act),
         *communication_ops(s, step, par, sampled, reduce_bytes),
     ]

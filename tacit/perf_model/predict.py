@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from tacit.perf_model.dtypes import activation_dtype
 from tacit.perf_model.efficiency import Profile, load_profile
 from tacit.perf_model.layout import place, resolve_layout
 from tacit.perf_model.memory import Memory, device_memory
@@ -39,6 +40,9 @@ class Workload:
     speculative_tokens: int = 0
     acceptance: float = 0.0
     speculative_method: str = "ngram"
+    # The quantized linears' activation dtype (dtypes.activation_dtype; auto: the weight format's
+    # usual one, bf16 for block fp8 on a part without fp8 units: W8A16)
+    activation_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("batch", "input_len", "output_len"):
@@ -110,11 +114,12 @@ def step_time(
     once per micro-batch, so a memory-bound decode pays its weight reads twice. The times
     returned are the half's operators doubled (both micro-batches run them)."""
     decode = step.new_tokens == 1
+    act = activation_dtype(w.weight_dtype, w.activation_dtype, fp8_units="fp8" in spec.flops)
     path = profile.decode_path(s.architecture) if decode else "torch"
     graphs = spec.graphs and decode  # engines capture decode steps only (--enforce-eager: spec.graphs off)
     tbo = w.parallel.two_batch_overlap and step.batch >= 2
     run = replace(step, batch=-(-step.batch // 2)) if tbo else step
-    ops = step_ops(s, run, w.parallel, w.weight_dtype, w.kv_dtype, w.group_size, profile.reduce_bytes)
+    ops = step_ops(s, run, w.parallel, w.weight_dtype, w.kv_dtype, w.group_size, profile.reduce_bytes, act)
     times = [op_time(op, spec, profile, decode, path, graphs) for op in ops]
     if not tbo:
         return step_seconds(times, profile, path, s.num_layers, graphs), times

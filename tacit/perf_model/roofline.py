@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tacit.perf_model.dtypes import COMPUTE_DTYPE
+from tacit.perf_model.dtypes import gemm_compute_dtype
 from tacit.perf_model.efficiency import Profile
 from tacit.perf_model.operators import Op
 from tacit.perf_model.parallel import Link, collective_seconds, direct_send_seconds
@@ -63,7 +63,7 @@ def op_time(
     if op.op_class == "communication":
         t = communication_seconds(op, spec)
         return OpTime(op, t, 0.0, t, 0.0)
-    peak = spec.peak_flops(COMPUTE_DTYPE.get(op.weight_dtype, "bf16") if op.is_gemm else "bf16")
+    peak = spec.peak_flops(gemm_compute_dtype(op.weight_dtype, op.act_dtype) if op.is_gemm else "bf16")
     eff = _efficiency(op, profile, decode, path)
     compute = op.flops / (peak * eff)
     memory = op.bytes / (spec.memory_bandwidth.value * eff)

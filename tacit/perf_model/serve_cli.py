@@ -11,7 +11,7 @@ from tacit.bench.workload_file import load_workload
 from tacit.config import SchedulerConfig
 from tacit.config.engine_args import EngineArgs
 from tacit.memory.swap import SwapSpace
-from tacit.perf_model.dtypes import KV_DTYPES, WEIGHT_DTYPES, normalize_dtype
+from tacit.perf_model.dtypes import KV_DTYPES, normalize_dtype, resolve_weight_format
 from tacit.perf_model.efficiency import load_profile
 from tacit.perf_model.hardware_file import resolve_hardware
 from tacit.perf_model.layout import place, resolve_layout
@@ -75,7 +75,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         shape,
         spec,
         load_profile(spec.efficiency_profile),
-        _choice(normalize_dtype(args.quantization), WEIGHT_DTYPES, "--quantization"),
+        resolve_weight_format(args.quantization, shape.weight_format),
         _choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype"),
         args.quantization_group_size,
         par,

@@ -122,7 +122,7 @@ def mixed_step_times(p: Pricing, step: MixedStep) -> tuple[float, list[OpTime]]:
     shared += elementwise_ops(s, whole, par)
     sampled = step.sampled_rows
     if sampled:
-        shared += head_ops(s, whole, par, sampled)
+        shared += head_ops(s, whole, par, sampled, p.weight_dtype)
     # Collectives carry every row's hidden state; the logits' all-gather only the sampled rows.
     shared += [op for op in communication_ops(s, whole, par, sampled, p.profile.reduce_bytes) if op.bytes > 0]
     times += [op_time(op, p.spec, p.profile, decode_only, graphs=graphs) for op in shared]
