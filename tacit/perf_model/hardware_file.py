@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tacit.perf_model.dtypes import COMPUTE_DTYPE
+from tacit.perf_model.dtypes import ACTIVATION_BYTES
 from tacit.perf_model.efficiency import profile_names, register_profile
 from tacit.platforms.hardware_table import get_hardware_spec
 from tacit.platforms.specs import HardwareSpec, Sourced, check_spec
@@ -44,7 +44,9 @@ _FIGURES = {
     "inter_node_latency_us": (1e-6, False),
 }
 _OTHER = ("name", "description", "source", "flops_tflops", "devices_per_node", "graphs", "efficiency_profile")
-FLOP_DTYPES = tuple(dict.fromkeys(("bf16", "fp16", "fp8", "int8", "fp4", *COMPUTE_DTYPE.values())))
+FLOP_DTYPES = tuple(
+    dict.fromkeys(("bf16", "fp16", "fp8", "int8", "fp4", *ACTIVATION_BYTES))
+)  # the dtypes a GEMM multiplies in
 
 
 def _read(path: Path) -> dict[str, Any]:
