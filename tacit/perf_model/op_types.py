@@ -76,6 +76,11 @@ class Parallel:
     dp_attention: bool = False
 
     @property
+    def devices(self) -> int:
+        """Devices the layout occupies (what throughput per device and nodes divide by)."""
+        return self.tp
+
+    @property
     def attention_tp(self) -> int:
         """Ranks the attention heads split over: 1 under data-parallel attention."""
         return 1 if self.dp_attention else self.tp
