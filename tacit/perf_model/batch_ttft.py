@@ -55,7 +55,34 @@ def batch_ttft(
     block = KVPool(1).block_size
     # Room for the whole batch: the prediction's batch runs together (memory is reported, not
     # enforced here), so no request waits for blocks.
-    blocks = batch * math.ceil((input_len + output_len + mtp_drafts) / block)
+    pool = KVPool(batch * math.ceil((input_len + output_len + mtp_drafts) / block), block)
+    if config.max_num_seqs >= batch:
+        # Every request is in from the first step, so the TTFTs depend on no step after the
+        # last first token: simulate outputs only about as long as the prompts take (256
+        # requests of 1,024 tokens x 1,024 steps took 3 s), and the whole output if a request
+        # ended before the last first token (then its end could have moved one).
+        per_step = config.max_num_batched_tokens
+        if config.long_prefill_token_threshold and input_len - cached > config.long_prefill_token_threshold:
+            per_step = min(per_step, config.max_long_partial_prefills * config.long_prefill_token_threshold)
+        short = min(output_len, 2 * math.ceil(batch * (input_len - cached) / per_step) + 2)
+        ttfts, steps = _simulate(p, batch, input_len, short, config, cached, mtp_drafts, pool)
+        if short == output_len or steps[1] >= ttfts.max():
+            return _summary(ttfts, steps[0], config)
+    ttfts, steps = _simulate(p, batch, input_len, output_len, config, cached, mtp_drafts, pool)
+    return _summary(ttfts, steps[0], config)
+
+
+def _simulate(
+    p: Pricing,
+    batch: int,
+    input_len: int,
+    output_len: int,
+    config: SchedulerConfig,
+    cached: int,
+    mtp_drafts: int,
+    pool: KVPool,
+) -> tuple[np.ndarray, tuple[int, float]]:
+    """The requests' TTFTs, and (the steps that computed prompt tokens, the first request's end)."""
     workload = [WorkloadRequest(0.0, input_len - cached, output_len) for _ in range(batch)]
     prefill_steps, completed = 0, 0
 
@@ -71,10 +98,14 @@ def batch_ttft(
         seconds = mixed_step_seconds(p, shifted)
         return seconds + (prompt_drafting(p, done, mtp_drafts) if mtp_drafts else 0.0)
 
-    sim = simulate(workload, price, KVPool(blocks, block), config)
+    sim = simulate(workload, price, pool, config)
     ttfts = np.array([r.ttft for r in sim.results if r.ok])
     if len(ttfts) != batch:
         raise RuntimeError(f"the TTFT simulation finished {len(ttfts)} of {batch} requests")
+    return ttfts, (prefill_steps, min(r.e2e for r in sim.results))
+
+
+def _summary(ttfts: np.ndarray, prefill_steps: int, config: SchedulerConfig) -> BatchTTFT:
     q50, q90, q99 = np.percentile(ttfts, [50, 90, 99])
     return BatchTTFT(
         float(ttfts.mean()),

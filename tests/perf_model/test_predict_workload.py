@@ -165,3 +165,16 @@ def test_mtp_drafts_run_the_model_s_moe_layer_and_the_head():
     catch_up = draft_forward(p, [Chunk(1024, 0, True)] * batch)[0]
     catch_up += draft_forward(p, [Chunk(1, 1024, True)] * batch)[0]
     assert pred.ttft_s == pytest.approx(plain.ttft_s + catch_up)
+
+
+def test_under_data_parallel_attention_a_mixed_step_prices_the_busiest_rank_s_sequences():
+    """Each rank attends over (and projects) its own sequences only: the batch prefilled in one
+    simulated step costs what the uniform step of ceil(batch / tp) sequences' attention does."""
+    from tacit.perf_model.operators import Parallel
+
+    v3 = shape_from_hf(load_hf_config("DeepSeek-V3"))
+    one_step = SchedulerConfig(max_num_batched_tokens=13 * 512, long_prefill_token_threshold=0)
+    w = Workload(13, 512, 16, "fp8", parallel=Parallel(8, True, True), scheduler=one_step)
+    pred = predict(v3, get_hardware_spec("h200-sxm"), w)
+    assert pred.ttft.prefill_steps == 1
+    assert pred.ttft.mean_s == pytest.approx(pred.prefill_step_s, rel=0.01)
