@@ -17,6 +17,7 @@ from tacit.perf_model.speculative import SPECULATIVE_METHODS, decode_drafting, t
 from tacit.perf_model.step_model import Pricing
 from tacit.platforms.specs import HardwareSpec, Sourced
 
+
 @dataclass(frozen=True)
 class Workload:
     batch: int

@@ -66,9 +66,7 @@ def _settled_rows(batch: int, mean_rows: float, context: float) -> list[Chunk]:
     return [Chunk(lo + (i < hi_count), context, True) for i in range(batch)]  # type: ignore[arg-type]
 
 
-def decode_drafting(
-    p: Pricing, batch: int, context: float, k: int, acceptance: float
-) -> tuple[float, list[OpTime]]:
+def decode_drafting(p: Pricing, batch: int, context: float, k: int, acceptance: float) -> tuple[float, list[OpTime]]:
     """Seconds of one verify step's k MTP draft forwards and the first forward's operators: the
     first over the tokens the verify settled (tokens_per_verify a sequence), then k - 1 of one
     row a sequence, each a token further along."""

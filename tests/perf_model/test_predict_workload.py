@@ -82,9 +82,7 @@ def test_ttft_is_the_one_step_when_the_budget_covers_the_batch_and_chunks_when_i
     # 256 tokens a step: prompts 1 and 2 whole in step 1; step 2 decodes them and prefills
     # prompt 3 and 254 of prompt 4; step 3 decodes three and prefills prompt 4's last 2.
     t1 = whole_2 = mixed_step_seconds(p, MixedStep([Chunk(128, 0, True)] * 2))
-    t2 = mixed_step_seconds(
-        p, MixedStep([Chunk(1, 128, True)] * 2 + [Chunk(128, 0, True), Chunk(126, 0, False)])
-    )
+    t2 = mixed_step_seconds(p, MixedStep([Chunk(1, 128, True)] * 2 + [Chunk(128, 0, True), Chunk(126, 0, False)]))
     t3 = mixed_step_seconds(p, MixedStep([Chunk(1, 129, True)] * 2 + [Chunk(1, 128, True), Chunk(2, 126, True)]))
     chunked = predict(shape, H100, Workload(4, 128, 8, scheduler=SchedulerConfig(max_num_batched_tokens=256)))
     expected = [whole_2, whole_2, t1 + t2, t1 + t2 + t3]
@@ -97,7 +95,9 @@ def test_ttft_is_the_one_step_when_the_budget_covers_the_batch_and_chunks_when_i
 def test_a_prefix_hit_shifts_every_chunk_by_the_cached_tokens():
     shape = shape_from_hf(load_hf_config("random:qwen3-100m"))
     warm = predict(shape, H100, Workload(2, 1000, 8, prefix_hit_rate=0.9))
-    assert warm.ttft.mean_s == pytest.approx(mixed_step_seconds(_pricing(shape), MixedStep([Chunk(100, 900, True)] * 2)))
+    assert warm.ttft.mean_s == pytest.approx(
+        mixed_step_seconds(_pricing(shape), MixedStep([Chunk(100, 900, True)] * 2))
+    )
 
 
 def test_json_echoes_the_inputs_and_its_operator_rows_sum_to_the_steps(tmp_path):
