@@ -70,6 +70,9 @@ def test_input_zero_decodes_from_the_context_without_a_prefill(tmp_path):
     d = json.loads(out_json.read_text())
     assert d["ttft_ms"] is None and d["prefill_ops"] == [] and d["decode_step_ms"] > 0
     assert main(argv) == 2  # input 0 without --context: refused by name
+    html = tmp_path / "p.html"
+    _run([*argv, "--context", "1024", "--html", str(html)])
+    assert "none (no prefill)" in html.read_text() and "<h3>prefill step" not in html.read_text()
 
 
 def test_ttft_is_the_one_step_when_the_budget_covers_the_batch_and_chunks_when_it_does_not():
