@@ -102,6 +102,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise ValueError("--plot draws --validate's cases; for one prediction's charts use --html FILE")
     if args.html is not None and (args.validate or args.serve):
         raise ValueError("--html draws one prediction's steps; it does not go with --validate or --serve")
+    if args.context is not None and (args.validate or args.serve):
+        raise ValueError("--context prices one prediction's decode step; it does not go with --validate or --serve")
     if args.validate:
         from tacit.perf_model.validate import run_validation
         from tacit.plotting import require_plotting

@@ -88,12 +88,13 @@ def prediction_json(
             }
             if work.speculative_tokens
             else None,
+            # one device's, in bytes (as the operator rows' bytes; memory_per_device_gb is total / 1e9)
             "memory": {
-                "weights_gb": mem.weights / 1e9,
-                "kv_cache_gb": mem.kv_cache / 1e9,
-                "activations_gb": mem.activations / 1e9,
-                "total_gb": mem.total / 1e9,
-                "capacity_gb": pred.capacity_bytes / 1e9,
+                "weights": mem.weights,
+                "kv_cache": mem.kv_cache,
+                "activations": mem.activations,
+                "total": mem.total,
+                "capacity": pred.capacity_bytes,
                 "fits": pred.fits,
             },
             "prefill_ops": op_rows(pred.prefill_ops),

@@ -131,8 +131,9 @@ def test_json_echoes_the_inputs_and_its_operator_rows_sum_to_the_steps(tmp_path)
         total = sum(r["ms"] for r in rows) + d[f"{phase}_fixed_overhead_ms"]
         assert total == pytest.approx(d[f"{phase}_step_ms"])
     mem = d["memory"]
-    assert mem["total_gb"] == pytest.approx(mem["weights_gb"] + mem["kv_cache_gb"] + mem["activations_gb"])
-    assert mem["total_gb"] == pytest.approx(d["memory_per_device_gb"]) and mem["fits"] is d["fits"]
+    assert mem["total"] == pytest.approx(mem["weights"] + mem["kv_cache"] + mem["activations"])
+    assert mem["total"] / 1e9 == pytest.approx(d["memory_per_device_gb"]) and mem["fits"] is d["fits"]
+    assert mem["fits"] is (mem["total"] <= mem["capacity"])
 
 
 def test_mtp_drafts_run_the_model_s_moe_layer_and_the_head():
