@@ -2,7 +2,8 @@
 admits and chunks them (serve_sim.simulate on a simulated clock, each step priced by the mixed
 step model), so a batch whose prompts exceed --max-num-batched-tokens prefills over several
 steps, decodes of the prompts already done riding along, and --max-num-seqs below the batch
-queues the rest behind the first requests' whole outputs."""
+queues the rest behind the first requests' whole outputs. The decodes riding along are priced as
+plain one-token decode rows, also under speculative decoding."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class BatchTTFT:
     prefill_steps: int  # steps that computed prompt tokens
     max_num_batched_tokens: int
     max_num_seqs: int
+    long_prefill_token_threshold: int  # 0: no cap on one prompt's tokens a step
 
     def as_json(self) -> dict:
         ms = {k: 1e3 * getattr(self, f"{k}_s") for k in ("mean", "p50", "p90", "p99", "max")}
@@ -36,6 +38,7 @@ class BatchTTFT:
             "prefill_steps": self.prefill_steps,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "max_num_seqs": self.max_num_seqs,
+            "long_prefill_token_threshold": self.long_prefill_token_threshold,
         }
 
 
@@ -116,4 +119,5 @@ def _summary(ttfts: np.ndarray, prefill_steps: int, config: SchedulerConfig) -> 
         prefill_steps,
         config.max_num_batched_tokens,
         config.max_num_seqs,
+        config.long_prefill_token_threshold,
     )

@@ -42,6 +42,8 @@ def _ttft_lines(pred: Prediction) -> list[str]:
             f" (p50 {1e3 * t.p50_s:.2f}, p99 {1e3 * t.p99_s:.2f}, max {1e3 * t.max_s:.2f}): its prompts over "
             f"{t.prefill_steps} steps of at most {t.max_num_batched_tokens} tokens (--max-num-batched-tokens)"
         )
+        if t.long_prefill_token_threshold:
+            lines[0] += f", {t.long_prefill_token_threshold} a prompt (--long-prefill-token-threshold; 0: no cap)"
     lines.append(f"  prefill     {1e3 * pred.prefill_step_s:.2f} ms for the whole batch's prompts in one step")
     return lines
 
