@@ -9,6 +9,8 @@ norms are two more RMSNorms over the hidden state a layer."""
 
 from __future__ import annotations
 
+from tacit.kernels.absorbed_mla_attention import mla_costs
+from tacit.kernels.torch_mla_attention import MLADims
 from tacit.perf_model.dtypes import gemm_compute_dtype, kv_bytes_per_row, weight_bytes_per_value
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.op_types import ACT, Op, Parallel, StepShape, gemm_op, local_heads
@@ -97,7 +99,7 @@ def _mla_ops(
     written = m * latent_row
     kvb_weight = lat * hq * (nope + v) * weight_bytes_per_value(kvb, group, "attn_v", L, lat)
     keys = attended_keys(step, topk)
-    if step.new_tokens == 1:  # absorbed decode
+    if step.new_tokens == 1 or _engine_absorbs(s, step, hq):  # absorbed: decode, or a short chunk on a long context
         absorb = 2 * m * hq * lat * (nope + v)  # q_nope -> latent, and latent -> v per head
         ops.append(
             Op(
@@ -124,6 +126,19 @@ def _mla_ops(
         nbytes = L * (all_keys * latent_row + written + kv + m * hq * (qk + v) * ACT)
         ops.append(Op("attention", "attention", L * flops, nbytes, step.new_tokens, kernel="mla", layers=L))
     return ops
+
+
+def _engine_absorbs(s: ModelShape, step: StepShape, hq: int) -> bool:
+    """Whether the engine's MLA backend runs this chunk absorbed: it picks the path of fewer
+    multiply-adds (absorbed_mla_attention.mla_costs), so a few rows on a long context (an MTP
+    draft's settled tokens, a small prefill chunk) go absorbed as a decode does. DSA's sparse
+    backend always up-projects a prefill."""
+    if s.is_dsa:
+        return False
+    dims = MLADims(heads=hq, rank=s.kv_lora_rank, rope=s.qk_rope_head_dim, nope=s.qk_nope_head_dim, v=s.v_head_dim)
+    t = round(step.new_tokens)
+    naive, absorbed = mla_costs(step.batch * t, step.batch, t, round(step.context) + t, dims)
+    return absorbed < naive
 
 
 def indexer_ops(s: ModelShape, step: StepShape, wdt: str, kvdt: str, group: int, act: str = "auto") -> list[Op]:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
+from tacit.config import SchedulerConfig
 from tacit.config.engine_args import EngineArgs
 from tacit.perf_model.dtypes import (
     ACTIVATION_DTYPES,
@@ -16,7 +18,8 @@ from tacit.perf_model.dtypes import (
     resolve_weight_format,
 )
 from tacit.perf_model.ggml_mixes import GGML_TYPES
-from tacit.perf_model.layout_cli import add_layout_args, describe_layout, layout_from_args
+from tacit.perf_model.layout_cli import add_layout_args, layout_from_args
+from tacit.perf_model.prediction_print import print_bottlenecks, print_ops, print_prediction
 
 QUANTIZATION_HELP = (
     "weights: auto (the checkpoint's quantization_config, bf16 without one) | bf16 | fp16 | fp8 (e4m3, a scale "
@@ -47,8 +50,15 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quantization-group-size", type=int, default=32, help="int4 values per scale: 32 | 64 | 128")
     p.add_argument("--kv-cache-dtype", default="bf16", help=f"{' | '.join(KV_DTYPES)} (auto: bf16)")
     p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--input-len", type=int, default=128, help="prompt tokens (0: no prefill, decode from --context)")
     p.add_argument("--output-len", type=int, default=128)
+    p.add_argument(
+        "--context",
+        type=int,
+        default=None,
+        help="price the decode step with this many tokens cached per sequence (TPOT and throughput at it), "
+        "not the mean over the output; needed with --input-len 0",
+    )
     p.add_argument(
         "--prefix-hit-rate",
         type=float,
@@ -62,7 +72,7 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--speculative-method",
         default="ngram",
-        help="ngram | suffix (drafts cost a lookup) | mtp (a decoder layer and the head a draft)",
+        help="ngram | suffix (drafts cost a lookup) | mtp (the model's MTP layer and the head a draft)",
     )
     p.add_argument("--json", default=None, help="write the prediction (or the validation) here")
     p.add_argument("--ops", action="store_true", help="also print every operator's time (compute / memory / link)")
@@ -86,8 +96,13 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     sv.add_argument("--serve", action="store_true", help="simulate serving --workload (TTFT/TPOT/E2E percentiles)")
     sv.add_argument("--workload", default=None, help='JSONL: {"arrival_s", "input_len", "output_len", "priority"}')
     sv.add_argument("--slo", default=None, help="goodput bounds as tacit bench serve's, e.g. ttft:500,tpot:50 (ms)")
-    # The engine's own scheduler flags (policy, budgets, --slo-class, aging, ...), one definition.
-    EngineArgs.add_section_cli_args(sv, ("scheduler",))
+    # The engine's own scheduler flags (policy, budgets, --slo-class, aging, ...), one definition:
+    # --serve replays them, and one prediction's TTFT chunks its batch's prompts by them.
+    sc = p.add_argument_group(
+        "the engine's scheduler: --serve's, and one prediction's TTFT (its batch arriving at once; "
+        "--max-num-seqs defaults to the batch there)"
+    )
+    EngineArgs.add_section_cli_args(sc, ("scheduler",))
     sv.add_argument("--kv-blocks", type=int, default=None, help="KV pool blocks (default: sized from memory)")
     sv.add_argument("--block-size", type=int, default=16)
     sv.add_argument("--memory-utilization", type=float, default=0.9, help="share of device memory the engine uses")
@@ -123,6 +138,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         from tacit.perf_model.published import run_published
 
         return run_published(args.json, predict_parser())
+    if args.context is not None and (args.validate or args.serve):
+        raise ValueError("--context prices one prediction's decode step; it does not go with --validate or --serve")
     if args.validate:
         from tacit.perf_model.validate import run_validation
         from tacit.plotting import require_plotting
@@ -146,7 +163,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     spec = resolve_hardware(args.hardware, args.hardware_file, args.enforce_eager)  # before the model: fails fast
     shape = shape_from_hf(load_hf_config(args.model))
     wdt = resolve_weight_format(args.quantization, shape.weight_format)
-    act = activation_dtype(wdt, args.activation_dtype, fp8_units="fp8" in spec.flops)  # a bad pairing fails here
+    activation_dtype(wdt, args.activation_dtype, fp8_units="fp8" in spec.flops)  # a bad pairing fails here
     work = Workload(
         args.batch_size,
         args.input_len,
@@ -160,43 +177,23 @@ def cmd_predict(args: argparse.Namespace) -> int:
         acceptance=args.acceptance,
         speculative_method=args.speculative_method,
         activation_dtype=args.activation_dtype,
+        context=args.context,
+        scheduler=_batch_scheduler(args),
     )
     pred = predict(shape, spec, work)
-    out = pred.as_json()
-    heading = (
-        f"{args.model} on {spec.name} ({spec.description}), {describe_layout(pred.layout)}, "
-        f"weights {wdt}, activations {act}, KV {kvdt}, batch {work.batch}, input {work.input_len}"
-        f"{f' ({work.cached_tokens} cached)' if work.cached_tokens else ''}, output {work.output_len}"
-        + (
-            f", {work.speculative_method} drafts {work.speculative_tokens} a step at acceptance {work.acceptance} "
-            f"({work.tokens_per_verify:.2f} tokens a verify)"
-            if work.speculative_tokens
-            else ""
-        )
-    )
-    print(heading)
-    print(f"  TTFT        {out['ttft_ms']:.2f} ms")
-    print(f"  TPOT        {out['tpot_ms']:.3f} ms")
-    print(f"  throughput  {out['throughput_tok_s']:.1f} output tok/s")
-    mem = pred.memory
-    print(
-        f"  memory      {out['memory_per_device_gb']:.2f} GB per device (weights {mem.weights / 1e9:.2f}, "
-        f"KV {mem.kv_cache / 1e9:.2f}, activations {mem.activations / 1e9:.2f}) of "
-        f"{pred.capacity_bytes / 1e9:.1f}: {'fits' if pred.fits else 'does NOT fit'}"
-    )
+    heading = print_prediction(args, spec, work, pred)
     if args.attention:
-        for line in kv_lines(shape, work.parallel, kvdt, work.input_len + work.output_len):
+        for line in kv_lines(shape, work.parallel, kvdt, work.kv_tokens):
             print(line)
         for line in attention_lines(pred.decode_ops, pred.decode_context):
             print(line)
-    print("  bottlenecks:")
-    for k, v in out["bottlenecks"].items():
-        print(f"    {k}: {v}")
+    print_bottlenecks(pred)
     if args.ops:
-        _print_ops("prefill", pred.prefill_ops, pred.ttft_s)
-        _print_ops("verify" if work.speculative_tokens else "decode", pred.decode_ops, pred.decode_step_s)
+        print_ops(pred, bool(work.speculative_tokens))
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+        from tacit.perf_model.prediction_json import prediction_json
+
+        Path(args.json).write_text(json.dumps(prediction_json(pred, work, spec, shape, args), indent=2))
     if args.html:
         from tacit.perf_model.predict_html import render_prediction
 
@@ -204,13 +201,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_ops(phase: str, times: list, step_s: float) -> None:
-    """Each operator of one step: its time, the compute and memory (or link) time it is the max of."""
-    ops_s = sum(t.seconds for t in times)
-    print(f"  {phase} operators (step {1e3 * step_s:.3f} ms; operators {1e3 * ops_s:.3f}, the rest fixed overhead):")
-    print(f"    {'operator':<20}{'class':<18}{'ms':>10}{'compute ms':>12}{'memory/link ms':>16}  bound")
-    for t in times:
-        print(
-            f"    {t.op.name:<20}{t.op.op_class:<18}{1e3 * t.seconds:>10.3f}{1e3 * t.compute_s:>12.3f}"
-            f"{1e3 * t.memory_s:>16.3f}  {t.bound}"
-        )
+def _batch_scheduler(args: argparse.Namespace) -> SchedulerConfig:
+    """The engine's scheduler from its flags, for the batch's TTFT; --max-num-seqs, unless
+    given, holds the whole batch (the batch the decode step prices runs together)."""
+    longest = max(args.input_len, args.context or 0) + args.output_len
+    cfg = EngineArgs.scheduler_config_from_cli(args, max_model_len=longest)
+    if args.max_num_seqs is None:
+        cfg = replace(cfg, max_num_seqs=max(cfg.max_num_seqs, args.batch_size))
+    return cfg

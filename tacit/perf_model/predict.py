@@ -1,10 +1,13 @@
-"""A whole request batch: TTFT (the prefill step), TPOT (the mean decode step), throughput,
-memory per device and the binding roof per operator class."""
+"""A whole request batch: TTFT (the batch's prompts admitted and chunked by the engine's scheduler,
+batch_ttft.py), TPOT (the decode step at the mean context, or at --context), throughput, memory
+per device and the binding roof per operator class."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from tacit.config import SchedulerConfig
+from tacit.perf_model.batch_ttft import BatchTTFT, batch_ttft
 from tacit.perf_model.dtypes import activation_dtype
 from tacit.perf_model.efficiency import Profile, load_profile
 from tacit.perf_model.layout import place, resolve_layout
@@ -12,19 +15,15 @@ from tacit.perf_model.memory import Memory, device_memory
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.operators import Parallel, StepShape, step_ops
 from tacit.perf_model.roofline import OpTime, bottlenecks, op_time, step_seconds
+from tacit.perf_model.speculative import SPECULATIVE_METHODS, decode_drafting, tokens_per_verify
+from tacit.perf_model.step_model import Pricing
 from tacit.platforms.specs import HardwareSpec, Sourced
-
-# What drafting one token costs, as (decoder layers, lm_head passes) of a decode step: nothing for
-# the lookups; an MTP module is one decoder layer and the shared head. The head is no detail: on
-# random:deepseek-v3-1b it was half of a measured 5 ms MTP draft (docs/speculative_decoding.md),
-# and V3's (129280 x 7168) reads about what one of its MoE layers does per token.
-SPECULATIVE_COSTS = {"ngram": (0, 0), "suffix": (0, 0), "mtp": (1, 1)}
 
 
 @dataclass(frozen=True)
 class Workload:
     batch: int
-    input_len: int
+    input_len: int  # 0: no prefill, the sequences decode from `context` cached tokens
     output_len: int
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
@@ -34,45 +33,82 @@ class Workload:
     # computed (the last prompt token always is).
     prefix_hit_rate: float = 0.0
     # Speculative decoding: drafts verified a step, each accepted with this probability given the
-    # ones before it were (the acceptance rate vLLM and the DeepSeek-V3 report give), and whether
-    # drafting costs a model pass ("mtp": one decoder layer's worth a draft) or nothing (ngram,
-    # suffix: a lookup).
+    # ones before it were (the acceptance rate vLLM and the DeepSeek-V3 report give), and how they
+    # are drafted (speculative.py: "mtp" a forward of the MTP layer, ngram/suffix a lookup).
     speculative_tokens: int = 0
     acceptance: float = 0.0
     speculative_method: str = "ngram"
     # The quantized linears' activation dtype (dtypes.activation_dtype; auto: the weight format's
     # usual one, bf16 for block fp8 on a part without fp8 units: W8A16)
     activation_dtype: str = "auto"
+    # The decode step priced: each sequence with `context` tokens cached. None: the step at the
+    # mean context over the output (input_len + (output_len - 2) / 2).
+    context: int | None = None
+    # The engine's scheduler the batch's TTFT is simulated under (its max_num_batched_tokens
+    # chunks the prompts); None: the engine's defaults with max_num_seqs raised to the batch.
+    scheduler: SchedulerConfig | None = None
 
     def __post_init__(self) -> None:
-        for name in ("batch", "input_len", "output_len"):
+        for name in ("batch", "output_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.input_len < 0:
+            raise ValueError(f"input_len must be >= 0 (0: no prefill, decode from context), got {self.input_len}")
+        if self.context is not None and self.context < 0:
+            raise ValueError(f"context must be >= 0 tokens cached per sequence, got {self.context}")
+        if self.input_len == 0 and not self.context:
+            raise ValueError(
+                "input_len=0 (no prefill) needs context >= 1: the tokens each sequence has cached when it decodes"
+            )
+        if self.context is not None and self.context < self.input_len:
+            raise ValueError(
+                f"context={self.context} is shorter than input_len={self.input_len}: a decode step after the "
+                f"prefill attends over at least the prompt (valid: {self.input_len} or more)"
+            )
         if not 0.0 <= self.prefix_hit_rate < 1.0:
             raise ValueError(f"prefix_hit_rate={self.prefix_hit_rate} is invalid: must be in [0, 1)")
         if not isinstance(self.speculative_tokens, int) or self.speculative_tokens < 0:
             raise ValueError(f"speculative_tokens={self.speculative_tokens!r} is invalid: must be an integer >= 0")
         if not 0.0 <= self.acceptance < 1.0:
             raise ValueError(f"acceptance={self.acceptance} is invalid: must be in [0, 1)")
-        if self.speculative_method not in SPECULATIVE_COSTS:
+        if self.speculative_method not in SPECULATIVE_METHODS:
             raise ValueError(
-                f"speculative_method={self.speculative_method!r} is not known; valid: {', '.join(SPECULATIVE_COSTS)}"
+                f"speculative_method={self.speculative_method!r} is not known; valid: {', '.join(SPECULATIVE_METHODS)}"
             )
 
     @property
     def tokens_per_verify(self) -> float:
         """Tokens a verify step yields a sequence on average: 1 + a + a^2 + ... + a^k."""
-        a, k = self.acceptance, self.speculative_tokens
-        return (1 - a ** (k + 1)) / (1 - a)
+        return tokens_per_verify(self.acceptance, self.speculative_tokens)
 
     @property
     def cached_tokens(self) -> int:
-        return min(int(self.input_len * self.prefix_hit_rate), self.input_len - 1)
+        return max(min(int(self.input_len * self.prefix_hit_rate), self.input_len - 1), 0)
+
+    @property
+    def decode_context(self) -> int:
+        """Tokens each sequence has cached in the decode step priced: `context`, else the mean
+        over the output. Decode steps read a context growing from input_len to input_len +
+        output_len - 2; attention is linear in it, so the step at the mean has the mean time."""
+        if self.context is not None:
+            return self.context
+        return round(self.input_len + max(self.output_len - 2, 0) / 2)
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens a sequence holds at its longest: the prompt and the output, or the context
+        decoding starts from (input 0) and the output, or the context a later step reaches."""
+        start = self.input_len or (self.context or 0)
+        return max(start + self.output_len, (self.context or 0) + 1)
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        return self.scheduler or replace(SchedulerConfig(), max_num_seqs=max(SchedulerConfig.max_num_seqs, self.batch))
 
 
 @dataclass(frozen=True)
 class Prediction:
-    ttft_s: float
+    ttft_s: float  # the batch's mean TTFT (batch_ttft); 0.0 without a prefill (input_len 0)
     tpot_s: float
     throughput_tok_s: float
     memory: Memory
@@ -87,15 +123,27 @@ class Prediction:
     decode_context: int = 0
     # The layout priced: one replica's Parallel, resolved and placed (layout.py)
     layout: Parallel = Parallel()
+    # The whole batch's prompts prefilled in one step, prefill_ops' step (0.0 without a prefill)
+    prefill_step_s: float = 0.0
+    # The batch's TTFT distribution under the engine's scheduler; None without a prefill
+    ttft: BatchTTFT | None = None
+    # MTP: one verify step's draft forwards (draft_ops: the first one's operators)
+    draft_s: float = 0.0
+    draft_ops: list[OpTime] = field(default_factory=list)
+    # --context: throughput is the decode step's at that context, not the request batch's
+    at_context: bool = False
 
     @property
     def fits(self) -> bool:
         return self.memory.total <= self.capacity_bytes
 
     def as_json(self) -> dict:
+        """The headline figures (prediction_json.py adds the inputs, operators and memory)."""
         return {
-            "ttft_ms": 1e3 * self.ttft_s,
+            "ttft_ms": 1e3 * self.ttft_s if self.ttft is not None else None,
             "tpot_ms": 1e3 * self.tpot_s,
+            "decode_step_ms": 1e3 * self.decode_step_s,
+            "prefill_step_ms": 1e3 * self.prefill_step_s if self.ttft is not None else None,
             "throughput_tok_s": self.throughput_tok_s,
             "memory_per_device_gb": self.memory.total / 1e9,
             "fits": self.fits,
@@ -156,36 +204,45 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
     batch = -(-sequences // par.replicas)  # the busiest replica's sequences
     w = replace(w, batch=batch, parallel=par)
     micro = -(-batch // par.pp)  # sequences a pipeline micro-batch holds
-    cached = w.cached_tokens
-    ttft, prefill = step_time(s, spec, profile, w, StepShape(batch, w.input_len - cached, cached))
-    # Decode steps read a context growing from input_len to input_len + output_len - 2; attention
-    # is linear in it, so the step at the mean context has the mean time.
-    mean_context = w.input_len + max(w.output_len - 2, 0) / 2
-    tpot, decode = step_time(s, spec, profile, w, StepShape(micro, 1, round(mean_context)))
-    decode_step = tpot
+    pricing = Pricing(s, spec, profile, w.weight_dtype, w.kv_dtype, w.group_size, par)
+    mtp = w.speculative_tokens if w.speculative_method == "mtp" else 0
+    cached, ttft, prefill_step, prefill = w.cached_tokens, None, 0.0, []
+    if w.input_len:
+        prefill_step, prefill = step_time(s, spec, profile, w, StepShape(batch, w.input_len - cached, cached))
+        ttft = batch_ttft(pricing, batch, w.input_len, w.output_len, w.scheduler_config, cached, mtp)
+    ctx = w.decode_context
+    tpot, decode = step_time(s, spec, profile, w, StepShape(micro, 1, ctx))
+    decode_step, draft, draft_ops = tpot, 0.0, []
     if w.speculative_tokens:
         # A verify step runs each sequence's token and its k drafts as k + 1 decode rows over the
         # same context (how the fused decoder runs them); it yields tokens_per_verify of them.
         k = w.speculative_tokens
-        plain_decode = decode
-        verify, decode = step_time(s, spec, profile, w, StepShape(micro * (k + 1), 1, round(mean_context)))
-        decode_step = verify
-        layers, heads = SPECULATIVE_COSTS[w.speculative_method]
-        head = sum(t.seconds for t in plain_decode if t.op.op_class == "lm_head")
-        drafting = k * (layers * (tpot - head) / s.num_layers + heads * head)
-        tpot = (verify + drafting) / w.tokens_per_verify
-    total = ttft + (w.output_len - 1) * tpot
-    mem = device_memory(s, par, w.weight_dtype, w.kv_dtype, batch, w.input_len, w.output_len, w.group_size)
+        decode_step, decode = step_time(s, spec, profile, w, StepShape(micro * (k + 1), 1, ctx))
+        if mtp:
+            draft, draft_ops = decode_drafting(pricing, micro, ctx, k, w.acceptance)
+        tpot = (decode_step + draft) / w.tokens_per_verify
+    ttft_s = ttft.mean_s if ttft else 0.0
+    if w.context is not None:  # the steady decode at that context
+        throughput = sequences / tpot
+    else:
+        throughput = sequences * w.output_len / (ttft_s + (w.output_len - 1) * tpot)
+    # device_memory sizes the KV for input_len + output_len tokens: give it kv_tokens in all
+    mem = device_memory(s, par, w.weight_dtype, w.kv_dtype, batch, w.input_len, w.kv_tokens - w.input_len, w.group_size)
     return Prediction(
-        ttft_s=ttft,
+        ttft_s=ttft_s,
         tpot_s=tpot,
-        throughput_tok_s=sequences * w.output_len / total,
+        throughput_tok_s=throughput,
         memory=mem,
         capacity_bytes=spec.memory_capacity.value,
         bottlenecks={**bottlenecks(prefill, spec, "prefill"), **bottlenecks(decode, spec, "decode")},
         prefill_ops=prefill,
         decode_ops=decode,
         decode_step_s=decode_step,
-        decode_context=round(mean_context),
+        decode_context=ctx,
         layout=par,
+        prefill_step_s=prefill_step,
+        ttft=ttft,
+        draft_s=draft,
+        draft_ops=draft_ops,
+        at_context=w.context is not None,
     )

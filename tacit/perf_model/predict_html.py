@@ -17,10 +17,8 @@ from tacit.profiler.svg import roofline, stacked_bars
 
 
 def _steps(pred: Prediction, speculative: bool) -> list[tuple[str, list[OpTime], float]]:
-    return [
-        ("prefill", pred.prefill_ops, pred.ttft_s),
-        ("verify" if speculative else "decode", pred.decode_ops, pred.decode_step_s),
-    ]
+    prefill = [("prefill", pred.prefill_ops, pred.prefill_step_s)] if pred.prefill_ops else []  # none at input 0
+    return [*prefill, ("verify" if speculative else "decode", pred.decode_ops, pred.decode_step_s)]
 
 
 def _ops_table(ops: list[OpTime]) -> str:
@@ -50,7 +48,7 @@ def render_prediction(pred: Prediction, spec: HardwareSpec, heading: str, specul
         ["TTFT ms", "TPOT ms", "output tok/s", "memory GB per device", "fits"],
         [
             [
-                f"{1e3 * pred.ttft_s:.3f}",
+                f"{1e3 * pred.ttft_s:.3f}" if pred.ttft is not None else "none (no prefill)",
                 f"{1e3 * pred.tpot_s:.4f}",
                 f"{pred.throughput_tok_s:.1f}",
                 f"{pred.memory.total / 1e9:.2f} of {pred.capacity_bytes / 1e9:.1f}",

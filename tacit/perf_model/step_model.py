@@ -114,7 +114,14 @@ def mixed_step_times(p: Pricing, step: MixedStep) -> tuple[float, list[OpTime]]:
     decode_only = not step.prefills
     graphs = p.spec.graphs and decode_only  # a step with a prefill chunk runs eagerly
     times: list[OpTime] = []
-    proj = attention_ops(s, whole, par, p.weight_dtype, p.kv_dtype, p.group_size)
+    prefills, attn_rows = step.prefills, m
+    if par.dp_attention:
+        # Each rank runs attention (its projections too) over its own sequences only: price the
+        # busiest rank's share, prompt chunks dealt largest first and decodes evenly, as the
+        # uniform step's attention_step does (a chunk's attention op is one whole device's).
+        prefills = sorted(prefills, key=lambda c: c.new_tokens * (c.context + c.new_tokens), reverse=True)[:: par.tp]
+        attn_rows = par.sequences_per_device(len(step.decodes)) + sum(c.new_tokens for c in prefills)
+    proj = attention_ops(s, StepShape(1, attn_rows, 0), par, p.weight_dtype, p.kv_dtype, p.group_size)
     shared = [op for op in proj if op.name in _TOKEN_GEMMS]
     # experts read: each chunk's tokens route alike (ModelShape.sequence_draws), chunks independently
     draws = sum(s.sequence_draws(c.new_tokens) for c in step.chunks)
@@ -133,7 +140,7 @@ def mixed_step_times(p: Pricing, step: MixedStep) -> tuple[float, list[OpTime]]:
         mean_ctx = sum(c.context for c in decodes) / len(decodes)
         dec = StepShape(len(decodes), 1, mean_ctx)  # type: ignore[arg-type]
         times += [op_time(op, p.spec, p.profile, True, graphs=graphs) for op in _attention(p, dec)]
-    prefill_ops = [op for c in step.prefills for op in _attention(p, StepShape(1, c.new_tokens, c.context))]
+    prefill_ops = [op for c in prefills for op in _attention(p, StepShape(1, c.new_tokens, c.context))]
     times += [op_time(op, p.spec, p.profile, False) for op in _merge(prefill_ops)]
     path = p.profile.decode_path(s.architecture) if decode_only else "torch"
     return step_seconds(times, p.profile, path, s.num_layers, graphs), times

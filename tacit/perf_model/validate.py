@@ -24,6 +24,10 @@ from pathlib import Path
 OUTPUT_LEN = 8  # 7 decode steps a run: enough for a stable mean, short enough for ~30 configs
 REPEATS = 2
 ROUTING_TOKENS = (8, 64, 384)  # calibration prompt lengths: none of the validated ones
+# The whole prompt batch in one step's budget (16 x 1024); prompts over the engine's default
+# long_prefill_token_threshold (512) still prefill in chunks, and the prediction's scheduler
+# simulation is handed the same budget, so it chunks them alike.
+BATCH_TOKEN_BUDGET = 16 * 1024
 
 # (model, weights, [(batch, input_len), ...])
 PLAN = [
@@ -52,7 +56,7 @@ def _engine(model: str, weights: str):
         quantization="int8" if weights == "int8" else "auto",
         max_model_len=2048,
         num_kv_blocks=16 * 1100 // 16 + 64,  # batch 16 at 1024 + 8 tokens, 16-token blocks
-        max_num_batched_tokens=16 * 1024,  # the whole prompt batch in one prefill step
+        max_num_batched_tokens=BATCH_TOKEN_BUDGET,
     )
     engine = LLMEngine(engine_args=args)
     bench = TacitBench(engine)
@@ -93,12 +97,16 @@ def predicted(
 ) -> tuple[float, float]:
     from dataclasses import replace
 
+    from tacit.config import SchedulerConfig
     from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
     from tacit.perf_model.predict import Workload, predict
     from tacit.platforms.hardware_table import get_hardware_spec
 
     shape = replace(shape_from_hf(load_hf_config(model)), routing_draws=draws)
-    p = predict(shape, get_hardware_spec("this-cpu"), Workload(batch, input_len, OUTPUT_LEN, weights))
+    scheduler = SchedulerConfig(max_num_batched_tokens=BATCH_TOKEN_BUDGET)
+    p = predict(
+        shape, get_hardware_spec("this-cpu"), Workload(batch, input_len, OUTPUT_LEN, weights, scheduler=scheduler)
+    )
     return p.tpot_s, p.ttft_s
 
 

@@ -65,7 +65,7 @@ def predicted_categories(
         ),
     )
     return {
-        "prefill": categories_of(pred.prefill_ops, pred.ttft_s),
+        "prefill": categories_of(pred.prefill_ops, pred.prefill_step_s),
         "decode": categories_of(pred.decode_ops, pred.tpot_s),
     }
 

@@ -104,7 +104,8 @@ def test_cli_json_has_the_keys(tmp_path):
     argv = ["predict", "--model", str(cfg), "--hardware", "h100-sxm", "--batch-size", "4"]
     assert main([*argv, "--input-len", "64", "--output-len", "16", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert set(result) == {"ttft_ms", "tpot_ms", "throughput_tok_s", "memory_per_device_gb", "fits", "bottlenecks"}
+    old = {"ttft_ms", "tpot_ms", "throughput_tok_s", "memory_per_device_gb", "fits", "bottlenecks"}
+    assert old <= set(result)  # the keys readers had before the operator rows and inputs came
     assert result["fits"] is True and result["tpot_ms"] > 0
     assert any(k.startswith("decode experts") for k in result["bottlenecks"])
     assert main(["predict", "--model", str(cfg), "--hardware", "nope"]) == 2
