@@ -114,13 +114,18 @@ def mixed_step_times(p: Pricing, step: MixedStep) -> tuple[float, list[OpTime]]:
     decode_only = not step.prefills
     graphs = p.spec.graphs and decode_only  # a step with a prefill chunk runs eagerly
     times: list[OpTime] = []
-    prefills, attn_rows = step.prefills, m
-    if par.dp_attention:
-        # Each rank runs attention (its projections too) over its own sequences only: price the
-        # busiest rank's share, prompt chunks dealt largest first and decodes evenly, as the
-        # uniform step's attention_step does (a chunk's attention op is one whole device's).
-        prefills = sorted(prefills, key=lambda c: c.new_tokens * (c.context + c.new_tokens), reverse=True)[:: par.tp]
+    prefills, attn_rows, ranks = step.prefills, m, par.attention_ranks
+    if ranks > 1:
+        # Each attention group runs attention (its projections too) over its own sequences only:
+        # price the busiest group's share, prompt chunks dealt largest first and decodes evenly,
+        # as the uniform step's attention_step does (a chunk's attention op is one whole group's).
+        prefills = sorted(prefills, key=lambda c: c.new_tokens * (c.context + c.new_tokens), reverse=True)[::ranks]
         attn_rows = par.sequences_per_device(len(step.decodes)) + sum(c.new_tokens for c in prefills)
+        # The operators priced per device (DeepEP's own tokens, a dense group's rows) deal the
+        # step's sequences over the groups: its chunks as that many sequences of their mean
+        # length (exact for a uniform step, the uniform step_ops' own split).
+        n = len(step.chunks)
+        whole = StepShape(n, m / n, 0)  # type: ignore[arg-type]
     proj = attention_ops(s, StepShape(1, attn_rows, 0), par, p.weight_dtype, p.kv_dtype, p.group_size)
     shared = [op for op in proj if op.name in _TOKEN_GEMMS]
     # experts read: each chunk's tokens route alike (ModelShape.sequence_draws), chunks independently
