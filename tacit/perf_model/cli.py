@@ -20,6 +20,7 @@ from tacit.perf_model.dtypes import (
 from tacit.perf_model.ggml_mixes import GGML_TYPES
 from tacit.perf_model.layout_cli import add_layout_args, layout_from_args
 from tacit.perf_model.prediction_print import print_bottlenecks, print_ops, print_prediction
+from tacit.platforms.specs import HardwareSpec
 
 QUANTIZATION_HELP = (
     "weights: auto (the checkpoint's quantization_config, bf16 without one) | bf16 | fp16 | fp8 (e4m3, a scale "
@@ -178,7 +179,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         speculative_method=args.speculative_method,
         activation_dtype=args.activation_dtype,
         context=args.context,
-        scheduler=_batch_scheduler(args),
+        scheduler=_batch_scheduler(args, spec),
     )
     pred = predict(shape, spec, work)
     heading = print_prediction(args, spec, work, pred)
@@ -201,10 +202,25 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def _batch_scheduler(args: argparse.Namespace) -> SchedulerConfig:
+# The serving engines' scheduler defaults on accelerators, for the TTFT of a part tacit does not
+# run on: vLLM V1's OpenAI server chunks prefill at 8192 tokens a step (its LLM class at 16384)
+# and caps no single prompt (long_prefill_token_threshold 0 unless several partial prefills run);
+# SGLang's chunked_prefill_size is 8192 on 80 GB GPUs. tacit's own defaults (2048 tokens a
+# step, 512 a long prompt) were set for this 2-core CPU: on an H100 they would price a
+# 16 x 8192-token batch as 241 steps.
+ACCELERATOR_SCHEDULER = {"max_num_batched_tokens": 8192, "long_prefill_token_threshold": 0}
+
+
+def _batch_scheduler(args: argparse.Namespace, spec: HardwareSpec) -> SchedulerConfig:
     """The engine's scheduler from its flags, for the batch's TTFT; --max-num-seqs, unless
-    given, holds the whole batch (the batch the decode step prices runs together)."""
+    given, holds the whole batch (the batch the decode step prices runs together). On any part
+    but this-cpu (where tacit's engine runs), the flags not given take ACCELERATOR_SCHEDULER's."""
     longest = max(args.input_len, args.context or 0) + args.output_len
+    if spec.name != "this-cpu":
+        given = {k: getattr(args, k, None) for k in ACCELERATOR_SCHEDULER}
+        args = argparse.Namespace(
+            **{**vars(args), **{k: v if given[k] is None else given[k] for k, v in ACCELERATOR_SCHEDULER.items()}}
+        )
     cfg = EngineArgs.scheduler_config_from_cli(args, max_model_len=longest)
     if args.max_num_seqs is None:
         cfg = replace(cfg, max_num_seqs=max(cfg.max_num_seqs, args.batch_size))

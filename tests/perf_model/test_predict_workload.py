@@ -182,3 +182,16 @@ def test_under_data_parallel_attention_a_mixed_step_prices_the_busiest_rank_s_se
     pred = predict(v3, get_hardware_spec("h200-sxm"), w)
     assert pred.ttft.prefill_steps == 1
     assert pred.ttft.mean_s == pytest.approx(pred.prefill_step_s, rel=0.01)
+
+
+def test_an_accelerator_s_ttft_takes_the_serving_engines_chunking_not_tacit_s_cpu_defaults(tmp_path):
+    """On a part tacit does not run on, the flags not given take vLLM's / SGLang's GPU defaults
+    (8192 tokens a step, no cap on one prompt): an 11000-token prompt is two steps, not 22 of
+    tacit's 512-token long-prompt cap; given flags still win."""
+    argv = ["predict", "--model", "Llama-3.1-8B", "--hardware", "h100-sxm", "--input-len", "11000"]
+    out = tmp_path / "p.json"
+    _run([*argv, "--output-len", "4", "--json", str(out)])
+    ttft = json.loads(out.read_text())["ttft"]
+    assert (ttft["max_num_batched_tokens"], ttft["long_prefill_token_threshold"], ttft["prefill_steps"]) == (8192, 0, 2)
+    _run([*argv, "--output-len", "4", "--max-num-batched-tokens", "2048", "--json", str(out)])
+    assert json.loads(out.read_text())["ttft"]["prefill_steps"] == 6  # ceil(11000 / 2048)
