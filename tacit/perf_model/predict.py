@@ -179,6 +179,22 @@ def step_time(
     return overlapped, doubled
 
 
+def _per_rank_scheduler(w: Workload, par: Parallel) -> SchedulerConfig:
+    """The scheduler the batch's TTFT is simulated under. Data-parallel attention ranks each run
+    their own scheduler over their own requests (vLLM's DP engines, SGLang's DP attention), so
+    one simulated step of the whole batch holds every rank's budget: the step model deals its
+    chunks over the ranks (step_model.py) and prices the busiest one's."""
+    cfg, ranks = w.scheduler_config, par.attention_ranks
+    if ranks == 1:
+        return cfg
+    return replace(
+        cfg,
+        max_num_batched_tokens=cfg.max_num_batched_tokens * ranks,
+        max_num_seqs=cfg.max_num_seqs * ranks,
+        max_long_partial_prefills=cfg.max_long_partial_prefills * ranks,
+    )
+
+
 def fitted_roofs(spec: HardwareSpec, profile: Profile) -> HardwareSpec:
     """`this-cpu` re-measures its roofs in every process; its efficiencies are fractions of the
     roofs measured when they were fitted, so predict against those (stored with the profile).
@@ -209,7 +225,7 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
     cached, ttft, prefill_step, prefill = w.cached_tokens, None, 0.0, []
     if w.input_len:
         prefill_step, prefill = step_time(s, spec, profile, w, StepShape(batch, w.input_len - cached, cached))
-        ttft = batch_ttft(pricing, batch, w.input_len, w.output_len, w.scheduler_config, cached, mtp)
+        ttft = batch_ttft(pricing, batch, w.input_len, w.output_len, _per_rank_scheduler(w, par), cached, mtp)
     ctx = w.decode_context
     tpot, decode = step_time(s, spec, profile, w, StepShape(micro, 1, ctx))
     decode_step, draft, draft_ops = tpot, 0.0, []

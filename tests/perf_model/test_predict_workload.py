@@ -195,3 +195,15 @@ def test_an_accelerator_s_ttft_takes_the_serving_engines_chunking_not_tacit_s_cp
     assert (ttft["max_num_batched_tokens"], ttft["long_prefill_token_threshold"], ttft["prefill_steps"]) == (8192, 0, 2)
     _run([*argv, "--output-len", "4", "--max-num-batched-tokens", "2048", "--json", str(out)])
     assert json.loads(out.read_text())["ttft"]["prefill_steps"] == 6  # ceil(11000 / 2048)
+
+
+def test_data_parallel_attention_ranks_each_schedule_their_own_prompts():
+    """32 attention ranks of 4 prompts of 4096 tokens each, 8192 tokens a rank a step: two steps
+    (each rank's own budget), not the 64 that one 8192-token budget over all 128 prompts takes."""
+    from tacit.perf_model.operators import Parallel
+
+    v3 = shape_from_hf(load_hf_config("DeepSeek-V3"))
+    per_rank = SchedulerConfig(max_num_batched_tokens=8192, long_prefill_token_threshold=0, max_num_seqs=128)
+    layout = Parallel(1, True, dp=32)
+    pred = predict(v3, H100, Workload(128, 4096, 1, "fp8", parallel=layout, scheduler=per_rank))  # no decodes
+    assert pred.ttft.prefill_steps == 2
