@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from tacit.config import SchedulerConfig
+from tacit.perf_model.attention_ops import attention_ops
 from tacit.perf_model.batch_ttft import BatchTTFT, batch_ttft
 from tacit.perf_model.dtypes import activation_dtype
 from tacit.perf_model.efficiency import Profile, load_profile
@@ -152,7 +153,7 @@ class Prediction:
 
 
 def step_time(
-    s: ModelShape, spec: HardwareSpec, profile: Profile, w: Workload, step: StepShape
+    s: ModelShape, spec: HardwareSpec, profile: Profile, w: Workload, step: StepShape, verify_rows: int = 1
 ) -> tuple[float, list[OpTime]]:
     """Seconds of one engine step and its operators' times. Under --two-batch-overlap the step
     runs as two micro-batches of half the sequences, one's communication in flight while the
@@ -160,7 +161,12 @@ def step_time(
     compute and communication twice, plus the shorter once to fill the pipe,
     2 * max(C, M) + min(C, M) / L over the step's halves' totals C and M; every weight is read
     once per micro-batch, so a memory-bound decode pays its weight reads twice. The times
-    returned are the half's operators doubled (both micro-batches run them)."""
+    returned are the half's operators doubled (both micro-batches run them).
+
+    verify_rows: a speculative verify step's rows a sequence (k + 1), `step` holding every row as
+    a decode row. The serving engines' attention reads each sequence's KV once for all its rows
+    (FlashMLA, FlashInfer and Ascend's kernels take q_len k + 1), so the attention-class ops are
+    priced on step.batch / verify_rows sequences of verify_rows new tokens each."""
     decode = step.new_tokens == 1
     act = activation_dtype(w.weight_dtype, w.activation_dtype, fp8_units="fp8" in spec.flops)
     path = profile.decode_path(s.architecture) if decode else "torch"
@@ -168,6 +174,10 @@ def step_time(
     tbo = w.parallel.two_batch_overlap and step.batch >= 2
     run = replace(step, batch=-(-step.batch // 2)) if tbo else step
     ops = step_ops(s, run, w.parallel, w.weight_dtype, w.kv_dtype, w.group_size, profile.reduce_bytes, act)
+    if verify_rows > 1:
+        seqs = replace(run, batch=max(1, run.batch // verify_rows), new_tokens=verify_rows)
+        shared_kv = attention_ops(s, seqs, w.parallel, w.weight_dtype, w.kv_dtype, w.group_size, act)
+        ops = [op for op in ops if op.op_class != "attention"] + [op for op in shared_kv if op.op_class == "attention"]
     times = [op_time(op, spec, profile, decode, path, graphs) for op in ops]
     if not tbo:
         return step_seconds(times, profile, path, s.num_layers, graphs), times
@@ -231,9 +241,11 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
     decode_step, draft, draft_ops = tpot, 0.0, []
     if w.speculative_tokens:
         # A verify step runs each sequence's token and its k drafts as k + 1 decode rows over the
-        # same context (how the fused decoder runs them); it yields tokens_per_verify of them.
+        # same context; it yields tokens_per_verify of them. tacit's fused decoder (this-cpu)
+        # attends each row on its own; the serving engines read a sequence's KV once (step_time).
         k = w.speculative_tokens
-        decode_step, decode = step_time(s, spec, profile, w, StepShape(micro * (k + 1), 1, ctx))
+        rows = 1 if spec.name == "this-cpu" else k + 1
+        decode_step, decode = step_time(s, spec, profile, w, StepShape(micro * (k + 1), 1, ctx), rows)
         if mtp:
             draft, draft_ops = decode_drafting(pricing, micro, ctx, k, w.acceptance)
         tpot = (decode_step + draft) / w.tokens_per_verify

@@ -207,3 +207,18 @@ def test_data_parallel_attention_ranks_each_schedule_their_own_prompts():
     layout = Parallel(1, True, dp=32)
     pred = predict(v3, H100, Workload(128, 4096, 1, "fp8", parallel=layout, scheduler=per_rank))  # no decodes
     assert pred.ttft.prefill_steps == 2
+
+
+def test_a_serving_engine_s_verify_step_reads_each_sequence_s_kv_once():
+    """On an accelerator the verify step's k + 1 rows of a sequence share one read of its KV
+    (q_len k + 1 attention), where tacit's own fused decoder on this CPU attends each row alone."""
+    llama = shape_from_hf(load_hf_config("Llama-3.1-8B"))
+
+    def attention_bytes(pred) -> float:
+        return sum(t.op.bytes for t in pred.decode_ops if t.op.op_class == "attention")
+
+    plain = predict(llama, H100, Workload(8, 4096, 16))
+    verify = predict(llama, H100, Workload(8, 4096, 16, speculative_tokens=3, acceptance=0.6))
+    kv = 8 * (4096 + 7) * 32 * 2 * 8 * 128 * 2  # sequences x context x layers x (K, V) x KV heads x dim x bf16
+    assert attention_bytes(plain) == pytest.approx(kv, rel=0.01)
+    assert attention_bytes(verify) == pytest.approx(kv, rel=0.01)
