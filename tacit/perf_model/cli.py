@@ -55,6 +55,12 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--html", default=None, help="write the step charts (operator classes, roofline) as one HTML file")
     p.add_argument("--validate", action="store_true", help="measure the real engine on this CPU against the model")
     p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="fit this machine's efficiency profile now (about a minute; cached, and made anyway on first use of "
+        "this-cpu or --validate); alone: only that",
+    )
+    p.add_argument(
         "--plot", default=None, help="with --validate: predicted against measured, one point per case (PNG; matplotlib)"
     )
     sv = p.add_argument_group("--serve: replay tacit's scheduler over a workload file on a simulated clock")
@@ -87,12 +93,20 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise ValueError("--plot draws --validate's cases; for one prediction's charts use --html FILE")
     if args.html is not None and (args.validate or args.serve):
         raise ValueError("--html draws one prediction's steps; it does not go with --validate or --serve")
+    if args.calibrate and not args.validate and args.hardware != "this-cpu":
+        raise ValueError(f"--calibrate fits this machine (--hardware this-cpu or --validate), not {args.hardware!r}")
     if args.validate:
         from tacit.perf_model.validate import run_validation
         from tacit.plotting import require_plotting
 
         require_plotting(args.plot)  # before the ~30 measured configurations, not after
-        return run_validation(args.json, args.plot)
+        return run_validation(args.json, args.plot, refit=args.calibrate)
+    if args.calibrate:
+        from tacit.perf_model.calibration import calibrate
+
+        calibrate()
+        if args.model is None and not args.serve:
+            return 0
     if args.serve:
         from tacit.perf_model.serve_cli import cmd_serve
 

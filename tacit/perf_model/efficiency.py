@@ -1,8 +1,8 @@
 """Efficiency profiles: the fraction of a roof each operator class reaches, and fixed costs.
 
-data/efficiency.json holds one profile per kind of hardware. `this-cpu` is fitted by
-`python -m tacit.perf_model.fit` (micro-benchmarks of tacit's own kernels on this machine; the
-command and the date are stored with it); the others are stated assumptions, marked so.
+data/efficiency.json holds one profile per named kind of hardware: stated assumptions, marked
+so, or a fit made on that part (`python -m tacit.perf_model.fit --name NAME --out FILE`).
+`this-cpu` has no entry: each machine fits its own, cached (calibration.py).
 """
 
 from __future__ import annotations
@@ -104,6 +104,11 @@ def _all(path: str) -> dict[str, dict]:
 
 def load_profile(name: str, path: Path = DATA) -> Profile:
     profiles = _all(str(path))
+    if name == "this-cpu" and name not in profiles:
+        raise ValueError(
+            "efficiency profile 'this-cpu' is this machine's own fit, not a shipped entry: "
+            "tacit.perf_model.calibration.profile_for(spec) (`tacit predict --calibrate` makes it)"
+        )
     if name not in profiles:
         raise ValueError(f"efficiency profile {name!r} is not in {path}; valid: {', '.join(profiles)}")
     d = profiles[name]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tacit.perf_model.efficiency import Profile, load_profile
+from tacit.perf_model.efficiency import Profile
 from tacit.perf_model.memory import Memory, device_memory
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.operators import Parallel, StepShape, step_ops
@@ -115,13 +115,16 @@ def fitted_roofs(spec: HardwareSpec, profile: Profile) -> HardwareSpec:
     if spec.name != "this-cpu" or not profile.roofs:
         return spec
     peak, bw = profile.roofs["bf16_flops"], profile.roofs["read_bandwidth"]
-    src = f"the roofs {profile.name}'s efficiencies were fitted against (efficiency.json)"
+    src = f"the roofs {profile.name}'s efficiencies were fitted against ({profile.source})"
     flops = {k: Sourced(peak, src) for k in spec.flops}  # int8 stands in with bf16's (specs.py)
     return replace(spec, flops=flops, memory_bandwidth=Sourced(bw, src))
 
 
 def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | None = None) -> Prediction:
-    profile = profile or load_profile(spec.efficiency_profile)
+    if profile is None:
+        from tacit.perf_model.calibration import profile_for
+
+        profile = profile_for(spec)  # this-cpu: this machine's own fit (made now if none matches)
     spec = fitted_roofs(spec, profile)
     if s.is_moe and w.parallel.ep and s.num_experts % w.parallel.tp:
         raise ValueError(f"expert parallel over {w.parallel.tp} devices needs the {s.num_experts} experts to divide")

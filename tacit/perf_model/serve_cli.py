@@ -11,8 +11,8 @@ from tacit.bench.workload_file import load_workload
 from tacit.config import SchedulerConfig
 from tacit.config.engine_args import EngineArgs
 from tacit.memory.swap import SwapSpace
+from tacit.perf_model.calibration import profile_for
 from tacit.perf_model.dtypes import KV_DTYPES, WEIGHT_DTYPES, normalize_dtype
-from tacit.perf_model.efficiency import load_profile
 from tacit.perf_model.memory import kv_bytes_per_token
 from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
 from tacit.perf_model.operators import Parallel
@@ -69,7 +69,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     pricing = Pricing(
         shape,
         spec,
-        load_profile(spec.efficiency_profile),
+        profile_for(spec),
         _choice(normalize_dtype(args.quantization), WEIGHT_DTYPES, "--quantization"),
         _choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype"),
         args.quantization_group_size,

@@ -12,6 +12,10 @@ other lengths and seeds than the validated ones) and handed to the prediction: t
 models' tokens of one prompt route alike, so a 32-token prefill reads ~36 of 128 experts a
 layer where the uniform assumption reads 112 (predicted +34% to +73% over the measured time
 with it). What is validated is the time the model gives for the work the step does.
+
+The model prices with this machine's own calibration (calibration.py), fitted first if none
+matches this machine, its thread count and its current peaks: a fit made elsewhere describes
+another machine state (the shipped one priced this CPU's prefill 4-6x too slow).
 """
 
 from __future__ import annotations
@@ -89,7 +93,7 @@ def routing_draws(bench) -> tuple[tuple[float, float], ...]:
 
 
 def predicted(
-    model: str, weights: str, batch: int, input_len: int, draws: tuple[tuple[float, float], ...] = ()
+    model: str, weights: str, batch: int, input_len: int, draws: tuple[tuple[float, float], ...] = (), profile=None
 ) -> tuple[float, float]:
     from dataclasses import replace
 
@@ -98,7 +102,7 @@ def predicted(
     from tacit.platforms.hardware_table import get_hardware_spec
 
     shape = replace(shape_from_hf(load_hf_config(model)), routing_draws=draws)
-    p = predict(shape, get_hardware_spec("this-cpu"), Workload(batch, input_len, OUTPUT_LEN, weights))
+    p = predict(shape, get_hardware_spec("this-cpu"), Workload(batch, input_len, OUTPUT_LEN, weights), profile)
     return p.tpot_s, p.ttft_s
 
 
@@ -112,9 +116,15 @@ def _percentile(values: list[float], q: float) -> float:
     return s[i]
 
 
-def run_validation(json_out: str | None, plot: str | None = None) -> int:
+def run_validation(json_out: str | None, plot: str | None = None, refit: bool = False) -> int:
     import gc
 
+    from tacit.perf_model.calibration import calibration_path, this_cpu_calibration, this_cpu_profile
+
+    # Before any engine loads: the fit measures an otherwise idle process
+    calibration = this_cpu_calibration(refit)
+    profile = this_cpu_profile()
+    _log(f"pricing with {profile.source}")
     rows, routing = [], {}
     for model, weights, configs in PLAN:
         _log(f"loading {model} ({weights}) ...")
@@ -125,8 +135,8 @@ def run_validation(json_out: str | None, plot: str | None = None) -> int:
             _log(f"  routing: one prompt's (tokens, independent draws): {draws}")
         for batch, input_len in configs:
             step_s, prefill_s = measure(bench, batch, input_len)
-            p_step, p_prefill = predicted(model, weights, batch, input_len, draws)
-            p_uniform = predicted(model, weights, batch, input_len)[1]
+            p_step, p_prefill = predicted(model, weights, batch, input_len, draws, profile)
+            p_uniform = predicted(model, weights, batch, input_len, (), profile)[1]
             row = {
                 "model": model.removeprefix("random:"),
                 "weights": weights,
@@ -158,7 +168,10 @@ def run_validation(json_out: str | None, plot: str | None = None) -> int:
     for k, v in summary.items():
         print(f"  {k}: {100 * v:.1f}%")
     if json_out:
-        Path(json_out).write_text(json.dumps({"rows": rows, "summary": summary, "routing_draws": routing}, indent=2))
+        fit = {k: calibration[k] for k in ("key", "fitted_at", "fit_seconds")}
+        fit["path"], fit["roofs"] = str(calibration_path(calibration["key"])), calibration["profile"]["roofs"]
+        out = {"rows": rows, "summary": summary, "routing_draws": routing, "calibration": fit}
+        Path(json_out).write_text(json.dumps(out, indent=2))
     if plot:
         plot_validation(rows, plot)
     return 0
