@@ -90,13 +90,13 @@ def calibration_dir(tmp_path_factory):
 
 def seed_this_cpu_calibration(roofs: dict | None = None) -> Path:
     """A calibration file for this machine's key holding the reference fit in efficiency.json
-    (xeon-vm-2vcpu-1thread) at `roofs` (default: this process's measured peaks, so it matches)."""
+    (vm-2vcpu-no-amx-1thread) at `roofs` (default: this process's measured peaks, so it matches)."""
     import json
 
     from tacit.perf_model.calibration import FIT_VERSION, calibration_path, current_peaks, machine_key
     from tacit.perf_model.efficiency import DATA
 
-    profile = json.loads(DATA.read_text())["xeon-vm-2vcpu-1thread"]
+    profile = json.loads(DATA.read_text())["vm-2vcpu-no-amx-1thread"]
     roofs = roofs or current_peaks()
     key = machine_key()
     assert key["fit_version"] == FIT_VERSION

@@ -1,9 +1,10 @@
 """`this-cpu`'s efficiency profile: fitted on the machine it prices, cached like the kernels.
 
-A fit describes the machine state it was made in. The profile once shipped in efficiency.json
-was fitted in a process where torch's bf16 matmul reached 171 GFLOP/s at one thread; on a
-fresh machine of the same kind oneDNN's AMX path reaches ~1.1 TFLOP/s, and every prefill GEMM
-was priced 4-6x too slow. So the fit is keyed by the machine and made there:
+A fit describes the machine it was made on. The profile once shipped in efficiency.json was
+fitted where torch's bf16 matmul reached 171 GFLOP/s at one thread (a host without AMX: the
+file did not record which), and predict priced every this-cpu with its stored roofs; on a
+2-core Xeon with AMX oneDNN's bf16 matmul reaches ~1.1 TFLOP/s at one thread, and every
+prefill GEMM was priced 4-6x too slow. So the fit is keyed by the machine and made there:
 
 - the key: the processor (its /proc/cpuinfo name and family/model/stepping), the logical CPUs,
   the threads torch runs with (the fit is only true at the thread count it was made at: the

@@ -62,7 +62,8 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
         default="this-cpu",
         metavar="NAME",
         help="price the same run with `tacit predict` on this hardware for the predicted column "
-        "(default this-cpu; none: leave it out; --predicted FILE takes precedence)",
+        "(default this-cpu, with its cached calibration: uncalibrated, the report says so; none: leave it out; "
+        "--predicted FILE takes precedence)",
     )
     p.set_defaults(func=cmd_profile)
 
