@@ -1,8 +1,8 @@
 """`this-cpu`'s efficiency profile: fitted on the machine it prices, cached like the kernels.
 
 A fit describes the machine it was made on. The profile once shipped in efficiency.json was
-fitted where torch's bf16 matmul reached 171 GFLOP/s at one thread (a host without AMX: the
-file did not record which), and predict priced every this-cpu with its stored roofs; on a
+fitted on an AMD EPYC host without AMX (torch's bf16 matmul: 171 GFLOP/s at one thread; the
+file did not record the processor), and predict priced every this-cpu with its roofs; on a
 2-core Xeon with AMX oneDNN's bf16 matmul reaches ~1.1 TFLOP/s at one thread, and every
 prefill GEMM was priced 4-6x too slow. So the fit is keyed by the machine and made there:
 
