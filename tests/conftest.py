@@ -67,3 +67,48 @@ def no_matplotlib(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", refuse)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def calibration_dir(tmp_path_factory):
+    """Tests never run this CPU's full calibration fit (about a minute; calibration.run_fit
+    refuses) nor read or write the user's cached one: the calibration directory is a session
+    temp dir, empty until a test seeds it (this_cpu_calibrated)."""
+    from tacit.perf_model import calibration
+
+    d = tmp_path_factory.mktemp("calibration")
+
+    def refuse(repeats):
+        raise AssertionError("a test asked for this CPU's full calibration fit: use the this_cpu_calibrated fixture")
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(calibration, "calibration_dir", lambda: d)
+    mp.setattr(calibration, "run_fit", refuse)
+    yield d
+    mp.undo()
+
+
+def seed_this_cpu_calibration(roofs: dict | None = None) -> Path:
+    """A calibration file for this machine's key holding the reference fit in efficiency.json
+    (vm-2vcpu-no-amx-1thread) at `roofs` (default: this process's measured peaks, so it matches)."""
+    import json
+
+    from tacit.perf_model.calibration import FIT_VERSION, calibration_path, current_peaks, machine_key
+    from tacit.perf_model.efficiency import DATA
+
+    profile = json.loads(DATA.read_text())["vm-2vcpu-no-amx-1thread"]
+    roofs = roofs or current_peaks()
+    key = machine_key()
+    assert key["fit_version"] == FIT_VERSION
+    data = {"key": key, "command": "seeded by the tests", "fitted_at": "2026-12-05T05:45:26", "fit_seconds": 0.0,
+            "profile": {**profile, "roofs": {**roofs, "threads": key["threads"]}}}  # fmt: skip
+    path = calibration_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture(scope="session")
+def this_cpu_calibrated(calibration_dir):
+    """`this-cpu` priced without a fit: this machine's calibration seeded with the reference fit."""
+    return seed_this_cpu_calibration()

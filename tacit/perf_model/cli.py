@@ -91,6 +91,12 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
         help="predict every published figure in perf_model/data/published.yaml; error by category (--json: rows)",
     )
     p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="fit this machine's efficiency profile now (about a minute; cached, and made anyway on first use of "
+        "this-cpu or --validate); alone: only that",
+    )
+    p.add_argument(
         "--plot", default=None, help="with --validate: predicted against measured, one point per case (PNG; matplotlib)"
     )
     sv = p.add_argument_group("--serve: replay tacit's scheduler over a workload file on a simulated clock")
@@ -141,12 +147,20 @@ def cmd_predict(args: argparse.Namespace) -> int:
         return run_published(args.json, predict_parser())
     if args.context is not None and (args.validate or args.serve):
         raise ValueError("--context prices one prediction's decode step; it does not go with --validate or --serve")
+    if args.calibrate and not args.validate and args.hardware != "this-cpu":
+        raise ValueError(f"--calibrate fits this machine (--hardware this-cpu or --validate), not {args.hardware!r}")
     if args.validate:
         from tacit.perf_model.validate import run_validation
         from tacit.plotting import require_plotting
 
         require_plotting(args.plot)  # before the ~30 measured configurations, not after
-        return run_validation(args.json, args.plot)
+        return run_validation(args.json, args.plot, refit=args.calibrate)
+    if args.calibrate:
+        from tacit.perf_model.calibration import calibrate
+
+        calibrate()
+        if args.model is None and not args.serve:
+            return 0
     if args.serve:
         from tacit.perf_model.serve_cli import cmd_serve
 

@@ -1,10 +1,10 @@
 """Efficiency profiles: the fraction of a roof each operator class reaches, and fixed costs.
 
 data/efficiency.json holds one profile per family of hardware (nvidia-hopper, ascend-910,
-epyc-zen4, ...). `this-cpu` is fitted by `python -m tacit.perf_model.fit` (micro-benchmarks of
-tacit's own kernels on this machine; the command and the date are stored with it); the families'
-come from microbenchmarks published for those processors (STREAM, vendor GEMM, launch costs),
-each figure's source in the profile's `figures`. A `--hardware-file` may bring its own profile:
+epyc-zen4, ...), from microbenchmarks published for those processors (STREAM, vendor GEMM, launch
+costs), each figure's source in the profile's `figures`, and fits made on a named part
+(`python -m tacit.perf_model.fit --name NAME --out FILE`). `this-cpu` has no entry: each machine
+fits its own, cached (calibration.py). A `--hardware-file` may bring its own profile:
 `register_profile` adds it for the process, under a name no file profile has.
 """
 
@@ -142,6 +142,11 @@ def load_profile(name: str, path: Path = DATA) -> Profile:
     if path == DATA and name in _REGISTERED:
         return _REGISTERED[name]
     profiles = _all(str(path))
+    if name == "this-cpu" and name not in profiles:
+        raise ValueError(
+            "efficiency profile 'this-cpu' is this machine's own fit, not a shipped entry: "
+            "tacit.perf_model.calibration.profile_for(spec) (`tacit predict --calibrate` makes it)"
+        )
     if name not in profiles:
         raise ValueError(f"efficiency profile {name!r} is not in {path}; valid: {', '.join(profiles)}")
     d = profiles[name]

@@ -10,7 +10,7 @@ from tacit.config import SchedulerConfig
 from tacit.perf_model.attention_ops import attention_ops
 from tacit.perf_model.batch_ttft import BatchTTFT, batch_ttft
 from tacit.perf_model.dtypes import activation_dtype
-from tacit.perf_model.efficiency import Profile, load_profile
+from tacit.perf_model.efficiency import Profile
 from tacit.perf_model.layout import place, resolve_layout
 from tacit.perf_model.memory import Memory, device_memory
 from tacit.perf_model.model_shape import ModelShape
@@ -213,7 +213,7 @@ def fitted_roofs(spec: HardwareSpec, profile: Profile) -> HardwareSpec:
     if spec.name != "this-cpu" or not profile.roofs:
         return spec
     peak, bw = profile.roofs["bf16_flops"], profile.roofs["read_bandwidth"]
-    src = f"the roofs {profile.name}'s efficiencies were fitted against (efficiency.json)"
+    src = f"the roofs {profile.name}'s efficiencies were fitted against ({profile.source})"
     flops = {k: Sourced(peak, src) for k in spec.flops}  # int8 stands in with bf16's (specs.py)
     return replace(spec, flops=flops, memory_bandwidth=Sourced(bw, src))
 
@@ -223,7 +223,10 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
     summed). Pipeline parallel: the replica's sequences run as P micro-batches, each step of one
     a pass through every stage (the sum of the stages plus the P-1 sends), so TPOT is that pass
     at batch / P and the replica yields its batch every TPOT."""
-    profile = profile or load_profile(spec.efficiency_profile)
+    if profile is None:
+        from tacit.perf_model.calibration import profile_for
+
+        profile = profile_for(spec)  # this-cpu: this machine's own fit (made now if none matches)
     spec = fitted_roofs(spec, profile)
     par, spec = place(resolve_layout(w.parallel, s), spec)
     sequences = w.batch

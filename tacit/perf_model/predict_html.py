@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from html import escape
 
-from tacit.perf_model.efficiency import load_profile
+from tacit.perf_model.calibration import profile_for
 from tacit.perf_model.predict import Prediction, fitted_roofs
 from tacit.perf_model.roofline import OpTime
 from tacit.platforms.specs import HardwareSpec
@@ -41,7 +41,7 @@ def render_prediction(pred: Prediction, spec: HardwareSpec, heading: str, specul
     """The report of one prediction: `heading` is the line `tacit predict` prints first (model,
     hardware, workload); speculative names the decode step a verify step."""
     # The roofs the operators were priced against (this-cpu: those its efficiencies were fitted on).
-    roofs = fitted_roofs(spec, load_profile(spec.efficiency_profile))
+    roofs = fitted_roofs(spec, profile_for(spec))
     read_Bps, flops = roofs.memory_bandwidth.value, roofs.peak_flops("bf16")
     steps = _steps(pred, speculative)
     summary = f"<p>{escape(heading)}</p>" + table(

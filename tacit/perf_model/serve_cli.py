@@ -11,8 +11,8 @@ from tacit.bench.workload_file import load_workload
 from tacit.config import SchedulerConfig
 from tacit.config.engine_args import EngineArgs
 from tacit.memory.swap import SwapSpace
+from tacit.perf_model.calibration import profile_for
 from tacit.perf_model.dtypes import KV_DTYPES, normalize_dtype, resolve_weight_format
-from tacit.perf_model.efficiency import load_profile
 from tacit.perf_model.hardware_file import resolve_hardware
 from tacit.perf_model.layout import place, resolve_layout
 from tacit.perf_model.layout_cli import layout_from_args
@@ -74,7 +74,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     pricing = Pricing(
         shape,
         spec,
-        load_profile(spec.efficiency_profile),
+        profile_for(spec),
         resolve_weight_format(args.quantization, shape.weight_format),
         _choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype"),
         args.quantization_group_size,

@@ -12,6 +12,10 @@ other lengths and seeds than the validated ones) and handed to the prediction: t
 models' tokens of one prompt route alike, so a 32-token prefill reads ~36 of 128 experts a
 layer where the uniform assumption reads 112 (predicted +34% to +73% over the measured time
 with it). What is validated is the time the model gives for the work the step does.
+
+The model prices with this machine's own calibration (calibration.py), fitted first if none
+matches this machine, its thread count and its current peaks: a fit made elsewhere describes
+another machine state (the shipped one priced this CPU's prefill 4-6x too slow).
 """
 
 from __future__ import annotations
@@ -44,24 +48,31 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _engine(model: str, weights: str):
-    from tacit.bench.peers.tacit_engine import TacitBench
-    from tacit.bench.random_model import ensure_random_model
+def engine_args(path: str, weights: str):
+    """The engine a validation measures: the whole prompt batch in one cold prefill step."""
     from tacit.config.engine_args import EngineArgs
-    from tacit.engine.llm_engine import LLMEngine
 
-    args = EngineArgs(
-        model=str(ensure_random_model(model)),
+    return EngineArgs(
+        model=path,
         dtype="bfloat16",
         quantization="int8" if weights == "int8" else "auto",
         max_model_len=2048,
         num_kv_blocks=16 * 1100 // 16 + 64,  # batch 16 at 1024 + 8 tokens, 16-token blocks
         max_num_batched_tokens=BATCH_TOKEN_BUDGET,
+        # Each configuration runs its prompts REPEATS times and keeps the best: with the prefix
+        # cache (on by default since issue 33) every run after the first prefilled only the last
+        # block, and the measured "prefill" of qwen3-100m at 1024 tokens was 10x below the model's
+        enable_prefix_caching=False,
     )
-    engine = LLMEngine(engine_args=args)
-    bench = TacitBench(engine)
-    from tacit.bench.workloads import random_prompts
 
+
+def _engine(model: str, weights: str):
+    from tacit.bench.peers.tacit_engine import TacitBench
+    from tacit.bench.random_model import ensure_random_model
+    from tacit.bench.workloads import random_prompts
+    from tacit.engine.llm_engine import LLMEngine
+
+    bench = TacitBench(LLMEngine(engine_args=engine_args(str(ensure_random_model(model)), weights)))
     bench.latency(random_prompts([8], 32000, seed=99), 3)  # warm-up
     return bench
 
@@ -93,7 +104,7 @@ def routing_draws(bench) -> tuple[tuple[float, float], ...]:
 
 
 def predicted(
-    model: str, weights: str, batch: int, input_len: int, draws: tuple[tuple[float, float], ...] = ()
+    model: str, weights: str, batch: int, input_len: int, draws: tuple[tuple[float, float], ...] = (), profile=None
 ) -> tuple[float, float]:
     from dataclasses import replace
 
@@ -105,7 +116,10 @@ def predicted(
     shape = replace(shape_from_hf(load_hf_config(model)), routing_draws=draws)
     scheduler = SchedulerConfig(max_num_batched_tokens=BATCH_TOKEN_BUDGET)
     p = predict(
-        shape, get_hardware_spec("this-cpu"), Workload(batch, input_len, OUTPUT_LEN, weights, scheduler=scheduler)
+        shape,
+        get_hardware_spec("this-cpu"),
+        Workload(batch, input_len, OUTPUT_LEN, weights, scheduler=scheduler),
+        profile,
     )
     return p.tpot_s, p.ttft_s
 
@@ -120,9 +134,15 @@ def _percentile(values: list[float], q: float) -> float:
     return s[i]
 
 
-def run_validation(json_out: str | None, plot: str | None = None) -> int:
+def run_validation(json_out: str | None, plot: str | None = None, refit: bool = False) -> int:
     import gc
 
+    from tacit.perf_model.calibration import calibration_path, this_cpu_calibration, this_cpu_profile
+
+    # Before any engine loads: the fit measures an otherwise idle process
+    calibration = this_cpu_calibration(refit)
+    profile = this_cpu_profile()
+    _log(f"pricing with {profile.source}")
     rows, routing = [], {}
     for model, weights, configs in PLAN:
         _log(f"loading {model} ({weights}) ...")
@@ -133,8 +153,8 @@ def run_validation(json_out: str | None, plot: str | None = None) -> int:
             _log(f"  routing: one prompt's (tokens, independent draws): {draws}")
         for batch, input_len in configs:
             step_s, prefill_s = measure(bench, batch, input_len)
-            p_step, p_prefill = predicted(model, weights, batch, input_len, draws)
-            p_uniform = predicted(model, weights, batch, input_len)[1]
+            p_step, p_prefill = predicted(model, weights, batch, input_len, draws, profile)
+            p_uniform = predicted(model, weights, batch, input_len, (), profile)[1]
             row = {
                 "model": model.removeprefix("random:"),
                 "weights": weights,
@@ -166,7 +186,10 @@ def run_validation(json_out: str | None, plot: str | None = None) -> int:
     for k, v in summary.items():
         print(f"  {k}: {100 * v:.1f}%")
     if json_out:
-        Path(json_out).write_text(json.dumps({"rows": rows, "summary": summary, "routing_draws": routing}, indent=2))
+        fit = {k: calibration[k] for k in ("key", "fitted_at", "fit_seconds")}
+        fit["path"], fit["roofs"] = str(calibration_path(calibration["key"])), calibration["profile"]["roofs"]
+        out = {"rows": rows, "summary": summary, "routing_draws": routing, "calibration": fit}
+        Path(json_out).write_text(json.dumps(out, indent=2))
     if plot:
         plot_validation(rows, plot)
     return 0

@@ -62,7 +62,8 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
         default="this-cpu",
         metavar="NAME",
         help="price the same run with `tacit predict` on this hardware for the predicted column "
-        "(default this-cpu; none: leave it out; --predicted FILE takes precedence)",
+        "(default this-cpu, with its cached calibration: uncalibrated, the report says so; none: leave it out; "
+        "--predicted FILE takes precedence)",
     )
     p.set_defaults(func=cmd_profile)
 
@@ -152,6 +153,20 @@ def _warm_up(engine: Any, requests: list[WorkloadRequest]) -> None:
         engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
+
+
+def _uncalibrated() -> str:
+    """Why this CPU cannot be priced without a minutes-long fit ("" when its calibration is
+    cached): the profile says so instead of fitting behind the user's back."""
+    from tacit.perf_model.calibration import lookup
+
+    _, why = lookup()
+    if not why:
+        return ""
+    return (
+        f"this CPU is not calibrated ({why}); `tacit predict --calibrate` fits it (about a minute), "
+        "or --predict-hardware NAME prices on a named part"
+    )
 
 
 def _model_prediction(engine: Any, requests: list[WorkloadRequest], hardware: str) -> dict[str, dict[str, float]]:
@@ -271,6 +286,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
             meta["predicted_by"] = "--predict-hardware none"
         elif engine.config.model.dtype == torch.float32:
             meta["predicted_by"] = "the performance model prices bf16/fp16 runs and quantized weights, not float32"
+        elif args.predict_hardware == "this-cpu" and (uncalibrated := _uncalibrated()):
+            meta["predicted_by"] = uncalibrated
         else:
             predicted = _model_prediction(engine, requests, args.predict_hardware)
             meta["predicted_by"] = f"tacit predict on {args.predict_hardware}"

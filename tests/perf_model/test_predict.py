@@ -116,7 +116,7 @@ def test_this_cpu_predicts_with_the_fitted_roofs():
     from tacit.perf_model.efficiency import load_profile
     from tacit.perf_model.predict import fitted_roofs
 
-    profile = load_profile("this-cpu")
+    profile = load_profile("vm-2vcpu-no-amx-1thread")
     assert profile.roofs, "the fitted profile stores the roofs it was fitted against"
     spec = get_hardware_spec("h100-sxm")
     measured = replace(spec, name="this-cpu")  # stands in for a process's re-measured roofs
@@ -141,7 +141,7 @@ def test_each_gemm_takes_its_own_kernels_curve():
     from tacit.perf_model.roofline import _efficiency
 
     flat = {k: Curve((1.0,), (v,)) for k, v in (("bf16", 0.5), ("bf16_fused_decode", 0.4), ("bmm", 0.2))}
-    profile = replace(load_profile("this-cpu"), gemm=flat)
+    profile = replace(load_profile("vm-2vcpu-no-amx-1thread"), gemm=flat)
     dense = _by_name(step_ops(SHAPES[0], StepShape(2, 1, 10)))
     assert _efficiency(dense["qkv_proj"], profile, True, "decode_fused") == 0.4
     assert _efficiency(dense["qkv_proj"], profile, True, "torch") == 0.5
@@ -163,7 +163,10 @@ def test_experts_and_prefill_attention_take_their_kernels_curves():
     gemm = {"bf16": Curve((1.0,), (0.5,)), "int8": Curve((1.0,), (0.6,)), "moe_bf16": Curve((1.0,), (0.3,))}
     by_length = Curve((64.0, 1024.0), (0.03, 0.09))
     profile = replace(
-        load_profile("this-cpu"), gemm=gemm, attention_prefill=by_length, attention_prefill_mla=Curve((1.0,), (0.02,))
+        load_profile("vm-2vcpu-no-amx-1thread"),
+        gemm=gemm,
+        attention_prefill=by_length,
+        attention_prefill_mla=Curve((1.0,), (0.02,)),
     )
     moe = _by_name(step_ops(SHAPES[1], StepShape(2, 1, 10)))
     assert moe["experts"].kernel == "moe" and _efficiency(moe["experts"], profile, True, "decode_fused") == 0.3

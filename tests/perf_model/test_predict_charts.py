@@ -12,6 +12,9 @@ import pytest
 from tacit.cli import main
 from tacit.profiler.categories import LABELS
 
+# this-cpu pricing reads this machine's calibration: seeded, never fitted, in tests
+pytestmark = pytest.mark.usefixtures("this_cpu_calibrated")
+
 
 def _predict(argv: list[str]) -> None:
     with contextlib.redirect_stdout(io.StringIO()):

@@ -12,6 +12,9 @@ import pytest
 from tacit.cli import main
 from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
 
+# this-cpu pricing reads this machine's calibration: seeded, never fitted, in tests
+pytestmark = pytest.mark.usefixtures("this_cpu_calibrated")
+
 WORKLOAD = Path(__file__).parents[2] / "docs" / "workloads" / "chat-2rps.jsonl"
 DEFAULT_GGUF = Path.home() / ".cache" / "tacit" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -79,7 +82,7 @@ def test_data_parallel_attention_refusals(extra, message, capsys):
 def test_a_prefix_hit_rate_prefills_only_the_uncached_tokens():
     """--prefix-hit-rate 0.9 of a 2,000-token prompt: 200 tokens prefilled over 1,800 cached, the
     same step the operator model prices for that shape; TPOT and memory do not move."""
-    from tacit.perf_model.efficiency import load_profile
+    from tacit.perf_model.calibration import profile_for
     from tacit.perf_model.operators import StepShape
     from tacit.perf_model.predict import Workload, fitted_roofs, predict, step_time
     from tacit.platforms.hardware_table import get_hardware_spec
@@ -90,7 +93,7 @@ def test_a_prefix_hit_rate_prefills_only_the_uncached_tokens():
     warm = predict(shape, spec, Workload(1, 2000, 64, prefix_hit_rate=0.9))
     assert warm.ttft_s < cold.ttft_s and warm.tpot_s == cold.tpot_s and warm.memory == cold.memory
     w = Workload(1, 2000, 64)
-    profile = load_profile(spec.efficiency_profile)
+    profile = profile_for(spec)
     direct, _ = step_time(shape, fitted_roofs(spec, profile), profile, w, StepShape(1, 200, 1800))
     assert warm.ttft_s == pytest.approx(direct)
     with pytest.raises(ValueError, match=r"prefix_hit_rate=1.0 is invalid: must be in \[0, 1\)"):
@@ -103,7 +106,7 @@ def test_speculative_decoding_divides_a_verify_step_by_the_tokens_it_yields():
     """k drafts at acceptance a: a verify step is the decode step of batch * (k + 1) rows (plus
     the MTP layer's forwards and the head for MTP), yielding 1 + a + ... + a^k tokens a
     sequence."""
-    from tacit.perf_model.efficiency import load_profile
+    from tacit.perf_model.calibration import profile_for
     from tacit.perf_model.operators import StepShape
     from tacit.perf_model.predict import Workload, fitted_roofs, predict, step_time
     from tacit.platforms.hardware_table import get_hardware_spec
@@ -116,7 +119,7 @@ def test_speculative_decoding_divides_a_verify_step_by_the_tokens_it_yields():
     w = Workload(1, 512, 64, speculative_tokens=2, acceptance=0.8)
     assert w.tokens_per_verify == pytest.approx(1 + 0.8 + 0.64)
     lookup = predict(shape, spec, w)
-    profile = load_profile(spec.efficiency_profile)
+    profile = profile_for(spec)
     verify, _ = step_time(shape, fitted_roofs(spec, profile), profile, w, StepShape(3, 1, round(512 + 31)))
     assert lookup.tpot_s == pytest.approx(verify / 2.44)
     mtp = predict(shape, spec, Workload(1, 512, 64, speculative_tokens=2, acceptance=0.8, speculative_method="mtp"))

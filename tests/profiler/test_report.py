@@ -9,6 +9,9 @@ from tacit.cli import main
 from tacit.profiler.categories import CATEGORIES
 from tacit.profiler.html_report import SECTIONS, render
 
+# this-cpu pricing reads this machine's calibration: seeded, never fitted, in tests
+pytestmark = pytest.mark.usefixtures("this_cpu_calibrated")
+
 
 class Collect(HTMLParser):
     def __init__(self):
@@ -160,3 +163,18 @@ def test_unknown_prediction_hardware_is_refused(tiny_llama, tmp_path, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "--predict-hardware 'tpu-v9' is not known" in err and "h200-sxm" in err and "none" in err
+
+
+def test_an_uncalibrated_cpu_is_said_not_fitted_behind_the_users_back(tiny_llama, tmp_path, monkeypatch):
+    """No calibration for this machine: the default pricing on this-cpu does not start a
+    minute-long fit; the report says why there is no predicted column and how to get one."""
+    from tacit.perf_model import calibration
+
+    monkeypatch.setattr(calibration, "calibration_dir", lambda: tmp_path / "empty")
+    _, _, path = tiny_llama
+    args = ["profile", "--model", str(path), "--batch-size", "1", "--input-len", "6", "--output-len", "2"]
+    assert main(args + ["--no-measure-hw", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    p = json.loads((tmp_path / "profile.json").read_text())
+    assert p["predicted_by"].startswith("this CPU is not calibrated (no calibration for this machine")
+    assert "`tacit predict --calibrate` fits it" in p["predicted_by"] and not p["predicted"]
+    assert "Nothing to compare: this CPU is not calibrated" in (tmp_path / "report.html").read_text()

@@ -1,0 +1,162 @@
+"""this-cpu's calibration: the machine key, the cache's hit / miss / drift / corrupt-file logic
+and the fit's plumbing, with the micro-benchmarks replaced by known timings (the real fit takes
+about a minute and never runs in tests: conftest.calibration_dir refuses it)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from tacit.perf_model import calibration
+from tacit.perf_model.efficiency import DATA
+
+PEAKS = {"bf16_flops": 1.0e12, "read_bandwidth": 30e9}
+REFERENCE = json.loads(DATA.read_text())["vm-2vcpu-no-amx-1thread"]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty calibration directory, this process's peaks pinned to PEAKS, and a fake fit that
+    counts its calls and stores the peaks it "measured", as fit.fit does."""
+    monkeypatch.setattr(calibration, "calibration_dir", lambda: tmp_path)
+    peaks = dict(PEAKS)
+    monkeypatch.setattr(calibration, "current_peaks", lambda spec=None: dict(peaks))
+    fits = []
+
+    def fake_fit(repeats):
+        fits.append(repeats)
+        return {**REFERENCE, "roofs": {**peaks, "threads": 2}}
+
+    monkeypatch.setattr(calibration, "run_fit", fake_fit)
+    return SimpleNamespace(dir=tmp_path, peaks=peaks, fits=fits)
+
+
+def test_the_key_names_processor_cpus_and_threads():
+    key = calibration.machine_key(threads=1)
+    assert key["threads"] == 1 and key["logical_cpus"] >= 1 and key["processor"]
+    assert set(key) == {"processor", "cpu_ids", "logical_cpus", "threads", "torch", "fit_version"}
+    one, two = calibration.calibration_path(key), calibration.calibration_path(calibration.machine_key(threads=2))
+    assert one != two and one.parent == two.parent == calibration.calibration_dir()
+    assert one.name.endswith(".json") and f"-{key['logical_cpus']}cpu-1t-" in one.name
+
+
+def test_first_use_fits_then_the_cache_hits(cache, capsys):
+    p = calibration.this_cpu_profile()
+    assert cache.fits == [5] and p.roofs["read_bandwidth"] == PEAKS["read_bandwidth"]
+    assert "no calibration for this machine" in capsys.readouterr().err
+    data = json.loads(calibration.calibration_path(calibration.machine_key()).read_text())
+    assert data["key"] == calibration.machine_key() and data["command"] == "tacit predict --calibrate"
+    assert data["fitted_at"] and data["profile"]["roofs"]["bf16_flops"] == PEAKS["bf16_flops"]
+    assert calibration.this_cpu_profile().gemm == p.gemm and cache.fits == [5]  # a hit: no second fit
+    calibration.this_cpu_profile(refit=True)  # --calibrate
+    assert cache.fits == [5, 5]
+
+
+def test_peaks_moving_past_the_margin_refit(cache, capsys):
+    calibration.this_cpu_profile()
+    cache.peaks["read_bandwidth"] = PEAKS["read_bandwidth"] * 0.85  # within 20%: the same machine state
+    calibration.this_cpu_profile()
+    assert len(cache.fits) == 1
+    cache.peaks["bf16_flops"] = PEAKS["bf16_flops"] * 6.6  # the AMX change the shipped fit missed
+    capsys.readouterr()
+    calibration.this_cpu_profile()
+    assert len(cache.fits) == 2
+    assert "bf16_flops 1000.0 -> 6600.0 GFLOP/s (+560%, margin 20%)" in capsys.readouterr().err
+
+
+def test_another_thread_count_is_another_calibration(cache):
+    calibration.this_cpu_profile()
+    data, why = calibration.lookup(threads=calibration.machine_key()["threads"] + 1)
+    assert data is None and "no calibration for this machine" in why
+
+
+def test_drift_margin():
+    assert calibration.DRIFT_MARGIN == 0.20
+    assert calibration.drift(PEAKS, {**PEAKS, "read_bandwidth": 30e9 * 1.19}) == []
+    (moved,) = calibration.drift(PEAKS, {**PEAKS, "read_bandwidth": 30e9 * 0.79})
+    assert moved.startswith("read_bandwidth 30.0 -> 23.7 GB/s (-21%")
+
+
+def test_a_corrupt_file_is_named_and_refitted(cache, capsys):
+    path = calibration.calibration_path(calibration.machine_key())
+    path.write_text("{oops")
+    with pytest.raises(calibration.CalibrationError, match=r"is not a tacit calibration \(JSONDecodeError"):
+        calibration.read_calibration(path)
+    calibration.this_cpu_profile()
+    assert len(cache.fits) == 1 and f"{path} is not a tacit calibration" in capsys.readouterr().err
+    path.write_text(json.dumps({"key": calibration.machine_key(), "profile": {"gemm": {}}}))
+    assert "is not a tacit calibration (KeyError" in calibration.lookup()[1]
+
+
+def test_a_file_of_another_machine_is_a_miss(cache):
+    calibration.this_cpu_profile()
+    path = calibration.calibration_path(calibration.machine_key())
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "key": {**data["key"], "processor": "another"}}))
+    assert "was fitted for another machine" in calibration.lookup()[1]
+
+
+def test_named_hardware_keeps_its_shipped_profile():
+    from tacit.perf_model.efficiency import load_profile
+    from tacit.platforms.hardware_table import get_hardware_spec
+
+    assert calibration.profile_for(get_hardware_spec("h100-sxm")).name == "accelerator"
+    with pytest.raises(ValueError, match="this machine's own fit, not a shipped entry"):
+        load_profile("this-cpu")
+
+
+def test_gemm_efficiency_is_roofline_time_over_measured_and_not_capped(monkeypatch):
+    from tacit.perf_model import fit
+
+    monkeypatch.setattr(fit, "best_seconds", lambda fn, repeats: 2e-3)  # a known time, nothing run
+    k, n, copies, peak, bw = 64, 128, 2, 1e9, 1e10
+    curve = fit._gemm_curve("bf16", peak, bw, 1, k=k, n=n, copies=copies, rows=(1, 300))
+    want = [max(2 * m * k * n * copies / peak, (k * n * 2 + m * (k + n) * 2) * copies / bw) / 2e-3 for m in (1, 300)]
+    assert curve["rows"] == [1, 300] and curve["eff"] == [round(w, 4) for w in want]
+    assert curve["eff"][1] > 1  # faster than the probe's peak: priced at its measured time
+
+
+def test_fit_assembles_a_profile_stage_by_stage(monkeypatch):
+    from tacit.perf_model import fit
+    from tacit.perf_model.efficiency import _profile
+    from tacit.platforms import hardware_table
+    from tacit.platforms.specs import Sourced
+
+    spec = SimpleNamespace(peak_flops=lambda dtype: 2e11, memory_bandwidth=Sourced(3e10, "test"))
+    monkeypatch.setattr(hardware_table, "this_cpu_spec", lambda: spec)
+    curve = {"rows": [1, 64], "eff": [0.5, 0.8]}
+    for name in ("_gemm_curve", "absorbed_bmm_curve", "experts_curve", "fused_decode_curve"):
+        monkeypatch.setattr(fit, name, lambda *a, **k: curve)
+    for name in ("prefill_attention_efficiency", "mla_prefill_attention_efficiency", "sampling_curve"):
+        monkeypatch.setattr(fit, name, lambda *a, **k: {"rows": [32, 512], "eff": [0.1, 0.2]})
+    monkeypatch.setattr(fit, "elementwise_curve", lambda *a, **k: {"bytes": [1e6, 1e8], "eff": [0.3, 0.1]})
+    monkeypatch.setattr(fit, "_attention_decode", lambda *a, **k: 0.5)
+    monkeypatch.setattr(fit, "_overheads", lambda r: ({"decode_fused": 1e-4}, {"decode_fused": 6e-6}))
+    monkeypatch.setattr(fit, "torch_decode_overheads", lambda *a: (2e-4, 3e-5))
+    ticks = []
+    d = fit.fit(1, progress=lambda stage, total: ticks.append((stage, total)))
+    assert len(ticks) == fit.STAGES and {t for _, t in ticks} == {fit.STAGES}
+    assert d["roofs"]["bf16_flops"] == 2e11 and d["roofs"]["read_bandwidth"] == 3e10 and d["roofs"]["threads"] >= 1
+    p = _profile("this-cpu", d)
+    assert p.step_overhead_s == {"decode_fused": 1e-4, "torch": 2e-4} and p.gemm_efficiency("int8", 1) == 0.5
+    assert set(p.gemm) == {"bf16", "int8", "bmm", "moe_bf16", "bf16_fused_decode", "int8_fused_decode"}
+
+
+def test_calibrate_flag_is_for_this_machine(capsys):
+    from tacit.cli import main
+
+    assert main(["predict", "--model", "random:qwen3-100m", "--hardware", "h100-sxm", "--calibrate"]) == 2
+    assert (
+        "--calibrate fits this machine (--hardware this-cpu or --validate), not 'h100-sxm'" in capsys.readouterr().err
+    )
+
+
+def test_validation_measures_a_cold_prefill():
+    """Each configuration's prompts run twice: a prefix cache would make the second a hit."""
+    from tacit.perf_model.validate import engine_args
+
+    args = engine_args("some/model", "int8")
+    assert args.enable_prefix_caching is False and args.quantization == "int8"
+    assert args.max_num_batched_tokens >= 16 * 1024  # batch 16 at 1024 tokens in one step
