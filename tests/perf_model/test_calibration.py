@@ -102,7 +102,7 @@ def test_named_hardware_keeps_its_shipped_profile():
     from tacit.perf_model.efficiency import load_profile
     from tacit.platforms.hardware_table import get_hardware_spec
 
-    assert calibration.profile_for(get_hardware_spec("h100-sxm")).name == "accelerator"
+    assert calibration.profile_for(get_hardware_spec("h100-sxm")).name == "nvidia-hopper"
     with pytest.raises(ValueError, match="this machine's own fit, not a shipped entry"):
         load_profile("this-cpu")
 
