@@ -246,9 +246,10 @@ def communication_ops(s: ModelShape, step: StepShape, par: Parallel, sampled_row
         extra = deepep_ops(s, step, par, expert_load_factor(s, par, draws))
         _collective(ops, "moe_all_gather", "all_gather", moe, group_rows * h * ACT, na)
     elif moe and par.ep and par.attention_ranks == 1:
-        a2a = 2 * step.tokens * s.top_k * h * ACT  # dispatch + combine, each token to k experts
-        _collective(ops, "moe_all_to_all", "all_to_all", 2 * moe, a2a / 2, par.expert_ranks)
-        _collective(ops, "expert_all_reduce", "all_reduce", moe, step.tokens * h * reduce_bytes, par.expert_tp, alg)
+        # Every rank holds every token (attention TP): it runs its own experts on the tokens routed
+        # to them and the layer's output is all-reduced, as tacit's engine does (layers/moe.py's
+        # expert_slots: another rank's experts are skipped) and vLLM's TP+EP: no all-to-all.
+        _collective(ops, "moe_all_reduce", "all_reduce", moe, group_rows * h * reduce_bytes, par.expert_ranks, alg)
     elif moe:
         mlp(moe, S)
     g = par.head_group

@@ -37,7 +37,7 @@ def test_ops_rows_sum_to_the_operator_total():
         total = float(re.search(r"operators ([\d.]+),", block).group(1))
         rows = [float(m.group(1)) for m in re.finditer(r"^    \w+\s+\w+\s+([\d.]+)\s", block, re.M)]
         assert len(rows) > 5 and sum(rows) == pytest.approx(total, abs=0.01 * len(rows))
-    assert "moe_all_to_all" in out and "link-bound" in out
+    assert "moe_all_reduce" in out and "link-bound" in out
 
 
 @pytest.mark.skipif(not DEFAULT_GGUF.is_file(), reason="the default model's GGUF is not cached here")
