@@ -51,7 +51,10 @@ def draft_forward(p: Pricing, chunks: list[Chunk]) -> tuple[float, list[OpTime]]
     h = p.shape.hidden_size
     # eh_proj: [rows, 2h] @ [2h, h], whole on every device (vLLM's ReplicatedLinear; tacit's
     # Linear of the unsplit module); the layer's own projections are in mixed_step_times.
-    eh = gemm_op("mtp_eh_proj", "attn_proj", step.tokens, 2 * h, h, p.weight_dtype, p.group_size, 1)
+    # Under data-parallel attention a device projects its own group's rows only: the busiest
+    # group's share of the sequences, at the step's mean rows a sequence.
+    rows = p.parallel.sequences_per_device(len(step.chunks)) * step.tokens / max(len(step.chunks), 1)
+    eh = gemm_op("mtp_eh_proj", "attn_proj", rows, 2 * h, h, p.weight_dtype, p.group_size, 1)
     times = [op_time(eh, p.spec, p.profile, not step.prefills), *times]
     # Its operators and one torch layer's fixed cost: not the step's (the accelerator profile's
     # 1 ms is scheduling and sampling, which a draft forward inside the runner's step does not do)

@@ -222,3 +222,19 @@ def test_a_serving_engine_s_verify_step_reads_each_sequence_s_kv_once():
     kv = 8 * (4096 + 7) * 32 * 2 * 8 * 128 * 2  # sequences x context x layers x (K, V) x KV heads x dim x bf16
     assert attention_bytes(plain) == pytest.approx(kv, rel=0.01)
     assert attention_bytes(verify) == pytest.approx(kv, rel=0.01)
+
+
+def test_an_mtp_draft_s_eh_proj_runs_on_a_device_s_own_sequences_under_dp_attention():
+    """At the same sequences a device, the MTP draft's eh_proj does not grow with the number of
+    data-parallel attention ranks: each projects its own group's rows."""
+    from tacit.perf_model.operators import Parallel
+
+    v3 = shape_from_hf(load_hf_config("DeepSeek-V3"))
+
+    def eh_ms(ranks: int) -> float:
+        w = Workload(ranks * 8, 0, 8, "fp8", parallel=Parallel(ranks, True, True), context=2048)
+        w = replace(w, speculative_tokens=1, acceptance=0.8, speculative_method="mtp")
+        pred = predict(v3, H100, w)
+        return sum(t.seconds for t in pred.draft_ops if t.op.name == "mtp_eh_proj")
+
+    assert eh_ms(16) == pytest.approx(eh_ms(8))
