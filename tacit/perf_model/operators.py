@@ -78,11 +78,13 @@ def mlp_ops(
     # routing: the router GEMM (kept bf16), top-k, and gathering each token's rows to its experts
     router_bytes = L * (h * e * 2 + m * (h * ACT + e * 4))
     ops.append(Op("router", "moe_routing", L * 2 * m * h * e, router_bytes, m, launches=L, is_gemm=True))
-    moved = 2 * m * k * h * ACT  # each token's row to its k experts and back, per layer
-    ops.append(Op("dispatch_combine", "moe_routing", L * m * k * h * 2, L * moved, m, launches=L, working_set=moved))
     if draws is None:
         draws = step.batch * s.sequence_draws(step.new_tokens)
     pairs = busiest_pairs(s, step, par, draws)
+    # each row this device computes gathered to its expert and scattered back, per layer: every
+    # token's k rows under TP experts, only its own experts' rows under EP
+    moved = 2 * pairs * h * ACT
+    ops.append(Op("dispatch_combine", "moe_routing", L * pairs * h * 2, L * moved, m, launches=L, working_set=moved))
     if par.ep:  # the busiest rank holds ceil((E + R) / EP) whole experts, 1/expert_tp of their width
         local_experts, inter = expert_slots(s, par)[0], s.moe_intermediate_size / par.expert_tp
     else:  # each rank holds every expert's 1/N of the features

@@ -182,3 +182,20 @@ def test_experts_and_prefill_attention_take_their_kernels_curves():
     assert (short.rows, long.rows) == (64, 1024)
     assert _efficiency(short, profile, False, "torch") == 0.03
     assert _efficiency(long, profile, False, "torch") == pytest.approx(0.09)
+
+
+def test_expert_parallel_gathers_only_its_own_experts_rows():
+    """Under TP + EP a rank gathers the rows routed to its own experts (the busiest rank's share),
+    not every token's k rows as a rank holding every expert's slice must."""
+    from tacit.perf_model.moe_dispatch import expert_load_factor
+    from tacit.perf_model.operators import StepShape, mlp_ops
+
+    s = shape_from_hf(load_hf_config("Qwen3-235B-A22B"))
+    step = StepShape(16, 2048, 0)
+
+    def moved(par: Parallel) -> float:
+        return next(op.bytes for op in mlp_ops(s, step, par, "bf16", 32) if op.name == "dispatch_combine")
+
+    tp, ep = Parallel(8), Parallel(8, True)
+    load = expert_load_factor(s, ep, step.batch * s.sequence_draws(step.new_tokens))
+    assert moved(ep) == pytest.approx(moved(tp) / 8 * load)
