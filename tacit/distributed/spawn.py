@@ -43,6 +43,10 @@ def init_rank_watching(
 def _entry(rank: int, world_size: int, init_file: str, fn: Callable, args: tuple, results) -> None:
     try:
         init_rank(rank, world_size, init_file)
+        # Every rank's mesh connected before any runs fn: a rank whose fn needs no collective
+        # would otherwise return and exit while a slower peer is still in gloo's connectFullMesh,
+        # which then fails with "Connection closed by peer" (seen on a loaded 2-core machine).
+        dist.barrier()
         # Pickled here, so tensors travel as bytes: the queue's own pickler would hand over
         # shared-memory handles that die with this process.
         results.put((rank, True, pickle.dumps(fn(rank, world_size, *args))))
