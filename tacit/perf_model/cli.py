@@ -230,7 +230,9 @@ def _batch_scheduler(args: argparse.Namespace, spec: HardwareSpec) -> SchedulerC
     given, holds the whole batch (the batch the decode step prices runs together). On any part
     but this-cpu (where tacit's engine runs), the flags not given take ACCELERATOR_SCHEDULER's."""
     longest = max(args.input_len, args.context or 0) + args.output_len
-    if spec.name != "this-cpu":
+    from tacit.perf_model.predict import runs_tacit_engine
+
+    if not runs_tacit_engine(spec):
         given = {k: getattr(args, k, None) for k in ACCELERATOR_SCHEDULER}
         args = argparse.Namespace(
             **{**vars(args), **{k: v if given[k] is None else given[k] for k, v in ACCELERATOR_SCHEDULER.items()}}

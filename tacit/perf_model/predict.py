@@ -189,6 +189,13 @@ def step_time(
     return overlapped, doubled
 
 
+def runs_tacit_engine(spec: HardwareSpec) -> bool:
+    """Whether `spec` is the machine tacit's own engine is priced on (this-cpu): a verify step's
+    rows attend one by one (the fused decoder) and tacit's scheduler defaults hold. Any other
+    part is priced as the serving engines (vLLM, SGLang) run on it."""
+    return spec.name == "this-cpu"
+
+
 def _per_rank_scheduler(w: Workload, par: Parallel) -> SchedulerConfig:
     """The scheduler the batch's TTFT is simulated under. Data-parallel attention ranks each run
     their own scheduler over their own requests (vLLM's DP engines, SGLang's DP attention), so
@@ -247,7 +254,7 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
         # same context; it yields tokens_per_verify of them. tacit's fused decoder (this-cpu)
         # attends each row on its own; the serving engines read a sequence's KV once (step_time).
         k = w.speculative_tokens
-        rows = 1 if spec.name == "this-cpu" else k + 1
+        rows = 1 if runs_tacit_engine(spec) else k + 1
         decode_step, decode = step_time(s, spec, profile, w, StepShape(micro * (k + 1), 1, ctx), rows)
         if mtp:
             draft, draft_ops = decode_drafting(pricing, micro, ctx, k, w.acceptance)
