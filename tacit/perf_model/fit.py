@@ -10,7 +10,8 @@ OMP_NUM_THREADS), and calibration.py keys it by that count: predict and validate
 Each measurement is turned into "the fraction of the roofline reached": roofline time
 max(FLOPs / peak, bytes / bandwidth) over measured time, with peak and bandwidth from
 `this-cpu` (tacit.bench.hw, measured in the same process and stored with the profile: predict
-uses these stored roofs for `this-cpu`, not its own process's). Best of several repeats each:
+uses these stored roofs for `this-cpu`, not its own process's). Best of several repeats each
+(a curve's points interleaved, fit_small_ops.best_seconds_each):
 the machine is shared, and the best run is the one least disturbed.
 - GEMM at 1..512 activation rows, bf16 and int8 (Q8_0) weights, through the engine's linear
   methods, over ~200 MB of distinct matrices so each pass streams from DRAM as a decode step does;
@@ -25,7 +26,8 @@ the machine is shared, and the best run is the one least disturbed.
 - the engine's fixed cost per step and per layer: decode steps of tiny 1- and 4-layer random
   Qwen3s (the fused C++ decode path), where FLOPs and bytes are ~0, fitted as a + b * layers;
   the torch path's (DeepSeek-V3) from a 768-wide synthetic model at two depths, net of its
-  predicted operators (fit_torch_decode.py).
+  predicted operators (fit_torch_decode.py); a step with prompt tokens from a short prompt's
+  TTFT on a 1024-wide Qwen3 at two depths, likewise (fit_prefill.py).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ from tacit.perf_model.fit_attention import (
 )
 from tacit.perf_model.fit_decode import fused_decode_curve
 from tacit.perf_model.fit_experts import experts_curve
-from tacit.perf_model.fit_small_ops import best_seconds, elementwise_curve, sampling_curve
+from tacit.perf_model.fit_prefill import prefill_overheads
+from tacit.perf_model.fit_small_ops import best_seconds_each, elementwise_curve, sampling_curve
 from tacit.perf_model.fit_torch_decode import torch_decode_overheads
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 256, 512)
@@ -85,9 +88,9 @@ def _gemm_curve(
         method = GGMLLinearMethod(Q8_0, kernels)
         wbytes = layers[0].weight.numel()
     effs = []
-    for m in rows:
-        x = torch.randn(m, k).bfloat16()
-        t = best_seconds(lambda x=x: [method.apply(layer, x) for layer in layers], repeats)
+    xs = [torch.randn(m, k).bfloat16() for m in rows]
+    secs = best_seconds_each([lambda x=x: [method.apply(layer, x) for layer in layers] for x in xs], repeats)
+    for m, t in zip(rows, secs):
         flops = 2 * m * k * n * copies
         nbytes = (wbytes + m * (k + n) * 2) * copies
         # Not capped at 1: the peak is one probe shape (bench hw's 1024^3 matmul), and a GEMM
@@ -156,7 +159,7 @@ def _overheads(repeats: int) -> tuple[dict, dict]:
     return {"decode_fused": round(max(t1 - b, 0.0), 7)}, {"decode_fused": round(b, 7)}
 
 
-STAGES = 14  # the progress ticks below
+STAGES = 15  # the progress ticks below
 
 
 def fit(repeats: int = 5, progress: Callable[[str, int], None] | None = None) -> dict:
@@ -220,6 +223,8 @@ def fit(repeats: int = 5, progress: Callable[[str, int], None] | None = None) ->
     # Last: these subtract the step's other operators as the profile so far predicts them
     step["torch"], layer["torch"] = torch_decode_overheads(spec, _profile("this-cpu", profile), repeats)
     tick("torch-path overheads")
+    step["prefill"], layer["prefill"] = prefill_overheads(spec, _profile("this-cpu", profile), repeats)
+    tick("prefill overheads")
     for dtype in ("bf16", "int8"):
         partial = _profile("this-cpu", profile)
         gemm[f"{dtype}_fused_decode"] = fused_decode_curve(dtype, spec, partial, repeats)

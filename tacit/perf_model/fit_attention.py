@@ -65,7 +65,7 @@ def prefill_attention_efficiency(peak: float, bw: float, repeats: int) -> dict:
     """Efficiency by prompt length (operators' attention op's rows in a prefill)."""
     points = []
     for prompts, t, hq, hkv, d in SHAPES:
-        secs = best_seconds(_run(prompts, t, hq, hkv, d), repeats, fresh_heap=True)
+        secs = best_seconds(_run(prompts, t, hq, hkv, d), repeats)
         op = attention_ops(_shape(hq, hkv, d), StepShape(prompts, t, 0), Parallel(), "bf16", "bf16", 32)[-1]
         points.append((t, max(op.flops / peak, op.bytes / bw) / secs))
         print(

@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from tacit.perf_model.fit_small_ops import best_seconds
+from tacit.perf_model.fit_small_ops import best_seconds_each
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.operators import Parallel, StepShape, mlp_ops
 
@@ -38,14 +38,16 @@ def experts_curve(peak: float, bw: float, repeats: int) -> dict | None:
     kernel = CPUFusedMoEKernel()
     weights = ExpertWeights(torch.randn(E, 2 * INTER, H).bfloat16() * 0.02, torch.randn(E, H, INTER).bfloat16() * 0.02)
     g = torch.Generator().manual_seed(0)
-    rows, effs = [], []
+    calls = []
     for t in TOKENS:
         x = torch.randn(t, H).bfloat16()
         # a fresh routing each call: one token's 8 experts (19 MB) would otherwise sit in the L3
         sets = [torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(t)]) for _ in range(8)]
         w = torch.softmax(torch.randn(t, TOP_K), dim=-1)
         turn = iter(range(1 << 30))
-        secs = best_seconds(lambda x=x, w=w, s=sets, n=turn: kernel.experts(x, w, s[next(n) % 8], weights), repeats)
+        calls.append(lambda x=x, w=w, s=sets, n=turn: kernel.experts(x, w, s[next(n) % 8], weights))
+    rows, effs = [], []
+    for t, secs in zip(TOKENS, best_seconds_each(calls, repeats)):
         op = next(o for o in mlp_ops(_shape(), StepShape(t, 1, 0), Parallel(), "bf16", 32) if o.name == "experts")
         rows.append(round(op.rows, 3))
         # not capped at 1 (a GEMM may beat bench hw's one probe shape): see fit._gemm_curve

@@ -57,6 +57,26 @@ def best_seconds(fn: Callable[[], object], repeats: int, fresh_heap: bool = Fals
     return best
 
 
+def best_seconds_each(fns: list[Callable[[], object]], repeats: int) -> list[float]:
+    """Best of `repeats` timed calls of each fn, the calls interleaved round-robin after one
+    warm-up each. One point of a curve timed back to back can fall wholly inside a slow patch of
+    a shared machine: a calibration here read its bf16 GEMM at 8 rows 2.3x slower than at 16
+    (32.2 against 13.9 ms for 3x less work), and bf16 matmuls moved 648 -> 1268 GFLOP/s between
+    two fits minutes apart. Interleaved, each point's repeats spread over the whole curve's
+    time, so a patch shorter than that costs a point one repeat, not all of them."""
+    import time
+
+    best = [float("inf")] * len(fns)
+    for fn in fns:
+        fn()
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return best
+
+
 def _layer_ops(rows: int) -> Callable[[], object]:
     """The torch path's elementwise work in one layer, on tacit's modules."""
     from tacit.layers.norm import RMSNorm

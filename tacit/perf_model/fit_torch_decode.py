@@ -66,6 +66,11 @@ def torch_decode_overheads(spec: HardwareSpec, partial: Profile, repeats: int) -
                 f"  torch decode {layers} layers: step {t * 1e3:.2f} ms, operators {predicted * 1e3:.2f}",
                 file=sys.stderr,
             )
+    return per_step_and_layer(residual)
+
+
+def per_step_and_layer(residual: dict[int, float]) -> tuple[float, float]:
+    """a + b * layers through the seconds left over at two depths, neither negative."""
     (l1, r1), (l2, r2) = sorted(residual.items())
     per_layer = max((r2 - r1) / (l2 - l1), 0.0)
     return round(max(r1 - l1 * per_layer, 0.0), 7), round(per_layer, 7)

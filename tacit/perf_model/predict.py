@@ -179,11 +179,12 @@ def step_time(
         shared_kv = attention_ops(s, seqs, w.parallel, w.weight_dtype, w.kv_dtype, w.group_size, act)
         ops = [op for op in ops if op.op_class != "attention"] + [op for op in shared_kv if op.op_class == "attention"]
     times = [op_time(op, spec, profile, decode, path, graphs) for op in ops]
+    fixed_path = path if decode else "prefill"
     if not tbo:
-        return step_seconds(times, profile, path, s.num_layers, graphs), times
+        return step_seconds(times, profile, fixed_path, s.num_layers, graphs), times
     comm = sum(t.seconds for t in times if t.op.op_class == "communication")
     compute = sum(t.seconds for t in times) - comm
-    fixed = step_seconds([], profile, path, s.num_layers, graphs)
+    fixed = step_seconds([], profile, fixed_path, s.num_layers, graphs)
     overlapped = 2 * max(compute, comm) + min(compute, comm) / s.num_layers + fixed
     doubled = [replace(t, seconds=2 * t.seconds, compute_s=2 * t.compute_s, memory_s=2 * t.memory_s) for t in times]
     return overlapped, doubled

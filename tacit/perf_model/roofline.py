@@ -98,12 +98,14 @@ def communication_seconds(op: Op, spec: HardwareSpec) -> float:
 def step_seconds(times: list[OpTime], profile: Profile, path: str, num_layers: int, graphs: bool = False) -> float:
     """The step: its operators in sequence, plus the engine's fixed cost per step and per layer
     on the path it runs (fitted on this CPU; from published launch costs elsewhere). A graph
-    replay has no per-layer host cost but one graph launch."""
-    fixed = profile.step_overhead_s.get(path, 0.0)
+    replay has no per-layer host cost but one graph launch. path "prefill" is a step with prompt
+    tokens (fit_prefill.py); a profile without that fit charges it the torch path's."""
+    fallback = "torch" if path == "prefill" else path
+    fixed = profile.step_overhead_s.get(path, profile.step_overhead_s.get(fallback, 0.0))
     if graphs and profile.graph_op_overhead_s is not None:
         fixed += profile.graph_step_overhead_s
     else:
-        fixed += num_layers * profile.layer_overhead_s.get(path, 0.0)
+        fixed += num_layers * profile.layer_overhead_s.get(path, profile.layer_overhead_s.get(fallback, 0.0))
     return sum(t.seconds for t in times) + fixed
 
 

@@ -110,7 +110,7 @@ def test_named_hardware_keeps_its_shipped_profile():
 def test_gemm_efficiency_is_roofline_time_over_measured_and_not_capped(monkeypatch):
     from tacit.perf_model import fit
 
-    monkeypatch.setattr(fit, "best_seconds", lambda fn, repeats: 2e-3)  # a known time, nothing run
+    monkeypatch.setattr(fit, "best_seconds_each", lambda fns, repeats: [2e-3] * len(fns))  # known, nothing run
     k, n, copies, peak, bw = 64, 128, 2, 1e9, 1e10
     curve = fit._gemm_curve("bf16", peak, bw, 1, k=k, n=n, copies=copies, rows=(1, 300))
     want = [max(2 * m * k * n * copies / peak, (k * n * 2 + m * (k + n) * 2) * copies / bw) / 2e-3 for m in (1, 300)]
@@ -135,12 +135,14 @@ def test_fit_assembles_a_profile_stage_by_stage(monkeypatch):
     monkeypatch.setattr(fit, "_attention_decode", lambda *a, **k: 0.5)
     monkeypatch.setattr(fit, "_overheads", lambda r: ({"decode_fused": 1e-4}, {"decode_fused": 6e-6}))
     monkeypatch.setattr(fit, "torch_decode_overheads", lambda *a: (2e-4, 3e-5))
+    monkeypatch.setattr(fit, "prefill_overheads", lambda *a: (5e-3, 1e-3))
     ticks = []
     d = fit.fit(1, progress=lambda stage, total: ticks.append((stage, total)))
     assert len(ticks) == fit.STAGES and {t for _, t in ticks} == {fit.STAGES}
     assert d["roofs"]["bf16_flops"] == 2e11 and d["roofs"]["read_bandwidth"] == 3e10 and d["roofs"]["threads"] >= 1
     p = _profile("this-cpu", d)
-    assert p.step_overhead_s == {"decode_fused": 1e-4, "torch": 2e-4} and p.gemm_efficiency("int8", 1) == 0.5
+    assert p.step_overhead_s == {"decode_fused": 1e-4, "torch": 2e-4, "prefill": 5e-3}
+    assert p.layer_overhead_s["prefill"] == 1e-3 and p.gemm_efficiency("int8", 1) == 0.5
     assert set(p.gemm) == {"bf16", "int8", "bmm", "moe_bf16", "bf16_fused_decode", "int8_fused_decode"}
 
 
@@ -160,3 +162,45 @@ def test_validation_measures_a_cold_prefill():
     args = engine_args("some/model", "int8")
     assert args.enable_prefix_caching is False and args.quantization == "int8"
     assert args.max_num_batched_tokens >= 16 * 1024  # batch 16 at 1024 tokens in one step
+
+
+def test_a_curves_points_are_timed_interleaved():
+    """Each repeat visits every point, so a slow patch costs each point one repeat, not all."""
+    from tacit.perf_model.fit_small_ops import best_seconds_each
+
+    calls = []
+    best = best_seconds_each([lambda: calls.append("a"), lambda: calls.append("b")], 3)
+    assert calls == ["a", "b"] + ["a", "b"] * 3 and len(best) == 2 and all(t >= 0 for t in best)
+
+
+def test_a_prefill_steps_fixed_cost_is_its_own_and_falls_back_to_the_torch_paths():
+    from dataclasses import replace
+
+    from tacit.perf_model.efficiency import _profile
+    from tacit.perf_model.roofline import step_seconds
+
+    overheads = {"step_overhead_s": {"torch": 2e-3}, "layer_overhead_s": {"torch": 1e-4}}
+    torch_only = _profile("t", {**REFERENCE, **overheads})
+    assert step_seconds([], torch_only, "prefill", 10) == pytest.approx(2e-3 + 10 * 1e-4)
+    fitted = replace(torch_only, step_overhead_s={"torch": 2e-3, "prefill": 5e-3}, layer_overhead_s={"prefill": 1e-3})
+    assert step_seconds([], fitted, "prefill", 10) == pytest.approx(5e-3 + 10 * 1e-3)
+    assert step_seconds([], fitted, "torch", 10) == pytest.approx(2e-3)  # decode on the torch path
+
+
+def test_validation_predicts_the_last_first_token_as_it_measures(cache):
+    """measure() times the batch's last first token: the prediction compared is the max TTFT."""
+    from tacit.config import SchedulerConfig
+    from tacit.perf_model import validate
+    from tacit.perf_model.efficiency import _profile
+    from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
+    from tacit.perf_model.predict import Workload, predict
+    from tacit.platforms.hardware_table import get_hardware_spec
+
+    profile = _profile("this-cpu", REFERENCE)
+    _, ttft = validate.predicted("random:qwen3-100m", "bf16", 4, 1024, profile=profile)
+    shape = shape_from_hf(load_hf_config("random:qwen3-100m"))
+    sched = SchedulerConfig(max_num_batched_tokens=validate.BATCH_TOKEN_BUDGET)
+    w = Workload(4, 1024, validate.OUTPUT_LEN, "bf16", scheduler=sched)
+    p = predict(shape, get_hardware_spec("this-cpu"), w, profile)
+    # prompts over the long-prefill threshold (512) go one at a time: the last is well past the mean
+    assert ttft == pytest.approx(p.ttft.max_s) and p.ttft.max_s > 1.2 * p.ttft.mean_s
