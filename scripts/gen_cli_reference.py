@@ -1,9 +1,9 @@
 """Write docs/reference/engine_args.md, the engine arguments' reference, from tacit.EngineArgs.
 
 Every engine setting is one knob() field of EngineArgs (tacit/config/engine_args.py): its recipe
-section and key, its flag, its help and its default. This page lists them all, by recipe section,
-from those fields, so it cannot drift from the flags: tests/test_docs_site.py fails when the
-committed page differs from what this script writes.
+section and key, its flag, its help, its default and, for `tacit tune`, its search range. This
+page lists them all, by recipe section, from those fields, so it cannot drift from the flags:
+tests/test_docs_site.py fails when the committed page differs from what this script writes.
 
     python scripts/gen_cli_reference.py           # rewrite the page
     python scripts/gen_cli_reference.py --check   # exit 1 if the committed page is stale
@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from tacit.config.engine_args import EngineArgs  # noqa: E402
 from tacit.config.knobs import RECIPE_SECTIONS, SECTION_TITLES, _flag, _shown  # noqa: E402
+from tacit.config.tunable import TuneSpec  # noqa: E402
 
 
 def _text(s: str) -> str:
@@ -51,7 +52,16 @@ def _entry(f: Field, section: str) -> str:
     if cli_help and cli_help != said:
         lines.append(f"  As a keyword or recipe key: {_text(said).rstrip('.')}.")
     lines.append(f"  Default: {_text(_shown(f))}. Keyword `{f.name}`, recipe `{section}.{m['key'] or f.name}`.")
+    if m["tune"] is not None:
+        lines.append(f"  *Tunable*: {_tunable(m['tune'])}.")
     return "\n".join(lines)
+
+
+def _tunable(mark: TuneSpec | dict[str, TuneSpec]) -> str:
+    """The knob's search range (config/tunable.py): "256..16384, log", or a dict knob's per key."""
+    if isinstance(mark, TuneSpec):
+        return _text(f"{mark.describe()} — {mark.why}")
+    return ". ".join(f"`{key}` {_text(f'{spec.describe()} — {spec.why}')}" for key, spec in mark.items())
 
 
 def render() -> str:
@@ -66,7 +76,8 @@ def render() -> str:
         "(`tacit generate | chat | serve`, `tacit bench latency | throughput | spec`, `tacit profile`,",
         "`tacit eval kld`), a keyword of `LLM(...)` and `EngineArgs(...)`, and a key of a recipe's",
         "section. What is given explicitly (a flag, a keyword) wins over the recipe, and the recipe wins",
-        "over the defaults. An unknown keyword is refused naming the valid ones.",
+        "over the defaults. An unknown keyword is refused naming the valid ones. A knob marked",
+        "*Tunable* is in `tacit tune`'s search space, with its range and the reason for it.",
         "",
         "- **`--recipe PATH`**: a recipe YAML (or its folder, e.g. `recipes/smollm2-135m-cpu`); flags",
         "  given with it override it. Keyword `recipe`. [Recipes](../recipes/index.md).",

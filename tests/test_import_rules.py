@@ -241,7 +241,8 @@ TIERS: list[tuple[str, ...]] = [
     ("tacit.models",),
     ("tacit.worker",),
     ("tacit.engine",),
-    ("tacit.entrypoints", "tacit.bench", "tacit.eval", "tacit.perf_model", "tacit.profiler"),
+    # tune: searches engine configurations with the engine, the benchmarks and the performance model.
+    ("tacit.entrypoints", "tacit.bench", "tacit.eval", "tacit.perf_model", "tacit.profiler", "tacit.tune"),
     ("tacit.cli", "tacit"),
 ]
 # fmt: on

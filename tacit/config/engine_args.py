@@ -25,6 +25,7 @@ from tacit.config.recipe import Recipe
 from tacit.config.scheduler import SchedulerConfig, parse_slo_class
 from tacit.config.sizes import parse_bytes, parse_gib
 from tacit.config.speculative import SpeculativeConfig, parse_speculative_config
+from tacit.config.tunable import TuneSpec
 from tacit.distributed.communicators import COMMUNICATORS
 from tacit.kernels.cpu_kernels import cpu_kernels_default, ggml_bf16_activations_default
 from tacit.scheduling.policy import POLICIES  # the package import registers every policy
@@ -64,6 +65,12 @@ class EngineArgs(Knobs):
         "blocks (gguf), are dequantized at load (none), or stay where the AVX512 CPU kernels run (auto); "
         "int8 (per output channel, or per group with quantization_group_size) and int4 (per group) quantize a Hugging Face "
         "checkpoint's linear weights at load, stored as Q8_0 / Q4_1 blocks (auto leaves it unquantized)",
+        tune=TuneSpec(
+            "choice",
+            choices=("auto", "int8", "int4"),
+            changes_output=True,
+            why="the load-time quantizations of a Hugging Face checkpoint; a GGUF's blocks are what they are",
+        ),
     )
     quantization_group_size: int | None = knob(
         config_default(ModelConfig, "quantization_group_size"),
@@ -130,6 +137,19 @@ class EngineArgs(Knobs):
         shown="none",
         from_cli=parse_speculative_config,
         metavar="JSON",
+        # The draft-length controller's bounds (scheduling/spec_controller.py), searched only where
+        # the base configuration has a method: these keys mean nothing without one.
+        tune={
+            "num_speculative_tokens": TuneSpec(
+                "int",
+                low=1,
+                high=8,
+                why="vLLM's examples draft 1-5 tokens; 8 bounds a verify step at 9 tokens a request",
+            ),
+            "min_speculative_tokens": TuneSpec(
+                "int", low=0, high=8, why="0 lets the controller stop drafting; at most num_speculative_tokens"
+            ),
+        },
     )
     # ---- platform ----
     device: str = knob("auto", "platform", "auto | cpu | cuda")
@@ -162,6 +182,14 @@ class EngineArgs(Knobs):
         "torch and CPU-kernel threads per process (each tensor-parallel rank), llama.cpp's --threads",
         type=int,
         shown="torch's own; a tensor-parallel rank's: one per core of its share",
+        tune=TuneSpec(
+            "int",
+            low=1,
+            high=256,
+            upto_cores=True,
+            measured_only=True,
+            why="1 up to this machine's cores; a step-cost calibration holds only at the thread count it was fitted at",
+        ),
     )
     # ---- parallel ----
     tensor_parallel_size: int = knob(
@@ -169,6 +197,12 @@ class EngineArgs(Knobs):
         "parallel",
         "processes that each hold 1/N of every layer (heads, features, vocabulary), pinned to disjoint cores",
         type=int,
+        tune=TuneSpec(
+            "choice",
+            choices=(1, 2, 4, 8),
+            model_only=True,
+            why="powers of two divide the head counts of the models tacit runs; a layout is priced for --hardware",
+        ),
     )
     expert_parallel: bool = knob(
         config_default(ParallelConfig, "expert_parallel"),
@@ -178,6 +212,7 @@ class EngineArgs(Knobs):
         action="store_const",
         const=True,
         aliases=("--enable-expert-parallel",),  # vLLM's spelling
+        tune=TuneSpec("bool", model_only=True, why="a layout over 2+ ranks, priced by the model for --hardware"),
         cli_help="MoE layers: each tensor-parallel rank holds 1/N of the experts, whole (by default 1/N of "
         "every expert's intermediate features)",
     )
@@ -188,6 +223,7 @@ class EngineArgs(Knobs):
         "in flight while the other computes",
         action="store_const",
         const=True,
+        tune=TuneSpec("bool", model_only=True, why="a layout over 2+ ranks, priced by the model for --hardware"),
     )
     data_parallel_attention: bool = knob(
         config_default(ParallelConfig, "data_parallel_attention"),
@@ -198,6 +234,7 @@ class EngineArgs(Knobs):
         action="store_const",
         const=True,
         aliases=("--enable-dp-attention",),
+        tune=TuneSpec("bool", model_only=True, why="a layout over 2+ ranks, priced by the model for --hardware"),
     )
     communicator: str = knob(
         config_default(ParallelConfig, "communicator"),
@@ -206,7 +243,17 @@ class EngineArgs(Knobs):
         "torch.distributed's NCCL on GPU; torch.distributed where that cannot be built), shm or torch",
     )
     # ---- cache ----
-    block_size: int = knob(config_default(CacheConfig, "block_size"), "cache", "tokens per KV block", type=int)
+    block_size: int = knob(
+        config_default(CacheConfig, "block_size"),
+        "cache",
+        "tokens per KV block",
+        type=int,
+        tune=TuneSpec(
+            "choice",
+            choices=(8, 16, 32, 64),
+            why="vLLM's 8/16/32 and 64; any size >= 1 runs, and multiples of 4 keep int8 KV scales aligned",
+        ),
+    )
     num_kv_blocks: int | None = knob(
         None, "cache", "KV blocks in the pool", type=int, shown="what kv_cache_memory holds"
     )
@@ -230,6 +277,7 @@ class EngineArgs(Knobs):
         "cache",
         "auto | bfloat16 | float16 | float32 | int8: what the KV cache stores (auto: the model's dtype; "
         "int8: values with a scale per token and kv head, half of bf16's bytes)",
+        tune=TuneSpec("choice", choices=("auto", "int8"), changes_output=True, why="int8 halves the KV bytes"),
     )
     enable_prefix_caching: bool = knob(
         config_default(CacheConfig, "enable_prefix_caching"),
@@ -252,13 +300,38 @@ class EngineArgs(Knobs):
     )
     # ---- scheduler ----
     scheduling_policy: str = knob(
-        config_default(SchedulerConfig, "policy"), "scheduler", "fcfs | priority | sjf | sla", key="policy"
+        config_default(SchedulerConfig, "policy"),
+        "scheduler",
+        "fcfs | priority | sjf | sla",
+        key="policy",
+        tune=TuneSpec(
+            "choice",
+            choices=("fcfs", "priority", "sjf", "sla"),
+            choices_need=(("sla", "slo_classes"),),
+            why="every policy; sla orders by slack against the slo_classes' targets, so only where they are set",
+        ),
     )
     max_num_seqs: int = knob(
-        config_default(SchedulerConfig, "max_num_seqs"), "scheduler", "most requests in one step", type=int
+        config_default(SchedulerConfig, "max_num_seqs"),
+        "scheduler",
+        "most requests in one step",
+        type=int,
+        tune=TuneSpec(
+            "int", low=4, high=256, log=True, why="4 requests a step on a 2-core CPU up to vLLM's default of 256"
+        ),
     )
     max_num_batched_tokens: int = knob(
-        config_default(SchedulerConfig, "max_num_batched_tokens"), "scheduler", "most tokens in one step", type=int
+        config_default(SchedulerConfig, "max_num_batched_tokens"),
+        "scheduler",
+        "most tokens in one step",
+        type=int,
+        tune=TuneSpec(
+            "int",
+            low=256,
+            high=16384,
+            log=True,
+            why="256 a step on a 2-core CPU up to 16384, vLLM's LLM class's default on a GPU",
+        ),
     )
     enable_chunked_prefill: bool = knob(
         config_default(SchedulerConfig, "enable_chunked_prefill"),
@@ -269,18 +342,28 @@ class EngineArgs(Knobs):
         action="store_const",
         const=False,
         cli_help="prefill each prompt whole in one step, with max_num_batched_tokens raised to max_model_len",
+        tune=TuneSpec("bool", why="whole prompts in one step trade decode stalls for fewer passes over the weights"),
     )
     long_prefill_token_threshold: int = knob(
         config_default(SchedulerConfig, "long_prefill_token_threshold"),
         "scheduler",
         "most prompt tokens one request prefills per step (0: no cap)",
         type=int,
+        # 0 is a mode (no cap), not the low end of a range: a choice, so it is drawn as often as any cap.
+        tune=TuneSpec(
+            "choice",
+            choices=(0, 64, 128, 256, 512, 1024, 2048, 4096),
+            why="no cap, or a cap of 64..4096 tokens; 512 is this CPU's measured default",
+        ),
     )
     max_long_partial_prefills: int = knob(
         config_default(SchedulerConfig, "max_long_partial_prefills"),
         "scheduler",
         "how many prompts longer than the threshold prefill in one step",
         type=int,
+        tune=TuneSpec(
+            "int", low=1, high=8, why="vLLM's default is 1; 8 prompts capped at 2048 already fill a 16384-token step"
+        ),
     )
     aging_s: float | None = knob(
         config_default(SchedulerConfig, "aging_s"),
@@ -289,6 +372,9 @@ class EngineArgs(Knobs):
         type=float,
         from_cli=_aging_from_cli,
         cli_help="seconds after which a waiting request goes ahead of all newer ones (0: never)",
+        tune=TuneSpec(
+            "choice", choices=(None, 5.0, 15.0, 60.0, 300.0), why="never, or a starvation bound from 5 s to 5 min"
+        ),
     )
     slo_classes: dict[int, dict[str, float]] = knob(
         config_default(SchedulerConfig, "slo_classes"),
@@ -307,7 +393,15 @@ class EngineArgs(Knobs):
         "reject | defer: what sla does with a request whose estimated TTFT misses its target",
     )
     preemption_mode: str = knob(
-        config_default(SchedulerConfig, "preemption_mode"), "scheduler", "auto | recompute | swap"
+        config_default(SchedulerConfig, "preemption_mode"),
+        "scheduler",
+        "auto | recompute | swap",
+        tune=TuneSpec(
+            "choice",
+            choices=("auto", "recompute", "swap"),
+            choices_need=(("swap", "swap_space"),),
+            why="every mode the engine has; swap only with swap space to swap to",
+        ),
     )
     cut_in_prefill_tokens: int = knob(
         config_default(SchedulerConfig, "cut_in_prefill_tokens"),
@@ -316,6 +410,11 @@ class EngineArgs(Knobs):
         "most this many prompt tokens is prefilled between that step's layers "
         "(tacit serve; 0: never)",
         type=int,
+        tune=TuneSpec(
+            "choice",
+            choices=(0, 64, 128, 256, 512, 1024, 2048),
+            why="never, or prompts of up to 64..2048 tokens; an interactive turn is ~30-200",
+        ),
     )
     enable_cache_aware_scheduling: bool = knob(
         config_default(SchedulerConfig, "enable_cache_aware_scheduling"),
@@ -326,6 +425,7 @@ class EngineArgs(Knobs):
         action="store_const",
         const=False,
         cli_help="serve waiting requests of equal rank in arrival order, whatever the prefix cache holds of them",
+        tune=TuneSpec("bool", why="longest cached prefix first, or arrival order"),
     )
 
     # ---- the scheduler's flags alone ---------------------------------------------------------

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from tacit.config.recipe import Recipe, read_recipe
+from tacit.config.tunable import TuneSpec, check_tune_mark
 
 # The recipe's sections in the order a recipe (and its error messages) lists them.
 RECIPE_SECTIONS = ("model", "platform", "parallel", "cache", "scheduler")
@@ -47,6 +48,7 @@ def knob(
     shown: str | None = None,
     cli_help: str | None = None,
     from_cli: Callable[[Any], Any] | None = None,
+    tune: TuneSpec | dict[str, TuneSpec] | None = None,
     **argparse_kwargs: Any,
 ) -> Any:
     """One engine knob: a dataclass field whose metadata says where it lives in a recipe and on the CLI.
@@ -59,6 +61,8 @@ def knob(
     cli_help: the flag's help, where the flag says something else than the keyword
     (--no-chunked-prefill turns enable_chunked_prefill off; --aging-s 0 means None).
     from_cli: turns the parsed flag into the field's value (e.g. --aging-s 0 into None).
+    tune: the knob's range for `tacit tune` (config/tunable.py), where it changes performance (or,
+    marked changes_output, results); a dict knob marks its keys: {key: TuneSpec}.
     """
     if section not in RECIPE_SECTIONS:
         raise ValueError(f"knob section {section!r} is not a recipe section; valid: {', '.join(RECIPE_SECTIONS)}")
@@ -72,6 +76,7 @@ def knob(
         "shown": shown,
         "cli_help": cli_help,
         "from_cli": from_cli,
+        "tune": tune,
         "argparse": argparse_kwargs,
     }
     if isinstance(default, dict):
@@ -85,6 +90,15 @@ class Knobs:
     Precedence, as a vLLM `--config` file: what the caller says explicitly (a flag, a keyword)
     wins over the recipe, and the recipe wins over the defaults.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Check every knob's tune= mark against its default as the class is defined (before
+        @dataclass turns the Field objects into defaults), so a bad range fails naming its knob."""
+        super().__init_subclass__(**kwargs)
+        for name, f in vars(cls).items():
+            if isinstance(f, Field) and "tune" in f.metadata:
+                default = f.default_factory() if f.default is MISSING else f.default
+                check_tune_mark(name, f.metadata["tune"], default)
 
     # ---- the keyword and command-line paths in ----------------------------------------------
 
