@@ -241,7 +241,7 @@ TIERS: list[tuple[str, ...]] = [
     ("tacit.models",),
     ("tacit.worker",),
     ("tacit.engine",),
-    ("tacit.entrypoints", "tacit.bench", "tacit.eval", "tacit.perf_model", "tacit.profiler"),
+    ("tacit.entrypoints", "tacit.bench", "tacit.eval", "tacit.perf_model", "tacit.profiler", "tacit.tune"),
     ("tacit.cli", "tacit"),
 ]
 # fmt: on
