@@ -41,16 +41,29 @@ class RequestResult:
         return (self.e2e - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else None
 
 
+SLO_KEYS = ("ttft", "tpot", "e2e")
+
+
 def parse_slo(spec: str | None) -> dict[str, float]:
-    """'ttft:500,tpot:50' -> {'ttft': 0.5, 'tpot': 0.05} (milliseconds in, seconds out)."""
+    """'ttft:500,tpot:50' or 'ttft=500,tpot=50' -> {'ttft': 0.5, 'tpot': 0.05} (milliseconds in,
+    seconds out). Both separators: bench serve's --slo has always written ':', `tacit tune --slo`
+    and --slo-class write '='."""
     if not spec:
         return {}
     out = {}
     for part in spec.split(","):
-        key, _, ms = part.partition(":")
-        if key not in ("ttft", "tpot", "e2e") or not ms:
-            raise ValueError(f"--slo part {part!r} is invalid; write e.g. ttft:500,tpot:50 (ms; keys ttft, tpot, e2e)")
-        out[key] = float(ms) / 1000
+        key, _, ms = part.replace("=", ":", 1).partition(":")
+        key = key.strip()
+        try:
+            value = float(ms)
+        except ValueError:
+            value = float("nan")
+        if key not in SLO_KEYS or not value > 0 or value == float("inf"):
+            raise ValueError(
+                f"--slo part {part!r} is invalid; write e.g. ttft:500,tpot:50 or ttft=500,tpot=50 "
+                f"(milliseconds > 0; keys {', '.join(SLO_KEYS)})"
+            )
+        out[key] = value / 1000
     return out
 
 
