@@ -39,6 +39,10 @@ Hysteresis, so noise and alternating load do not make it flap:
   (a queue alternating 0, 8, 0, 8 averages ~4: long, every time);
 - a knob moves only when its target differs from its value by at least 20%: twice the step
   time's noise, so noise alone does not move it;
+- a budget brought down goes up again only REVERSAL_HOLD_S (5 s) later: the fit that just said
+  "too slow" must see ~100 steps of the smaller size (two of its memories) before it says "fast
+  enough". Without it, `tacit serve --adaptive` on a tiny model on 2 shared cores took the budget
+  240, 160, 224, 128, 240 in five seconds as new prefill shapes made single steps slow;
 - at least MIN_INTERVAL_S (1 s) between two decisions: ~20 steps of the default model at 32
   running (~50 ms each), so a decision is judged on steps run under it (20 new steps are a third
   of the fit's weight: 1 - 0.98^20) rather than on the one step after it, and the log gets at
@@ -61,6 +65,7 @@ from tacit.scheduling.cost_model import StepCostModel
 KNOBS = ("max_num_batched_tokens", "long_prefill_token_threshold")
 # Each of these is explained, with the number behind it, in the module docstring.
 MIN_INTERVAL_S = 1.0
+REVERSAL_HOLD_S = 5.0
 MIN_OBSERVED = 8
 DEAD_BAND = 0.2
 HEADROOM = 0.9
@@ -191,6 +196,7 @@ class AdaptiveController:
         self.num_running = 0
         self.num_long_prefills = 0
         self.last_decision: float | None = None
+        self.last_budget_down = float("-inf")
 
     def observe(
         self,
@@ -252,7 +258,8 @@ class AdaptiveController:
                 lo, hi = self.bounds.min_batched_tokens, self.bounds.max_batched_tokens
                 target = min(best, max(lo, min(hi, self.configured[0])))
                 reason = f"queue drained ({self.queue:.2f} waiting): budget back to {target} ({fit})"
-            if _moves(self.budget, target):
+            held = target > self.budget and now - self.last_budget_down < REVERSAL_HOLD_S
+            if _moves(self.budget, target) and not held:
                 budget = target
                 why.append(reason)
         if self.cap:
@@ -267,9 +274,15 @@ class AdaptiveController:
                     )
             elif not self.queue_long:
                 target = max(lo, min(hi, self.configured[1]))
-                if _moves(self.cap, target):
+                if target > self.cap and _moves(self.cap, target):
                     cap = target
                     why.append(f"queue drained: cap back to {target}")
+            if cap > hi and budget > self.configured[0]:
+                # A configured cap above the configured budget bounded nothing while the budget
+                # did; a grown budget would let one request's chunk pass what the KV cache was
+                # sized for (AdaptiveBounds.resolve), so the cap comes down with it.
+                cap = hi
+                why.append(f"cap held at {hi}, the most one request's chunk may be")
         moves = tuple(
             (knob, "up" if new > old else "down")
             for knob, old, new in zip(KNOBS, (self.budget, self.cap), (budget, cap))
@@ -277,6 +290,8 @@ class AdaptiveController:
         )
         if not moves:
             return None
+        if budget < self.budget:
+            self.last_budget_down = now
         self.budget, self.cap, self.last_decision = budget, cap, now
         return Decision(budget, cap, moves, "; ".join(why))
 

@@ -9,7 +9,13 @@ import pytest
 
 from tacit.config import SchedulerConfig
 from tacit.memory.paged_kv_cache_manager import PagedKVCacheManager
-from tacit.scheduling.adaptive import MIN_INTERVAL_S, MIN_OBSERVED, AdaptiveBounds, AdaptiveController
+from tacit.scheduling.adaptive import (
+    MIN_INTERVAL_S,
+    MIN_OBSERVED,
+    REVERSAL_HOLD_S,
+    AdaptiveBounds,
+    AdaptiveController,
+)
 from tacit.scheduling.policy import get_policy
 from tacit.scheduling.scheduler import Scheduler
 
@@ -170,3 +176,28 @@ def test_the_scheduler_sees_a_replaced_config_on_its_next_schedule():
     with pytest.raises(ValueError, match="max_num_batched_tokens=0 is invalid"):
         s.replace_config(max_num_batched_tokens=0)
     assert s.config.max_num_batched_tokens == 32 and s.config.long_prefill_token_threshold == 8
+
+
+def test_a_cap_above_the_budget_comes_down_when_the_budget_grows():
+    # Configured cap 512 over a 64-token budget: the budget bounded every chunk. Grown to 256,
+    # one request's chunk may not pass 64, what the KV cache was sized for.
+    c = controller(budget=64, cap=512, tpot_ms=200.0)
+    assert (c.bounds.min_long_prefill, c.bounds.max_long_prefill) == (64, 64)
+    _, [(_, d)] = feed(c, 0.0, 40, per_token=0.0001, waiting=20)
+    assert d.max_num_batched_tokens == 256 and d.long_prefill_token_threshold == 64
+    assert d.moves == (("max_num_batched_tokens", "up"), ("long_prefill_token_threshold", "down"))
+
+
+def test_a_budget_brought_down_waits_before_going_up_again():
+    # Prompt tokens 10x dearer every other 1.2 s (a noisy machine): the fit swings each phase.
+    c = controller()
+    t, decisions = 0.0, []
+    for phase in range(10):
+        t, got = feed(c, t, 24, per_token=0.001 if phase % 2 else 0.0001, waiting=20)
+        decisions += got
+    moves = [(when, d.moves[0][1]) for when, d in decisions]
+    assert moves[0][1] == "up" and ("down" in dict(moves).values())
+    for (when, move), (later, next_move) in zip(moves, moves[1:]):
+        if move == "down" and next_move == "up":
+            assert later - when >= REVERSAL_HOLD_S
+    assert len(moves) <= 4  # 12 s of swings: up, down, and at most one more round
