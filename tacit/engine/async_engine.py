@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
+from tacit.engine.adaptation import EngineAdaptation
 from tacit.engine.executor import WorkerDiedError
 from tacit.engine.llm_engine import LLMEngine
 from tacit.engine.metrics import ServingMetrics
@@ -39,6 +40,7 @@ from tacit.engine.request_stream import (
 from tacit.engine.vllm_metrics import VllmRequestMetrics
 from tacit.outputs import RequestOutput
 from tacit.sampling_params import SamplingParams
+from tacit.scheduling.adaptive import AdaptiveBounds
 from tacit.scheduling.errors import SLOUnattainableError
 from tacit.tokenizer import Tokenizer
 from tacit.worker.paths.base import finish
@@ -78,13 +80,17 @@ class _Stop:
 
 
 class AsyncLLMEngine:
-    def __init__(self, engine_factory: Callable[[], LLMEngine], max_waiting: int = 256) -> None:
-        """engine_factory builds the LLMEngine; it runs on the engine thread (see start())."""
+    def __init__(
+        self, engine_factory: Callable[[], LLMEngine], max_waiting: int = 256, adaptive: AdaptiveBounds | None = None
+    ) -> None:
+        """engine_factory builds the LLMEngine; it runs on the engine thread (see start()). adaptive:
+        the bounds of the step budget and long-prefill cap moved with the load (engine/adaptation.py)."""
         if max_waiting < 1:
             raise ValueError(f"max_waiting={max_waiting} is invalid: it must be >= 1")
         self._engine_factory = engine_factory
         self.engine: LLMEngine | None = None  # set by start()
         self.max_waiting = max_waiting
+        self._adaptive, self.adaptation = adaptive, None  # EngineAdaptation, built by start() with the engine
         self.metrics = ServingMetrics()
         self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}  # engine thread only
@@ -99,8 +105,10 @@ class AsyncLLMEngine:
         self.on_fatal: Callable[[], None] | None = None
 
     @classmethod
-    def from_engine_args(cls, max_waiting: int = 256, **engine_kwargs: Any) -> "AsyncLLMEngine":
-        return cls(lambda: LLMEngine(**engine_kwargs), max_waiting=max_waiting)
+    def from_engine_args(
+        cls, max_waiting: int = 256, adaptive: AdaptiveBounds | None = None, **engine_kwargs: Any
+    ) -> "AsyncLLMEngine":
+        return cls(lambda: LLMEngine(**engine_kwargs), max_waiting=max_waiting, adaptive=adaptive)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -211,6 +219,8 @@ class AsyncLLMEngine:
         try:
             self.engine = self._engine_factory()
             self.metrics.vllm = VllmRequestMetrics(self.engine.max_model_len)
+            if self._adaptive is not None:
+                self.adaptation = EngineAdaptation(self._adaptive, self.engine, self.metrics)
             self._publish()
         except BaseException as e:
             self._build_error = e
@@ -337,6 +347,7 @@ class AsyncLLMEngine:
         self.metrics.count_request("abort")
 
     def _step(self) -> None:
+        started = time.monotonic()
         try:
             outputs = self._run_step()
         except WorkerDiedError:
@@ -350,6 +361,8 @@ class AsyncLLMEngine:
                 self._fail(rid, EngineStepError(f"the engine step failed: {e!r}"))
             return
         self._deliver(outputs)
+        if self.adaptation is not None:  # between two steps: the next schedule() runs with its decision
+            self.adaptation.after_step(self.engine, started, time.monotonic())
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         now = time.monotonic()

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tacit.engine.adaptive_metrics import AdaptiveMetrics
 from tacit.engine.prometheus import Histogram, escape, write_histogram, write_metric
 from tacit.engine.vllm_metrics import ENGINE_LABEL, VllmRequestMetrics
 from tacit.scheduling.scheduler_output import SchedulerStats
@@ -106,6 +107,8 @@ class ServingMetrics:
     # vLLM's per-request histograms: their token buckets need max_model_len, so the engine thread
     # sets this once the engine is built (None: only the snapshot's vllm:* metrics are rendered).
     vllm: VllmRequestMetrics | None = None
+    # The adaptive controller's decisions and knob values (None: --adaptive is off).
+    adaptive: AdaptiveMetrics | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count_request(self, outcome: str) -> None:
@@ -278,6 +281,8 @@ class ServingMetrics:
         )
         if self.vllm is not None:
             self.vllm.render(lines, vllm_label)
+        if self.adaptive is not None:
+            self.adaptive.render(lines, label)
         return "\n".join(lines) + "\n"
 
 

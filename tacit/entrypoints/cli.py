@@ -9,6 +9,7 @@ import time
 
 from tacit.config.engine_args import EngineArgs
 from tacit.config.sizes import parse_bytes
+from tacit.entrypoints.adaptive_args import add_adaptive_args
 from tacit.entrypoints.list_models import add_models_parser
 from tacit.entrypoints.openai.access_log import ACCESS_LOG_FORMATS
 from tacit.entrypoints.openai.harmony import REASONING_PARSERS
@@ -274,6 +275,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="serve GET /tokenizer_info (vLLM's: the tokenizer's config, special tokens and chat template, "
         "which lm-evaluation-harness's remote tokenizer reads); without it the route is 404",
     )
+    add_adaptive_args(front)
     s.set_defaults(func=cmd_serve)
 
     f = sub.add_parser("fetch", help="fetch the embedded default model into the cache")

@@ -21,15 +21,15 @@ One step, in vLLM v1's contract: schedule() -> SchedulerOutput (plain data) -> t
 appends sampled tokens, times first tokens, checks EOS / stop ids / max_tokens and frees the
 blocks of whatever finished. Detokenization and stop strings are the output processor's.
 
-This module queues requests and makes each step's decisions (schedule()); the rest of the
-Scheduler is functions taking it, one job per module: preemption.py (victims; swap or
-recompute), cut_in.py, output_builder.py (the SchedulerOutput the runner gets) and
-step_update.py (update_from_output() and the end of a request). The Scheduler's methods are the
-API everyone calls.
+This module queues requests and makes each step's decisions (schedule()); the rest of the Scheduler is
+functions taking it, one job per module: preemption.py (victims; swap or recompute), cut_in.py, output_builder.py
+(the SchedulerOutput the runner gets) and step_update.py (update_from_output() and the end of a request).
+The Scheduler's methods are the API everyone calls.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable, Iterable
 
@@ -86,8 +86,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []
         self.running: list[Request] = []
-        self.num_preemptions = 0
-        self.num_cut_ins = 0
+        self.num_preemptions = self.num_cut_ins = 0
         # Speculative decoding since start: verifies, drafts verified, drafts accepted; and the
         # one place each step's draft lengths are decided.
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
@@ -128,6 +127,10 @@ class Scheduler:
     def get_request(self, request_id: str) -> Request | None:
         return self.requests.get(request_id)
 
+    def replace_config(self, **changes: int) -> None:
+        """Frozen SchedulerConfig, so a checked copy; every reader takes self.config afresh each schedule()."""
+        self.config = dataclasses.replace(self.config, **changes)
+
     def _preempt(self, request: Request, preempted: list[Request]) -> None:
         """Send a running request back to waiting with its blocks freed, its KV swapped out
         first if preemption.should_swap says so (else recomputed when it resumes)."""
@@ -157,16 +160,15 @@ class Scheduler:
         return (1, *self.prefix_order.waiting_key(req))
 
     def _next_waiting(self, short_only: bool = False) -> Request | None:
-        pool = [r for r in self.waiting if not self._is_long(r)] if short_only else self.waiting
+        pool = [r for r in self.waiting if not self.is_long(r)] if short_only else self.waiting
         return min(pool, key=self._waiting_key) if pool else None
 
-    def _is_long(self, req: Request) -> bool:
+    def is_long(self, req: Request) -> bool:
         cap = self.config.long_prefill_token_threshold
         return bool(cap) and req.num_tokens - req.num_computed_tokens > cap
 
     def uncached_tokens(self, req: Request) -> int:
-        """Tokens req has left to compute: for one not started yet, less the leading blocks the
-        prefix cache holds for it now (what a policy's time estimates should count)."""
+        """Tokens req has left to compute, less (not started yet) the prefix cache's blocks: what policies price."""
         left = req.num_tokens - req.num_computed_tokens
         hashes = self._lookup_hashes(req)
         if hashes is None:
@@ -198,8 +200,7 @@ class Scheduler:
         return self.policy.outranks(waiting, running)
 
     def _chunk(self, req: Request, budget: int) -> int:
-        """Tokens req may compute this step: all it has left, capped by the budget and the
-        per-request long-prefill threshold (0 means no cap)."""
+        """Tokens req may compute this step: all it has left, within the budget and the long-prefill cap (0: none)."""
         n = min(req.num_tokens - req.num_computed_tokens, budget)
         cap = self.config.long_prefill_token_threshold
         return min(n, cap) if cap and self.config.enable_chunked_prefill else n
@@ -247,8 +248,7 @@ class Scheduler:
         return blocks, tiered
 
     def _slots(self, req: Request, n: int) -> int:
-        """The KV slots past req's computed tokens a step of n tokens holds: n, and the lookahead
-        up to the last position req can reach."""
+        """KV slots a step of n tokens holds past req's computed ones: n, plus lookahead up to req's last position."""
         if not self.num_lookahead_tokens:
             return n
         end = req.num_prompt_tokens + req.max_tokens
@@ -302,7 +302,7 @@ class Scheduler:
             n = self._chunk(req, budget.of(pool))
             verify = self._drafts_to_verify(req, budget.of(pool))
             n += len(verify)  # draft tokens are computed (their KV written) like any scheduled token
-            long = self._is_long(req)
+            long = self.is_long(req)
             if (
                 not n
                 or (not chunked and n < req.num_tokens - req.num_computed_tokens)
@@ -339,10 +339,10 @@ class Scheduler:
             req = self._next_waiting(short_only=not budget.any_long_slot)
             if req is None:
                 break
-            pool = self._place(req, budget, self._is_long(req))
+            pool = self._place(req, budget, self.is_long(req))
             # Its computed tokens now start past the cached blocks (the pool's, then the tier's).
             hit, tiered = self._prefix_hit(req)
-            long = self._is_long(req)
+            long = self.is_long(req)
             n = self._chunk(req, budget.of(pool))
             new_blocks = None
             if (

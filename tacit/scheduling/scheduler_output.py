@@ -96,6 +96,19 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.num_scheduled_tokens
 
+    def step_shape(self) -> tuple[int, int, int]:
+        """(prompt tokens, decodes, draft tokens) this step computes: what its time is fitted on
+        (StepCostModel). A decode computes one token beside its drafts; anything else prefills."""
+        prefill = decodes = drafts = 0
+        for req_id, n in self.num_scheduled_tokens.items():
+            num_drafts = len(self.scheduled_spec_decode_tokens.get(req_id, ()))
+            if n - num_drafts == 1:
+                decodes += 1
+            else:
+                prefill += n
+            drafts += num_drafts
+        return prefill, decodes, drafts
+
 
 @dataclass(frozen=True)
 class EngineCoreOutput:

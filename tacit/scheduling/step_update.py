@@ -25,18 +25,12 @@ def update_from_output(
     if s.swapper is not None:
         s.swapper.observe(runner_output.swap_blocks, runner_output.swap_s)
     verified = scheduler_output.scheduled_spec_decode_tokens
-    prefill_tokens = decodes = draft_tokens = 0
     for req_id, n in scheduler_output.num_scheduled_tokens.items():
         req = s.requests.get(req_id)
         if req is not None:
             req.num_computed_tokens += n
             req.spec_token_ids = []
-        num_drafts = len(verified.get(req_id, ()))
-        if n - num_drafts == 1:
-            decodes += 1
-        else:
-            prefill_tokens += n
-        draft_tokens += num_drafts
+    prefill_tokens, decodes, draft_tokens = scheduler_output.step_shape()
     s.cost.observe(prefill_tokens, decodes, runner_output.execute_s - runner_output.propose_s, draft_tokens)
     if runner_output.draft_token_ids:
         proposed = sum(len(d) for d in runner_output.draft_token_ids.values())

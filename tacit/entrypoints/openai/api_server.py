@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from tacit.config.engine_args import EngineArgs
 from tacit.engine.async_engine import AsyncLLMEngine
+from tacit.entrypoints.adaptive_args import adaptive_bounds
 from tacit.entrypoints.openai.access_log import AccessLogMiddleware, configure_access_log
 from tacit.entrypoints.openai.chat_protocol import ChatCompletionRequest
 from tacit.entrypoints.openai.completion_protocol import CompletionRequest
@@ -262,13 +263,14 @@ def run_server(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     t0 = time.perf_counter()
     engine_args = EngineArgs.from_cli_args(args)
+    adaptive = adaptive_bounds(args)  # before loading: a stray --adaptive-* flag fails at once
     print(
         f"tacit: loading {engine_args.model or 'the default model (SmolLM2-135M-Instruct)'} ...",
         file=sys.stderr,
         flush=True,
     )
     # Load before binding the port: /health answering means the model is ready.
-    engine = AsyncLLMEngine.from_engine_args(max_waiting=args.max_waiting, engine_args=engine_args)
+    engine = AsyncLLMEngine.from_engine_args(max_waiting=args.max_waiting, adaptive=adaptive, engine_args=engine_args)
     engine.start()  # builds the model on the engine thread; raises what loading raised
     name = served_model_name(args, engine_args.model)
     e = engine.engine
