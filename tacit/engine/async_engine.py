@@ -21,10 +21,10 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 from tacit.engine.adaptation import EngineAdaptation
+from tacit.engine.engine_commands import _Abort, _Add, _Stop
 from tacit.engine.executor import WorkerDiedError
 from tacit.engine.llm_engine import LLMEngine
 from tacit.engine.metrics import ServingMetrics
@@ -56,27 +56,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("tacit.engine")
-
-
-@dataclass
-class _Add:
-    request_id: str
-    prompt: str | list[int]
-    params: SamplingParams
-    priority: int
-    stream: "RequestStream"
-    check_queue: bool = True
-    cache_salt: str | None = None
-
-
-@dataclass
-class _Abort:
-    request_id: str
-
-
-@dataclass
-class _Stop:
-    pass
 
 
 class AsyncLLMEngine:
