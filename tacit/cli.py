@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     from tacit.eval.kld import add_eval_parser
     from tacit.perf_model.cli import add_predict_parser
     from tacit.profiler.cli import add_profile_parser
+    from tacit.tune.cli import add_tune_parser
 
     parser = argparse.ArgumentParser(prog="tacit", description="tacit: an LLM inference engine")
     parser.add_argument("--version", action="version", version=f"tacit {__version__}")
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_parser(sub)
     add_profile_parser(sub)
     add_predict_parser(sub)
+    add_tune_parser(sub)
     return parser
 
 
@@ -71,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     request_transparent_huge_pages()
     args = parse_args(build_parser(), argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)  # for outputs that say how they were made
     try:
         return args.func(args)
     except (FileNotFoundError, ValueError) as e:

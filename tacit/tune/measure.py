@@ -30,6 +30,7 @@ from tacit.engine.async_engine import AsyncLLMEngine
 from tacit.engine.llm_engine import LLMEngine
 from tacit.platforms import get_platform
 from tacit.sampling_params import SamplingParams
+from tacit.scheduling.adaptive import AdaptiveBounds
 from tacit.tune.objective import SLO, RequestOutcome, score
 
 # What a configuration that cannot run raises while it is built or stepped: a bad or clashing
@@ -157,15 +158,17 @@ def measure(
     workload: list[WorkloadRequest],
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
+    adaptive: AdaptiveBounds | None = None,
 ) -> TrialResult:
     """Build the engine of engine_args, warm it up, replay workload on the wall clock, shut it
-    down. progress(done, total) is called as each request completes."""
+    down. progress(done, total) is called as each request completes. adaptive: run the engine
+    as `tacit serve --adaptive` does, within these bounds."""
     _check_workload(workload)
     # The frontend's bound counts waiting sequences; a workload request is one sequence, so it
     # can never find len(workload) already waiting (the warm-up is done before the first
     # arrives). A rejection would be the harness's doing, not the configuration's.
     max_waiting = len(workload) + 1
-    engine = AsyncLLMEngine(lambda: LLMEngine(engine_args=engine_args), max_waiting=max_waiting)
+    engine = AsyncLLMEngine(lambda: LLMEngine(engine_args=engine_args), max_waiting=max_waiting, adaptive=adaptive)
     try:
         try:
             engine.start()

@@ -134,3 +134,22 @@ def spread(values: list[float]) -> tuple[float, float]:
     x = _as_sample(values, "values", 2)
     q25, q75 = np.percentile(x, [25, 75])
     return float(x.std(ddof=1)), float(q75 - q25)
+
+
+# --objective NAME -> (the score's key, the direction that is better)
+OBJECTIVES = {
+    "goodput": ("goodput_req_s", "maximize"),
+    "throughput": ("throughput_req_s", "maximize"),
+    "p99-ttft": ("p99_ttft_s", "minimize"),
+}
+
+
+def objective_value(scores: dict[str, float], objective: str) -> float:
+    """The number the search optimizes, signed so that larger is always better."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"--objective {objective!r} is not known; valid: {', '.join(OBJECTIVES)}")
+    key, direction = OBJECTIVES[objective]
+    value = scores[key]
+    if math.isnan(value):  # nothing completed: the worst there is
+        return -math.inf
+    return value if direction == "maximize" else -value
