@@ -19,7 +19,7 @@ from tacit.tune.model_stage import ModelStage
 from tacit.tune.objective import OBJECTIVES
 from tacit.tune.recipe_out import point_words, write_readme, write_recipe
 from tacit.tune.scenario import Scenario
-from tacit.tune.search import SEARCH_SHARE, MeasuredSearch, model_search, real_measure
+from tacit.tune.search import CONFIRM_CANDIDATES, SEARCH_SHARE, MeasuredSearch, model_search, real_measure
 from tacit.tune.space import Dimension, sample, search_space, validate_point
 
 # Candidates from the model stage measured first (with the default): its best distinct points.
@@ -169,8 +169,11 @@ def _measured(req, stage, model_space, measured_space, priced, report, t0) -> di
         tick(f"trial {t.number}: {'infeasible' if t.value is None else f'{t.value:.3g}'}")
         if elapsed() >= SEARCH_SHARE * req.budget_s:
             break
-    conf = search.candidates()
     trial_s = sum(durations) / len(durations)
+    # As many candidates (up to CONFIRM_CANDIDATES) as leave room for two rounds: one ratio with
+    # an interval beats two without
+    room = (req.budget_s - elapsed()) / (MARGIN * 2 * 2 * trial_s)
+    conf = search.candidates(max(1, min(CONFIRM_CANDIDATES, int(room))))
     rounds = len(conf[0].values) if conf else 0
     while conf and elapsed() + MARGIN * 2 * len(conf) * trial_s <= req.budget_s:
         search.confirm_round(conf, rounds)

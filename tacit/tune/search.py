@@ -38,7 +38,7 @@ from tacit.tune.space import Dimension, suggest, validate_point
 
 # Share of the budget the search may spend before confirmation takes over (the rest alternates
 # the best candidates with the default: a ratio needs at least two rounds of each).
-SEARCH_SHARE = 0.55
+SEARCH_SHARE = 0.5
 CONFIRM_CANDIDATES = 2
 
 
@@ -209,9 +209,9 @@ class MeasuredSearch:
     def _save(self, conf: list[Confirmation]) -> None:
         self.confirm_path.write_text(json.dumps([c.__dict__ for c in conf], indent=1))
 
-    def candidates(self) -> list[Confirmation]:
-        """The confirmation's candidates: kept from a previous run, else the best distinct
-        feasible trials that are not the default."""
+    def candidates(self, limit: int = CONFIRM_CANDIDATES) -> list[Confirmation]:
+        """The confirmation's candidates: kept from a previous run, else the best `limit`
+        distinct feasible trials that are not the default."""
         conf = self.confirmations()
         if conf:
             return conf
@@ -219,7 +219,7 @@ class MeasuredSearch:
         for t in sorted((t for t in self.trials() if t.value is not None), key=lambda t: -t.value):
             if _key(t.point) not in best and validate_point(t.point, self.base) != self.base:
                 best[_key(t.point)] = t
-        conf = [Confirmation(t.point) for t in list(best.values())[:CONFIRM_CANDIDATES]]
+        conf = [Confirmation(t.point) for t in list(best.values())[:limit]]
         self._save(conf)
         return conf
 
