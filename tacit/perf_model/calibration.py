@@ -53,6 +53,11 @@ def calibration_dir() -> Path:
     return cache_dir() / "calibration"
 
 
+def cpu_name() -> str:
+    """/proc/cpuinfo's model name (what a recipe or a report says was measured on)."""
+    return _cpuinfo().get("model name", "an unnamed CPU")
+
+
 def _cpuinfo() -> dict[str, str]:
     """The first processor's fields of /proc/cpuinfo ({} where there is none: not Linux)."""
     try:

@@ -226,7 +226,13 @@ def _importance(search: MeasuredSearch) -> dict[str, float] | None:
 
 def _finish(req: TuneRequest, report: dict, args: EngineArgs) -> dict:
     why = f"Written by tacit tune: {report['verdict']}\nWhy, with the measurements: README.md in this folder."
-    write_recipe(req.out_dir, report["name"], report["scenario_description"], req.hardware, args, why)
+    hardware = req.hardware
+    if hardware == "this-cpu":  # a recipe read elsewhere should say which machine measured it
+        from tacit.perf_model.calibration import cpu_name
+        from tacit.platforms.hardware_table import get_hardware_spec
+
+        hardware = f"{cpu_name()} ({get_hardware_spec('this-cpu').description}), measured"
+    write_recipe(req.out_dir, report["name"], report["scenario_description"], hardware, args, why)
     write_readme(req.out_dir, report)
     (req.out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
     print(report["verdict"], file=sys.stderr)
