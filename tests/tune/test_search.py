@@ -104,3 +104,25 @@ def test_the_recipe_reads_back_as_tuned(tmp_path):
     loaded = EngineArgs.from_kwargs(recipe=str(tmp_path))  # what `tacit serve --recipe DIR` reads
     assert (loaded.max_num_seqs, loaded.scheduling_policy, loaded.block_size) == (8, "priority", 32)
     assert point_words({"a": 1, "b": 2}, {"a": 1}) == "b=2" and point_words({}, {}) == "the defaults"
+
+
+def _concluded(tmp_path, values, defaults):
+    from tacit.tune.objective import SLO
+    from tacit.tune.run import TuneRequest, _conclude
+    from tacit.tune.scenario import Scenario
+
+    s = MeasuredSearch(tmp_path, "t", SPACE, BASE, fake_run([]), lambda p: None)
+    conf = [Confirmation({"max_num_seqs": 8}, values, defaults)]
+    scenario = Scenario("s", "a test", [], SLO(default={"ttft": 1.0}), "w.jsonl")
+    req = TuneRequest(BASE, "m", scenario, out_dir=tmp_path, command="tacit tune ...")
+    report = {"name": "t", "scenario_description": "a test", "defaults": {"max_num_seqs": 64}}
+    report.update(scenario="s", objective="goodput", slo="", hardware="h", command=req.command)
+    report = _conclude(req, s, conf, report, 1.0)
+    return report, EngineArgs.from_kwargs(recipe=str(tmp_path))
+
+
+def test_a_candidate_replaces_the_defaults_only_when_its_interval_clears_one(tmp_path):
+    report, recipe = _concluded(tmp_path / "a", [3.0, 3.1, 2.9], [1.0, 1.1, 0.9])
+    assert recipe.max_num_seqs == 8 and report["verdict"].startswith("max_num_seqs=8: ")
+    report, recipe = _concluded(tmp_path / "b", [1.0, 1.4, 0.8], [1.1, 0.9, 1.2])
+    assert recipe.max_num_seqs == BASE.max_num_seqs and report["verdict"].startswith("The defaults stay")
