@@ -43,6 +43,11 @@ def _slo_classes_from_cli(specs: list[str]) -> dict[int, dict[str, float]]:
     return dict(parse_slo_class(s) for s in specs)
 
 
+# The parallel layout's on/off flags: one process is all a measured tune trial runs, so only the
+# performance model prices them (`tacit tune --hardware NAME`).
+LAYOUT_FLAG_TUNE = TuneSpec("bool", model_only=True, why="a layout over 2+ ranks, priced by the model for --hardware")
+
+
 @dataclass(frozen=True)
 class EngineArgs(Knobs):
     # ---- model ----
@@ -212,7 +217,7 @@ class EngineArgs(Knobs):
         action="store_const",
         const=True,
         aliases=("--enable-expert-parallel",),  # vLLM's spelling
-        tune=TuneSpec("bool", model_only=True, why="a layout over 2+ ranks, priced by the model for --hardware"),
+        tune=LAYOUT_FLAG_TUNE,
         cli_help="MoE layers: each tensor-parallel rank holds 1/N of the experts, whole (by default 1/N of "
         "every expert's intermediate features)",
     )
@@ -223,7 +228,7 @@ class EngineArgs(Knobs):
         "in flight while the other computes",
         action="store_const",
         const=True,
-        tune=TuneSpec("bool", model_only=True, why="a layout over 2+ ranks, priced by the model for --hardware"),
+        tune=LAYOUT_FLAG_TUNE,
     )
     data_parallel_attention: bool = knob(
         config_default(ParallelConfig, "data_parallel_attention"),
@@ -234,7 +239,7 @@ class EngineArgs(Knobs):
         action="store_const",
         const=True,
         aliases=("--enable-dp-attention",),
-        tune=TuneSpec("bool", model_only=True, why="a layout over 2+ ranks, priced by the model for --hardware"),
+        tune=LAYOUT_FLAG_TUNE,
     )
     communicator: str = knob(
         config_default(ParallelConfig, "communicator"),
