@@ -44,7 +44,7 @@ class EngineAdaptation:
             return None
         self._num_steps = engine.num_steps
         scheduler = engine.scheduler
-        prefill, decodes, drafts = engine.last_step_shape
+        prefill, decodes, drafts = scheduler.last_step_shape  # step_update's, computed once a step
         self.controller.observe(
             now - started,
             prefill,

@@ -176,9 +176,6 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
         self.num_steps = 0
-        # The last step's (prompt tokens, decodes, draft tokens): what the online engine's
-        # adaptive controller fits that step's measured time on (engine/adaptation.py).
-        self.last_step_shape = (0, 0, 0)
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
 
@@ -327,7 +324,6 @@ class LLMEngine:
         if scheduler_output.is_empty():
             return []
         self.num_steps += 1
-        self.last_step_shape = scheduler_output.step_shape()
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         self.num_generation_tokens += sum(len(o.new_token_ids) for o in core_outputs)
         outputs, stopped = self.output_processor.process_outputs(core_outputs)

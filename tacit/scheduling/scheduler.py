@@ -87,8 +87,8 @@ class Scheduler:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = self.num_cut_ins = 0
-        # Speculative decoding since start: verifies, drafts verified, drafts accepted; and the
-        # one place each step's draft lengths are decided.
+        self.last_step_shape = (0, 0, 0)  # the last step's (prompt tokens, decodes, drafts): step_update
+        # Speculative decoding since start (verifies, drafts verified, accepted); spec decides draft lengths.
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         # num_speculative_tokens 0: no speculative config, so no step prices drafts (a proposer a
         # test attaches by hand still has every draft it offers verified).

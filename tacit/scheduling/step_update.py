@@ -30,7 +30,7 @@ def update_from_output(
         if req is not None:
             req.num_computed_tokens += n
             req.spec_token_ids = []
-    prefill_tokens, decodes, draft_tokens = scheduler_output.step_shape()
+    prefill_tokens, decodes, draft_tokens = s.last_step_shape = scheduler_output.step_shape()
     s.cost.observe(prefill_tokens, decodes, runner_output.execute_s - runner_output.propose_s, draft_tokens)
     if runner_output.draft_token_ids:
         proposed = sum(len(d) for d in runner_output.draft_token_ids.values())

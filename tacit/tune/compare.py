@@ -39,7 +39,8 @@ def contender(spec: str, base: EngineArgs, scenario: Scenario) -> Contender:
     else:
         if not Path(name).exists():
             raise ValueError(f"--compare {spec!r}: no recipe at {name}; give default, a recipe, or adaptive:X")
-        args = replace(EngineArgs(**EngineArgs.load_recipe(name).engine_args), model=base.model)
+        # the recipe's settings over the base's (its model, dtype and device stay the command line's)
+        args = replace(base, **EngineArgs.load_recipe(name).engine_args)
     bounds = None
     if adaptive:
         tpots = [b["tpot"] for b in [scenario.slo.default, *scenario.slo.classes.values()] if "tpot" in b]
