@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from tacit.diffusion import architectures
-from tacit.diffusion.singlefile import load_single_file
+from tacit.diffusion.singlefile import KeyMismatchError, build_on_meta, load_single_file
 
 
 @dataclass
@@ -90,13 +90,13 @@ def _load_diffusers_dir(path: Path, dtype: torch.dtype) -> DiffusionComponents:
         index = json.loads((path / "model_index.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ValueError(f"model={str(path / 'model_index.json')!r}: not readable JSON ({e})") from e
-    # A pipeline lists its components as name -> [library, class]; SDXL's text_encoder_2 is
-    # [null, null] in refiner-less exports, so test the value, not the key.
-    family = "sdxl" if (index.get("text_encoder_2") or [None])[0] else "sd15"
-    if index.get("_class_name", "").startswith("StableDiffusionXL") and family != "sdxl":
-        raise ValueError(f"model={str(path)!r}: an SDXL pipeline without text_encoder_2 (refiners are not supported)")
-    unet = _from_pretrained(UNet2DConditionModel, path / "unet", "diffusers", dtype)
-    vae = _from_pretrained(AutoencoderKL, path / "vae", "diffusers", dtype)
+    # A pipeline lists its components as name -> [library, class], [null, null] when absent.
+    has = {name: bool((index.get(name) or [None])[0]) for name in ("text_encoder", "text_encoder_2")}
+    if has["text_encoder_2"] and not has["text_encoder"]:
+        raise ValueError(f"model={str(path)!r}: an SDXL refiner (no text_encoder/); tacit runs base models")
+    family = "sdxl" if has["text_encoder_2"] else "sd15"
+    unet = _diffusers_module(UNet2DConditionModel, path / "unet", dtype)
+    vae = _diffusers_module(AutoencoderKL, path / "vae", dtype)
     text_encoder = _from_pretrained(CLIPTextModel, path / "text_encoder", "transformers", dtype)
     text_encoder_2 = None
     if family == "sdxl":
@@ -120,25 +120,61 @@ def _load_diffusers_dir(path: Path, dtype: torch.dtype) -> DiffusionComponents:
     )
 
 
-def _from_pretrained(cls: Any, sub: Path, library: str, dtype: torch.dtype) -> Any:
-    """One component, its weights as saved plainly or as the fp16 variant; errors name the path."""
+def _weight_files(sub: Path, library: str) -> tuple[list[Path], str | None]:
+    """The component's safetensors files (one, or the shards an index lists) and their variant."""
     if not (sub / "config.json").is_file():
         raise ValueError(f"model: {str(sub / 'config.json')!r} is missing ({sub.name}/ of a diffusers checkpoint)")
-    variant = None
-    if not any((sub / name).is_file() for name in _WEIGHT_NAMES[library]):
-        fp16 = [name.replace(".safetensors", ".fp16.safetensors") for name in _WEIGHT_NAMES[library]]
-        if not any((sub / name).is_file() for name in fp16):
-            raise ValueError(f"model: no weights in {str(sub)!r}: expected {_WEIGHT_NAMES[library][0]} or {fp16[0]}")
-        variant = "fp16"
-    kwargs: dict[str, Any] = {}
-    if library == "diffusers":
-        from diffusers.utils import is_accelerate_available
+    for variant in (None, "fp16"):
+        single, index = (_with_variant(name, variant) for name in _WEIGHT_NAMES[library])
+        if (sub / single).is_file():
+            return [sub / single], variant
+        if (sub / index).is_file():
+            try:
+                shards = sorted(set(json.loads((sub / index).read_text())["weight_map"].values()))
+            except (OSError, ValueError, KeyError) as e:
+                raise ValueError(f"model: {str(sub / index)!r} is not a weight index ({e})") from e
+            return [sub / shard for shard in shards], variant
+    plain = _WEIGHT_NAMES[library][0]
+    raise ValueError(f"model: no weights in {str(sub)!r}: expected {plain} or {_with_variant(plain, 'fp16')}")
 
-        # With accelerate, diffusers builds on meta and skips random init (SDXL's UNet: 2.6 B values);
-        # without it, asking for that only logs a warning per component before doing the same as False.
-        kwargs["low_cpu_mem_usage"] = is_accelerate_available()
+
+def _with_variant(name: str, variant: str | None) -> str:
+    # diffusers' and transformers' naming: the variant goes before the last suffix
+    # (model.fp16.safetensors, diffusion_pytorch_model.safetensors.index.fp16.json).
+    if variant is None:
+        return name
+    stem, _, suffix = name.rpartition(".")
+    return f"{stem}.{variant}.{suffix}"
+
+
+def _diffusers_module(cls: Any, sub: Path, dtype: torch.dtype) -> Any:
+    """A UNet or VAE built on meta and given the file's tensors: diffusers' from_pretrained would
+    randomly initialise it first unless accelerate is installed (SDXL's UNet: 2.6 B values, ~20 s
+    and 10 GB of fp32 on this CPU, for nothing). Falls back to from_pretrained for what it
+    converts on load and we do not (legacy key names in old VAE exports)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    files, variant = _weight_files(sub, "diffusers")
     try:
-        model = cls.from_pretrained(sub, torch_dtype=dtype, variant=variant, local_files_only=True, **kwargs)
+        state: dict[str, torch.Tensor] = {}
+        for file in files:
+            state.update(load_file(str(file)))
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"model: cannot load {str(sub)!r}: {e}") from e
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    try:
+        return build_on_meta(cls, dict(cls.load_config(sub)), state, sub, sub.name, "")
+    except KeyMismatchError:
+        return _from_pretrained(cls, sub, "diffusers", dtype, variant)
+
+
+def _from_pretrained(cls: Any, sub: Path, library: str, dtype: torch.dtype, variant: str | None = None) -> Any:
+    """One component through its own from_pretrained (offline); errors name the path."""
+    if library == "transformers":
+        _, variant = _weight_files(sub, library)
+    try:
+        model = cls.from_pretrained(sub, torch_dtype=dtype, variant=variant, local_files_only=True)
     except (OSError, ValueError, RuntimeError) as e:
         # safetensors reports a truncated or corrupt file as an OSError/SafetensorError (a RuntimeError)
         raise ValueError(f"model: cannot load {str(sub)!r}: {e}") from e

@@ -22,7 +22,12 @@ SCHEDULERS: dict[str, tuple[str, dict[str, Any]]] = {
         "DPMSolverMultistepScheduler",
         {"algorithm_type": "dpmsolver++", "solver_order": 2, "use_karras_sigmas": True},
     ),
-    # Few-step distilled models: LCM (LCM-LoRA / lcm-sdxl) and TCD (Hyper-SD style) samplers.
+    # Few-step distilled models. SDXL-Lightning's and SDXL-Turbo's cards sample with Euler (Turbo:
+    # ancestral) over "trailing" timesteps: 4 steps run t=999, 749, 499, 249, starting from pure
+    # noise as they were distilled to; a base model's "leading" schedule starts at t=751 instead.
+    "euler_trailing": ("EulerDiscreteScheduler", {"timestep_spacing": "trailing"}),
+    "euler_a_trailing": ("EulerAncestralDiscreteScheduler", {"timestep_spacing": "trailing"}),
+    # LCM (LCM-LoRA / lcm-sdxl) and TCD (Hyper-SD style) samplers.
     "lcm": ("LCMScheduler", {}),
     "tcd": ("TCDScheduler", {}),
 }

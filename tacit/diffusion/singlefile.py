@@ -28,6 +28,8 @@ def detect_family(keys: set[str], path: Path) -> str:
         return "sdxl"
     if _SD15_KEY in keys:
         return "sd15"
+    if "conditioner.embedders.0.model.text_projection" in keys:  # the refiner's only encoder is OpenCLIP
+        raise ValueError(f"model={str(path)!r}: an SDXL refiner checkpoint; tacit runs base models")
     raise ValueError(
         f"model={str(path)!r}: not an SDXL or SD 1.5 single-file checkpoint "
         f"(neither {_SDXL_KEY!r} nor {_SD15_KEY!r} is among its {len(keys)} tensors)"
@@ -69,7 +71,7 @@ def _unet(checkpoint: dict[str, torch.Tensor], config: dict[str, Any], path: Pat
 
     # The converter reads layers_per_block, class_embed_type and addition_embed_type from the config.
     state = convert_ldm_unet_checkpoint(checkpoint, config)
-    return _build_on_meta(UNet2DConditionModel, config, state, path, "unet", _UNET_PREFIX)
+    return build_on_meta(UNet2DConditionModel, config, state, path, "unet", _UNET_PREFIX)
 
 
 def _vae(checkpoint: dict[str, torch.Tensor], config: dict[str, Any], path: Path) -> Any:
@@ -78,10 +80,10 @@ def _vae(checkpoint: dict[str, torch.Tensor], config: dict[str, Any], path: Path
 
     # The converter reads down_block_types/up_block_types (how many encoder/decoder levels).
     state = convert_ldm_vae_checkpoint(checkpoint, config)
-    return _build_on_meta(AutoencoderKL, config, state, path, "vae", "first_stage_model.")
+    return build_on_meta(AutoencoderKL, config, state, path, "vae", "first_stage_model.")
 
 
-def _build_on_meta(
+def build_on_meta(
     cls: Any, config: dict[str, Any], state: dict[str, torch.Tensor], path: Path, what: str, prefix: str
 ) -> Any:
     """Build the module without initialising it (SDXL's UNet: 2.6 B random values, ~1 min of CPU
@@ -136,6 +138,10 @@ def _load_clip(model: Any, state: dict[str, torch.Tensor], path: Path, what: str
     return model.eval().requires_grad_(False)
 
 
+class KeyMismatchError(ValueError):
+    """The tensors given do not fit the module built from the config (names or shapes)."""
+
+
 def _check_keys(model: Any, state: dict[str, torch.Tensor], path: Path, what: str, prefix: str) -> None:
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
@@ -153,6 +159,7 @@ def _check_keys(model: Any, state: dict[str, torch.Tensor], path: Path, what: st
                 f"{len(wrong)} of another shape (e.g. {k}: {tuple(state[k].shape)} in the file, "
                 f"{tuple(expected[k].shape)} in the architecture)"
             )
-        raise ValueError(
-            f"model={str(path)!r}: its {what} ({prefix}*) does not fit the architecture: " + "; ".join(details)
+        where = f" ({prefix}*)" if prefix else ""
+        raise KeyMismatchError(
+            f"model={str(path)!r}: its {what}{where} does not fit the architecture: " + "; ".join(details)
         )

@@ -67,9 +67,14 @@ def test_fp16_single_file_is_cast_to_the_requested_dtype(written, tmp_path):
     assert torch.equal(weight, ref.unet.conv_in.weight.half().float())
 
 
-def test_fp16_variant_file_names(written, tmp_path):
-    """`variant="fp16"` downloads leave only *.fp16.safetensors; the loader finds them."""
+def test_fp16_variant_file_names(written, tmp_path, monkeypatch):
+    """`variant="fp16"` downloads leave only *.fp16.safetensors; the loader finds them, and builds the
+    UNet and VAE itself (on meta, no random init), not through diffusers' from_pretrained."""
+    import diffusers
+
     arch_name, _, _, ref = written
+    for cls in (diffusers.UNet2DConditionModel, diffusers.AutoencoderKL):
+        monkeypatch.setattr(cls, "from_pretrained", None)
     ref.save_pretrained(tmp_path / "variant", variant="fp16")
     assert (tmp_path / "variant" / "unet" / "diffusion_pytorch_model.fp16.safetensors").is_file()
     assert not (tmp_path / "variant" / "unet" / "diffusion_pytorch_model.safetensors").exists()
@@ -123,6 +128,10 @@ def test_corrupt_and_foreign_files(written, tmp_path):
     save_file({"model.embed_tokens.weight": torch.zeros(4, 4)}, str(foreign))
     with pytest.raises(ValueError, match="not an SDXL or SD 1.5 single-file checkpoint"):
         load_components(foreign, tokenizer_dir=directory)
+    refiner = tmp_path / "refiner.safetensors"
+    save_file({"conditioner.embedders.0.model.text_projection": torch.zeros(4, 4)}, str(refiner))
+    with pytest.raises(ValueError, match="an SDXL refiner checkpoint"):
+        load_components(refiner, tokenizer_dir=directory)
     with pytest.raises(ValueError, match="must be a .safetensors file"):
         load_components(directory / "model_index.json")
     # The tiny file against the published architecture (the default): strict loading names the misfit.
@@ -148,3 +157,34 @@ def test_family_from_model_index(written):
     assert pipe.limits.size_multiple == 4 and pipe.limits.max_size == 128  # VAE factor 2 x one UNet downsample
     image = pipe.generate([ImageRequest("cat", width=16, height=24, steps=1, seed=0)])[0].images[0]
     assert image.size == (16, 24) and np.asarray(image).std() > 0
+
+
+def test_sharded_weights_and_legacy_vae_names(tmp_path):
+    """Large UNets ship as shards with an index; old VAE exports name attention query/key/value/proj_attn,
+    which diffusers renames on load (tacit's meta-built fast path falls back to it for those)."""
+    from safetensors.torch import load_file
+
+    directory = tmp_path / "m"
+    ref = write_diffusers_dir(directory, "tiny_sd15")
+    shutil.rmtree(directory / "unet")
+    ref.unet.save_pretrained(directory / "unet", max_shard_size="100KB")
+    assert (directory / "unet" / "diffusion_pytorch_model.safetensors.index.json").is_file()
+    vae_file = directory / "vae" / "diffusion_pytorch_model.safetensors"
+    legacy = {}
+    for key, value in load_file(str(vae_file)).items():
+        for new, old in [("to_q", "query"), ("to_k", "key"), ("to_v", "value"), ("to_out.0", "proj_attn")]:
+            key = key.replace(f"attentions.0.{new}.", f"attentions.0.{old}.")
+        legacy[key] = value
+    assert any(".query." in k for k in legacy)
+    save_file(legacy, str(vae_file))
+    _same_weights(load_components(directory), ref)
+
+
+def test_sdxl_refiner_is_refused_by_name(tmp_path):
+    directory = tmp_path / "refiner"
+    write_diffusers_dir(directory, "tiny_sdxl")
+    index = json.loads((directory / "model_index.json").read_text())
+    index["text_encoder"] = [None, None]
+    (directory / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match="an SDXL refiner"):
+        load_components(directory)

@@ -56,6 +56,10 @@ def test_every_scheduler_builds_from_a_checkpoint_schedule():
     assert make_scheduler("dpmpp_2m_karras", base).config.use_karras_sigmas
     # the checkpoint's spacing survives the choice of sampler (SDXL-Lightning ships "trailing")
     assert make_scheduler("euler", {**base, "timestep_spacing": "trailing"}).config.timestep_spacing == "trailing"
+    # SDXL-Lightning/Turbo names: the distilled models start from t=999 whatever the base config says
+    trailing = make_scheduler("euler_trailing", base)
+    trailing.set_timesteps(4)
+    assert trailing.timesteps.tolist() == [999, 749, 499, 249]
     with pytest.raises(ValueError, match="scheduler='plms': must be one of euler"):
         make_scheduler("plms", base)
 
