@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from tacit.diffusion import architectures
-from tacit.diffusion.singlefile import KeyMismatchError, build_on_meta, load_single_file
+from tacit.diffusion.singlefile import KeyMismatchError, build_on_meta, load_single_file, vae_dtype
 
 
 @dataclass
@@ -162,9 +162,11 @@ def _diffusers_module(cls: Any, sub: Path, dtype: torch.dtype) -> Any:
             state.update(load_file(str(file)))
     except (SafetensorError, OSError) as e:
         raise ValueError(f"model: cannot load {str(sub)!r}: {e}") from e
-    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    config = dict(cls.load_config(sub))
+    if cls.__name__ == "AutoencoderKL":
+        dtype = vae_dtype(dtype, config)
     try:
-        return build_on_meta(cls, dict(cls.load_config(sub)), state, sub, sub.name, "")
+        return build_on_meta(cls, config, state, sub, sub.name, "", dtype)
     except KeyMismatchError:
         return _from_pretrained(cls, sub, "diffusers", dtype, variant)
 

@@ -28,6 +28,7 @@ import torch
 from tacit.diffusion.loader import DiffusionComponents, load_components
 from tacit.diffusion.request import MAX_SEED, ImageLimits, ImageRequest, ImageResult
 from tacit.diffusion.schedulers import make_scheduler, max_train_timesteps
+from tacit.diffusion.singlefile import vae_dtype
 
 if TYPE_CHECKING:
     from tacit.diffusion.optimize import OptimizeOptions
@@ -44,8 +45,8 @@ class ImagePipeline:
         vae, unet = components.vae, components.unet
         # Each VAE level after the first halves the resolution: 8 for SD/SDXL's 4 levels.
         self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)
-        if vae.dtype == torch.float16 and getattr(vae.config, "force_upcast", False):
-            vae.to(torch.float32)  # SDXL's VAE overflows in fp16 (diffusers upcasts it too)
+        if vae_dtype(vae.dtype, dict(vae.config)) != vae.dtype:  # components not built by our loader
+            vae.to(vae_dtype(vae.dtype, dict(vae.config)))
         # Sizes: a multiple of the VAE factor times the UNet's downsampling (2 per down block but the
         # last: SDXL 8 x 4 = 32, SD 1.5 8 x 8 = 64), so every UNet level has a whole latent size and
         # the up path never pads; up to twice the training resolution (SDXL 2048, SD 1.5 1024).

@@ -54,43 +54,54 @@ def load_single_file(
         raise ValueError(
             f"model={str(path)!r}: the file holds an {family} model, the architecture given is {arch['family']}"
         )
-    # fp16 files are the norm; cast once here so every module is built in the requested dtype.
-    checkpoint = {k: v.to(dtype) if v.is_floating_point() else v for k, v in checkpoint.items()}
     modules = {
-        "unet": _unet(checkpoint, arch["unet"], path),
-        "vae": _vae(checkpoint, arch["vae"], path),
+        "unet": _unet(checkpoint, arch["unet"], path, dtype),
+        "vae": _vae(checkpoint, arch["vae"], path, vae_dtype(dtype, arch["vae"])),
         "text_encoder": _clip(checkpoint, arch["text_encoder"], path, dtype),
         "text_encoder_2": _open_clip(checkpoint, arch["text_encoder_2"], path, dtype) if family == "sdxl" else None,
     }
     return family, arch, modules
 
 
-def _unet(checkpoint: dict[str, torch.Tensor], config: dict[str, Any], path: Path) -> Any:
+def vae_dtype(dtype: torch.dtype, config: dict[str, Any]) -> torch.dtype:
+    """SDXL's VAE overflows in fp16 (force_upcast, true unless a config says otherwise, as in diffusers):
+    it stays in fp32 under an fp16 model, as diffusers keeps it."""
+    return torch.float32 if dtype == torch.float16 and config.get("force_upcast", True) else dtype
+
+
+def _unet(checkpoint: dict[str, torch.Tensor], config: dict[str, Any], path: Path, dtype: torch.dtype) -> Any:
     from diffusers import UNet2DConditionModel
     from diffusers.loaders.single_file_utils import convert_ldm_unet_checkpoint
 
     # The converter reads layers_per_block, class_embed_type and addition_embed_type from the config.
     state = convert_ldm_unet_checkpoint(checkpoint, config)
-    return build_on_meta(UNet2DConditionModel, config, state, path, "unet", _UNET_PREFIX)
+    return build_on_meta(UNet2DConditionModel, config, state, path, "unet", _UNET_PREFIX, dtype)
 
 
-def _vae(checkpoint: dict[str, torch.Tensor], config: dict[str, Any], path: Path) -> Any:
+def _vae(checkpoint: dict[str, torch.Tensor], config: dict[str, Any], path: Path, dtype: torch.dtype) -> Any:
     from diffusers import AutoencoderKL
     from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
 
     # The converter reads down_block_types/up_block_types (how many encoder/decoder levels).
     state = convert_ldm_vae_checkpoint(checkpoint, config)
-    return build_on_meta(AutoencoderKL, config, state, path, "vae", "first_stage_model.")
+    return build_on_meta(AutoencoderKL, config, state, path, "vae", "first_stage_model.", dtype)
 
 
 def build_on_meta(
-    cls: Any, config: dict[str, Any], state: dict[str, torch.Tensor], path: Path, what: str, prefix: str
+    cls: Any,
+    config: dict[str, Any],
+    state: dict[str, torch.Tensor],
+    path: Path,
+    what: str,
+    prefix: str,
+    dtype: torch.dtype,
 ) -> Any:
-    """Build the module without initialising it (SDXL's UNet: 2.6 B random values, ~1 min of CPU
-    for nothing) and take the checkpoint's tensors as its parameters."""
+    """Build the module without initialising it (SDXL's UNet: 2.6 B random values, ~20 s of CPU
+    for nothing) and take the checkpoint's tensors, cast to dtype, as its parameters."""
     with torch.device("meta"):
         model = cls.from_config(config)
     _check_keys(model, state, path, what, prefix)
+    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     model.load_state_dict(state, strict=True, assign=True)
     left = [name for name, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
     if left:  # a buffer not in the state dict (none in diffusers' UNet/VAE today) would stay unallocated
@@ -123,12 +134,8 @@ def _open_clip(checkpoint: dict[str, torch.Tensor], config: dict[str, Any], path
 def _new_clip(cls: Any, config: Any, dtype: torch.dtype) -> Any:
     # Built for real (not on meta): CLIP keeps position_ids as a non-persistent buffer that no
     # checkpoint carries; the two encoders are 0.8 B parameters, seconds to initialise.
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        return cls(config)
-    finally:
-        torch.set_default_dtype(previous)
+    # load_state_dict then copies (and casts) the file's tensors into the dtype chosen here.
+    return cls(config).to(dtype)
 
 
 def _load_clip(model: Any, state: dict[str, torch.Tensor], path: Path, what: str, prefix: str) -> Any:

@@ -188,3 +188,17 @@ def test_sdxl_refiner_is_refused_by_name(tmp_path):
     (directory / "model_index.json").write_text(json.dumps(index))
     with pytest.raises(ValueError, match="an SDXL refiner"):
         load_components(directory)
+
+
+def test_fp16_model_keeps_the_vae_in_fp32(written):
+    """SDXL's VAE overflows in fp16 (force_upcast): the UNet and encoders take fp16, the VAE stays fp32."""
+    arch_name, directory, single, _ = written
+    for components in (
+        load_components(directory, dtype=torch.float16),
+        load_components(single, dtype=torch.float16, tokenizer_dir=directory, arch=get_arch(arch_name)),
+    ):
+        assert components.unet.dtype == components.text_encoder.dtype == torch.float16
+        assert components.vae.dtype == torch.float32
+        req = ImageRequest("the cat", width=16, height=16, steps=1, seed=0)
+        (images,), _, _ = ImagePipeline(components).generate_tensors([req])
+        assert images.dtype == torch.float32 and torch.isfinite(images).all()
