@@ -1,5 +1,7 @@
 """Tiny random SDXL / SD 1.5 checkpoints written the two ways users have them, for tests.
 
+- tiny_components: DiffusionComponents with random weights (tacit.diffusion.loader.random_components)
+  and tiny tokenizers, for tests that need no files.
 - write_diffusers_dir: diffusers' own save_pretrained of a StableDiffusion(XL)Pipeline
   (model_index.json, unet/, vae/, text_encoder/, tokenizer/, ... as on the hub).
 - write_single_file: the same weights under the original SGM/LDM key names in one .safetensors,
@@ -37,42 +39,29 @@ def write_clip_tokenizer(path: Path, max_length: int, pad_token: str = "<|endoft
     return CLIPTokenizer.from_pretrained(path)
 
 
-def build_tiny(arch_name: str, seed: int = 0) -> dict:
-    """Random float32 components of the tiny architecture: {"unet", "vae", "text_encoder", ...}."""
-    from diffusers import AutoencoderKL, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+def tiny_components(tokenizer_dir: Path, arch_name: str, seed: int = 0):
+    """Random float32 DiffusionComponents of the tiny architecture, its tokenizers written to tokenizer_dir."""
+    from tacit.diffusion.loader import random_components
 
     arch = get_arch(arch_name)
-    torch.manual_seed(seed)
-    modules = {
-        "unet": UNet2DConditionModel.from_config(arch["unet"]),
-        "vae": AutoencoderKL.from_config(arch["vae"]),
-        "text_encoder": CLIPTextModel(CLIPTextConfig(**arch["text_encoder"])),
-    }
-    if arch["text_encoder_2"] is not None:
-        modules["text_encoder_2"] = CLIPTextModelWithProjection(CLIPTextConfig(**arch["text_encoder_2"]))
-    return {k: m.eval() for k, m in modules.items()}
+    write_clip_tokenizer(tokenizer_dir / "tokenizer", arch["tokenizer_max_length"])
+    if arch["text_encoder_2"] is not None:  # SDXL's second tokenizer pads with "!"
+        write_clip_tokenizer(tokenizer_dir / "tokenizer_2", arch["tokenizer_max_length"], pad_token="!")
+    return random_components(arch, tokenizer_dir, seed=seed, name=arch_name)
 
 
-def write_diffusers_dir(path: Path, arch_name: str, seed: int = 0, variant: str | None = None) -> dict:
+def write_diffusers_dir(path: Path, arch_name: str, seed: int = 0, variant: str | None = None):
     """Save the tiny model as a diffusers pipeline directory; returns the diffusers pipeline."""
     from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline
 
-    arch = get_arch(arch_name)
-    modules = build_tiny(arch_name, seed)
-    scheduler = EulerDiscreteScheduler.from_config({k: v for k, v in arch["scheduler"].items() if k != "_class_name"})
-    tok = write_clip_tokenizer(path.parent / f"{path.name}-tok", arch["tokenizer_max_length"])
-    if arch["family"] == "sdxl":
-        tok2 = write_clip_tokenizer(path.parent / f"{path.name}-tok2", arch["tokenizer_max_length"], pad_token="!")
-        pipe = StableDiffusionXLPipeline(tokenizer=tok, tokenizer_2=tok2, scheduler=scheduler, **modules)
+    c = tiny_components(path.parent / f"{path.name}-tokenizers", arch_name, seed)
+    scheduler = EulerDiscreteScheduler.from_config({k: v for k, v in c.scheduler_config.items() if k[0] != "_"})
+    modules = dict(unet=c.unet, vae=c.vae, text_encoder=c.text_encoder, tokenizer=c.tokenizer, scheduler=scheduler)
+    if c.family == "sdxl":
+        pipe = StableDiffusionXLPipeline(text_encoder_2=c.text_encoder_2, tokenizer_2=c.tokenizer_2, **modules)
     else:
         pipe = StableDiffusionPipeline(
-            tokenizer=tok,
-            scheduler=scheduler,
-            safety_checker=None,
-            feature_extractor=None,
-            requires_safety_checker=False,
-            **modules,
+            safety_checker=None, feature_extractor=None, requires_safety_checker=False, **modules
         )
     pipe.save_pretrained(path, variant=variant)
     return pipe

@@ -205,3 +205,38 @@ def _load_tokenizers(tokenizer_dir: str | Path | None, two: bool, checkpoint: Pa
     tokenizer = _tokenizer(CLIPTokenizer, root / "tokenizer")
     tokenizer_2 = _tokenizer(CLIPTokenizer, root / "tokenizer_2") if two else None
     return tokenizer, tokenizer_2
+
+
+def random_components(
+    arch: architectures.DiffusionArch,
+    tokenizer_dir: str | Path,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    name: str = "",
+) -> DiffusionComponents:
+    """Random weights in an architecture's shapes (e.g. architectures.sdxl_base()): what the benchmarks
+    and the profiler time, since a step's cost does not depend on the values. tokenizer_dir holds
+    tokenizer/ (and tokenizer_2/), e.g. from clip_bpe.write_tokenizer_dirs."""
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    sdxl = arch["text_encoder_2"] is not None
+    tokenizer, tokenizer_2 = _load_tokenizers(tokenizer_dir, sdxl, Path(name or arch["family"]))
+    torch.manual_seed(seed)
+    modules = {
+        "unet": UNet2DConditionModel.from_config(arch["unet"]).to(dtype),
+        "vae": AutoencoderKL.from_config(arch["vae"]).to(vae_dtype(dtype, arch["vae"])),
+        "text_encoder": CLIPTextModel(CLIPTextConfig(**arch["text_encoder"])).to(dtype),
+        "text_encoder_2": CLIPTextModelWithProjection(CLIPTextConfig(**arch["text_encoder_2"])).to(dtype)
+        if sdxl
+        else None,
+    }
+    return DiffusionComponents(
+        family=arch["family"],
+        name=name or f"random-{arch['family']}",
+        tokenizer=tokenizer,
+        tokenizer_2=tokenizer_2,
+        scheduler_config=dict(arch["scheduler"]),
+        force_zeros_for_empty_prompt=bool(arch["force_zeros_for_empty_prompt"]),
+        **{k: m.eval().requires_grad_(False) if m is not None else None for k, m in modules.items()},
+    )

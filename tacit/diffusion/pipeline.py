@@ -33,8 +33,9 @@ from tacit.diffusion.singlefile import vae_dtype
 if TYPE_CHECKING:
     from tacit.diffusion.optimize import OptimizeOptions
 
-# A request's images are generated together; 8 SDXL latents at 1024x1024 with CFG are a UNet batch
-# of 16, ~7 GB of fp32 activations in the deepest attention blocks: past that, queue instead.
+# A request's images are denoised together, so n sets its UNet batch (2n rows with CFG) and its
+# activation memory; 8 bounds one request to 16 rows and to 8x a single image's time in the worker,
+# after which more images are better sent as further requests that the engine queues and batches.
 MAX_IMAGES_PER_REQUEST = 8
 
 
