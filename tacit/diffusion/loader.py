@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -223,14 +225,15 @@ def random_components(
     sdxl = arch["text_encoder_2"] is not None
     tokenizer, tokenizer_2 = _load_tokenizers(tokenizer_dir, sdxl, Path(name or arch["family"]))
     torch.manual_seed(seed)
-    modules = {
-        "unet": UNet2DConditionModel.from_config(arch["unet"]).to(dtype),
-        "vae": AutoencoderKL.from_config(arch["vae"]).to(vae_dtype(dtype, arch["vae"])),
-        "text_encoder": CLIPTextModel(CLIPTextConfig(**arch["text_encoder"])).to(dtype),
-        "text_encoder_2": CLIPTextModelWithProjection(CLIPTextConfig(**arch["text_encoder_2"])).to(dtype)
-        if sdxl
-        else None,
-    }
+    # Built directly in the target dtype (not fp32 then cast): SDXL's UNet in bf16 peaks at 5 GB, not 15.
+    with _default_dtype(dtype):
+        modules = {
+            "unet": UNet2DConditionModel.from_config(arch["unet"]),
+            "text_encoder": CLIPTextModel(CLIPTextConfig(**arch["text_encoder"])),
+            "text_encoder_2": CLIPTextModelWithProjection(CLIPTextConfig(**arch["text_encoder_2"])) if sdxl else None,
+        }
+    with _default_dtype(vae_dtype(dtype, arch["vae"])):
+        modules["vae"] = AutoencoderKL.from_config(arch["vae"])
     return DiffusionComponents(
         family=arch["family"],
         name=name or f"random-{arch['family']}",
@@ -240,3 +243,13 @@ def random_components(
         force_zeros_for_empty_prompt=bool(arch["force_zeros_for_empty_prompt"]),
         **{k: m.eval().requires_grad_(False) if m is not None else None for k, m in modules.items()},
     )
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)

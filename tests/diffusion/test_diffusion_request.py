@@ -98,3 +98,19 @@ def test_get_arch_returns_independent_copies():
     assert get_arch("sdxl")["vae"]["block_out_channels"] == [128, 256, 512, 512]
     with pytest.raises(ValueError, match="architecture='sd3': must be one of"):
         get_arch("sd3")
+
+
+@pytest.mark.parametrize("name", ["sdxl", "tiny_sdxl", "sd15", "tiny_sd15"])
+def test_components_agree_on_the_shapes_between_them(name):
+    """What one component hands the next: the encoders' hidden states are the UNet's cross-attention
+    input (SDXL: both, concatenated), and SDXL's added embedding takes the pooled projection plus
+    6 time ids (original size, crop, target size) of addition_time_embed_dim each."""
+    arch = get_arch(name)
+    unet, te, te2 = arch["unet"], arch["text_encoder"], arch["text_encoder_2"]
+    assert unet["cross_attention_dim"] == te["hidden_size"] + (te2["hidden_size"] if te2 else 0)
+    if te2:
+        assert (
+            unet["projection_class_embeddings_input_dim"] == te2["projection_dim"] + 6 * unet["addition_time_embed_dim"]
+        )
+    assert arch["tokenizer_max_length"] == te["max_position_embeddings"]
+    assert unet["in_channels"] == arch["vae"]["latent_channels"]
