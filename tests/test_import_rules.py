@@ -41,6 +41,8 @@ RULES: list[tuple[str, tuple[str, ...], str]] = [
      "communication is a bottom layer like kernels: tensors between ranks, reusable by any model or engine"),
     ("tacit.engine", ("tacit.entrypoints", "tacit.bench", "tacit.eval"),
      "the engine is the library core; the CLI, server and benchmarks wrap it"),
+    ("tacit.diffusion", ("tacit.engine", "tacit.entrypoints", "tacit.scheduling", "tacit.bench"),
+     "the diffusion pipeline is model-level code (tensors in, images out); the image engine and server wrap it"),
 ]
 # The profiler hooks into the engine from above: nothing it measures may depend on it.
 RULES += [
