@@ -48,6 +48,13 @@ DEFAULT_MAX_IMAGE_WAITING = 64
 StepCallback = Callable[[int, int], None]
 
 
+def native_size(pipeline: "ImagePipeline") -> tuple[int, int]:
+    """(width, height) the model was trained at, what a request that names no size gets: the
+    VAE's sample_size (SDXL 1024, SD 1.5 512)."""
+    side = int(pipeline.components.vae.config.sample_size)
+    return side, side
+
+
 @dataclasses.dataclass(eq=False)
 class _Job:
     request: "ImageRequest"

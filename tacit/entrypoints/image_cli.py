@@ -13,13 +13,15 @@ import sys
 import time
 from pathlib import Path
 
-from tacit.engine.image_engine import DEFAULT_MAX_IMAGE_BATCH, DEFAULT_MAX_IMAGE_WAITING
+from tacit.engine.image_engine import DEFAULT_MAX_IMAGE_BATCH, DEFAULT_MAX_IMAGE_WAITING, native_size
 
 # The key prefix of an original (SGM/LDM) Stable Diffusion single-file checkpoint's UNet, SD 1.x,
 # 2.x and SDXL alike; no language model checkpoint has it.
 _SINGLE_FILE_UNET_PREFIX = "model.diffusion_model."
 
 IMAGE_DTYPES = ("float32", "bfloat16")
+# A single-file checkpoint carries no tokenizer; a diffusers directory of the same family has both.
+_TOKENIZER_HELP = "for a single-file .safetensors: a directory holding tokenizer/ (and tokenizer_2/ for SDXL)"
 
 
 def is_diffusion_checkpoint(path: str | None) -> bool:
@@ -78,9 +80,9 @@ def cmd_image(args: argparse.Namespace) -> int:
     _check_out(args.out)
     t0 = time.perf_counter()
     print(f"tacit: loading {args.model} ...", file=sys.stderr, flush=True)
-    pipeline = ImagePipeline.from_pretrained(args.model, dtype=getattr(torch, args.dtype))
+    pipeline = ImagePipeline.from_pretrained(args.model, dtype=getattr(torch, args.dtype), tokenizer_dir=args.tokenizer)
     print(f"tacit: loaded {args.model} in {time.perf_counter() - t0:.1f}s ({args.dtype})", file=sys.stderr, flush=True)
-    native_w, native_h = pipeline.native_size
+    native_w, native_h = native_size(pipeline)
     given = {
         "n": args.n,
         "steps": args.steps,
@@ -141,6 +143,7 @@ def add_image_parser(sub: argparse._SubParsersAction) -> None:
         "--scheduler", default=None, help="euler | euler_a | dpmpp_2m | dpmpp_2m_karras | ... (default euler)"
     )
     p.add_argument("--dtype", choices=IMAGE_DTYPES, default="float32")
+    p.add_argument("--tokenizer", default=None, metavar="DIR", help=_TOKENIZER_HELP)
     p.add_argument("--no-progress", action="store_true", help="no progress bar (for logs)")
     p.set_defaults(func=cmd_image)
 
@@ -160,6 +163,12 @@ def add_image_serve_args(parser: argparse.ArgumentParser) -> None:
         choices=IMAGE_DTYPES,
         default=None,
         help="the image model's dtype (default float32; with no language model, --dtype if set)",
+    )
+    g.add_argument(
+        "--image-tokenizer",
+        default=None,
+        metavar="DIR",
+        help=_TOKENIZER_HELP + " (with no language model, --tokenizer if set)",
     )
     g.add_argument(
         "--max-image-batch",

@@ -27,7 +27,6 @@ class RecordingPipeline:
     def __init__(self) -> None:
         self.limits = ImageLimits(min_size=64, max_size=256, size_multiple=8, max_steps=50, max_n=4)
         self.model_name = "recording"
-        self.native_size = (64, 64)
         self.batches: list[list[str]] = []
         self.gate = threading.Event()
         self.gate.set()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from tacit.engine.image_engine import DEFAULT_MAX_IMAGE_BATCH, DEFAULT_MAX_IMAGE_WAITING, ImageEngine
+from tacit.engine.image_engine import DEFAULT_MAX_IMAGE_BATCH, DEFAULT_MAX_IMAGE_WAITING, ImageEngine, native_size
 from tacit.engine.request_stream import EngineDeadError, QueueFullError
 from tacit.entrypoints.image_cli import check_diffusion_checkpoint, is_diffusion_checkpoint
 from tacit.entrypoints.openai.errors import OpenAIError, bad_request, overloaded, parse_body
@@ -40,16 +40,18 @@ LLM_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/e
 def load_image_engine(
     path: str,
     dtype: str = "float32",
+    tokenizer_dir: str | None = None,
     max_batch_images: int = DEFAULT_MAX_IMAGE_BATCH,
     max_waiting: int = DEFAULT_MAX_IMAGE_WAITING,
 ) -> ImageEngine:
-    """The pipeline loaded and its engine's worker started."""
+    """The pipeline loaded and its engine's worker started. tokenizer_dir: where a single-file
+    checkpoint's tokenizers are (a directory holding tokenizer/ and, for SDXL, tokenizer_2/)."""
     import torch
 
     from tacit.diffusion.pipeline import ImagePipeline
 
     check_diffusion_checkpoint(path, "--image-model")
-    pipeline = ImagePipeline.from_pretrained(path, dtype=getattr(torch, dtype))
+    pipeline = ImagePipeline.from_pretrained(path, dtype=getattr(torch, dtype), tokenizer_dir=tokenizer_dir)
     engine = ImageEngine(pipeline, max_batch_images, max_waiting)
     engine.start()
     return engine
@@ -63,14 +65,15 @@ def image_serving_from_args(args: argparse.Namespace) -> tuple["ImageServing | N
     path = args.model if images_only else getattr(args, "image_model", None)
     if path is None:
         return None, False
-    # The LLM's --dtype names the image model's dtype when there is no LLM; "auto" is float32,
+    # The LLM's --dtype and --tokenizer name the image model's dtype when there is no LLM; "auto" is float32,
     # the precision every diffusion checkpoint's reference output is defined in.
     dtype = args.image_dtype or (args.dtype if images_only and args.dtype != "auto" else "float32")
     t0 = time.perf_counter()
     print(f"tacit: loading image model {path} ...", file=sys.stderr, flush=True)
-    engine = load_image_engine(path, dtype, args.max_image_batch, args.max_image_waiting)
+    tokenizer_dir = args.image_tokenizer or (args.tokenizer if images_only else None)
+    engine = load_image_engine(path, dtype, tokenizer_dir, args.max_image_batch, args.max_image_waiting)
     name = (args.served_model_name if images_only else None) or path
-    width, height = engine.pipeline.native_size
+    width, height = native_size(engine.pipeline)
     print(
         f"tacit: loaded image model {path} in {time.perf_counter() - t0:.1f}s ({dtype}, native size {width}x{height}, "
         f"batches of up to {args.max_image_batch} images); serving `{name}` on POST /v1/images/generations",
@@ -120,7 +123,7 @@ class ImageServing:
         or "auto" is the model's native size."""
         from tacit.diffusion.request import ImageRequest
 
-        width, height = req.dimensions(self.engine.pipeline.native_size)
+        width, height = req.dimensions(native_size(self.engine.pipeline))
         given = {
             "negative_prompt": req.negative_prompt,
             "n": req.n,
