@@ -21,10 +21,10 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("diffusers")
 from PIL import Image  # noqa: E402
+from tiny_diffusion import write_diffusers_dir  # noqa: E402
 
 from tacit.bench.launch import free_port, stop_process, wait_healthy  # noqa: E402
 
-from tiny_diffusion import write_tiny_diffusers  # noqa: E402
 from tiny_models import build_hf_model  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ class Server:
 @pytest.fixture(scope="module")
 def sdxl_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tiny_sdxl")
-    write_tiny_diffusers(path, "tiny_sdxl")
+    write_diffusers_dir(path, "tiny_sdxl")
     return path
 
 
@@ -86,8 +86,16 @@ def test_the_openai_client_gets_pngs_of_the_size_it_asked_for(images_only):
     assert [d.model_extra["seed"] for d in r.data] == [7, 8]  # image i from seed + i
     assert r.model_extra["timings"]["denoise_s"] > 0
     # The same seed, prompt and settings make the same image, whatever else is in the batch.
-    again = images_only.post({"prompt": "a red fox", "size": "64x32", "steps": 2, "seed": 8, "guidance_scale": 3.0,
-                              "negative_prompt": "blur"})
+    again = images_only.post(
+        {
+            "prompt": "a red fox",
+            "size": "64x32",
+            "steps": 2,
+            "seed": 8,
+            "guidance_scale": 3.0,
+            "negative_prompt": "blur",
+        }
+    )
     assert again.status_code == 200, again.text
     assert png(again.json()["data"][0]["b64_json"]).tobytes() == png(r.data[1].b64_json).tobytes()
 
@@ -121,7 +129,8 @@ def test_unset_size_is_the_models_native_size_and_jpeg_is_served(images_only):
     ],
 )
 def test_what_the_model_cannot_take_is_a_400_naming_the_field(images_only, body, param, words):
-    r = images_only.post({"prompt": "x", "steps": 1, **body})
+    steps = {} if "num_inference_steps" in body else {"steps": 1}  # both names at once is itself a 400
+    r = images_only.post({"prompt": "x", **steps, **body})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and words in error["message"], error
@@ -151,7 +160,9 @@ def test_image_model_beside_a_language_model(sdxl_dir, tmp_path_factory):
     try:
         client = s.client()
         assert {m.id for m in client.models.list().data} == {str(llama), str(sdxl_dir)}
-        chat = client.chat.completions.create(model=str(llama), messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        chat = client.chat.completions.create(
+            model=str(llama), messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
         assert chat.choices[0].message.content is not None
         r = client.images.generate(model=str(sdxl_dir), prompt="a cat", size="32x32", extra_body={"steps": 1})
         assert png(r.data[0].b64_json).size == (32, 32)

@@ -67,7 +67,7 @@ def image_serving_from_args(args: argparse.Namespace) -> tuple["ImageServing | N
         return None, False
     # The LLM's --dtype and --tokenizer name the image model's dtype when there is no LLM; "auto" is float32,
     # the precision every diffusion checkpoint's reference output is defined in.
-    dtype = args.image_dtype or (args.dtype if images_only and args.dtype != "auto" else "float32")
+    dtype = args.image_dtype or (args.dtype if images_only and args.dtype not in (None, "auto") else "float32")
     t0 = time.perf_counter()
     print(f"tacit: loading image model {path} ...", file=sys.stderr, flush=True)
     tokenizer_dir = args.image_tokenizer or (args.tokenizer if images_only else None)
