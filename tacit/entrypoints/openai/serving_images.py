@@ -65,7 +65,7 @@ def image_serving_from_args(args: argparse.Namespace) -> tuple["ImageServing | N
     path = args.model if images_only else getattr(args, "image_model", None)
     if path is None:
         return None, False
-    # The LLM's --dtype and --tokenizer name the image model's dtype when there is no LLM; "auto" is float32,
+    # With no LLM, --dtype and --tokenizer are the image model's; --dtype auto (or unset) is float32,
     # the precision every diffusion checkpoint's reference output is defined in.
     dtype = args.image_dtype or (args.dtype if images_only and args.dtype not in (None, "auto") else "float32")
     t0 = time.perf_counter()
@@ -91,16 +91,16 @@ def encode_image(image: "Image", fmt: str, compression: int | None) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-# ImageLimits.validate's messages start "FIELD=VALUE: ..."; width and height are the request's size.
-_PARAM_OF_FIELD = {"width": "size", "height": "size", "steps": "steps", "n": "n", "guidance_scale": "guidance_scale"}
-
-
-def limits_error(e: ValueError) -> OpenAIError:
-    """The pipeline's ValueError, whose message names the field and the valid range, as a 400."""
+def limits_error(e: ValueError, request: "ImageRequest | None" = None) -> OpenAIError:
+    """The pipeline's ValueError as a 400. ImageLimits.validate's messages start "FIELD=VALUE:"
+    and name the valid range; FIELD is the request field of that name (`param`), except width and
+    height, which the client sent as `size`."""
     message = str(e)
     field = message.split("=", 1)[0].strip() if "=" in message else ""
-    param = _PARAM_OF_FIELD.get(field, field if field.isidentifier() else None)
-    return bad_request(message, param)
+    if field in ("width", "height"):
+        size = f" {request.width}x{request.height}" if request is not None else ""
+        return bad_request(f"size{size}: {message}", "size")
+    return bad_request(message, field if field.isidentifier() else None)
 
 
 class ImageServing:
@@ -155,7 +155,7 @@ class ImageServing:
         try:
             future = self.engine.submit(image_request)
         except ValueError as e:
-            raise limits_error(e) from None
+            raise limits_error(e, image_request) from None
         except QueueFullError as e:
             raise overloaded(str(e)) from None
         except EngineDeadError as e:
