@@ -128,12 +128,17 @@ def _from_pretrained(cls: Any, sub: Path, library: str, dtype: torch.dtype) -> A
     if not any((sub / name).is_file() for name in _WEIGHT_NAMES[library]):
         fp16 = [name.replace(".safetensors", ".fp16.safetensors") for name in _WEIGHT_NAMES[library]]
         if not any((sub / name).is_file() for name in fp16):
-            raise ValueError(
-                f"model: no weights in {str(sub)!r}: expected {' or '.join(_WEIGHT_NAMES[library][:1] + fp16[:1])}"
-            )
+            raise ValueError(f"model: no weights in {str(sub)!r}: expected {_WEIGHT_NAMES[library][0]} or {fp16[0]}")
         variant = "fp16"
+    kwargs: dict[str, Any] = {}
+    if library == "diffusers":
+        from diffusers.utils import is_accelerate_available
+
+        # With accelerate, diffusers builds on meta and skips random init (SDXL's UNet: 2.6 B values);
+        # without it, asking for that only logs a warning per component before doing the same as False.
+        kwargs["low_cpu_mem_usage"] = is_accelerate_available()
     try:
-        model = cls.from_pretrained(sub, torch_dtype=dtype, variant=variant, local_files_only=True)
+        model = cls.from_pretrained(sub, torch_dtype=dtype, variant=variant, local_files_only=True, **kwargs)
     except (OSError, ValueError, RuntimeError) as e:
         # safetensors reports a truncated or corrupt file as an OSError/SafetensorError (a RuntimeError)
         raise ValueError(f"model: cannot load {str(sub)!r}: {e}") from e

@@ -116,39 +116,26 @@ class ImagePipeline:
             req.seed if req.seed is not None else secrets.randbelow(MAX_SEED - self.limits.max_n) for req in requests
         ]
         unet = self.components.unet
-        dtype = unet.dtype
+        dtype, device = unet.dtype, unet.device
 
-        t0 = time.perf_counter()
-        cond, uncond, pooled, pooled_uncond, scales = [], [], [], [], []
-        for req in requests:
-            embeds, pool, neg_embeds, neg_pool = self._encode(req, cfg)
-            cond.append(embeds.expand(req.n, -1, -1))
-            uncond.append(neg_embeds.expand(req.n, -1, -1) if cfg else None)
-            if pool is not None:
-                pooled.append(pool.expand(req.n, -1))
-                pooled_uncond.append(neg_pool.expand(req.n, -1) if cfg else None)
-            scales += [float(req.guidance_scale)] * req.n
+        t0 = _now(device)
+        prompt_embeds, added_cond, scales = self._condition(requests, cfg, dtype, device)
         batch = len(scales)
-        prompt_embeds = torch.cat((uncond if cfg else []) + cond).to(dtype)
-        added_cond = None
-        if self.components.family == "sdxl":
-            text_embeds = torch.cat((pooled_uncond if cfg else []) + pooled).to(dtype)
-            # add_time_ids: original (h, w), crop top-left (0, 0), target (h, w), as diffusers' defaults.
-            time_ids = torch.tensor([[first.height, first.width, 0, 0, first.height, first.width]], dtype=dtype)
-            added_cond = {"text_embeds": text_embeds, "time_ids": time_ids.repeat(prompt_embeds.shape[0], 1)}
-        t1 = time.perf_counter()
+        t1 = _now(device)
 
         latents, generators = self._initial_latents(requests, seeds, first, dtype)
+        latents = latents.to(device)
         scheduler = make_scheduler(first.scheduler, self.components.scheduler_config)
-        scheduler.set_timesteps(first.steps, device="cpu")
+        scheduler.set_timesteps(first.steps, device=device)
         if hasattr(scheduler, "set_begin_index"):
             scheduler.set_begin_index(0)
         latents = latents * scheduler.init_noise_sigma
         step_kwargs = {"generator": generators} if "generator" in inspect.signature(scheduler.step).parameters else {}
-        guidance = torch.tensor(scales, dtype=dtype).view(batch, 1, 1, 1)
+        guidance = torch.tensor(scales, dtype=dtype, device=device).view(batch, 1, 1, 1)
         timestep_cond = None
         if self._guidance_embedding_dim is not None:
-            timestep_cond = _guidance_embedding(torch.tensor(scales) - 1, self._guidance_embedding_dim).to(dtype)
+            embedding = _guidance_embedding(torch.tensor(scales) - 1, self._guidance_embedding_dim)
+            timestep_cond = embedding.to(device=device, dtype=dtype)
         timesteps = scheduler.timesteps
         for i, t in enumerate(timesteps):
             model_in = torch.cat([latents, latents]) if cfg else latents
@@ -167,10 +154,10 @@ class ImagePipeline:
             latents = scheduler.step(noise, t, latents, **step_kwargs, return_dict=False)[0]
             if on_step is not None:
                 on_step(i + 1, len(timesteps))
-        t2 = time.perf_counter()
+        t2 = _now(device)
 
-        decoded = torch.cat([self.decode_latents(latents[j : j + 1]) for j in range(batch)])
-        t3 = time.perf_counter()
+        decoded = torch.cat([self.decode_latents(latents[j : j + 1]).cpu() for j in range(batch)])
+        t3 = _now(device)
         timings = {"text_encode_s": t1 - t0, "denoise_s": t2 - t1, "vae_decode_s": t3 - t2}
         images, start = [], 0
         for req in requests:
@@ -178,16 +165,39 @@ class ImagePipeline:
             start += req.n
         return images, seeds, timings
 
+    def _condition(
+        self, requests: list[ImageRequest], cfg: bool, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None, list[float]]:
+        """The UNet's text conditioning for the batch, rows [negatives; prompts] under CFG, one per image;
+        and each image's guidance scale."""
+        cond, uncond, pooled, pooled_uncond, scales = [], [], [], [], []
+        for req in requests:
+            embeds, pool, neg_embeds, neg_pool = self._encode(req, cfg)
+            cond.append(embeds.expand(req.n, -1, -1))
+            uncond.append(neg_embeds.expand(req.n, -1, -1) if cfg else None)
+            if pool is not None:
+                pooled.append(pool.expand(req.n, -1))
+                pooled_uncond.append(neg_pool.expand(req.n, -1) if cfg else None)
+            scales += [float(req.guidance_scale)] * req.n
+        prompt_embeds = torch.cat((uncond if cfg else []) + cond).to(device=device, dtype=dtype)
+        if self.components.family != "sdxl":
+            return prompt_embeds, None, scales
+        text_embeds = torch.cat((pooled_uncond if cfg else []) + pooled).to(device=device, dtype=dtype)
+        # add_time_ids: original (h, w), crop top-left (0, 0), target (h, w), as diffusers' defaults.
+        h, w = requests[0].height, requests[0].width
+        time_ids = torch.tensor([[h, w, 0, 0, h, w]], dtype=dtype, device=device).repeat(prompt_embeds.shape[0], 1)
+        return prompt_embeds, {"text_embeds": text_embeds, "time_ids": time_ids}, scales
+
     def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents (B, 4, h, w) -> images (B, 3, H, W) in [0, 1], float32."""
         vae = self.components.vae
         cfg = vae.config
-        latents = latents.to(vae.dtype)
+        latents = latents.to(device=vae.device, dtype=vae.dtype)
         mean, std = getattr(cfg, "latents_mean", None), getattr(cfg, "latents_std", None)
         if mean is not None and std is not None:  # VAEs with per-channel statistics (Playground-style)
             shape = (1, latents.shape[1], 1, 1)
-            mean_t = torch.tensor(mean, dtype=latents.dtype).view(shape)
-            std_t = torch.tensor(std, dtype=latents.dtype).view(shape)
+            mean_t = torch.tensor(mean, dtype=latents.dtype, device=latents.device).view(shape)
+            std_t = torch.tensor(std, dtype=latents.dtype, device=latents.device).view(shape)
             latents = latents * std_t / cfg.scaling_factor + mean_t
         else:
             latents = latents / cfg.scaling_factor
@@ -210,10 +220,10 @@ class ImagePipeline:
         c = self.components
         if c.family == "sd15":
             # SD 1.5 conditions on the last hidden state (after CLIP's final layer norm).
-            return c.text_encoder(_tokens(c.tokenizer, text))[0], None
+            return c.text_encoder(_tokens(c.tokenizer, text, c.text_encoder.device))[0], None
         hidden, pooled = [], None
         for tok, enc in ((c.tokenizer, c.text_encoder), (c.tokenizer_2, c.text_encoder_2)):
-            out = enc(_tokens(tok, text), output_hidden_states=True)
+            out = enc(_tokens(tok, text, enc.device), output_hidden_states=True)
             if out[0].ndim == 2:  # CLIPTextModelWithProjection's text_embeds: the pooled projection
                 pooled = out[0]
             hidden.append(out.hidden_states[-2])  # SDXL takes the penultimate layer of both encoders
@@ -235,14 +245,23 @@ class ImagePipeline:
         )
         # randn_tensor with a list draws each row from its own generator, the way diffusers does, so
         # ancestral samplers (euler_a, lcm, tcd) also take each image's step noise from its own stream.
+        # Drawn on the CPU (then moved): the same seed gives the same image on any device.
         return randn_tensor(shape, generator=generators, device=torch.device("cpu"), dtype=dtype), generators
 
 
-def _tokens(tokenizer: Any, text: str) -> torch.Tensor:
+def _tokens(tokenizer: Any, text: str, device: torch.device) -> torch.Tensor:
     # Padded to the encoder's context (77), longer prompts truncated, as diffusers does.
     return tokenizer(
         text, padding="max_length", max_length=tokenizer.model_max_length, truncation=True, return_tensors="pt"
-    ).input_ids
+    ).input_ids.to(device)
+
+
+def _now(device: torch.device) -> float:
+    """A timestamp after the device's queued work: CUDA runs asynchronously, so the phases' timings
+    would otherwise all land on the final copy to the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def _guidance_embedding(w: torch.Tensor, dim: int) -> torch.Tensor:
