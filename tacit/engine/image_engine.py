@@ -19,7 +19,6 @@ before they are queued, so a bad size or step count is refused at once, not afte
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import dataclasses
 import heapq
@@ -34,7 +33,7 @@ from tacit.engine.request_stream import EngineDeadError, QueueFullError
 
 if TYPE_CHECKING:
     from tacit.diffusion.pipeline import ImagePipeline
-    from tacit.diffusion.request import ImageRequest, ImageResult
+    from tacit.diffusion.request import ImageRequest
 
 logger = logging.getLogger("tacit.image_engine")
 
@@ -132,10 +131,6 @@ class ImageEngine:
             heapq.heappush(self._heap, (request.priority, next(self._order), job))
             self._cond.notify()
         return job.future
-
-    async def generate(self, request: "ImageRequest", on_step: StepCallback | None = None) -> "ImageResult":
-        """submit, awaited: a cancelled caller (a client gone) cancels its request if still queued."""
-        return await asyncio.wrap_future(self.submit(request, on_step))
 
     # ---- the worker thread --------------------------------------------------------------------
 
