@@ -20,7 +20,7 @@ def test_listgroup_names_every_group_of_serve(capsys):
     code, out, _ = _help(capsys, "serve", "--help=listgroup")
     assert code == 0
     listed = [line.split()[0] for line in out.splitlines()[1:]]
-    assert listed == ["options", *RECIPE_SECTIONS, "frontend"]
+    assert listed == ["options", *RECIPE_SECTIONS, "frontend", "image"]
     assert "KV cache" in out  # each group says what it holds
 
 

@@ -240,7 +240,7 @@ TIERS: list[tuple[str, ...]] = [
     # EngineArgs sits above the rest of tacit.config: it checks names against the scheduling
     # policies' registry, and the policies import SchedulerConfig.
     ("tacit.layers", "tacit.scheduling", "tacit.config.engine_args"),
-    ("tacit.models",),
+    ("tacit.models", "tacit.diffusion"),
     ("tacit.worker",),
     ("tacit.engine",),
     # tune: searches engine configurations with the engine, the benchmarks and the performance model.

@@ -1,4 +1,4 @@
-"""`tacit generate | chat | serve | fetch | models | build-kernels`: the entrypoints' commands (the `tacit` parser itself: tacit/cli.py)."""
+"""`tacit generate | chat | serve | fetch | models | image | build-kernels`: the entrypoints' commands (the `tacit` parser itself: tacit/cli.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 from tacit.config.engine_args import EngineArgs
 from tacit.config.sizes import parse_bytes
 from tacit.entrypoints.adaptive_args import add_adaptive_args
+from tacit.entrypoints.image_cli import add_image_parser, add_image_serve_args
 from tacit.entrypoints.list_models import add_models_parser
 from tacit.entrypoints.openai.access_log import ACCESS_LOG_FORMATS
 from tacit.entrypoints.openai.harmony import REASONING_PARSERS
@@ -182,7 +183,7 @@ def _tool_call_parser(name: str) -> str:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """generate, chat, serve, fetch, models and build-kernels, as subcommands of the `tacit` parser."""
+    """generate, chat, serve, fetch, models, image and build-kernels, as subcommands of the `tacit` parser."""
     g = sub.add_parser("generate", help="complete one prompt, streaming the text")
     EngineArgs.add_cli_args(g)
     g.add_argument("--prompt", required=True)
@@ -276,12 +277,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "which lm-evaluation-harness's remote tokenizer reads); without it the route is 404",
     )
     add_adaptive_args(front)
+    add_image_serve_args(s)
     s.set_defaults(func=cmd_serve)
 
     f = sub.add_parser("fetch", help="fetch the embedded default model into the cache")
     f.set_defaults(func=cmd_fetch)
 
     add_models_parser(sub)
+    add_image_parser(sub)
 
     b = sub.add_parser("build-kernels", help="compile the C++ kernels now, not on first use (setup runs it)")
     b.set_defaults(func=cmd_build_kernels)

@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -47,6 +47,12 @@ from tacit.entrypoints.openai.serving_chat import ChatServing
 from tacit.entrypoints.openai.serving_common import ServingContext
 from tacit.entrypoints.openai.serving_completion import CompletionServing
 from tacit.entrypoints.openai.serving_embedding import EmbeddingServing
+from tacit.entrypoints.openai.serving_images import (
+    ImageServing,
+    add_image_only_routes,
+    add_image_routes,
+    image_serving_from_args,
+)
 from tacit.entrypoints.openai.serving_responses import ResponsesServing
 from tacit.entrypoints.openai.serving_tokenization import TokenizationServing
 from tacit.entrypoints.openai.tokenization_protocol import (
@@ -65,40 +71,8 @@ logger = logging.getLogger("tacit.server")
 DEFAULT_SHUTDOWN_TIMEOUT_S = 20.0
 
 
-def build_app(
-    engine: AsyncLLMEngine,
-    model_name: str,
-    api_key: str | None = None,
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-    enable_log_requests: bool = False,
-    enable_tokenizer_info_endpoint: bool = False,
-    tool_call_parser: str | None = None,
-    reasoning_parser: str | None = None,
-) -> FastAPI:
-    """The ASGI app. The engine is started by the caller; the app stops it on shutdown.
-    enable_log_requests: an access line per request (AccessLogMiddleware); off, as vLLM's.
-    enable_tokenizer_info_endpoint: serve GET /tokenizer_info; off (404), as vLLM's.
-    tool_call_parser, reasoning_parser: vLLM's flags (None: from the model); "openai" /
-    "openai_gptoss", or a gpt-oss model, read chat output as harmony (harmony.py)."""
-    harmony = select_harmony(engine.hf_config, engine.tokenizer, tool_call_parser, reasoning_parser)
-    ctx = ServingContext(engine, model_name, harmony)
-    completions, chat, tokenization = CompletionServing(ctx), ChatServing(ctx), TokenizationServing(ctx)
-    embeddings = EmbeddingServing(ctx)
-    responses = ResponsesServing(ctx)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        # uvicorn has stopped accepting and waited for (or cancelled) in-flight requests:
-        # whatever the engine still holds has no reader, so abort it and stop the thread.
-        engine.shutdown()
-
-    # The schema is served by the route below, behind the API key like every other /v1 route.
-    app = FastAPI(title="tacit", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    install_error_handlers(app)
-    app.add_middleware(RequestIdMiddleware)
-    if enable_log_requests:  # added last, so outermost: it sees the X-Request-Id the client gets
-        app.add_middleware(AccessLogMiddleware)
+def api_key_check(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
+    """The dependency every /v1 route takes: a 401 unless the request carries the bearer key."""
 
     async def check_api_key(request: Request) -> None:
         if api_key is None:
@@ -115,7 +89,35 @@ def build_app(
                 headers={"WWW-Authenticate": "Bearer"},
             )
 
-    v1 = [Depends(check_api_key)]
+    return check_api_key
+
+
+def build_app(
+    engine: AsyncLLMEngine,
+    model_name: str,
+    api_key: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    enable_log_requests: bool = False,
+    enable_tokenizer_info_endpoint: bool = False,
+    tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
+    image_serving: ImageServing | None = None,
+) -> FastAPI:
+    """The ASGI app. The engine is started by the caller; the app stops it on shutdown.
+    image_serving: also serve POST /v1/images/generations with this image model (--image-model).
+    enable_log_requests: an access line per request (AccessLogMiddleware); off, as vLLM's.
+    enable_tokenizer_info_endpoint: serve GET /tokenizer_info; off (404), as vLLM's.
+    tool_call_parser, reasoning_parser: vLLM's flags (None: from the model); "openai" /
+    "openai_gptoss", or a gpt-oss model, read chat output as harmony (harmony.py)."""
+    harmony = select_harmony(engine.hf_config, engine.tokenizer, tool_call_parser, reasoning_parser)
+    ctx = ServingContext(engine, model_name, harmony)
+    completions, chat, tokenization = CompletionServing(ctx), ChatServing(ctx), TokenizationServing(ctx)
+    embeddings = EmbeddingServing(ctx)
+    responses = ResponsesServing(ctx)
+
+    engines: list[Any] = [engine] if image_serving is None else [engine, image_serving.engine]
+    app = new_app(engines, enable_log_requests)
+    v1 = [Depends(api_key_check(api_key))]
 
     @app.post("/v1/completions", dependencies=v1)
     async def create_completion(request: Request) -> Response:
@@ -153,13 +155,18 @@ def build_app(
     async def openapi_schema() -> JSONResponse:
         return JSONResponse(app.openapi())
 
+    cards = [ModelCard(id=model_name, max_model_len=ctx.max_model_len)]
+    if image_serving is not None:
+        add_image_routes(app, image_serving, v1, max_request_bytes)
+        cards.append(ModelCard(id=image_serving.model_name))
+
     @app.get("/v1/models", dependencies=v1)
     async def list_models() -> ModelList:
-        return ModelList(data=[ModelCard(id=model_name, max_model_len=ctx.max_model_len)])
+        return ModelList(data=cards)
 
     @app.get("/health")
     async def health() -> Response:
-        if not engine.is_running:
+        if not all(e.is_running for e in engines):
             raise OpenAIError(503, "the engine is not running", "server_error")
         return Response(status_code=200)
 
@@ -169,6 +176,40 @@ def build_app(
             engine.metrics.render_prometheus(model_name), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
 
+    return app
+
+
+def new_app(engines: list[Any], enable_log_requests: bool) -> FastAPI:
+    """The app with tacit's error shapes and middleware and no route; on shutdown it stops the
+    engines (AsyncLLMEngine, ImageEngine), which the caller started."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        # uvicorn has stopped accepting and waited for (or cancelled) in-flight requests:
+        # whatever the engines still hold has no reader, so abort it and stop their threads.
+        for engine in engines:
+            engine.shutdown()
+
+    # The schema is served by a route, behind the API key like every other /v1 route.
+    app = FastAPI(title="tacit", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)
+    app.add_middleware(RequestIdMiddleware)
+    if enable_log_requests:  # added last, so outermost: it sees the X-Request-Id the client gets
+        app.add_middleware(AccessLogMiddleware)
+    return app
+
+
+def build_image_app(
+    image_serving: ImageServing,
+    api_key: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    enable_log_requests: bool = False,
+) -> FastAPI:
+    """The app of a server with an image model and no language model (`tacit serve` on a
+    diffusion checkpoint): its LLM routes answer 404 saying so."""
+    app = new_app([image_serving.engine], enable_log_requests)
+    add_image_only_routes(app, image_serving, [Depends(api_key_check(api_key))], max_request_bytes)
     return app
 
 
@@ -209,14 +250,14 @@ def _draining_server_class():  # uvicorn is imported lazily: `tacit serve` is an
         """uvicorn.Server that, once asked to exit, ends the engine's in-flight requests just
         before the graceful-shutdown deadline, so every stream closes with an error event."""
 
-        def __init__(self, config: Any, engine: AsyncLLMEngine, grace_s: float | None) -> None:
+        def __init__(self, config: Any, stop_engines: Callable[[], None], grace_s: float | None) -> None:
             super().__init__(config)
-            self._engine, self._grace_s, self._timer = engine, grace_s, None
+            self._stop_engines, self._grace_s, self._timer = stop_engines, grace_s, None
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             if self._timer is None and self._grace_s is not None:
                 delay = max(0.0, self._grace_s - _END_STREAMS_BEFORE_S)
-                self._timer = threading.Timer(delay, self._engine.shutdown)
+                self._timer = threading.Timer(delay, self._stop_engines)
                 self._timer.daemon = True
                 self._timer.start()
             super().handle_exit(sig, frame)
@@ -257,10 +298,79 @@ def open_bind_warning(host: str, api_key: str | None) -> str | None:
 
 
 def run_server(args: argparse.Namespace) -> int:
-    """Load the model, serve until SIGTERM/SIGINT, then drain and exit 0 (1 if the engine died)."""
+    """Load the model(s), serve until SIGTERM/SIGINT, then drain and exit 0 (1 if the engine died)."""
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # --image-model, or --model itself when it is a diffusion checkpoint (then images only).
+    image_serving, images_only = image_serving_from_args(args)
+    engines: list[Any] = [] if image_serving is None else [image_serving.engine]
+    engine: AsyncLLMEngine | None = None
+    try:
+        if images_only:
+            assert image_serving is not None
+            app = build_image_app(image_serving, args.api_key, args.max_request_bytes, args.enable_log_requests)
+        else:
+            engine, name = _load_llm_engine(args)
+            engines.insert(0, engine)
+            app = build_app(
+                engine,
+                name,
+                args.api_key,
+                args.max_request_bytes,
+                enable_log_requests=args.enable_log_requests,
+                enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
+                tool_call_parser=args.tool_call_parser,
+                reasoning_parser=args.reasoning_parser,
+                image_serving=image_serving,
+            )
+    except BaseException:  # flags that contradict the model: stop the loaded engines' threads, then say so
+        for e in engines:
+            e.shutdown()
+        raise
+    warning = open_bind_warning(args.host, args.api_key)
+    if warning:
+        print(f"tacit: warning: {warning}", file=sys.stderr, flush=True)
+    if args.enable_log_requests:
+        configure_access_log(args.log_format)
+
+    def stop_engines() -> None:
+        for e in engines:
+            e.shutdown()
+
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        access_log=False,
+        timeout_graceful_shutdown=getattr(args, "shutdown_timeout", DEFAULT_SHUTDOWN_TIMEOUT_S),
+        lifespan="on",
+    )
+    server = _draining_server_class()(config, stop_engines, config.timeout_graceful_shutdown)
+    if engine is not None:
+        # A dead tensor-parallel worker ends the engine for good: requests get 503, then the
+        # server exits non-zero so a supervisor restarts it.
+        engine.on_fatal = lambda: setattr(server, "should_exit", True)
+    # uvicorn re-raises the signal it caught once it has shut down gracefully; with the default
+    # SIGTERM handler that kills the process (status 143) after a clean drain. A no-op handler
+    # is what it restores and re-raises into, so a SIGTERM ends in `return 0`.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # SIGINT re-raised the same way lands here
+        pass
+    finally:
+        stop_engines()
+    if engine is not None and engine.fatal_error is not None:
+        print(f"tacit: exiting: {engine.fatal_error}", file=sys.stderr)
+        return 1
+    return 0 if server.started else 1
+
+
+def _load_llm_engine(args: argparse.Namespace) -> tuple[AsyncLLMEngine, str]:
+    """The language model's engine, started (its model built) before the port is bound, so
+    /health answering means the model is ready; and the name it is served as."""
     t0 = time.perf_counter()
     engine_args = EngineArgs.from_cli_args(args)
     adaptive = adaptive_bounds(args)  # before loading: a stray --adaptive-* flag fails at once
@@ -269,7 +379,6 @@ def run_server(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    # Load before binding the port: /health answering means the model is ready.
     engine = AsyncLLMEngine.from_engine_args(max_waiting=args.max_waiting, adaptive=adaptive, engine_args=engine_args)
     engine.start()  # builds the model on the engine thread; raises what loading raised
     name = served_model_name(args, engine_args.model)
@@ -282,49 +391,4 @@ def run_server(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    warning = open_bind_warning(args.host, args.api_key)
-    if warning:
-        print(f"tacit: warning: {warning}", file=sys.stderr, flush=True)
-    if args.enable_log_requests:
-        configure_access_log(args.log_format)
-    try:
-        app = build_app(
-            engine,
-            name,
-            args.api_key,
-            args.max_request_bytes,
-            enable_log_requests=args.enable_log_requests,
-            enable_tokenizer_info_endpoint=args.enable_tokenizer_info_endpoint,
-            tool_call_parser=args.tool_call_parser,
-            reasoning_parser=args.reasoning_parser,
-        )
-    except ValueError:  # flags that contradict the model: stop the loaded engine's thread, then say so
-        engine.shutdown()
-        raise
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level="info",
-        access_log=False,
-        timeout_graceful_shutdown=getattr(args, "shutdown_timeout", DEFAULT_SHUTDOWN_TIMEOUT_S),
-        lifespan="on",
-    )
-    server = _draining_server_class()(config, engine, config.timeout_graceful_shutdown)
-    # A dead tensor-parallel worker ends the engine for good: requests get 503, then the server
-    # exits non-zero so a supervisor restarts it.
-    engine.on_fatal = lambda: setattr(server, "should_exit", True)
-    # uvicorn re-raises the signal it caught once it has shut down gracefully; with the default
-    # SIGTERM handler that kills the process (status 143) after a clean drain. A no-op handler
-    # is what it restores and re-raises into, so a SIGTERM ends in `return 0`.
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    try:
-        server.run()
-    except KeyboardInterrupt:  # SIGINT re-raised the same way lands here
-        pass
-    finally:
-        engine.shutdown()
-    if engine.fatal_error is not None:
-        print(f"tacit: exiting: {engine.fatal_error}", file=sys.stderr)
-        return 1
-    return 0 if server.started else 1
+    return engine, name
