@@ -164,7 +164,7 @@ def count_blocks(
     state, blocks = _State(), {}
     weights = {id(p) for p in module.parameters()}
     counter = _Counter(state, blocks, component, weights, weight_bytes, act_bytes)
-    picked = is_block or _default_block
+    picked = is_block or is_row_block
     handles = []
     for name, mod in module.named_modules():
         if name and picked(name):
@@ -180,6 +180,7 @@ def count_blocks(
     return list(blocks.values())
 
 
-def _default_block(name: str) -> bool:
+def is_row_block(name: str) -> bool:
+    """Whether the module `name` is a row of the per-block counts (and of the profile's timings)."""
     # top-level modules (conv_in, time_embedding, conv_out; a VAE's decoder's own stem and head)
     return bool(_BLOCK.search(name)) or name.count(".") == 0 or (name.startswith("decoder.") and name.count(".") == 1)

@@ -12,7 +12,7 @@ one prompt each, and one device decodes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from tacit.perf_model.diffusion_configs import DiffusionConfigs
 from tacit.perf_model.diffusion_count import BlockCount
@@ -81,6 +81,10 @@ class DiffusionPrediction:
         """The request end to end: text encode, every denoising step, the VAE decode."""
         return self.text_s + self.steps * self.step_s + self.vae_s
 
+    def steps_within(self, seconds: float) -> int:
+        """The most denoising steps an image can take and still finish in `seconds` (0: none)."""
+        return max(int((seconds - self.text_s - self.vae_s) // self.step_s), 0)
+
 
 def price_block(b: BlockCount, spec: HardwareSpec, profile: Profile) -> BlockTime:
     peak, bw = spec.peak_flops("bf16"), spec.memory_bandwidth.value  # fp16 on parts without bf16 (310P)
@@ -107,7 +111,10 @@ def predict_image(
     guided: bool = True,
     devices: int = 1,
     profile: Profile | None = None,
+    weight_bytes: float = 2.0,
 ) -> DiffusionPrediction:
+    """`images` images of one prompt, guided (classifier-free guidance) or not, on `devices`
+    devices of `spec`; `weight_bytes`: 2 (bf16 / fp16), 1 (int8 weights, 16-bit compute)."""
     if steps < 1:
         raise ValueError(f"steps={steps}: must be >= 1")
     if devices not in (1, 2):
@@ -122,7 +129,7 @@ def predict_image(
 
     spec = fitted_roofs(spec, profile)
     # one device's share: with the CFG split each runs the unguided batch (and one prompt)
-    counts = count_request(cfgs, width, height, images, guided and devices == 1)
+    counts = count_request(cfgs, width, height, images, guided and devices == 1, weight_bytes)
     transfer = 0.0
     if devices == 2:
         latent = images * cfgs.unet.get("out_channels", 4) * (width // LATENT_FACTOR) * (height // LATENT_FACTOR)
@@ -157,8 +164,3 @@ def component_totals(times: list[BlockTime]) -> dict[str, float]:
         "seconds": sum(t.seconds for t in times),
         "launches": sum(b.ops for b in blocks),
     }
-
-
-def with_steps(p: DiffusionPrediction, steps: int) -> DiffusionPrediction:
-    """The same prediction at another step count (the per-step blocks do not change)."""
-    return replace(p, steps=steps)

@@ -65,6 +65,10 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
         "(default this-cpu, with its cached calibration: uncalibrated, the report says so; none: leave it out; "
         "--predicted FILE takes precedence)",
     )
+    g = p.add_argument_group("a text-to-image model (--model DIFFUSERS_DIR): UNet steps and a VAE decode per block")
+    g.add_argument("--size", default="256x256", help="WIDTHxHEIGHT profiled (multiples of 64)")
+    g.add_argument("--steps", type=int, default=2, help="UNet calls a pass, then one VAE decode")
+    g.add_argument("--guidance-scale", type=float, default=5.0, help="<= 1: no guidance (UNet batch 1, not 2)")
     p.set_defaults(func=cmd_profile)
 
 
@@ -226,9 +230,42 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile_diffusion(args: argparse.Namespace) -> int:
+    """--model DIFFUSERS_DIR: per-block times of UNet steps and a VAE decode (profiler/diffusion.py);
+    DIR/profile.json holds the rows."""
+    import torch
+
+    from tacit.perf_model.diffusion_cli import parse_size
+    from tacit.profiler.diffusion import profile_diffusion, report_lines
+
+    dtypes = {"auto": torch.bfloat16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+    dtype = args.dtype or "auto"
+    if dtype not in dtypes:
+        raise ValueError(f"--dtype {dtype!r} for a diffusion model; valid: {', '.join(dtypes)}")
+    width, height = parse_size(args.size)
+    roofs = _roofs(args)
+    prof = profile_diffusion(
+        args.model, width, height, args.steps, _positive("--repeats", args.repeats), args.guidance_scale > 1.0,
+        dtypes[dtype],
+    )
+    if roofs is not None:
+        prof["roofs"] = roofs.to_json()
+    for line in report_lines(prof, roofs.read_Bps if roofs is not None else None):
+        print(line)
+    out = Path(_DEFAULT_OUT if args.out is None else args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.json").write_text(json.dumps(prof, indent=1))
+    print(f"wrote {out / 'profile.json'}")
+    return 0
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     if args.compare is not None:
         return cmd_compare(args)
+    from tacit.perf_model.diffusion_configs import is_diffusion_model
+
+    if is_diffusion_model(args.model) and Path(args.model).is_dir():
+        return cmd_profile_diffusion(args)
     import torch
 
     from tacit.bench.latency import weight_bytes
