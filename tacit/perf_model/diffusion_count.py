@@ -37,6 +37,11 @@ _BLOCK = re.compile(
 )
 
 
+# ops that move no data although the schema does not call them views (_unsafe_view: reshape's
+# result of a contiguous tensor)
+_NO_TRAFFIC = (torch.ops.aten.detach, torch.ops.aten.lift_fresh, torch.ops.aten._unsafe_view)
+
+
 @dataclass
 class BlockCount:
     name: str  # the module's qualified name in its component
@@ -100,7 +105,7 @@ class _Counter(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        if func.is_view or func.overloadpacket in (torch.ops.aten.detach, torch.ops.aten.lift_fresh):
+        if func.is_view or func.overloadpacket in _NO_TRAFFIC:
             if ins and id(ins[0]) in self.weights and isinstance(out, torch.Tensor):
                 self.weights.add(id(out))  # w.t() feeding addmm is still the weight
                 self._alive.append(out)
