@@ -136,8 +136,12 @@ def _row(b: BlockCount, seconds: float, caches: dict[str, int]) -> dict[str, Any
     }
 
 
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
 def report_lines(p: dict[str, Any], read_bandwidth: float | None = None) -> list[str]:
-    caches = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in p["caches"].items()) or "none in sysfs"
+    caches = ", ".join(f"{k} {_mib(v)}" for k, v in p["caches"].items()) or "none in sysfs"
     out = [
         f"{p['model']}: {p['width']}x{p['height']}, {p['dtype']}, {p['threads']} threads, "
         f"{'guided (UNet batch 2)' if p['guided'] else 'unguided'}; caches: {caches}",
