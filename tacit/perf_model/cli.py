@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tacit.config import SchedulerConfig
 from tacit.config.engine_args import EngineArgs
+from tacit.perf_model.diffusion_cli import add_diffusion_args
 from tacit.perf_model.dtypes import (
     ACTIVATION_DTYPES,
     KV_DTYPES,
@@ -17,7 +18,6 @@ from tacit.perf_model.dtypes import (
     normalize_dtype,
     resolve_weight_format,
 )
-from tacit.perf_model.diffusion_cli import add_diffusion_args
 from tacit.perf_model.ggml_mixes import GGML_TYPES
 from tacit.perf_model.layout_cli import add_layout_args, layout_from_args
 from tacit.perf_model.prediction_print import print_bottlenecks, print_ops, print_prediction
@@ -174,6 +174,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         from tacit.perf_model.diffusion_cli import cmd_predict_diffusion
 
         return cmd_predict_diffusion(args)
+    from tacit.perf_model.diffusion_cli import refuse_diffusion_args
+
+    refuse_diffusion_args(args)
     if args.serve:
         from tacit.perf_model.serve_cli import cmd_serve
 

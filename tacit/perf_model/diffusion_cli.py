@@ -17,17 +17,31 @@ WEIGHT_BYTES = {"auto": 2.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0}
 
 def add_diffusion_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("text-to-image (--model sdxl-base | sd15 | a diffusers directory)")
-    g.add_argument("--size", default="1024x1024", help="WIDTHxHEIGHT of the image, multiples of 64")
-    g.add_argument("--steps", type=int, default=30, help="denoising steps (UNet calls)")
+    g.add_argument("--size", default=None, help="WIDTHxHEIGHT of the image, multiples of 64 (default 1024x1024)")
+    g.add_argument("--steps", type=int, default=None, help="denoising steps, UNet calls (default 30)")
     g.add_argument(
-        "--guidance-scale", type=float, default=5.0, help="<= 1: no classifier-free guidance (one UNet batch a step)"
+        "--guidance-scale",
+        type=float,
+        default=None,
+        help="default 5; <= 1: no classifier-free guidance (one UNet batch a step)",
     )
     g.add_argument(
         "--devices",
         type=int,
-        default=1,
-        help="1, or 2: classifier-free guidance's negative and positive halves on two devices (a 310P pair)",
+        default=None,
+        help="1 (default), or 2: classifier-free guidance's negative and positive halves on two devices (a 310P pair)",
     )
+
+
+DEFAULTS = {"size": "1024x1024", "steps": 30, "guidance_scale": 5.0, "devices": 1}
+
+
+def refuse_diffusion_args(args: argparse.Namespace) -> None:
+    """An LLM prediction given a text-to-image flag: say so rather than ignore it."""
+    given = [k for k in DEFAULTS if getattr(args, k, None) is not None]
+    if given:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        raise ValueError(f"{flags}: text-to-image flags, for --model sdxl-base | sd15 | a diffusers directory")
 
 
 def parse_size(size: str) -> tuple[int, int]:
@@ -44,7 +58,12 @@ def cmd_predict_diffusion(args: argparse.Namespace) -> int:
     from tacit.perf_model.hardware_file import resolve_hardware
 
     if args.quantization not in WEIGHT_BYTES:
-        raise ValueError(f"--quantization {args.quantization!r} for a diffusion model; valid: {', '.join(WEIGHT_BYTES)}")
+        raise ValueError(
+            f"--quantization {args.quantization!r} for a diffusion model; valid: {', '.join(WEIGHT_BYTES)}"
+        )
+    for k, v in DEFAULTS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     width, height = parse_size(args.size)
     spec = resolve_hardware(args.hardware, args.hardware_file)
     cfgs = load_diffusion_configs(args.model)
@@ -66,7 +85,7 @@ def cmd_predict_diffusion(args: argparse.Namespace) -> int:
     return 0
 
 
-def _row(comp: str, t: BlockTime, ridge: float) -> str:
+def _row(comp: str, t: BlockTime) -> str:
     b = t.block
     return (
         f"{comp:<5} {b.name:<36} {b.flops / 1e9:>9.1f} {b.weight_bytes / 1e6:>8.1f} {b.activation_bytes / 1e6:>9.1f} "
@@ -85,7 +104,7 @@ def prediction_lines(p: DiffusionPrediction) -> list[str]:
         f"{'':<5} {'block':<36} {'GFLOP':>9} {'weight MB':>8} {'act MB':>9} {'FLOP/B':>7} {'bound':<14} {'ms':>9}",
     ]
     for comp, rows in (("text", p.text), ("unet", p.unet), ("vae", p.vae)):
-        out += [_row(comp, t, p.ridge) for t in rows]
+        out += [_row(comp, t) for t in rows]
     out.append("totals:")
     for label, rows, times in (
         ("text encode (once)", p.text, 1),
@@ -100,7 +119,9 @@ def prediction_lines(p: DiffusionPrediction) -> list[str]:
             f"{100 * bound:3.0f}% of its time compute-bound"
         )
     if p.devices == 2:
-        out.append(f"  {'noise exchange':<19} {p.transfer_s * 1e3:9.3f} ms  x{p.steps} (one link latency + 2 B a latent value)")
+        out.append(
+            f"  {'noise exchange':<19} {p.transfer_s * 1e3:9.3f} ms  x{p.steps} (one link latency + 2 B a latent value)"
+        )
     out.append(
         f"  image: {p.image_s:.2f} s = {p.text_s * 1e3:.0f} ms text + {p.steps} x {p.step_s * 1e3:.1f} ms "
         f"+ {p.vae_s * 1e3:.0f} ms VAE decode; steps within 1.8 s: {p.steps_within(1.8)}"

@@ -117,6 +117,8 @@ def load_diffusion_configs(model: str) -> DiffusionConfigs:
     root = Path(model)
     if not (root / "model_index.json").is_file():
         valid = ", ".join([*NAMED, *ALIASES])
-        raise ValueError(f"diffusion model {model!r}: not a name ({valid}) nor a diffusers directory (model_index.json)")
+        raise ValueError(
+            f"diffusion model {model!r}: not a name ({valid}) nor a diffusers directory (model_index.json)"
+        )
     encoders = tuple(_read(root / d) for d in ("text_encoder", "text_encoder_2") if (root / d).is_dir())
     return DiffusionConfigs(root.name, _read(root / "unet"), _read(root / "vae"), encoders)

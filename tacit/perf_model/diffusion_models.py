@@ -97,5 +97,7 @@ def count_request(
     unet = _unet_counts(_key(cfgs.unet), batch, width, height, weight_bytes, ab)
     vae = _vae_counts(_key(cfgs.vae), images, width, height, weight_bytes, ab)
     prompts = 2 if guided else 1  # a request's prompts are encoded once, not per image
-    text = [r for i, enc in enumerate(cfgs.text_encoders) for r in _text_counts(_key(enc), prompts, i, weight_bytes, ab)]
+    text = [
+        r for i, enc in enumerate(cfgs.text_encoders) for r in _text_counts(_key(enc), prompts, i, weight_bytes, ab)
+    ]
     return DiffusionCounts(list(unet), list(vae), text)

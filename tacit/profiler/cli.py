@@ -245,7 +245,12 @@ def cmd_profile_diffusion(args: argparse.Namespace) -> int:
     width, height = parse_size(args.size)
     roofs = _roofs(args)
     prof = profile_diffusion(
-        args.model, width, height, args.steps, _positive("--repeats", args.repeats), args.guidance_scale > 1.0,
+        args.model,
+        width,
+        height,
+        args.steps,
+        _positive("--repeats", args.repeats),
+        args.guidance_scale > 1.0,
         dtypes[dtype],
     )
     if roofs is not None:

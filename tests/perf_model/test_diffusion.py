@@ -132,7 +132,21 @@ def test_two_devices_split_guidance() -> None:
 
 def test_predict_cli_json_has_the_block_rows(tmp_path, capsys) -> None:
     out = tmp_path / "p.json"
-    rc = main(["predict", "--model", "sd15", "--size", "512x512", "--steps", "4", "--hardware", "h100-sxm", "--json", str(out)])
+    rc = main(
+        [
+            "predict",
+            "--model",
+            "sd15",
+            "--size",
+            "512x512",
+            "--steps",
+            "4",
+            "--hardware",
+            "h100-sxm",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "VAE decode" in text and "decoder.up_blocks.3.resnets.0" in text
@@ -152,7 +166,10 @@ def test_predict_reads_a_diffusers_directory(tmp_path) -> None:
         (tmp_path / sub).mkdir()
         (tmp_path / sub / "config.json").write_text(json.dumps({"_class_name": "x", **cfg}))
     out = tmp_path / "p.json"
-    assert main(["predict", "--model", str(tmp_path), "--size", "128x128", "--hardware", "h100-sxm", "--json", str(out)]) == 0
+    assert (
+        main(["predict", "--model", str(tmp_path), "--size", "128x128", "--hardware", "h100-sxm", "--json", str(out)])
+        == 0
+    )
     d = json.loads(out.read_text())
     assert d["model"] == tmp_path.name and not [b for b in d["blocks"] if b["component"] == "text"]
 
@@ -167,3 +184,13 @@ def test_bad_inputs_name_what_is_valid(capsys) -> None:
     with pytest.raises(ValueError, match="not a name"):
         load_diffusion_configs("sd3")
     assert isinstance(NAMED["sdxl-base"], DiffusionConfigs) and NAMED["sdxl-base"].is_sdxl
+
+
+def test_llm_predictions_refuse_the_text_to_image_flags() -> None:
+    import argparse
+
+    from tacit.perf_model.diffusion_cli import refuse_diffusion_args
+
+    refuse_diffusion_args(argparse.Namespace(size=None, steps=None, guidance_scale=None, devices=None))
+    with pytest.raises(ValueError, match="--steps, --devices: text-to-image flags"):
+        refuse_diffusion_args(argparse.Namespace(size=None, steps=4, guidance_scale=None, devices=2))
