@@ -92,3 +92,10 @@ def test_cpu_caches_read_sysfs(tmp_path: Path) -> None:
     assert caches == {"L1": 48 << 10, "L2": 2 << 20}
     assert level_holding(1 << 20, caches) == "L2" and level_holding(3 << 20, caches) == "DRAM"
     assert cpu_caches(tmp_path / "none") == {}
+
+
+def test_profile_refuses_a_name_and_llm_runs_refuse_the_image_flags(capsys: pytest.CaptureFixture) -> None:
+    assert main(["profile", "--model", "sdxl-base", "--no-measure-hw"]) != 0
+    assert "the names sdxl-base and sd15 are for tacit predict" in capsys.readouterr().err
+    assert main(["profile", "--model", "random:qwen3-100m", "--steps", "3", "--no-measure-hw"]) != 0
+    assert "--steps: text-to-image flags" in capsys.readouterr().err
