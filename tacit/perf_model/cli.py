@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tacit.config import SchedulerConfig
 from tacit.config.engine_args import EngineArgs
+from tacit.perf_model.diffusion_cli import add_diffusion_args
 from tacit.perf_model.dtypes import (
     ACTIVATION_DTYPES,
     KV_DTYPES,
@@ -32,7 +33,12 @@ QUANTIZATION_HELP = (
 
 def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="predict TTFT/TPOT/memory of a model on a hardware spec (no weights loaded)")
-    p.add_argument("--model", default=None, help="config.json or its directory, a recipes/configs name, or random:NAME")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="config.json or its directory, a recipes/configs name, random:NAME; or a text-to-image model: "
+        "sdxl-base | sd15 | a diffusers directory (model_index.json)",
+    )
     p.add_argument("--hardware", default="this-cpu", help="a tacit.platforms.specs name (see the error for the list)")
     p.add_argument(
         "--hardware-file", default=None, help="YAML/JSON describing a machine not in the table (hardware_file.py)"
@@ -99,6 +105,7 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--plot", default=None, help="with --validate: predicted against measured, one point per case (PNG; matplotlib)"
     )
+    add_diffusion_args(p)
     sv = p.add_argument_group("--serve: replay tacit's scheduler over a workload file on a simulated clock")
     sv.add_argument("--serve", action="store_true", help="simulate serving --workload (TTFT/TPOT/E2E percentiles)")
     sv.add_argument("--workload", default=None, help='JSONL: {"arrival_s", "input_len", "output_len", "priority"}')
@@ -161,6 +168,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
         calibrate()
         if args.model is None and not args.serve:
             return 0
+    from tacit.perf_model.diffusion_configs import is_diffusion_model
+
+    if is_diffusion_model(args.model) and not args.serve:
+        from tacit.perf_model.diffusion_cli import cmd_predict_diffusion
+
+        return cmd_predict_diffusion(args)
+    from tacit.perf_model.diffusion_cli import refuse_diffusion_args
+
+    refuse_diffusion_args(args)
     if args.serve:
         from tacit.perf_model.serve_cli import cmd_serve
 

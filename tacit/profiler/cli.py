@@ -14,6 +14,8 @@ from tacit.profiler.collect import WorkloadRequest
 
 _DEFAULT_BATCH, _DEFAULT_INPUT, _DEFAULT_OUTPUT = 1, 128, 32
 _DEFAULT_OUT = "profile-out"
+# a text-to-image model profiled: small enough for this CPU, the blocks are the same at any size
+_DIFFUSION = {"size": "256x256", "steps": 2, "guidance_scale": 5.0}
 
 
 def add_profile_parser(sub: argparse._SubParsersAction) -> None:
@@ -64,6 +66,19 @@ def add_profile_parser(sub: argparse._SubParsersAction) -> None:
         help="price the same run with `tacit predict` on this hardware for the predicted column "
         "(default this-cpu, with its cached calibration: uncalibrated, the report says so; none: leave it out; "
         "--predicted FILE takes precedence)",
+    )
+    g = p.add_argument_group("a text-to-image model (--model DIFFUSERS_DIR): UNet steps and a VAE decode per block")
+    g.add_argument(
+        "--size", default=None, help=f"WIDTHxHEIGHT profiled, multiples of 64 (default {_DIFFUSION['size']})"
+    )
+    g.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"UNet calls a pass, then one VAE decode (default {_DIFFUSION['steps']})",
+    )
+    g.add_argument(
+        "--guidance-scale", type=float, default=None, help="default 5; <= 1: no guidance (UNet batch 1, not 2)"
     )
     p.set_defaults(func=cmd_profile)
 
@@ -226,9 +241,58 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile_diffusion(args: argparse.Namespace) -> int:
+    """--model DIFFUSERS_DIR: per-block times of UNet steps and a VAE decode (profiler/diffusion.py);
+    DIR/profile.json holds the rows."""
+    import torch
+
+    from tacit.perf_model.diffusion_cli import parse_size
+    from tacit.profiler.diffusion import profile_diffusion, report_lines
+
+    dtypes = {"auto": torch.bfloat16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+    dtype = args.dtype or "auto"
+    if dtype not in dtypes:
+        raise ValueError(f"--dtype {dtype!r} for a diffusion model; valid: {', '.join(dtypes)}")
+    for k, v in _DIFFUSION.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    width, height = parse_size(args.size)
+    roofs = _roofs(args)
+    prof = profile_diffusion(
+        args.model,
+        width,
+        height,
+        args.steps,
+        _positive("--repeats", args.repeats),
+        args.guidance_scale > 1.0,
+        dtypes[dtype],
+    )
+    if roofs is not None:
+        prof["roofs"] = roofs.to_json()
+    for line in report_lines(prof, roofs.read_Bps if roofs is not None else None):
+        print(line)
+    out = Path(_DEFAULT_OUT if args.out is None else args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.json").write_text(json.dumps(prof, indent=1))
+    print(f"wrote {out / 'profile.json'}")
+    return 0
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     if args.compare is not None:
         return cmd_compare(args)
+    from tacit.perf_model.diffusion_configs import is_diffusion_model
+
+    if is_diffusion_model(args.model):
+        if not Path(args.model).is_dir():
+            raise ValueError(
+                f"--model {args.model!r}: profile runs a model's weights, a diffusers directory "
+                "(model_index.json, unet/, vae/); the names sdxl-base and sd15 are for tacit predict"
+            )
+        return cmd_profile_diffusion(args)
+    given = [f"--{k.replace('_', '-')}" for k in _DIFFUSION if getattr(args, k, None) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)}: text-to-image flags, for --model DIFFUSERS_DIR")
     import torch
 
     from tacit.bench.latency import weight_bytes
