@@ -1,10 +1,8 @@
 """The component configs `tacit predict` counts a diffusion model from: the published SDXL base
 and SD 1.5 architectures by name, or a diffusers directory's own config files.
 
-The dicts are the diffusers / transformers config.json fields of stabilityai/stable-diffusion-xl-base-1.0
-and stable-diffusion-v1-5 (unet/, vae/, text_encoder/, text_encoder_2/); issue 39's
-tacit/diffusion/architectures.py holds the same architecture for the pipeline: one copy is to
-be kept when both branches are merged.
+The named ones are the pipeline's own published configs (tacit/diffusion/architectures.py), so
+the model prices exactly what the pipeline builds.
 """
 
 from __future__ import annotations
@@ -14,65 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SDXL_UNET: dict[str, Any] = {
-    "sample_size": 128,
-    "in_channels": 4,
-    "out_channels": 4,
-    "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
-    "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
-    "block_out_channels": [320, 640, 1280],
-    "layers_per_block": 2,
-    "transformer_layers_per_block": [1, 2, 10],
-    "attention_head_dim": [5, 10, 20],  # diffusers' name for the head COUNT of SDXL (64-wide heads)
-    "cross_attention_dim": 2048,
-    "use_linear_projection": True,
-    "addition_embed_type": "text_time",
-    "addition_time_embed_dim": 256,
-    "projection_class_embeddings_input_dim": 2816,  # 1280 pooled text + 6 x 256 time ids
-}
-SD15_UNET: dict[str, Any] = {
-    "sample_size": 64,
-    "in_channels": 4,
-    "out_channels": 4,
-    "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
-    "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
-    "block_out_channels": [320, 640, 1280, 1280],
-    "layers_per_block": 2,
-    "attention_head_dim": 8,
-    "cross_attention_dim": 768,
-}
-_VAE = {
-    "in_channels": 3,
-    "out_channels": 3,
-    "down_block_types": ["DownEncoderBlock2D"] * 4,
-    "up_block_types": ["UpDecoderBlock2D"] * 4,
-    "block_out_channels": [128, 256, 512, 512],
-    "layers_per_block": 2,
-    "latent_channels": 4,
-    "norm_num_groups": 32,
-}
-SDXL_VAE: dict[str, Any] = {**_VAE, "sample_size": 1024, "scaling_factor": 0.13025}
-SD15_VAE: dict[str, Any] = {**_VAE, "sample_size": 512, "scaling_factor": 0.18215}
-CLIP_L: dict[str, Any] = {  # openai/clip-vit-large-patch14's text tower (SD 1.5's and SDXL's first encoder)
-    "hidden_size": 768,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 12,
-    "num_attention_heads": 12,
-    "max_position_embeddings": 77,
-    "vocab_size": 49408,
-    "hidden_act": "quick_gelu",
-    "projection_dim": 768,
-}
-CLIP_BIGG: dict[str, Any] = {  # OpenCLIP ViT-bigG/14's text tower (SDXL's text_encoder_2)
-    "hidden_size": 1280,
-    "intermediate_size": 5120,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 20,
-    "max_position_embeddings": 77,
-    "vocab_size": 49408,
-    "hidden_act": "gelu",
-    "projection_dim": 1280,
-}
+from tacit.diffusion.architectures import get_arch
 
 
 @dataclass(frozen=True)
@@ -87,10 +27,13 @@ class DiffusionConfigs:
         return self.unet.get("addition_embed_type") == "text_time"
 
 
-NAMED: dict[str, DiffusionConfigs] = {
-    "sdxl-base": DiffusionConfigs("sdxl-base", SDXL_UNET, SDXL_VAE, (CLIP_L, CLIP_BIGG)),
-    "sd15": DiffusionConfigs("sd15", SD15_UNET, SD15_VAE, (CLIP_L,)),
-}
+def _named(name: str, arch: str) -> DiffusionConfigs:
+    a = get_arch(arch)
+    encoders = tuple(a[k] for k in ("text_encoder", "text_encoder_2") if a.get(k) is not None)
+    return DiffusionConfigs(name, a["unet"], a["vae"], encoders)
+
+
+NAMED: dict[str, DiffusionConfigs] = {"sdxl-base": _named("sdxl-base", "sdxl"), "sd15": _named("sd15", "sd15")}
 ALIASES = {"sdxl": "sdxl-base", "sd1.5": "sd15", "sd-1.5": "sd15"}
 
 
