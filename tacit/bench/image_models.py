@@ -18,8 +18,8 @@ import torch
 
 # The published SDXL base 1.0 component configs (unet/config.json and vae/config.json of
 # stabilityai/stable-diffusion-xl-base-1.0; keys left out take diffusers' defaults, which are the
-# published values). H1 writes the same dicts in tacit/diffusion/architectures.py: once that is
-# merged, sdxl_configs() reads them from there and these copies go.
+# published values). Branch diff-core has the same dicts in tacit/diffusion/architectures.py:
+# model_configs() reads them from there when it is merged, and these four copies can go.
 SDXL_UNET: dict[str, Any] = {
     "sample_size": 128,
     "in_channels": 4,
@@ -85,17 +85,16 @@ PROMPT_TOKENS = 77  # CLIP's context: SDXL's encoder_hidden_states are 77 tokens
 
 
 def model_configs(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(unet config, vae config) for --model sdxl | tiny."""
-    if name == "sdxl":
-        try:  # H1's published configs once tacit.diffusion is merged
-            from tacit.diffusion import architectures as arch  # type: ignore[attr-defined]
-
-            return dict(arch.SDXL_UNET), dict(arch.SDXL_VAE)
-        except (ImportError, AttributeError):
-            return dict(SDXL_UNET), dict(SDXL_VAE)
-    if name == "tiny":
-        return dict(TINY_UNET), dict(TINY_VAE)
-    raise ValueError(f"--model {name!r}: one of sdxl, tiny")
+    """(unet config, vae config) for --model sdxl | tiny: H1's tacit.diffusion.architectures
+    (get_arch "sdxl" / "tiny_sdxl") where it is there, else the copies above."""
+    if name not in ("sdxl", "tiny"):
+        raise ValueError(f"--model {name!r}: one of sdxl, tiny")
+    try:
+        from tacit.diffusion.architectures import get_arch  # type: ignore[import-not-found]
+    except ImportError:
+        return (dict(SDXL_UNET), dict(SDXL_VAE)) if name == "sdxl" else (dict(TINY_UNET), dict(TINY_VAE))
+    arch = get_arch("sdxl" if name == "sdxl" else "tiny_sdxl")
+    return arch["unet"], arch["vae"]
 
 
 class MissingEngine(ImportError):
