@@ -110,6 +110,8 @@ def measure_phase(names: list[tuple[str, str]], shape: ImageShape, args: Any, fl
             notes[name] = info["note"]
     failed = report_failed_peers(list(peers.values())).get("failed_peers", {})
     skipped.update({n: f"failed: {why}" for n, why in failed.items()})
+    if any("SIGKILL" in why for why in failed.values()):
+        print("  SIGKILL is most often the kernel's out-of-memory killer: --size 512 or fewer --engines", flush=True)
     return rows, images, notes
 
 
@@ -156,12 +158,16 @@ def run_image_bench(args: Any) -> dict[str, Any]:
         from tacit.platforms.hw_probe import matmul_flops
 
         peak = matmul_flops(torch.bfloat16)
-    # per resident process: the bf16 weights and about as much again in activations and copies
-    need = 3 * 2 * 2 * (flops["unet_params"] + flops["vae_params"])
+    # Resident at once: each engine's bf16 weights (2 bytes a parameter), OpenVINO's twice while it
+    # converts (the torch modules and its compiled copy), and ~10% for activations.
+    copies = len(engines) + ("openvino" in engines)
+    need = 1.1 * copies * 2 * (flops["unet_params"] + flops["vae_params"])
     if available_bytes() and need > available_bytes():
         log(f"warning: about {need / 2**30:.0f} GiB may be needed and {available_bytes() / 2**30:.0f} GiB is "
             "available; --size 512 or fewer --engines if an engine is killed")  # fmt: skip
     skipped: dict[str, str] = {}
+    # OpenVINO first: its conversion holds two copies of the weights, best done before the others load.
+    engines.sort(key=lambda e: e != "openvino")
     rows, images, notes = measure_phase([(e, "") for e in engines], shape, args, flops, peak, skipped)
     if variants and "tacit" not in images:
         for v in variants:
