@@ -240,6 +240,8 @@ TIERS: list[tuple[str, ...]] = [
     # EngineArgs sits above the rest of tacit.config: it checks names against the scheduling
     # policies' registry, and the policies import SchedulerConfig.
     ("tacit.layers", "tacit.scheduling", "tacit.config.engine_args"),
+    # diffusion: model-level code like tacit.models (issue 39's contract: kernels, layers, platforms
+    # and paths below it; the image engine, server and `tacit bench image` above).
     ("tacit.models", "tacit.diffusion"),
     ("tacit.worker",),
     ("tacit.engine",),

@@ -1,0 +1,229 @@
+"""The UNet and VAE `tacit bench image` times: SDXL-shaped configs, random weights made fast, the
+seeded inputs every engine gets, and the two measures the engines share (FLOPs, PSNR).
+
+The weights are random because none can be downloaded here, and a step's time does not depend on
+their values. Built the ordinary way (fp32, PyTorch's default init) SDXL's 2.57B-parameter UNet
+takes minutes and 10 GB; here it is built on the meta device (0.3 s), materialised in bf16
+(5.1 GB) and filled from one seeded generator, so each engine's process builds the same weights
+without 5 GB crossing a pipe.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+# The published SDXL base 1.0 component configs (unet/config.json and vae/config.json of
+# stabilityai/stable-diffusion-xl-base-1.0; keys left out take diffusers' defaults, which are the
+# published values). Branch diff-core has the same dicts in tacit/diffusion/architectures.py:
+# model_configs() reads them from there when it is merged, and these four copies can go.
+SDXL_UNET: dict[str, Any] = {
+    "sample_size": 128,
+    "in_channels": 4,
+    "out_channels": 4,
+    "layers_per_block": 2,
+    "block_out_channels": [320, 640, 1280],
+    "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+    "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+    "attention_head_dim": [5, 10, 20],
+    "transformer_layers_per_block": [1, 2, 10],
+    "cross_attention_dim": 2048,
+    "use_linear_projection": True,
+    "addition_embed_type": "text_time",
+    "addition_time_embed_dim": 256,
+    "projection_class_embeddings_input_dim": 2816,  # 1280 pooled text + 6 time ids x 256
+    "norm_num_groups": 32,
+    "norm_eps": 1e-5,
+}
+SDXL_VAE: dict[str, Any] = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "latent_channels": 4,
+    "block_out_channels": [128, 256, 512, 512],
+    "down_block_types": ["DownEncoderBlock2D"] * 4,
+    "up_block_types": ["UpDecoderBlock2D"] * 4,
+    "layers_per_block": 2,
+    "norm_num_groups": 32,
+    "sample_size": 1024,
+    "scaling_factor": 0.13025,
+    "force_upcast": True,
+}
+# The same architecture at a size a test runs in seconds: two levels, one cross-attention level.
+TINY_UNET: dict[str, Any] = {
+    "sample_size": 16,
+    "in_channels": 4,
+    "out_channels": 4,
+    "layers_per_block": 1,
+    "block_out_channels": [32, 64],
+    "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D"],
+    "up_block_types": ["CrossAttnUpBlock2D", "UpBlock2D"],
+    "attention_head_dim": [2, 4],
+    "transformer_layers_per_block": [1, 2],
+    "cross_attention_dim": 32,
+    "use_linear_projection": True,
+    "addition_embed_type": "text_time",
+    "addition_time_embed_dim": 8,
+    "projection_class_embeddings_input_dim": 80,  # 32 pooled text + 6 time ids x 8
+    "norm_num_groups": 32,
+}
+TINY_VAE: dict[str, Any] = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "latent_channels": 4,
+    "block_out_channels": [32, 64],
+    "down_block_types": ["DownEncoderBlock2D"] * 2,
+    "up_block_types": ["UpDecoderBlock2D"] * 2,
+    "layers_per_block": 1,
+    "norm_num_groups": 32,
+    "sample_size": 32,
+    "scaling_factor": 0.13025,
+}
+PROMPT_TOKENS = 77  # CLIP's context: SDXL's encoder_hidden_states are 77 tokens
+
+
+def model_configs(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(unet config, vae config) for --model sdxl | tiny: H1's tacit.diffusion.architectures
+    (get_arch "sdxl" / "tiny_sdxl") where it is there, else the copies above."""
+    if name not in ("sdxl", "tiny"):
+        raise ValueError(f"--model {name!r}: one of sdxl, tiny")
+    try:
+        from tacit.diffusion.architectures import get_arch  # type: ignore[import-not-found]
+    except ImportError:
+        return (dict(SDXL_UNET), dict(SDXL_VAE)) if name == "sdxl" else (dict(TINY_UNET), dict(TINY_VAE))
+    arch = get_arch("sdxl" if name == "sdxl" else "tiny_sdxl")
+    return arch["unet"], arch["vae"]
+
+
+class MissingEngine(ImportError):
+    """An engine whose package is not installed: the bench prints this line and goes on."""
+
+
+@dataclass(frozen=True)
+class ImageShape:
+    """What one benchmark run is: the image size and its latent, CFG batch and step count."""
+
+    model: str
+    size: int  # image height = width, pixels
+    steps: int
+    guidance_scale: float = 5.0
+
+    @property
+    def batch(self) -> int:
+        return 2 if self.guidance_scale > 1.0 else 1  # classifier-free guidance: uncond + cond in one call
+
+    def latent_size(self, vae_config: dict[str, Any]) -> int:
+        factor = 2 ** (len(vae_config["block_out_channels"]) - 1)  # SDXL's VAE: 8
+        if self.size % factor:
+            raise ValueError(f"--size {self.size}: must be a multiple of {factor} (the VAE's downscale)")
+        return self.size // factor
+
+
+def fill_random_(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Every parameter from one seeded generator, in parameter order, scaled as PyTorch's default
+    init would (std 1/sqrt(3 fan_in) for conv/linear weights and biases; norms 1 and 0), so the
+    activations stay in range over 70 blocks."""
+    gen = torch.Generator().manual_seed(seed)
+    if any(True for _ in module.buffers()):
+        raise ValueError(f"{type(module).__name__} has buffers fill_random_ would leave uninitialised")
+    with torch.no_grad():
+        for sub in module.modules():
+            if isinstance(sub, (torch.nn.GroupNorm, torch.nn.LayerNorm)):
+                if sub.weight is not None:
+                    sub.weight.fill_(1.0)
+                    sub.bias.zero_()
+                continue
+            weight = getattr(sub, "weight", None)
+            if not isinstance(weight, torch.nn.Parameter) or len(list(sub.children())):
+                continue
+            fan_in = weight[0].numel() if weight.dim() > 1 else weight.numel()
+            std = 1.0 / math.sqrt(3 * fan_in)
+            for p in sub.parameters(recurse=False):
+                p.normal_(0.0, std, generator=gen)
+        for p in module.parameters():  # anything outside a leaf module above would be garbage
+            if not torch.isfinite(p).all():
+                raise ValueError("fill_random_: a parameter was left uninitialised")
+    return module
+
+
+def build_random(cls: type, config: dict[str, Any], dtype: torch.dtype, seed: int, device: str = "cpu"):
+    """`cls(**config)` with random weights in `dtype`: on meta (no memory, no init) when device is
+    'meta', else materialised empty and filled by fill_random_."""
+    import logging
+
+    logging.getLogger("diffusers").setLevel(logging.ERROR)  # its 'keep in fp32' notice on .to(bf16)
+    with torch.device("meta"):
+        module = cls(**config).to(dtype)
+    if device == "meta":
+        return module.eval()
+    return fill_random_(module.to_empty(device=device), seed).eval()
+
+
+def build_unet_vae(model: str, dtype: torch.dtype, seed: int, device: str = "cpu"):
+    from diffusers import AutoencoderKL, UNet2DConditionModel
+
+    unet_cfg, vae_cfg = model_configs(model)
+    unet = build_random(UNet2DConditionModel, unet_cfg, dtype, seed, device)
+    vae = build_random(AutoencoderKL, vae_cfg, dtype, seed + 1, device)
+    return unet, vae
+
+
+def unet_inputs(shape: ImageShape, unet_config: dict[str, Any], vae_config: dict[str, Any], dtype: torch.dtype,
+                seed: int, device: str = "cpu") -> dict[str, torch.Tensor]:  # fmt: skip
+    """The seeded prompt embeddings (random: no text encoder runs in this benchmark) and initial
+    latents every engine starts from."""
+    gen = torch.Generator().manual_seed(seed)
+    lat = shape.latent_size(vae_config)
+    ctx = unet_config["cross_attention_dim"]
+    time_dim = unet_config["addition_time_embed_dim"]
+    pooled = unet_config["projection_class_embeddings_input_dim"] - 6 * time_dim
+    b = shape.batch
+    out = {
+        "latents": torch.randn(1, unet_config["in_channels"], lat, lat, generator=gen),
+        "encoder_hidden_states": torch.randn(b, PROMPT_TOKENS, ctx, generator=gen),
+        "text_embeds": torch.randn(b, pooled, generator=gen),
+        # SDXL's micro-conditioning: original size, crop top-left, target size
+        "time_ids": torch.tensor([[shape.size, shape.size, 0, 0, shape.size, shape.size]] * b, dtype=torch.float32),
+    }
+    return {k: v.to(device=device, dtype=dtype) for k, v in out.items()}
+
+
+def flops_of(fn: Callable[[], Any]) -> float:
+    """FLOPs torch.utils.flop_counter counts while fn() runs (convolutions, matmuls, attention:
+    2 per multiply-add; elementwise ops count 0). The one counter every engine's TFLOP/s uses."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        fn()
+    return float(counter.get_total_flops())
+
+
+def count_flops(shape: ImageShape, seed: int = 0) -> dict[str, float]:
+    """FLOPs of one UNet call (CFG batch) and one VAE decode, and both parameter counts, on the
+    meta device: no weights, no time (2 s for SDXL at 1024), one count every engine is divided by."""
+    unet_cfg, vae_cfg = model_configs(shape.model)
+    unet, vae = build_unet_vae(shape.model, torch.bfloat16, seed, device="meta")
+    x = unet_inputs(shape, unet_cfg, vae_cfg, torch.bfloat16, seed, device="meta")
+    cond = {"text_embeds": x["text_embeds"], "time_ids": x["time_ids"]}
+    sample, t = torch.cat([x["latents"]] * shape.batch), torch.tensor(999.0, device="meta")
+    return {
+        "unet_flops": flops_of(
+            lambda: unet(
+                sample, t, encoder_hidden_states=x["encoder_hidden_states"], added_cond_kwargs=cond, return_dict=False
+            )
+        ),  # fmt: skip
+        "vae_flops": flops_of(lambda: vae.decode(x["latents"], return_dict=False)),
+        "unet_params": float(sum(p.numel() for p in unet.parameters())),
+        "vae_params": float(sum(p.numel() for p in vae.parameters())),
+    }
+
+
+def psnr(image: torch.Tensor, reference: torch.Tensor) -> float:
+    """dB of `image` against `reference`, peak = the reference's value range (random weights do not
+    keep the VAE's output in [-1, 1]); inf when equal."""
+    ref = reference.float()
+    mse = torch.mean((image.float() - ref) ** 2).item()
+    peak = (ref.max() - ref.min()).item()
+    return math.inf if mse == 0 else 10.0 * math.log10(peak**2 / mse)
