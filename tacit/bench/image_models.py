@@ -16,83 +16,16 @@ from typing import Any, Callable
 
 import torch
 
-# The published SDXL base 1.0 component configs (unet/config.json and vae/config.json of
-# stabilityai/stable-diffusion-xl-base-1.0; keys left out take diffusers' defaults, which are the
-# published values). Branch diff-core has the same dicts in tacit/diffusion/architectures.py:
-# model_configs() reads them from there when it is merged, and these four copies can go.
-SDXL_UNET: dict[str, Any] = {
-    "sample_size": 128,
-    "in_channels": 4,
-    "out_channels": 4,
-    "layers_per_block": 2,
-    "block_out_channels": [320, 640, 1280],
-    "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
-    "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
-    "attention_head_dim": [5, 10, 20],
-    "transformer_layers_per_block": [1, 2, 10],
-    "cross_attention_dim": 2048,
-    "use_linear_projection": True,
-    "addition_embed_type": "text_time",
-    "addition_time_embed_dim": 256,
-    "projection_class_embeddings_input_dim": 2816,  # 1280 pooled text + 6 time ids x 256
-    "norm_num_groups": 32,
-    "norm_eps": 1e-5,
-}
-SDXL_VAE: dict[str, Any] = {
-    "in_channels": 3,
-    "out_channels": 3,
-    "latent_channels": 4,
-    "block_out_channels": [128, 256, 512, 512],
-    "down_block_types": ["DownEncoderBlock2D"] * 4,
-    "up_block_types": ["UpDecoderBlock2D"] * 4,
-    "layers_per_block": 2,
-    "norm_num_groups": 32,
-    "sample_size": 1024,
-    "scaling_factor": 0.13025,
-    "force_upcast": True,
-}
-# The same architecture at a size a test runs in seconds: two levels, one cross-attention level.
-TINY_UNET: dict[str, Any] = {
-    "sample_size": 16,
-    "in_channels": 4,
-    "out_channels": 4,
-    "layers_per_block": 1,
-    "block_out_channels": [32, 64],
-    "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D"],
-    "up_block_types": ["CrossAttnUpBlock2D", "UpBlock2D"],
-    "attention_head_dim": [2, 4],
-    "transformer_layers_per_block": [1, 2],
-    "cross_attention_dim": 32,
-    "use_linear_projection": True,
-    "addition_embed_type": "text_time",
-    "addition_time_embed_dim": 8,
-    "projection_class_embeddings_input_dim": 80,  # 32 pooled text + 6 time ids x 8
-    "norm_num_groups": 32,
-}
-TINY_VAE: dict[str, Any] = {
-    "in_channels": 3,
-    "out_channels": 3,
-    "latent_channels": 4,
-    "block_out_channels": [32, 64],
-    "down_block_types": ["DownEncoderBlock2D"] * 2,
-    "up_block_types": ["UpDecoderBlock2D"] * 2,
-    "layers_per_block": 1,
-    "norm_num_groups": 32,
-    "sample_size": 32,
-    "scaling_factor": 0.13025,
-}
+from tacit.diffusion.architectures import get_arch
+
 PROMPT_TOKENS = 77  # CLIP's context: SDXL's encoder_hidden_states are 77 tokens
 
 
 def model_configs(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(unet config, vae config) for --model sdxl | tiny: H1's tacit.diffusion.architectures
-    (get_arch "sdxl" / "tiny_sdxl") where it is there, else the copies above."""
+    """(unet config, vae config) for --model sdxl | tiny: the pipeline's own published SDXL shapes
+    (tacit.diffusion.architectures), or their tiny test version."""
     if name not in ("sdxl", "tiny"):
         raise ValueError(f"--model {name!r}: one of sdxl, tiny")
-    try:
-        from tacit.diffusion.architectures import get_arch  # type: ignore[import-not-found]
-    except ImportError:
-        return (dict(SDXL_UNET), dict(SDXL_VAE)) if name == "sdxl" else (dict(TINY_UNET), dict(TINY_VAE))
     arch = get_arch("sdxl" if name == "sdxl" else "tiny_sdxl")
     return arch["unet"], arch["vae"]
 
