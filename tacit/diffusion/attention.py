@@ -95,13 +95,20 @@ class TacitAttnProcessor:
         *args: object,
         **kwargs: object,
     ) -> torch.Tensor:
-        if attention_mask is not None or attn.spatial_norm is not None or attn.group_norm is not None \
-                or attn.norm_q is not None or attn.norm_k is not None or attn.norm_cross:
+        if (
+            attention_mask is not None
+            or attn.spatial_norm is not None
+            or attn.group_norm is not None
+            or attn.norm_q is not None
+            or attn.norm_k is not None
+            or attn.norm_cross
+        ):
             # SDXL's and SD 1.5's UNets use none of these; a model that does is outside what this
             # processor was checked against, so it says so rather than computing something else.
             raise ValueError(
                 f"TacitAttnProcessor (layer {self.layer}) handles unmasked attention without group/spatial/q/k "
-                "norms; this Attention uses one of them: leave OptimizeOptions.fused_attention off for it")
+                "norms; this Attention uses one of them: leave OptimizeOptions.fused_attention off for it"
+            )
         residual = hidden_states
         input_ndim = hidden_states.ndim
         if input_ndim == 4:

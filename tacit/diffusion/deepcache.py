@@ -33,8 +33,9 @@ class DeepCache:
             raise ValueError(f"deepcache_interval={interval}: must be >= 2 (1 would be a full step every call)")
         for name in ("down_blocks", "up_blocks", "mid_block"):
             if not hasattr(unet, name):
-                raise ValueError(f"DeepCache needs a UNet2DConditionModel-like model; {type(unet).__name__} "
-                                 f"has no {name}")
+                raise ValueError(
+                    f"DeepCache needs a UNet2DConditionModel-like model; {type(unet).__name__} has no {name}"
+                )
         if len(unet.down_blocks) < 2 or len(unet.up_blocks) < 2:
             raise ValueError("DeepCache needs at least two down and two up blocks")
         self.unet = unet
@@ -46,8 +47,12 @@ class DeepCache:
         first = unet.down_blocks[0]
         downsampler = first.downsamplers[0] if getattr(first, "downsamplers", None) else None
         # The modules whose work a cached call skips, in the order forward calls them.
-        self._skipped: list[nn.Module] = ([downsampler] if downsampler is not None else []) + \
-            list(unet.down_blocks[1:]) + [unet.mid_block] + list(unet.up_blocks[:-1])
+        self._skipped: list[nn.Module] = (
+            ([downsampler] if downsampler is not None else [])
+            + list(unet.down_blocks[1:])
+            + [unet.mid_block]
+            + list(unet.up_blocks[:-1])
+        )
         self._handles = [m.register_forward_hook(self._record) for m in self._skipped]
         self._handles.append(unet.register_forward_pre_hook(self._before, with_kwargs=True))
         self._handles.append(unet.register_forward_hook(self._after))

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from tacit.diffusion import architectures
+from tacit.diffusion.random_weights import build_random
 from tacit.diffusion.singlefile import KeyMismatchError, build_on_meta, load_single_file, vae_dtype
 
 
@@ -228,12 +229,11 @@ def random_components(
     # Built directly in the target dtype (not fp32 then cast): SDXL's UNet in bf16 peaks at 5 GB, not 15.
     with _default_dtype(dtype):
         modules = {
-            "unet": UNet2DConditionModel.from_config(arch["unet"]),
+            "unet": build_random(UNet2DConditionModel, arch["unet"], dtype, seed),
             "text_encoder": CLIPTextModel(CLIPTextConfig(**arch["text_encoder"])),
             "text_encoder_2": CLIPTextModelWithProjection(CLIPTextConfig(**arch["text_encoder_2"])) if sdxl else None,
         }
-    with _default_dtype(vae_dtype(dtype, arch["vae"])):
-        modules["vae"] = AutoencoderKL.from_config(arch["vae"])
+    modules["vae"] = build_random(AutoencoderKL, arch["vae"], vae_dtype(dtype, arch["vae"]), seed + 1)
     return DiffusionComponents(
         family=arch["family"],
         name=name or f"random-{arch['family']}",

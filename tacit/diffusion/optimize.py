@@ -6,8 +6,8 @@ disturbed by other tenants; docs/recipes-image-notes.md has the table and how ea
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -68,19 +68,23 @@ class OptimizeOptions:
         if self.deepcache_interval < 0 or self.deepcache_interval == 1:
             raise ValueError(f"OptimizeOptions.deepcache_interval={self.deepcache_interval}: 0 (off) or >= 2")
         if self.int8_linears and self.compile:
-            raise ValueError("OptimizeOptions: int8_linears with compile is not supported "
-                             "(dynamic-quantized linears do not freeze); pick one")
+            raise ValueError(
+                "OptimizeOptions: int8_linears with compile is not supported "
+                "(dynamic-quantized linears do not freeze); pick one"
+            )
 
     @classmethod
     def plain(cls) -> OptimizeOptions:
         """float32, NCHW, diffusers' own attention: the unoptimised reference."""
-        return cls(dtype=torch.float32, channels_last=False, fused_attention=False, fuse_qkv=False,
-                   cache_prompt_kv=False)
+        return cls(
+            dtype=torch.float32, channels_last=False, fused_attention=False, fuse_qkv=False, cache_prompt_kv=False
+        )
 
 
 @dataclass
 class OptimizeState:
     """What apply_optimizations installed and the pipeline may need to see or reset."""
+
     options: OptimizeOptions
     prompt_kv: PromptKVCache | None = None
     deepcache: DeepCache | None = None
@@ -118,12 +122,18 @@ class Int8Linear(nn.Module):
 def quantize_linears_int8(module: nn.Module) -> int:
     """Replace every nn.Linear in `module` by an Int8Linear (weights int8 per channel, oneDNN); returns the count."""
     if "onednn" not in torch.backends.quantized.supported_engines:
-        raise ValueError(f"int8_linears needs torch's onednn quantized engine; this torch has "
-                         f"{torch.backends.quantized.supported_engines}")
+        raise ValueError(
+            f"int8_linears needs torch's onednn quantized engine; this torch has "
+            f"{torch.backends.quantized.supported_engines}"
+        )
     # onednn (AMX/VNNI) measured 0.64 TFLOP/s vs 0.36 for the default x86/fbgemm engine on the GEMM above.
     torch.backends.quantized.engine = "onednn"
-    targets = [(parent, name, child) for parent in module.modules()
-               for name, child in parent.named_children() if type(child) is nn.Linear]
+    targets = [
+        (parent, name, child)
+        for parent in module.modules()
+        for name, child in parent.named_children()
+        if type(child) is nn.Linear
+    ]
     for parent, name, child in targets:
         setattr(parent, name, Int8Linear(child))
     return len(targets)
@@ -163,6 +173,7 @@ def apply_optimizations(components: Any, options: OptimizeOptions) -> OptimizeSt
     state.unet_call = unet
     if options.compile:
         import torch._inductor.config as inductor_config
+
         inductor_config.freezing = options.freezing
         state.unet_call = torch.compile(unet, dynamic=False)
     return state

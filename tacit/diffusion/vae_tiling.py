@@ -40,19 +40,20 @@ def cache_sizes(root: Path = CACHE_ROOT) -> dict[int, int]:
             continue
         if kind == "Instruction":
             continue
-        units = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}
+        units = {"K": 1024, "M": 1024**2, "G": 1024**3}
         sizes[level] = int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
     return sizes
 
 
-def tile_latent_size(decoder_channels: int, dtype: torch.dtype, budget_bytes: int,
-                     scale: int = 8, multiple: int = 8) -> int:
+def tile_latent_size(
+    decoder_channels: int, dtype: torch.dtype, budget_bytes: int, scale: int = 8, multiple: int = 8
+) -> int:
     """Largest tile side t (latents, a multiple of `multiple`, >= MIN_TILE) with 2*(scale*t)^2*C*bytes <= budget."""
     if budget_bytes <= 0:
         raise ValueError(f"budget_bytes={budget_bytes}: must be positive")
     elem = torch.empty((), dtype=dtype).element_size()
     pixels = budget_bytes / (2 * decoder_channels * elem)
-    t = int(pixels ** 0.5) // scale // multiple * multiple
+    t = int(pixels**0.5) // scale // multiple * multiple
     return max(t, MIN_TILE)
 
 
@@ -67,8 +68,7 @@ def default_budget(sizes: dict[int, int] | None = None, l3_share: float = 0.25) 
     raise ValueError(f"no L2/L3 size under {CACHE_ROOT}; pass OptimizeOptions.vae_tile_latent explicitly")
 
 
-def enable_cache_tiling(vae: torch.nn.Module, tile_latent: int | None = None,
-                        budget_bytes: int | None = None) -> int:
+def enable_cache_tiling(vae: torch.nn.Module, tile_latent: int | None = None, budget_bytes: int | None = None) -> int:
     """Make `vae.decode` tile latents larger than the tile; returns the tile side in latents.
 
     tile_latent None: sized from the caches for the VAE's own dtype and decoder width.
