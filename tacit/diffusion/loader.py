@@ -25,8 +25,10 @@ from typing import Any
 import torch
 
 from tacit.diffusion import architectures
+from tacit.diffusion.clip_bpe import find_open_clip_bpe, write_tokenizer_dirs
 from tacit.diffusion.random_weights import build_random
 from tacit.diffusion.singlefile import KeyMismatchError, build_on_meta, load_single_file, vae_dtype
+from tacit.paths import cache_dir
 
 
 @dataclass
@@ -200,10 +202,16 @@ def _load_tokenizers(tokenizer_dir: str | Path | None, two: bool, checkpoint: Pa
 
     wanted = "tokenizer/ and tokenizer_2/" if two else "tokenizer/"
     if tokenizer_dir is None:
-        raise ValueError(
-            f"tokenizer: the single-file checkpoint {str(checkpoint)!r} carries no tokenizer; pass a directory "
-            f"holding {wanted} (e.g. the model's diffusers directory) as the tokenizer directory (--tokenizer DIR)"
-        )
+        # SD's and SDXL's tokenizers are CLIP's BPE, which open_clip's wheel ships: with it installed a
+        # single file loads with no directory beside it, as it does in other SD front ends.
+        bpe = find_open_clip_bpe()
+        if bpe is None:
+            raise ValueError(
+                f"tokenizer: the single-file checkpoint {str(checkpoint)!r} carries no tokenizer; pass a directory "
+                f"holding {wanted} (e.g. the model's diffusers directory) as the tokenizer directory (--tokenizer DIR), "
+                "or install CLIP's BPE vocabulary with `pip install --no-deps open-clip-torch`"
+            )
+        tokenizer_dir = write_tokenizer_dirs(bpe, cache_dir() / "clip-tokenizers" / ("sdxl" if two else "sd15"), two)
     root = Path(tokenizer_dir)
     tokenizer = _tokenizer(CLIPTokenizer, root / "tokenizer")
     tokenizer_2 = _tokenizer(CLIPTokenizer, root / "tokenizer_2") if two else None

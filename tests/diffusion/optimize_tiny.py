@@ -19,21 +19,36 @@ PROMPT_TOKENS = 77
 def tiny_unet(seed: int = 0) -> UNet2DConditionModel:
     torch.manual_seed(seed)
     return UNet2DConditionModel(
-        sample_size=16, in_channels=4, out_channels=4, block_out_channels=(32, 64, 64), layers_per_block=1,
+        sample_size=16,
+        in_channels=4,
+        out_channels=4,
+        block_out_channels=(32, 64, 64),
+        layers_per_block=1,
         down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
         up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
-        transformer_layers_per_block=(1, 1, 2), attention_head_dim=(2, 4, 4), cross_attention_dim=CROSS_DIM,
-        use_linear_projection=True, addition_embed_type="text_time", addition_time_embed_dim=8,
-        projection_class_embeddings_input_dim=6 * 8 + CROSS_DIM, norm_num_groups=8,
+        transformer_layers_per_block=(1, 1, 2),
+        attention_head_dim=(2, 4, 4),
+        cross_attention_dim=CROSS_DIM,
+        use_linear_projection=True,
+        addition_embed_type="text_time",
+        addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=6 * 8 + CROSS_DIM,
+        norm_num_groups=8,
     ).eval()
 
 
 def tiny_vae(seed: int = 0) -> AutoencoderKL:
     torch.manual_seed(seed)
     return AutoencoderKL(
-        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(16, 32),
-        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-        layers_per_block=1, norm_num_groups=8, sample_size=64,
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        block_out_channels=(16, 32),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        layers_per_block=1,
+        norm_num_groups=8,
+        sample_size=64,
     ).eval()
 
 
@@ -43,9 +58,10 @@ def unet_inputs(batch: int = 2, size: int = 16, dtype: torch.dtype = torch.float
         "sample": torch.randn(batch, 4, size, size, generator=g).to(dtype),
         "timestep": torch.tensor(500.0),
         "encoder_hidden_states": torch.randn(batch, PROMPT_TOKENS, CROSS_DIM, generator=g).to(dtype),
-        "added_cond_kwargs": {"text_embeds": torch.randn(batch, CROSS_DIM, generator=g).to(dtype),
-                              "time_ids": torch.tensor([[size * 8, size * 8, 0, 0, size * 8, size * 8]] * batch,
-                                                       dtype=dtype)},
+        "added_cond_kwargs": {
+            "text_embeds": torch.randn(batch, CROSS_DIM, generator=g).to(dtype),
+            "time_ids": torch.tensor([[size * 8, size * 8, 0, 0, size * 8, size * 8]] * batch, dtype=dtype),
+        },
     }
 
 

@@ -3,6 +3,7 @@ file names) and a single-file SGM/LDM .safetensors; and the clear errors for wha
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 
@@ -12,6 +13,7 @@ import torch
 from safetensors.torch import save_file
 from tiny_diffusion import write_diffusers_dir, write_single_file
 
+from tacit.diffusion import loader
 from tacit.diffusion.architectures import get_arch
 from tacit.diffusion.loader import load_components
 from tacit.diffusion.pipeline import ImagePipeline
@@ -81,7 +83,7 @@ def test_fp16_variant_file_names(written, tmp_path, monkeypatch):
     _same_weights(load_components(tmp_path / "variant"), ref)
 
 
-def test_missing_parts_name_the_path(written, tmp_path):
+def test_missing_parts_name_the_path(written, tmp_path, monkeypatch):
     arch_name, directory, single, _ = written
     broken = tmp_path / "broken"
     shutil.copytree(directory, broken)
@@ -97,8 +99,22 @@ def test_missing_parts_name_the_path(written, tmp_path):
         load_components(broken)
     with pytest.raises(ValueError, match="no such file or directory"):
         load_components(tmp_path / "absent.safetensors")
-    with pytest.raises(ValueError, match="carries no tokenizer.*--tokenizer DIR"):
+    monkeypatch.setattr(loader, "find_open_clip_bpe", lambda: None)  # as where open_clip is not installed
+    with pytest.raises(ValueError, match="carries no tokenizer.*--tokenizer DIR.*open-clip-torch"):
         load_components(single, arch=get_arch(arch_name))
+
+
+def test_single_file_without_tokenizer_dir_uses_open_clips_bpe(written, tmp_path, monkeypatch):
+    arch_name, _, single, _ = written
+    bpe = tmp_path / "bpe_simple_vocab_16e6.txt.gz"
+    with gzip.open(bpe, "wt", encoding="utf-8") as f:
+        f.write('"bpe_simple_vocab_16e6.txt#version: 0.2\nt h\nth e</w>\n')
+    monkeypatch.setattr(loader, "find_open_clip_bpe", lambda: bpe)
+    monkeypatch.setenv("TACIT_CACHE_DIR", str(tmp_path / "cache"))
+    loaded = load_components(single, arch=get_arch(arch_name))
+    assert loaded.tokenizer.convert_tokens_to_ids("the</w>") == 513  # CLIP's layout: 512 byte symbols, then merges
+    assert (loaded.tokenizer_2 is not None) == (arch_name == "tiny_sdxl")
+    assert (tmp_path / "cache" / "clip-tokenizers").is_dir()
 
 
 def test_sdxl_without_tokenizer_2(tmp_path):

@@ -21,8 +21,13 @@ def _run(unet, inputs: dict) -> torch.Tensor:
 def _float64_truth(unet, inputs: dict) -> torch.Tensor:
     ref = copy.deepcopy(unet).double()
     ref.set_attn_processor(AttnProcessor2_0())
-    return _run(ref, {k: (v.double() if isinstance(v, torch.Tensor) else {a: b.double() for a, b in v.items()})
-                      for k, v in inputs.items()})
+    return _run(
+        ref,
+        {
+            k: (v.double() if isinstance(v, torch.Tensor) else {a: b.double() for a, b in v.items()})
+            for k, v in inputs.items()
+        },
+    )
 
 
 def test_fused_attention_and_cached_kv_equal_stock_processor_float32():
@@ -99,12 +104,15 @@ def test_int8_linears_within_psnr_of_float32():
     assert psnr(_run(comps.unet, inputs), _run(reference, inputs)) > 40.0
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"fused_attention": False}, "fuse_qkv=True needs fused_attention"),
-    ({"deepcache_interval": 1}, "deepcache_interval=1"),
-    ({"vae_tile_latent": -8}, "vae_tile_latent=-8"),
-    ({"dtype": torch.float16}, "dtype=torch.float16"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"fused_attention": False}, "fuse_qkv=True needs fused_attention"),
+        ({"deepcache_interval": 1}, "deepcache_interval=1"),
+        ({"vae_tile_latent": -8}, "vae_tile_latent=-8"),
+        ({"dtype": torch.float16}, "dtype=torch.float16"),
+    ],
+)
 def test_options_errors_name_the_field(bad, message):
     with pytest.raises(ValueError, match=message):
         OptimizeOptions(**bad)
