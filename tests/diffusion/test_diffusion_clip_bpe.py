@@ -32,3 +32,15 @@ def test_sd15_has_one_tokenizer_and_bad_file_is_named(tmp_path):
     (tmp_path / "plain.txt").write_text("t h\n")
     with pytest.raises(ValueError, match="not a gzip'd CLIP BPE merges file"):
         clip_tokenizers(tmp_path / "plain.txt", tmp_path / "out2")
+
+
+def test_open_clips_real_vocabulary_gives_clips_ids(tmp_path):
+    from tacit.diffusion.clip_bpe import find_open_clip_bpe
+
+    bpe = find_open_clip_bpe()
+    if bpe is None:
+        pytest.skip("open_clip's BPE file is not installed (scripts/setup.sh installs it)")
+    tok, _ = clip_tokenizers(bpe, tmp_path / "out")
+    assert len(tok) == 49408  # openai/clip-vit-large-patch14's vocab.json
+    # the ids openai/clip-vit-large-patch14's tokenizer gives this prompt
+    assert tok("a photo of a cat").input_ids == [49406, 320, 1125, 539, 320, 2368, 49407]
