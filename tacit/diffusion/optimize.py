@@ -15,6 +15,7 @@ from torch import nn
 
 from tacit.diffusion.attention import PromptKVCache, install_attention
 from tacit.diffusion.deepcache import DeepCache
+from tacit.diffusion.fused_resnet import install_fused_resnets
 from tacit.diffusion.vae_tiling import enable_cache_tiling
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -35,6 +36,10 @@ class OptimizeOptions:
     # The prompt's cross-attention K/V computed once per request and reused by every step: per
     # cross-attention layer 2*77*2048*C MACs a step saved (6-12% of that layer's Q projection).
     cache_prompt_kv: bool = True
+    # diffusers' ResnetBlock2D with the residual add fused into conv2 (oneDNN post-op) and the
+    # divide by output_scale_factor 1.0 dropped (fused_resnet.py): on the VAE, and on the UNet
+    # when not compiled (inductor fuses these itself).
+    fused_resnet: bool = True
     # torch.compile (inductor, CPU C++/OpenMP codegen). With freezing: weights become constants,
     # oneDNN convs/linears are prepacked once and GroupNorm/SiLU/bias/residual adds are fused into
     # generated loops -- the eager step's elementwise third. Cost: compile time on the first call of
@@ -156,6 +161,10 @@ def apply_optimizations(components: Any, options: OptimizeOptions) -> OptimizeSt
         state.prompt_kv = install_attention(unet, options.fuse_qkv, options.cache_prompt_kv)
     if options.int8_linears:
         quantize_linears_int8(unet)
+    if options.fused_resnet:
+        install_fused_resnets(vae)
+        if not options.compile:
+            install_fused_resnets(unet)
     if options.vae_tile_latent is not None:
         state.vae_tile_latent = enable_cache_tiling(vae, options.vae_tile_latent or None)
     if options.deepcache_interval:
