@@ -6,7 +6,7 @@ disturbed by other tenants; docs/recipes-image-notes.md has the table and how ea
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 import warnings
 from typing import Any
 
@@ -59,7 +59,6 @@ class OptimizeOptions:
     deepcache_interval: int = 0
     # Threads for intra-op work; None leaves torch's choice (all visible cores).
     num_threads: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # recorded in reports, not interpreted
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES.values():
@@ -78,9 +77,9 @@ class OptimizeOptions:
 
     @classmethod
     def plain(cls) -> OptimizeOptions:
-        """float32, NCHW, diffusers' own attention: the unoptimised reference."""
+        """float32, NCHW, diffusers' own attention and resnet forward: the unoptimised reference."""
         return cls(dtype=torch.float32, channels_last=False, fused_attention=False, fuse_qkv=False,
-                   cache_prompt_kv=False)
+                   cache_prompt_kv=False, fused_resnet=False)
 
 
 @dataclass

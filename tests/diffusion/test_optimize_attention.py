@@ -113,3 +113,12 @@ def test_options_errors_name_the_field(bad, message):
 def test_apply_rejects_components_without_unet():
     with pytest.raises(ValueError, match="no 'unet'"):
         apply_optimizations(object(), OptimizeOptions())
+
+
+def test_plain_options_leave_diffusers_modules_untouched():
+    comps = components()
+    state = apply_optimizations(comps, OptimizeOptions.plain())
+    assert state.prompt_kv is None and state.deepcache is None and state.unet_call is comps.unet
+    assert not any("forward" in m.__dict__ for m in comps.unet.modules())
+    assert not any(isinstance(m.processor, TacitAttnProcessor) for m in comps.unet.modules()
+                   if isinstance(m, Attention))
