@@ -6,8 +6,8 @@ disturbed by other tenants; docs/recipes-image-notes.md has the table and how ea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
