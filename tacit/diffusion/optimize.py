@@ -71,6 +71,10 @@ class OptimizeOptions:
             raise ValueError(f"OptimizeOptions.vae_tile_latent={self.vae_tile_latent}: None, 0 (auto) or > 0")
         if self.deepcache_interval < 0 or self.deepcache_interval == 1:
             raise ValueError(f"OptimizeOptions.deepcache_interval={self.deepcache_interval}: 0 (off) or >= 2")
+        if self.deepcache_interval and self.compile:
+            # DeepCache swaps block forwards per call; dynamo would guard on them and recompile at
+            # each switch between full and cached calls -- untested, so refused rather than slow.
+            raise ValueError("OptimizeOptions: deepcache_interval with compile is not supported; pick one")
         if self.int8_linears and self.compile:
             raise ValueError("OptimizeOptions: int8_linears with compile is not supported "
                              "(dynamic-quantized linears do not freeze); pick one")

@@ -104,6 +104,8 @@ def test_int8_linears_within_psnr_of_float32():
     ({"deepcache_interval": 1}, "deepcache_interval=1"),
     ({"vae_tile_latent": -8}, "vae_tile_latent=-8"),
     ({"dtype": torch.float16}, "dtype=torch.float16"),
+    ({"deepcache_interval": 3, "compile": True}, "deepcache_interval with compile"),
+    ({"int8_linears": True, "compile": True}, "int8_linears with compile"),
 ])
 def test_options_errors_name_the_field(bad, message):
     with pytest.raises(ValueError, match=message):
