@@ -7,7 +7,7 @@ disturbed by other tenants; docs/recipes-image-notes.md has the table and how ea
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,6 +15,7 @@ from torch import nn
 
 from tacit.diffusion.attention import PromptKVCache, install_attention
 from tacit.diffusion.deepcache import DeepCache
+from tacit.diffusion.fused_resnet import install_fused_resnets
 from tacit.diffusion.vae_tiling import enable_cache_tiling
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -35,6 +36,10 @@ class OptimizeOptions:
     # The prompt's cross-attention K/V computed once per request and reused by every step: per
     # cross-attention layer 2*77*2048*C MACs a step saved (6-12% of that layer's Q projection).
     cache_prompt_kv: bool = True
+    # diffusers' ResnetBlock2D with the residual add fused into conv2 (oneDNN post-op) and the
+    # divide by output_scale_factor 1.0 dropped (fused_resnet.py): on the VAE, and on the UNet
+    # when not compiled (inductor fuses these itself).
+    fused_resnet: bool = True
     # torch.compile (inductor, CPU C++/OpenMP codegen). With freezing: weights become constants,
     # oneDNN convs/linears are prepacked once and GroupNorm/SiLU/bias/residual adds are fused into
     # generated loops -- the eager step's elementwise third. Cost: compile time on the first call of
@@ -54,7 +59,6 @@ class OptimizeOptions:
     deepcache_interval: int = 0
     # Threads for intra-op work; None leaves torch's choice (all visible cores).
     num_threads: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)  # recorded in reports, not interpreted
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES.values():
@@ -67,6 +71,10 @@ class OptimizeOptions:
             raise ValueError(f"OptimizeOptions.vae_tile_latent={self.vae_tile_latent}: None, 0 (auto) or > 0")
         if self.deepcache_interval < 0 or self.deepcache_interval == 1:
             raise ValueError(f"OptimizeOptions.deepcache_interval={self.deepcache_interval}: 0 (off) or >= 2")
+        if self.deepcache_interval and self.compile:
+            # DeepCache swaps block forwards per call; dynamo would guard on them and recompile at
+            # each switch between full and cached calls -- untested, so refused rather than slow.
+            raise ValueError("OptimizeOptions: deepcache_interval with compile is not supported; pick one")
         if self.int8_linears and self.compile:
             raise ValueError(
                 "OptimizeOptions: int8_linears with compile is not supported "
@@ -75,9 +83,14 @@ class OptimizeOptions:
 
     @classmethod
     def plain(cls) -> OptimizeOptions:
-        """float32, NCHW, diffusers' own attention: the unoptimised reference."""
+        """float32, NCHW, diffusers' own attention and resnet forward: the unoptimised reference."""
         return cls(
-            dtype=torch.float32, channels_last=False, fused_attention=False, fuse_qkv=False, cache_prompt_kv=False
+            dtype=torch.float32,
+            channels_last=False,
+            fused_attention=False,
+            fuse_qkv=False,
+            cache_prompt_kv=False,
+            fused_resnet=False,
         )
 
 
@@ -166,6 +179,10 @@ def apply_optimizations(components: Any, options: OptimizeOptions) -> OptimizeSt
         state.prompt_kv = install_attention(unet, options.fuse_qkv, options.cache_prompt_kv)
     if options.int8_linears:
         quantize_linears_int8(unet)
+    if options.fused_resnet:
+        install_fused_resnets(vae)
+        if not options.compile:
+            install_fused_resnets(unet)
     if options.vae_tile_latent is not None:
         state.vae_tile_latent = enable_cache_tiling(vae, options.vae_tile_latent or None)
     if options.deepcache_interval:

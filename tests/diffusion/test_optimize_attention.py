@@ -111,6 +111,8 @@ def test_int8_linears_within_psnr_of_float32():
         ({"deepcache_interval": 1}, "deepcache_interval=1"),
         ({"vae_tile_latent": -8}, "vae_tile_latent=-8"),
         ({"dtype": torch.float16}, "dtype=torch.float16"),
+        ({"deepcache_interval": 3, "compile": True}, "deepcache_interval with compile"),
+        ({"int8_linears": True, "compile": True}, "int8_linears with compile"),
     ],
 )
 def test_options_errors_name_the_field(bad, message):
@@ -121,3 +123,13 @@ def test_options_errors_name_the_field(bad, message):
 def test_apply_rejects_components_without_unet():
     with pytest.raises(ValueError, match="no 'unet'"):
         apply_optimizations(object(), OptimizeOptions())
+
+
+def test_plain_options_leave_diffusers_modules_untouched():
+    comps = components()
+    state = apply_optimizations(comps, OptimizeOptions.plain())
+    assert state.prompt_kv is None and state.deepcache is None and state.unet_call is comps.unet
+    assert not any("forward" in m.__dict__ for m in comps.unet.modules())
+    assert not any(
+        isinstance(m.processor, TacitAttnProcessor) for m in comps.unet.modules() if isinstance(m, Attention)
+    )
