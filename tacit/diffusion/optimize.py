@@ -94,6 +94,15 @@ class OptimizeOptions:
         )
 
 
+def serving_options(dtype: str, compile: bool = False) -> OptimizeOptions:
+    """What `tacit image` and `tacit serve` run: every option that keeps the output (in float32 the
+    fused paths move pixels by ~1e-6, tests/diffusion/test_diffusion_pipeline_optimized.py), in the
+    dtype asked for; compile only when asked (minutes of compiling on the first image of a size)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}: one of {', '.join(DTYPES)}")
+    return OptimizeOptions(dtype=DTYPES[dtype], compile=compile)
+
+
 @dataclass
 class OptimizeState:
     """What apply_optimizations installed and the pipeline may need to see or reset."""

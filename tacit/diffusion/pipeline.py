@@ -31,7 +31,7 @@ from tacit.diffusion.schedulers import make_scheduler, max_train_timesteps
 from tacit.diffusion.singlefile import vae_dtype
 
 if TYPE_CHECKING:
-    from tacit.diffusion.optimize import OptimizeOptions
+    from tacit.diffusion.optimize import OptimizeOptions, OptimizeState
 
 # A request's images are denoised together, so n sets its UNet batch (2n rows with CFG) and its
 # activation memory; 8 bounds one request to 16 rows and to 8x a single image's time in the worker,
@@ -43,6 +43,7 @@ class ImagePipeline:
     def __init__(self, components: DiffusionComponents) -> None:
         self.components = components
         self.model_name = components.name
+        self.optimization: OptimizeState | None = None  # set by from_pretrained(options=...)
         vae, unet = components.vae, components.unet
         # Each VAE level after the first halves the resolution: 8 for SD/SDXL's 4 levels.
         self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)
@@ -75,7 +76,7 @@ class ImagePipeline:
         if options is not None:
             from tacit.diffusion.optimize import apply_optimizations
 
-            apply_optimizations(pipe.components, options)
+            pipe.optimization = apply_optimizations(pipe.components, options)
         return pipe
 
     def uses_cfg(self, req: ImageRequest) -> bool:
@@ -112,13 +113,30 @@ class ImagePipeline:
             raise ValueError(
                 f"requests: a batch must share one batch_key (width, height, steps, scheduler, cfg); got {keys}"
             )
-        first = requests[0]
-        cfg = self.uses_cfg(first)
         seeds = [
             req.seed if req.seed is not None else secrets.randbelow(MAX_SEED - self.limits.max_n) for req in requests
         ]
         unet = self.components.unet
         dtype, device = unet.dtype, unet.device
+        try:
+            return self._denoise_and_decode(requests, seeds, on_step, unet, dtype, device)
+        finally:
+            if self.optimization is not None:  # the prompt K/V and cached deep features are this batch's
+                self.optimization.end_request()
+
+    def _denoise_and_decode(
+        self,
+        requests: list[ImageRequest],
+        seeds: list[int],
+        on_step: Callable[[int, int], None] | None,
+        unet: Any,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> tuple[list[torch.Tensor], list[int], dict[str, float]]:
+        first = requests[0]
+        cfg = self.uses_cfg(first)
+        # The compiled module when OptimizeOptions.compile is on; the UNet's dtype and device stay the module's.
+        unet_call = self.optimization.unet_call if self.optimization is not None else unet
 
         t0 = _now(device)
         prompt_embeds, added_cond, scales = self._condition(requests, cfg, dtype, device)
@@ -142,7 +160,7 @@ class ImagePipeline:
         for i, t in enumerate(timesteps):
             model_in = torch.cat([latents, latents]) if cfg else latents
             model_in = scheduler.scale_model_input(model_in, t)
-            noise = unet(
+            noise = unet_call(
                 model_in,
                 t,
                 encoder_hidden_states=prompt_embeds,

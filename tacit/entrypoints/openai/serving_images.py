@@ -43,15 +43,17 @@ def load_image_engine(
     tokenizer_dir: str | None = None,
     max_batch_images: int = DEFAULT_MAX_IMAGE_BATCH,
     max_waiting: int = DEFAULT_MAX_IMAGE_WAITING,
+    compile: bool = False,
 ) -> ImageEngine:
     """The pipeline loaded and its engine's worker started. tokenizer_dir: where a single-file
     checkpoint's tokenizers are (a directory holding tokenizer/ and, for SDXL, tokenizer_2/)."""
-    import torch
 
+    from tacit.diffusion.optimize import serving_options
     from tacit.diffusion.pipeline import ImagePipeline
 
     check_diffusion_checkpoint(path, "--image-model")
-    pipeline = ImagePipeline.from_pretrained(path, dtype=getattr(torch, dtype), tokenizer_dir=tokenizer_dir)
+    options = serving_options(dtype, compile)
+    pipeline = ImagePipeline.from_pretrained(path, dtype=options.dtype, options=options, tokenizer_dir=tokenizer_dir)
     engine = ImageEngine(pipeline, max_batch_images, max_waiting)
     engine.start()
     return engine
@@ -71,7 +73,9 @@ def image_serving_from_args(args: argparse.Namespace) -> tuple["ImageServing | N
     t0 = time.perf_counter()
     print(f"tacit: loading image model {path} ...", file=sys.stderr, flush=True)
     tokenizer_dir = args.image_tokenizer or (args.tokenizer if images_only else None)
-    engine = load_image_engine(path, dtype, tokenizer_dir, args.max_image_batch, args.max_image_waiting)
+    engine = load_image_engine(
+        path, dtype, tokenizer_dir, args.max_image_batch, args.max_image_waiting, args.image_compile
+    )
     name = (args.served_model_name if images_only else None) or path
     width, height = native_size(engine.pipeline)
     print(
