@@ -6,12 +6,9 @@ tacit's number (they change the output: their PSNR is printed beside them)."""
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
-
-from tacit.bench.image_models import MissingEngine
 
 # --variants name -> the OptimizeOptions fields it sets over the defaults. DeepCache every 3rd call
 # full: the interval diffusers' DeepCache helper defaults to.
@@ -49,12 +46,9 @@ def parse_tacit_options(text: str) -> dict[str, Any]:
 
 
 def _components(unet: torch.nn.Module, vae: torch.nn.Module) -> Any:
-    """A DiffusionComponents holding only the UNet and VAE (no text encoder runs in the benchmark);
-    a namespace with those two attributes where tacit.diffusion.loader is not there yet."""
-    try:
-        from tacit.diffusion.loader import DiffusionComponents  # type: ignore[import-not-found]
-    except ImportError:
-        return SimpleNamespace(unet=unet, vae=vae)
+    """A DiffusionComponents holding only the UNet and VAE (no text encoder runs in the benchmark)."""
+    from tacit.diffusion.loader import DiffusionComponents
+
     fields = {f.name: None for f in dataclasses.fields(DiffusionComponents)}
     return DiffusionComponents(**{**fields, "unet": unet, "vae": vae})
 
@@ -64,12 +58,8 @@ def tacit_modules(unet: torch.nn.Module, vae: torch.nn.Module, variant: str = ""
     """(unet callable, vae, note, reset) after apply_optimizations (in place) with the default
     options, `overrides` and `variant`'s fields; reset() drops per-request state (the prompt's
     K/V, DeepCache's features) and runs before each round, as at the end of a request."""
-    try:
-        from tacit.diffusion.optimize import OptimizeOptions, apply_optimizations  # type: ignore[import-not-found]
-    except ImportError as e:
-        raise MissingEngine(
-            f"tacit.diffusion.optimize is not importable ({e}); the tacit engine needs branch diff-opt merged"
-        ) from e
+    from tacit.diffusion.optimize import OptimizeOptions, apply_optimizations
+
     fields = dict(overrides or {})
     if variant:
         check_variants([variant])
@@ -81,7 +71,6 @@ def tacit_modules(unet: torch.nn.Module, vae: torch.nn.Module, variant: str = ""
     options = dataclasses.replace(OptimizeOptions(), **fields)
     components = _components(unet, vae)
     state = apply_optimizations(components, options)
-    unet_call = getattr(state, "unet_call", None) or components.unet
-    reset = getattr(state, "end_request", None) or (lambda: None)
+    unet_call, reset = state.unet_call, state.end_request
     changed = ", ".join(f"{k}={v}" for k, v in fields.items()) or "defaults"
     return unet_call, components.vae, f"apply_optimizations(OptimizeOptions({changed}))", reset
