@@ -65,13 +65,26 @@ def peak_read_bandwidth() -> float:
     return max(read_bandwidth(), kernel_gemv_bandwidth() or 0.0)
 
 
-def matmul_flops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
+def matmul_flops(dtype: torch.dtype, n: int = 2048, repeats: int = 10, budget_s: float = 3.0) -> float:
     """Best of `repeats`: a 1024^3 bf16 matmul takes ~2 ms with AMX, and on the shared 2-core
     machine the best of 3 read 294 GFLOP/s where an undisturbed run reads 1,130 (calibration.py
-    refits when this moves by over 20%, so the least disturbed of many is the figure to keep)."""
+    refits when this moves by over 20%, so the least disturbed of many is the figure to keep).
+    The size halves until the repeats fit in `budget_s`: where bf16 has no oneDNN path (an
+    AVX2-only EPYC: 0.9 GFLOP/s) one 2048^3 bf16 matmul alone would take 18 s."""
+    probe = min(n, 256)
+    a, b = torch.randn(probe, probe, dtype=dtype), torch.randn(probe, probe, dtype=dtype)
+    rate = 2 * probe**3 / _best_seconds(lambda: a @ b, 1)
+    while n > probe and (repeats + 1) * 2 * n**3 / rate > budget_s:
+        n //= 2
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     seconds = _best_seconds(lambda: a @ b, repeats)
     return 2 * n**3 / seconds
+
+
+def peak_matmul_flops() -> float:
+    """The faster of bf16 and float32 matmuls: the compute roof, whichever dtype the platform
+    runs (bf16 where oneDNN has it; float32 on CPUs where bf16 is a scalar fallback)."""
+    return max(matmul_flops(torch.bfloat16), matmul_flops(torch.float32))
 
 
 def measure() -> dict[str, float]:

@@ -177,11 +177,9 @@ class Roofs:
 
 
 def measure_roofs() -> Roofs:
-    import torch
+    from tacit.platforms.hw_probe import peak_matmul_flops, peak_read_bandwidth
 
-    from tacit.platforms.hw_probe import matmul_flops, peak_read_bandwidth
-
-    return Roofs(peak_read_bandwidth(), matmul_flops(torch.bfloat16), "measured now (tacit/platforms/hw_probe.py)")
+    return Roofs(peak_read_bandwidth(), peak_matmul_flops(), "measured now (tacit/platforms/hw_probe.py)")
 
 
 def roofs_from_file(path: Path) -> Roofs:
@@ -197,6 +195,9 @@ def roofs_from_file(path: Path) -> Roofs:
     reads = [hw.get(k) for k in ("read_GBps", "tacit_gemv_GBps")]
     reads = [r for r in reads if isinstance(r, (int, float)) and r == r and r > 0]
     flops = hw.get("bf16_matmul_TFLOPs")
+    fp32 = hw.get("fp32_matmul_TFLOPs")
+    if isinstance(flops, (int, float)) and isinstance(fp32, (int, float)) and fp32 > flops:
+        flops = fp32  # a CPU without a native bf16 matmul computes in float32: that is its roof
     if not reads or not isinstance(flops, (int, float)) or not flops > 0:
         raise ValueError(
             f"--hw-json {path}: needs read_GBps (or tacit_gemv_GBps) and bf16_matmul_TFLOPs > 0, "

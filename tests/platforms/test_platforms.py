@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tacit.platforms import Platform, get_platform
-from tacit.platforms.cpu import CpuPlatform
+from tacit.platforms.cpu import CpuPlatform, bf16_matmul_is_native
 from tacit.platforms.cuda import CudaPlatform
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -22,7 +22,16 @@ def test_cpu_platform():
     assert p.is_available()
     assert p.device() == torch.device("cpu")
     assert p.device(3) == torch.device("cpu")  # CPU has no index
-    assert p.default_dtype() is torch.bfloat16
+    # bf16 where oneDNN runs it; float32 on CPUs where torch's bf16 matmul is a scalar fallback
+    assert p.default_dtype() is (torch.bfloat16 if bf16_matmul_is_native() else torch.float32)
+
+
+@pytest.mark.parametrize("native, dtype", [(True, torch.bfloat16), (False, torch.float32)])
+def test_cpu_default_dtype_follows_the_bf16_matmul(monkeypatch, native, dtype):
+    from tacit.platforms import cpu
+
+    monkeypatch.setattr(cpu, "bf16_matmul_is_native", lambda: native)
+    assert CpuPlatform().default_dtype() is dtype
 
 
 def test_cpu_free_memory_is_sane():
@@ -158,6 +167,7 @@ print(rss() - r0)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+@pytest.mark.skipif(not bf16_matmul_is_native(), reason="bf16 matmuls bypass oneDNN (and its cache) on this CPU")
 def test_new_matmul_shapes_grow_rss_less_on_the_cpu_platform():
     """Each new prefill length is a new oneDNN matmul shape; with the platform's cache cap 800 of
     them grew RSS by ~150 MB instead of ~420 MB (both trimmed, as the server does when idle)."""
