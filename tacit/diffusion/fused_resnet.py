@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from diffusers.models.resnet import ResnetBlock2D
 from torch import nn
 
+from tacit.platforms.cpu import bf16_matmul_is_native
+
 _conv_add = torch.ops.mkldnn._convolution_pointwise.binary
 
 
@@ -46,6 +48,8 @@ def _eligible(block: ResnetBlock2D) -> bool:
         and conv2.padding_mode == "zeros"
         and isinstance(conv2.padding, tuple)
         and not block.training
+        # oneDNN's bf16 post-op needs AVX-512 (or AVX-NE-CONVERT): on an AVX2-only CPU it raises
+        and (conv2.weight.dtype != torch.bfloat16 or bf16_matmul_is_native())
     )
 
 

@@ -10,6 +10,7 @@ from near_ties import assert_bf16_runs_agree
 
 from tacit import LLM, SamplingParams
 from tacit.kernels.cpu_fused_decode import ShardedDecoder
+from tacit.kernels.cpu_kernels import load_cpu_kernels
 from tacit.layers.moe import FusedMoE
 from tests.distributed.test_tensor_parallel import GREEDY, assert_same, prompts_for
 
@@ -134,6 +135,7 @@ def test_preemption_recomputes_within_a_rank(tiny_model_factory):
     assert ranks == {0, 1}
 
 
+@pytest.mark.skipif(load_cpu_kernels() is None, reason="needs the AVX512-BF16 CPU kernels (the C++ decoder)")
 @pytest.mark.parametrize("arch, expert_parallel", [("deepseek_v3_qlora", True), ("qwen3_moe", True), ("llama", False)])
 def test_bf16_decode_steps_run_in_cpp(tiny_bf16_valued_model_factory, arch, expert_parallel):
     """bf16: decode-only steps run in the C++ decoder, each rank's attention over its own rows and

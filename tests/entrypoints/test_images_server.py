@@ -97,7 +97,12 @@ def test_the_openai_client_gets_pngs_of_the_size_it_asked_for(images_only):
         }
     )
     assert again.status_code == 200, again.text
-    assert png(again.json()["data"][0]["b64_json"]).tobytes() == png(r.data[1].b64_json).tobytes()
+    alone, in_batch = (png(b64).tobytes() for b64 in (again.json()["data"][0]["b64_json"], r.data[1].b64_json))
+    # Equal up to the last rounding: BLAS may sum a batch of 2 in another order than a batch of 1
+    # (MKL on an AVX2-only EPYC did: float32 ~1e-6 apart), which moves a pixel that sits on a
+    # rounding boundary to its neighbouring level; any real mix-up between images moves many by far more.
+    diffs = [abs(a - b) for a, b in zip(alone, in_batch) if a != b]
+    assert len(alone) == len(in_batch) and max(diffs, default=0) <= 1 and len(diffs) <= len(alone) // 100
 
 
 def test_unset_size_is_the_models_native_size_and_jpeg_is_served(images_only):
