@@ -24,9 +24,11 @@ def add_image_parser(bsub: argparse._SubParsersAction) -> None:
     im.add_argument("--tacit-options", default="",
                     help="OptimizeOptions fields over the defaults for the tacit engine, e.g. compile=true,vae_tile_latent=0")  # fmt: skip
     im.add_argument("--guidance-scale", type=float, default=5.0, help="> 1: classifier-free guidance (UNet batch 2)")
+    im.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                    help="what every engine computes in; auto: bf16 where the CPU has a oneDNN bf16 matmul, else float32")  # fmt: skip
     im.add_argument("--seed", type=int, default=0)
     im.add_argument("--peak-tflops", type=float, default=None,
-                    help="the bf16 peak to print beside the ratios (default: measured as `tacit bench hw` does)")  # fmt: skip
+                    help="the matmul peak in --dtype to print beside the ratios (default: measured as `tacit bench hw` does)")  # fmt: skip
     im.add_argument("--peer-timeout", type=float, default=3600.0,
                     help="seconds one engine call may take (building SDXL and OpenVINO's conversion included)")  # fmt: skip
     im.add_argument("--json", default=None)
@@ -41,7 +43,7 @@ def cmd_image(args: argparse.Namespace) -> int:
             raise ValueError(f"--{flag} {getattr(args, flag)}: must be at least 1")
     result = run_image_bench(args)
     print(
-        f"{result['model']} {result['size']}x{result['size']}, UNet batch {result['cfg_batch']}, bf16; "
+        f"{result['model']} {result['size']}x{result['size']}, UNet batch {result['cfg_batch']}, {result['dtype']}; "
         f"{result['steps']} steps x {result['rounds']} rounds (median), one VAE decode a round; "
         f"{result['flops']['unet_flops'] / 1e12:.3g} TFLOP a step, {result['flops']['vae_flops'] / 1e12:.3g} a decode"
     )

@@ -119,7 +119,7 @@ def ratio_lines(rows: list[dict], peak: float) -> list[str]:
     """tacit / each peer (peer seconds over tacit's), each engine's TFLOP/s and the peak beside
     them; an engine above the peak is flagged (its FLOPs were skipped or its clock is wrong)."""
     by = {r["engine"]: r for r in rows}
-    lines = [f"peak: {peak / 1e12:.2f} TFLOP/s (bf16 matmul, as `tacit bench hw` measures it)"]
+    lines = [f"peak: {peak / 1e12:.2f} TFLOP/s (the bench dtype's matmul, as `tacit bench hw` measures it)"]
     for r in rows:
         for part in ("unet", "vae"):
             if r[f"{part}_TFLOPs"] * 1e12 > peak:
@@ -150,18 +150,23 @@ def run_image_bench(args: Any) -> dict[str, Any]:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     check_engines(engines)
     check_variants(variants)
-    shape = ImageShape(args.model, args.size, args.steps, args.guidance_scale)
+    dtype = args.dtype
+    if dtype == "auto":
+        from tacit.platforms.cpu import bf16_matmul_is_native
+
+        dtype = "bfloat16" if bf16_matmul_is_native() else "float32"
+    shape = ImageShape(args.model, args.size, args.steps, args.guidance_scale, dtype)
     flops = count_flops(shape, args.seed)
     if args.peak_tflops:
         peak = args.peak_tflops * 1e12
     else:
         from tacit.platforms.hw_probe import matmul_flops
 
-        peak = matmul_flops(torch.bfloat16)
-    # Resident at once: each engine's bf16 weights (2 bytes a parameter), OpenVINO's twice while it
+        peak = matmul_flops(shape.torch_dtype)
+    # Resident at once: each engine's weights (2 bytes a parameter in bf16), OpenVINO's twice while it
     # converts (the torch modules and its compiled copy), and ~10% for activations.
     copies = len(engines) + ("openvino" in engines)
-    need = 1.1 * copies * 2 * (flops["unet_params"] + flops["vae_params"])
+    need = 1.1 * copies * shape.torch_dtype.itemsize * (flops["unet_params"] + flops["vae_params"])
     if available_bytes() and need > available_bytes():
         log(f"warning: about {need / 2**30:.0f} GiB may be needed and {available_bytes() / 2**30:.0f} GiB is "
             "available; --size 512 or fewer --engines if an engine is killed")  # fmt: skip
@@ -187,7 +192,8 @@ def run_image_bench(args: Any) -> dict[str, Any]:
         "rounds": args.rounds,
         "cfg_batch": shape.batch,
         "flops": flops,
-        "peak_bf16_TFLOPs": peak / 1e12,
+        "dtype": shape.dtype,
+        "peak_TFLOPs": peak / 1e12,
         "engines": rows,
         "variants": vrows,
         "ratios": ratio_lines(rows, peak),

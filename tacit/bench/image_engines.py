@@ -2,14 +2,16 @@
 the same seeded random UNet and VAE, the same inputs, the same denoising loop; only the way the
 UNet and VAE are run differs.
 
-  diffusers  diffusers' best plain-PyTorch CPU configuration: bf16 weights, the SDPA attention
+  diffusers  diffusers' best plain-PyTorch CPU configuration: bf16 weights (float32 where the CPU
+             has no bf16 matmul), the SDPA attention
              processor (AttnProcessor2_0), channels_last, torch.inference_mode.
   openvino   the same modules through openvino.convert_model, static shapes, compiled with
-             INFERENCE_PRECISION_HINT=bf16 -- what optimum-intel does underneath (optimum-intel
+             INFERENCE_PRECISION_HINT at the bench's dtype -- what optimum-intel does underneath (optimum-intel
              itself pulls torch 2.14 and torchvision, which break this environment).
   tacit      tacit.diffusion.optimize.apply_optimizations on the modules (tacit/bench/image_tacit.py).
 
-Every engine gets the modules in bf16 and NCHW, as load_components(dtype=torch.bfloat16) gives them.
+Every engine gets the modules in the bench's dtype (ImageShape.dtype) and NCHW, as
+load_components(dtype=...) gives them.
 
 A step is one UNet call on the classifier-free-guidance batch, the guidance combine and an Euler
 update (diffusers' EulerDiscreteScheduler with SDXL's schedule), so steps feed each other as in a
@@ -25,7 +27,6 @@ import torch
 
 from tacit.bench.image_models import ImageShape, MissingEngine, build_unet_vae, model_configs, unet_inputs
 
-DTYPE = torch.bfloat16
 # SDXL base's scheduler_config.json: Euler over the scaled-linear betas, "leading" spacing.
 EULER_CONFIG = {"beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
                 "timestep_spacing": "leading", "steps_offset": 1}  # fmt: skip
@@ -59,36 +60,37 @@ def torch_fns(unet: torch.nn.Module, vae: torch.nn.Module, inputs: dict[str, tor
 
 class _UnetGraph(torch.nn.Module):
     """The UNet with flat tensor inputs (OpenVINO converts positional tensors, not the nested
-    added_cond_kwargs dict), fp32 in and out (numpy has no bf16), bf16 inside."""
+    added_cond_kwargs dict), fp32 in and out (numpy has no bf16), the bench's dtype inside."""
 
-    def __init__(self, unet: torch.nn.Module) -> None:
+    def __init__(self, unet: torch.nn.Module, dtype: torch.dtype) -> None:
         super().__init__()
-        self.unet = unet
+        self.unet, self.dtype = unet, dtype
 
     def forward(self, x, t, ehs, text_embeds, time_ids):  # noqa: ANN001, ANN201 (traced)
-        cond = {"text_embeds": text_embeds.to(DTYPE), "time_ids": time_ids.to(DTYPE)}
-        out = self.unet(x.to(DTYPE), t, encoder_hidden_states=ehs.to(DTYPE), added_cond_kwargs=cond, return_dict=False)
+        d = self.dtype
+        cond = {"text_embeds": text_embeds.to(d), "time_ids": time_ids.to(d)}
+        out = self.unet(x.to(d), t, encoder_hidden_states=ehs.to(d), added_cond_kwargs=cond, return_dict=False)
         return out[0].float()
 
 
 class _DecodeGraph(torch.nn.Module):
-    def __init__(self, vae: torch.nn.Module) -> None:
+    def __init__(self, vae: torch.nn.Module, dtype: torch.dtype) -> None:
         super().__init__()
-        self.vae = vae
+        self.vae, self.dtype = vae, dtype
 
     def forward(self, z):  # noqa: ANN001, ANN201 (traced)
-        return self.vae.decode(z.to(DTYPE), return_dict=False)[0].float()
+        return self.vae.decode(z.to(self.dtype), return_dict=False)[0].float()
 
 
 def openvino_fns(unet: torch.nn.Module, vae: torch.nn.Module, inputs: dict[str, torch.Tensor],
-                 batch: int) -> tuple[UnetFn, DecodeFn]:  # fmt: skip
+                 batch: int, dtype: torch.dtype) -> tuple[UnetFn, DecodeFn]:  # fmt: skip
     try:
         import openvino as ov
     except ImportError as e:
         raise MissingEngine("openvino is not installed (pip install openvino, or the bench extra)") from e
 
     core = ov.Core()
-    config = {"INFERENCE_PRECISION_HINT": "bf16", "PERFORMANCE_HINT": "LATENCY"}
+    config = {"INFERENCE_PRECISION_HINT": "bf16" if dtype == torch.bfloat16 else "f32", "PERFORMANCE_HINT": "LATENCY"}
 
     def compile_static(module: torch.nn.Module, example: tuple[torch.Tensor, ...]):
         import warnings
@@ -103,8 +105,8 @@ def openvino_fns(unet: torch.nn.Module, vae: torch.nn.Module, inputs: dict[str, 
     lat = inputs["latents"].float()
     flat = [inputs[k].float() for k in ("encoder_hidden_states", "text_embeds", "time_ids")]
     t0 = torch.tensor(999.0)
-    unet_req = compile_static(_UnetGraph(unet), (torch.cat([lat] * batch), t0, *flat))
-    vae_req = compile_static(_DecodeGraph(vae), (lat,))
+    unet_req = compile_static(_UnetGraph(unet, dtype), (torch.cat([lat] * batch), t0, *flat))
+    vae_req = compile_static(_DecodeGraph(vae, dtype), (lat,))
     fixed = [x.numpy() for x in flat]
 
     def unet_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -126,8 +128,8 @@ class ImageEngineRunner:
         t0 = time.perf_counter()
         self.shape = shape
         unet_cfg, vae_cfg = model_configs(shape.model)
-        unet, vae = build_unet_vae(shape.model, DTYPE, seed)
-        self.inputs = unet_inputs(shape, unet_cfg, vae_cfg, DTYPE, seed + 2)
+        unet, vae = build_unet_vae(shape.model, shape.torch_dtype, seed)
+        self.inputs = unet_inputs(shape, unet_cfg, vae_cfg, shape.torch_dtype, seed + 2)
         self.scaling_factor = float(vae_cfg["scaling_factor"])
         self.init_s = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -137,13 +139,16 @@ class ImageEngineRunner:
             diffusers_modules(unet, vae)
             self.unet_fn, self.decode_fn = torch_fns(unet, vae, self.inputs)
         elif engine == "openvino":
-            self.unet_fn, self.decode_fn = openvino_fns(unet, vae, self.inputs, shape.batch)
-            self.note = "openvino.convert_model + bf16 hint, static shapes (optimum-intel's path, not optimum-intel)"
+            self.unet_fn, self.decode_fn = openvino_fns(unet, vae, self.inputs, shape.batch, shape.torch_dtype)
+            self.note = (
+                f"openvino.convert_model + {shape.dtype} hint, static shapes (optimum-intel's path, not optimum-intel)"
+            )
             del unet, vae  # compiled: OpenVINO holds its own copy of the weights
         elif engine == "tacit":
             from tacit.bench.image_tacit import tacit_modules
 
-            unet, vae, self.note, self.reset = tacit_modules(unet, vae, variant, tacit_options)
+            options = {"dtype": shape.torch_dtype, **(tacit_options or {})}
+            unet, vae, self.note, self.reset = tacit_modules(unet, vae, variant, options)
             self.unet_fn, self.decode_fn = torch_fns(unet, vae, self.inputs)
         else:
             raise ValueError(f"engine {engine!r}: one of diffusers, openvino, tacit")

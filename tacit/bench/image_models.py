@@ -43,6 +43,15 @@ class ImageShape:
     size: int  # image height = width, pixels
     steps: int
     guidance_scale: float = 5.0
+    # What every engine computes in: bf16 where oneDNN runs it; float32 on CPUs whose bf16 matmul is
+    # torch's scalar fallback (an AVX2-only EPYC: 0.9 GFLOP/s bf16 against 62 float32).
+    dtype: str = "bfloat16"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"--dtype {self.dtype!r}: one of auto, bfloat16, float32")
+        return getattr(torch, self.dtype)
 
     @property
     def batch(self) -> int:

@@ -22,7 +22,7 @@ HAVE_OPTIMIZE = importlib.util.find_spec("tacit.diffusion") is not None and (
 
 def bench_args(**kw) -> argparse.Namespace:
     base = dict(model="tiny", size=32, steps=1, rounds=1, engines="diffusers", variants="", guidance_scale=5.0,
-                seed=0, peak_tflops=1.0, peer_timeout=600.0, tacit_options="", json=None)  # fmt: skip
+                seed=0, peak_tflops=1.0, peer_timeout=600.0, tacit_options="", json=None, dtype="auto")  # fmt: skip
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -52,6 +52,12 @@ def test_bad_names_are_refused_with_the_valid_ones():
         "compile": True, "vae_tile_latent": 0, "x": None}  # fmt: skip
 
 
+def test_bench_dtype_is_checked():
+    assert ImageShape("tiny", 32, 1, dtype="float32").torch_dtype is torch.float32
+    with pytest.raises(ValueError, match="auto, bfloat16, float32"):
+        _ = ImageShape("tiny", 32, 1, dtype="float16").torch_dtype
+
+
 def test_psnr():
     ref = torch.linspace(-1, 1, 100)
     assert psnr(ref, ref) == float("inf")
@@ -59,13 +65,17 @@ def test_psnr():
 
 
 def test_tiny_end_to_end_diffusers_and_tacit():
+    from tacit.platforms.cpu import bf16_matmul_is_native
+
     result = run_image_bench(bench_args(engines="diffusers,tacit", steps=2))
+    # auto: bf16 where oneDNN runs it, float32 where bf16 would be torch's scalar fallback
+    assert result["dtype"] == ("bfloat16" if bf16_matmul_is_native() else "float32")
     rows = {r["engine"]: r for r in result["engines"]}
     d = rows["diffusers"]
     assert d["unet_step_s"] > 0 and d["vae_decode_s"] > 0
     assert d["unet_TFLOPs"] == pytest.approx(result["flops"]["unet_flops"] / d["unet_step_s"] / 1e12)
     if HAVE_OPTIMIZE:
-        # same weights and inputs, bf16 both: the optimized path computes the same image
+        # same weights and inputs, the same dtype: the optimized path computes the same image
         assert rows["tacit"]["psnr_vs_diffusers_db"] > 30
         assert any(line.startswith("tacit/diffusers: UNet step") for line in result["ratios"])
     else:
