@@ -12,8 +12,8 @@ def add_image_parser(bsub: argparse._SubParsersAction) -> None:
         "image",
         help="SDXL UNet step and VAE decode: tacit vs diffusers vs OpenVINO, each in its own process",
     )
-    im.add_argument("--model", default="sdxl", choices=["sdxl", "tiny"],
-                    help="random weights of this architecture (tiny: a smoke test in seconds)")  # fmt: skip
+    im.add_argument("--model", default="sdxl", choices=["sdxl", "sd15", "tiny"],
+                    help="random weights of this architecture (sd15: SD 1.5, whose float32 weights fit 3 engines in 24 GiB; tiny: a smoke test in seconds)")  # fmt: skip
     im.add_argument("--size", type=int, default=1024,
                     help="image height = width in pixels; 512 where 1024 does not fit in memory or for a faster run")  # fmt: skip
     im.add_argument("--steps", type=int, default=3, help="timed denoising steps per round (after 1 warm-up step)")

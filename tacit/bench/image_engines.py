@@ -25,7 +25,15 @@ from typing import Any, Callable
 
 import torch
 
-from tacit.bench.image_models import ImageShape, MissingEngine, build_unet_vae, model_configs, unet_inputs
+from tacit.bench.image_models import (
+    ADDED_COND,
+    ImageShape,
+    MissingEngine,
+    added_cond,
+    build_unet_vae,
+    model_configs,
+    unet_inputs,
+)
 
 # SDXL base's scheduler_config.json: Euler over the scaled-linear betas, "leading" spacing.
 EULER_CONFIG = {"beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear",
@@ -46,7 +54,7 @@ def diffusers_modules(unet: torch.nn.Module, vae: torch.nn.Module) -> None:
 
 
 def torch_fns(unet: torch.nn.Module, vae: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[UnetFn, DecodeFn]:
-    cond = {"text_embeds": inputs["text_embeds"], "time_ids": inputs["time_ids"]}
+    cond = added_cond(inputs)
     ehs = inputs["encoder_hidden_states"]
 
     def unet_fn(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -66,9 +74,9 @@ class _UnetGraph(torch.nn.Module):
         super().__init__()
         self.unet, self.dtype = unet, dtype
 
-    def forward(self, x, t, ehs, text_embeds, time_ids):  # noqa: ANN001, ANN201 (traced)
+    def forward(self, x, t, ehs, *added):  # noqa: ANN001, ANN201 (traced)
         d = self.dtype
-        cond = {"text_embeds": text_embeds.to(d), "time_ids": time_ids.to(d)}
+        cond = {k: v.to(d) for k, v in zip(ADDED_COND, added)} or None
         out = self.unet(x.to(d), t, encoder_hidden_states=ehs.to(d), added_cond_kwargs=cond, return_dict=False)
         return out[0].float()
 
@@ -103,7 +111,7 @@ def openvino_fns(unet: torch.nn.Module, vae: torch.nn.Module, inputs: dict[str, 
         return core.compile_model(model, "CPU", config).create_infer_request()
 
     lat = inputs["latents"].float()
-    flat = [inputs[k].float() for k in ("encoder_hidden_states", "text_embeds", "time_ids")]
+    flat = [inputs[k].float() for k in ("encoder_hidden_states", *ADDED_COND) if k in inputs]
     t0 = torch.tensor(999.0)
     unet_req = compile_static(_UnetGraph(unet, dtype), (torch.cat([lat] * batch), t0, *flat))
     vae_req = compile_static(_DecodeGraph(vae, dtype), (lat,))

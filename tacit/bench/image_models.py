@@ -22,13 +22,25 @@ from tacit.diffusion.random_weights import build_random
 PROMPT_TOKENS = 77  # CLIP's context: SDXL's encoder_hidden_states are 77 tokens
 
 
+# --model -> the pipeline's own architecture (tacit.diffusion.architectures). SD 1.5's 860M-parameter
+# UNet is the one whose float32 weights fit three engines in 24 GiB (3.4 GB each; SDXL's are 10.3).
+BENCH_MODELS = {"sdxl": "sdxl", "sd15": "sd15", "tiny": "tiny_sdxl"}
+# SDXL's micro-conditioning inputs (added_cond_kwargs), absent from SD 1.5's UNet
+ADDED_COND = ("text_embeds", "time_ids")
+
+
 def model_configs(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(unet config, vae config) for --model sdxl | tiny: the pipeline's own published SDXL shapes
-    (tacit.diffusion.architectures), or their tiny test version."""
-    if name not in ("sdxl", "tiny"):
-        raise ValueError(f"--model {name!r}: one of sdxl, tiny")
-    arch = get_arch("sdxl" if name == "sdxl" else "tiny_sdxl")
+    """(unet config, vae config) for --model sdxl | sd15 | tiny: the published shapes, or SDXL's tiny
+    test version."""
+    if name not in BENCH_MODELS:
+        raise ValueError(f"--model {name!r}: one of {', '.join(BENCH_MODELS)}")
+    arch = get_arch(BENCH_MODELS[name])
     return arch["unet"], arch["vae"]
+
+
+def added_cond(inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """The UNet's added_cond_kwargs: SDXL's pooled text and time ids; None for SD 1.5."""
+    return {k: inputs[k] for k in ADDED_COND} if ADDED_COND[0] in inputs else None
 
 
 class MissingEngine(ImportError):
@@ -80,16 +92,19 @@ def unet_inputs(shape: ImageShape, unet_config: dict[str, Any], vae_config: dict
     gen = torch.Generator().manual_seed(seed)
     lat = shape.latent_size(vae_config)
     ctx = unet_config["cross_attention_dim"]
-    time_dim = unet_config["addition_time_embed_dim"]
-    pooled = unet_config["projection_class_embeddings_input_dim"] - 6 * time_dim
     b = shape.batch
     out = {
         "latents": torch.randn(1, unet_config["in_channels"], lat, lat, generator=gen),
         "encoder_hidden_states": torch.randn(b, PROMPT_TOKENS, ctx, generator=gen),
-        "text_embeds": torch.randn(b, pooled, generator=gen),
-        # SDXL's micro-conditioning: original size, crop top-left, target size
-        "time_ids": torch.tensor([[shape.size, shape.size, 0, 0, shape.size, shape.size]] * b, dtype=torch.float32),
     }
+    if unet_config.get("addition_embed_type") == "text_time":
+        time_dim = unet_config["addition_time_embed_dim"]
+        pooled = unet_config["projection_class_embeddings_input_dim"] - 6 * time_dim
+        out["text_embeds"] = torch.randn(b, pooled, generator=gen)
+        # SDXL's micro-conditioning: original size, crop top-left, target size
+        out["time_ids"] = torch.tensor(
+            [[shape.size, shape.size, 0, 0, shape.size, shape.size]] * b, dtype=torch.float32
+        )
     return {k: v.to(device=device, dtype=dtype) for k, v in out.items()}
 
 
@@ -109,7 +124,7 @@ def count_flops(shape: ImageShape, seed: int = 0) -> dict[str, float]:
     unet_cfg, vae_cfg = model_configs(shape.model)
     unet, vae = build_unet_vae(shape.model, torch.bfloat16, seed, device="meta")
     x = unet_inputs(shape, unet_cfg, vae_cfg, torch.bfloat16, seed, device="meta")
-    cond = {"text_embeds": x["text_embeds"], "time_ids": x["time_ids"]}
+    cond = added_cond(x)
     sample, t = torch.cat([x["latents"]] * shape.batch), torch.tensor(999.0, device="meta")
     return {
         "unet_flops": flops_of(

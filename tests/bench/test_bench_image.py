@@ -41,6 +41,13 @@ def test_sdxl_unet_flops_are_the_published_order():
     assert 80e6 < f["vae_params"] < 90e6
 
 
+def test_sd15_unet_has_no_added_conditioning_and_its_published_size():
+    # SD 1.5: 859.52M UNet parameters; ~0.8 TFLOP a batch-1 call at 512x512, CFG doubles it
+    f = count_flops(ImageShape("sd15", 512, 1))
+    assert 859e6 < f["unet_params"] < 860e6
+    assert 1.4e12 < f["unet_flops"] < 1.8e12
+
+
 def test_bad_names_are_refused_with_the_valid_ones():
     with pytest.raises(ValueError, match="diffusers, openvino, tacit"):
         check_engines(["pytorch"])
