@@ -84,8 +84,8 @@ def engine_row(name: str, t: dict[str, list[float]], info: dict[str, Any], flops
         "vae_decode_s": vae_s,
         "unet_TFLOPs": unet_tf,
         "vae_TFLOPs": vae_tf,
-        "unet_pct_peak": 100 * unet_tf / peak,
-        "vae_pct_peak": 100 * vae_tf / peak,
+        "unet_pct_peak": 100 * unet_tf * 1e12 / peak,  # TFLOP/s against a peak in FLOP/s
+        "vae_pct_peak": 100 * vae_tf * 1e12 / peak,
         "init_s": info["init_s"],
         "prepare_s": info["prepare_s"],
     }
@@ -162,7 +162,7 @@ def run_image_bench(args: Any) -> dict[str, Any]:
     else:
         from tacit.platforms.hw_probe import matmul_flops
 
-        peak = matmul_flops(shape.torch_dtype)
+        peak = matmul_flops(shape.torch_dtype)  # measured again after the engines: the higher stands
     # Resident at once: each engine's weights (2 bytes a parameter in bf16), OpenVINO's twice while it
     # converts (the torch modules and its compiled copy), and ~10% for activations.
     copies = len(engines) + ("openvino" in engines)
@@ -179,6 +179,17 @@ def run_image_bench(args: Any) -> dict[str, Any]:
             skipped[f"tacit+{v}"] = "no tacit output to compare with (the tacit engine did not run)"
         variants = []
     vrows, vimages, vnotes = measure_phase([(f"tacit+{v}", v) for v in variants], shape, args, flops, peak, skipped)
+    if not args.peak_tflops:
+        # The shared cores drift: one probe read 0.13 TFLOP/s float32 where `tacit bench hw` read
+        # 0.18 a minute before, and flagged engines at 0.16 as impossible. The best of two stands.
+        from tacit.platforms.hw_probe import matmul_flops
+
+        best = max(peak, matmul_flops(shape.torch_dtype))
+        if best > peak:
+            for r in rows + vrows:
+                for part in ("unet", "vae"):
+                    r[f"{part}_pct_peak"] = 100 * r[f"{part}_TFLOPs"] * 1e12 / best
+            peak = best
     for r in rows + vrows:
         image = images.get(r["engine"], vimages.get(r["engine"]))
         if "diffusers" in images and r["engine"] != "diffusers":

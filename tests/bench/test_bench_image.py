@@ -81,6 +81,7 @@ def test_tiny_end_to_end_diffusers_and_tacit():
     d = rows["diffusers"]
     assert d["unet_step_s"] > 0 and d["vae_decode_s"] > 0
     assert d["unet_TFLOPs"] == pytest.approx(result["flops"]["unet_flops"] / d["unet_step_s"] / 1e12)
+    assert d["unet_pct_peak"] == pytest.approx(100 * d["unet_TFLOPs"] / result["peak_TFLOPs"])  # --peak-tflops 1.0
     if HAVE_OPTIMIZE:
         # same weights and inputs, the same dtype: the optimized path computes the same image
         assert rows["tacit"]["psnr_vs_diffusers_db"] > 30
