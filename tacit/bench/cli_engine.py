@@ -170,11 +170,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
             )
         cases.append((kind, int(size)))
     base = EngineArgs.from_cli_args(args)
-    base = replace(
-        base,
-        model=resolve_bench_model(base.model),
-        dtype="bfloat16" if base.dtype == "auto" else base.dtype,
-    )
+    base = replace(base, model=resolve_bench_model(base.model))  # --dtype auto: the platform's fast dtype
     spec = base.speculative_config or DEFAULT_SPECULATIVE_CONFIG
     log(f"loading tacit twice: speculation off, and on with {spec} ...")
     engines = {

@@ -49,12 +49,8 @@ def setup_engines(args: argparse.Namespace, peers: list[str]) -> tuple[Any, list
     from tacit.engine.llm_engine import LLMEngine
 
     engine_args = EngineArgs.from_cli_args(args)
-    engine_args = replace(
-        engine_args,
-        model=resolve_bench_model(engine_args.model),
-        # bf16 is this CPU's fast path
-        dtype="bfloat16" if engine_args.dtype == "auto" else engine_args.dtype,
-    )
+    # --dtype auto stays auto: the platform's fast dtype (bf16 with oneDNN's bf16 matmul, else float32)
+    engine_args = replace(engine_args, model=resolve_bench_model(engine_args.model))
     t0 = time.perf_counter()
     engine = LLMEngine(engine_args=engine_args)
     # Before any peer loads: tacit's own load time and the memory it holds.
