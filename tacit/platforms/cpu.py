@@ -54,5 +54,9 @@ class CpuPlatform(Platform):
 
 
 def bf16_matmul_is_native() -> bool:
-    """Whether this CPU runs bf16 matmuls through oneDNN (not torch's scalar fallback)."""
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """Whether this CPU runs bf16 matmuls through oneDNN (not torch's scalar fallback); a torch
+    built without oneDNN answers no."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False

@@ -40,7 +40,7 @@ def _summary(p: dict[str, Any]) -> str:
     ]
     if hw:
         lines.append(
-            f"roofs ({hw['source']}): peak read {hw['read_GBps']:.1f} GB/s, bf16 matmul "
+            f"roofs ({hw['source']}): peak read {hw['read_GBps']:.1f} GB/s, matmul (the faster of bf16 and float32) "
             f"{hw['bf16_TFLOPs']:.2f} TFLOP/s, ridge point {hw['ridge']:.1f} FLOP/byte"
         )
     else:
@@ -104,7 +104,7 @@ def _roofline(p: dict[str, Any]) -> str:
     out = []
     if hw:
         out.append(
-            f'<p class="note">Roofs: {hw["read_GBps"]:.1f} GB/s read, {hw["bf16_TFLOPs"]:.2f} TFLOP/s bf16; ridge point '
+            f'<p class="note">Roofs: {hw["read_GBps"]:.1f} GB/s read, {hw["bf16_TFLOPs"]:.2f} TFLOP/s matmul; ridge point '
             f"{hw['ridge']:.1f} FLOP/byte: a class left of it is bound by memory bandwidth, right of it by compute.</p>"
         )
     else:

@@ -159,7 +159,7 @@ def step_work(shapes: ModelShapes, rows: list[tuple[int, int]], num_samples: int
 @dataclass
 class Roofs:
     read_Bps: float  # peak streaming read, bytes/s
-    flops: float  # bf16 matmul FLOP/s
+    flops: float  # matmul FLOP/s: the faster of bf16 and float32 (bf16 where oneDNN has it)
     source: str
 
     @property
