@@ -57,6 +57,18 @@ def overloaded(message: str, param: str | None = None) -> OpenAIError:
 _PARAM_IN_MESSAGE = re.compile(r"^SamplingParams\.(\w+)=")
 
 
+def check_model_name(name: str | None, served: str, what: str = "serves") -> None:
+    """A request's `model` must be the served one (unset means it): else OpenAI's 404 model_not_found."""
+    if name is not None and name != served:
+        raise OpenAIError(
+            404,
+            f"The model `{name}` does not exist; this server {what} `{served}`.",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
+
+
 def from_value_error(e: ValueError, structured_param: str | None = None) -> OpenAIError:
     """The engine's and SamplingParams' ValueErrors already say what is wrong and what is valid;
     SamplingParams' also name the field, which becomes `param`. A grammar the engine could not

@@ -19,7 +19,7 @@ from tacit.engine.async_engine import (
     RequestStream,
 )
 from tacit.entrypoints.openai.access_log import note_submitted
-from tacit.entrypoints.openai.errors import OpenAIError, bad_request, from_value_error, overloaded
+from tacit.entrypoints.openai.errors import OpenAIError, bad_request, check_model_name, from_value_error, overloaded
 from tacit.entrypoints.openai.harmony import HarmonyTokens
 from tacit.outputs import CompletionOutput, Logprob, RequestOutput
 from tacit.sampling_params import SamplingParams
@@ -83,14 +83,7 @@ class ServingContext:
             raise bad_request(f"could not apply the chat template: {e}", "messages") from None
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
-            raise OpenAIError(
-                404,
-                f"The model `{name}` does not exist; this server serves `{self.model_name}`.",
-                "invalid_request_error",
-                "model",
-                "model_not_found",
-            )
+        check_model_name(name, self.model_name)
 
     def check_length(self, num_prompt_tokens: int, max_tokens: int | None) -> None:
         """The engine would silently clamp max_tokens to what fits; OpenAI refuses instead, naming

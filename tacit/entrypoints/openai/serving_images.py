@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from tacit.engine.image_engine import DEFAULT_MAX_IMAGE_BATCH, DEFAULT_MAX_IMAGE_WAITING, ImageEngine, native_size
 from tacit.engine.request_stream import EngineDeadError, QueueFullError
 from tacit.entrypoints.image_cli import check_diffusion_checkpoint, is_diffusion_checkpoint
-from tacit.entrypoints.openai.errors import OpenAIError, bad_request, overloaded, parse_body
+from tacit.entrypoints.openai.errors import OpenAIError, bad_request, check_model_name, overloaded, parse_body
 from tacit.entrypoints.openai.images_protocol import ImageData, ImageGenerationRequest, ImagesResponse
 from tacit.entrypoints.openai.protocol import ModelCard, ModelList, random_id
 
@@ -113,14 +113,7 @@ class ImageServing:
         self.model_name = model_name
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
-            raise OpenAIError(
-                404,
-                f"The model `{name}` does not exist; this server makes images with `{self.model_name}`.",
-                "invalid_request_error",
-                "model",
-                "model_not_found",
-            )
+        check_model_name(name, self.model_name, "makes images with")
 
     def image_request(self, req: ImageGenerationRequest, request_id: str) -> "ImageRequest":
         """The pipeline's request: the client's fields over ImageRequest's defaults; size unset
