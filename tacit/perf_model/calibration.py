@@ -10,6 +10,9 @@ prefill GEMM was priced 4-6x too slow. So the fit is keyed by the machine and ma
   the threads torch runs with (the fit is only true at the thread count it was made at: the
   per-step costs and the GEMM curves are per thread count) and torch's version (its oneDNN
   picks the matmul kernels). One file per key under cache_dir()/calibration/.
+- the path: the fit times what the engine runs here (fit_host.py): bf16 and the C++ kernels on
+  an AVX512-BF16 CPU, float32 torch paths on one without a native bf16 matmul (int8 there is not
+  fitted: without the kernels the engine dequantizes it every call).
 - the peaks: the fit stores the roofs it measured (bf16 matmul FLOP/s, read bandwidth, as
   `tacit bench hw` measures them); when this process measures either more than DRIFT_MARGIN
   away, the machine is not in the state the fit describes, and it is fitted again.
@@ -41,7 +44,7 @@ from tacit.platforms.specs import HardwareSpec
 # -> 1.1 TFLOP/s bf16, 6.6x) is far past it.
 DRIFT_MARGIN = 0.20
 # Bump when fit.py measures something new or differently: older files are then a miss.
-FIT_VERSION = 3  # 3: the prefill step's fixed cost (fit_prefill.py)
+FIT_VERSION = 4  # 3: the prefill step's fixed cost (fit_prefill.py); 4: the host's compute dtype (fit_host.py)
 COMMAND = "tacit predict --calibrate"
 
 

@@ -31,6 +31,21 @@ QUANTIZATION_HELP = (
 )
 
 
+def weight_and_kv_dtypes(args: argparse.Namespace, spec: HardwareSpec, checkpoint_format: str) -> tuple[str, str]:
+    """--quantization and --kv-cache-dtype resolved. On this-cpu an unquantized checkpoint is
+    priced in the dtype tacit's engine computes in here (--dtype auto: float32 on a CPU without
+    a native bf16 matmul, fit_host.py), and an auto KV cache in that dtype too."""
+    wdt = resolve_weight_format(args.quantization, checkpoint_format)
+    if spec.name == "this-cpu" and wdt == "bf16" and args.quantization in ("", "auto"):
+        from tacit.perf_model.fit_host import host_precision
+
+        wdt = host_precision().dtype
+    kvdt = _check_choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype")
+    if args.kv_cache_dtype in ("", "auto") and wdt == "fp32":
+        kvdt = "fp32"
+    return wdt, kvdt
+
+
 def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="predict TTFT/TPOT/memory of a model on a hardware spec (no weights loaded)")
     p.add_argument(
@@ -55,7 +70,11 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
         "8-bit for w8a8_* and llama.cpp's types; fp8 for block fp8 on parts with fp8 units, else bf16 (W8A16))",
     )
     p.add_argument("--quantization-group-size", type=int, default=32, help="int4 values per scale: 32 | 64 | 128")
-    p.add_argument("--kv-cache-dtype", default="bf16", help=f"{' | '.join(KV_DTYPES)} (auto: bf16)")
+    p.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help=f"auto | {' | '.join(KV_DTYPES)} (auto: the weights' float dtype where they are unquantized fp32, else bf16)",
+    )
     p.add_argument("--batch-size", type=int, default=1)
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens (0: no prefill, decode from --context)")
     p.add_argument("--output-len", type=int, default=128)
@@ -190,10 +209,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise ValueError("--model is required (a config.json, a recipes/configs name, or random:NAME)")
     resolve_weight_format(args.quantization, "")  # a bad name fails before the model is read
     _check_choice(args.activation_dtype, ACTIVATION_DTYPES, "--activation-dtype")
-    kvdt = _check_choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype")
+    _check_choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype")
     spec = resolve_hardware(args.hardware, args.hardware_file, args.enforce_eager)  # before the model: fails fast
     shape = shape_from_hf(load_hf_config(args.model))
-    wdt = resolve_weight_format(args.quantization, shape.weight_format)
+    wdt, kvdt = weight_and_kv_dtypes(args, spec, shape.weight_format)
     activation_dtype(wdt, args.activation_dtype, fp8_units="fp8" in spec.flops)  # a bad pairing fails here
     work = Workload(
         args.batch_size,

@@ -34,6 +34,9 @@ class WeightFormat:
 INT4_GROUP_SIZES = (32, 64, 128)
 FORMATS = {
     "bf16": WeightFormat(2, 1, "bf16", "bf16"),
+    # float32: what tacit's CPU engine computes in where bf16 has no oneDNN matmul (an AVX2-only
+    # CPU: platforms/cpu.py's default_dtype), weights and activations alike
+    "fp32": WeightFormat(4, 1, "fp32", "fp32"),
     "fp16": WeightFormat(2, 1, "fp16", "fp16"),
     # fp8 e4m3 with a float32 scale per 128x128 block (DeepSeek-V3's checkpoint): 1 + 4/16384.
     # Activations: fp8 per-token groups of 128 on parts with fp8 units (W8A8); elsewhere bf16,
@@ -69,9 +72,11 @@ EXPERT_ONLY_DTYPES = ("mxfp4",)
 # Formats tacit's own engine quantizes to at load (models/quantize_at_load.py): it keeps the
 # linears it reads directly (DeepSeek's absorbed kv_b_proj, routers) in bf16.
 TACIT_LOAD_FORMATS = ("int8", "int4")
-KV_DTYPES = ("bf16", "fp16", "fp8", "int8")
-ACTIVATION_DTYPES = ("auto", "bf16", "fp16", "fp8", "int8")
-ACTIVATION_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+KV_DTYPES = ("bf16", "fp16", "fp8", "int8", "fp32")
+ACTIVATION_DTYPES = ("auto", "bf16", "fp16", "fp8", "int8", "fp32")
+ACTIVATION_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "fp32": 4}
+# Unquantized formats: an engine keeps its lm_head (and every other linear) in these as loaded
+FLOAT_FORMATS = ("bf16", "fp16", "fp32")
 
 
 def _check_format(dtype: str) -> WeightFormat:
@@ -152,6 +157,8 @@ def kv_bytes_per_row(dtype: str, width: int) -> float:
     int8 (kernels/kv_quant.py): the values plus a float32 scale per token and head row."""
     if dtype in ("bf16", "fp16"):
         return 2.0 * width
+    if dtype == "fp32":
+        return 4.0 * width
     if dtype == "fp8":
         return 1.0 * width
     if dtype == "int8":
@@ -164,7 +171,9 @@ def normalize_dtype(name: str | None, default: str = "bf16") -> str:
     if name in (None, "", "auto", "none"):
         return default
     name = name.lower()
-    return {"bfloat16": "bf16", "float16": "fp16", "float8": "fp8", "fp8_e4m3": "fp8"}.get(name, name)
+    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float8": "fp8", "fp8_e4m3": "fp8"}.get(
+        name, name
+    )
 
 
 @dataclass(frozen=True)
@@ -232,4 +241,6 @@ def tensor_dtypes(
         return TensorDtypes(linear, expert_dt, head_dt, linear, head_dt if tied else linear)
     if own:
         return TensorDtypes(linear, expert_dt, head or "bf16", kv_b or linear)
-    return TensorDtypes(linear, expert_dt, "bf16", "bf16" if weight in TACIT_LOAD_FORMATS else linear)
+    # an engine running unquantized float32 (or fp16) keeps its head in that dtype too
+    head_dt = weight if weight in FLOAT_FORMATS else "bf16"
+    return TensorDtypes(linear, expert_dt, head_dt, "bf16" if weight in TACIT_LOAD_FORMATS else linear, head_dt)

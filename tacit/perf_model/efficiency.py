@@ -56,7 +56,8 @@ class Profile:
     elementwise: Curve
     sampling: Curve  # the same for the sampler over the logits, by sampled rows
     op_overhead_s: float  # per kernel launch
-    # per step and per layer, by the path a step runs ("decode_fused", "torch"): Python, scheduling
+    # per step and per layer, by the path a step runs ("decode_fused", "torch", "torch_dense",
+    # "prefill"): Python, scheduling
     step_overhead_s: dict[str, float]
     layer_overhead_s: dict[str, float]
     torch_decode_architectures: tuple[str, ...]  # architectures whose decode runs the torch path
@@ -72,14 +73,26 @@ class Profile:
     # no graph figures and launches are priced eagerly.
     graph_op_overhead_s: float | None = None
     graph_step_overhead_s: float = 0.0
+    # the dtype the fitted machine's engine computes in ("bf16"; "fp32" for a this-cpu fit on a
+    # CPU without a native bf16 matmul): its curve is the one a dtype without its own borrows
+    compute_dtype: str = "bf16"
 
     def gemm_efficiency(self, weight_dtype: str, rows: float) -> float:
         # a dequantizing or integer kernel (int4, mxfp4, GGML types) without its own curve: int8's
-        key = weight_dtype if weight_dtype in self.gemm else efficiency_dtype(weight_dtype)
-        return self.gemm.get(key, self.gemm["bf16"])(rows)
+        for key in (weight_dtype, efficiency_dtype(weight_dtype), self.compute_dtype):
+            if key in self.gemm:
+                return self.gemm[key](rows)
+        raise KeyError(f"profile {self.name} has no GEMM curve for {weight_dtype} nor {self.compute_dtype}")
 
-    def decode_path(self, architecture: str) -> str:
-        return "torch" if architecture in self.torch_decode_architectures else "decode_fused"
+    def decode_path(self, architecture: str, dense: bool = False) -> str:
+        """The path a decode step runs: "decode_fused", or the torch path ("*" among the
+        torch_decode_architectures: every architecture, a CPU without tacit's C++ kernels), where
+        a dense model (no MoE, no MLA) has its own fixed costs if the profile fitted them
+        ("torch_dense")."""
+        torch_path = architecture in self.torch_decode_architectures or "*" in self.torch_decode_architectures
+        if not torch_path:
+            return "decode_fused"
+        return "torch_dense" if dense and "torch_dense" in self.step_overhead_s else "torch"
 
 
 def _curve(v: float | dict) -> Curve:
@@ -107,6 +120,7 @@ def _profile(name: str, d: dict) -> Profile:
         roofs=d.get("roofs"),
         graph_op_overhead_s=d.get("graph_op_overhead_s"),
         graph_step_overhead_s=float(d.get("graph_step_overhead_s", 0.0)),
+        compute_dtype=d.get("compute_dtype", "bf16"),
     )
 
 

@@ -49,9 +49,13 @@ from tacit.perf_model.fit_attention import (
     absorbed_bmm_curve,
     mla_prefill_attention_efficiency,
     prefill_attention_efficiency,
+    torch_decode_attention_efficiency,
 )
 from tacit.perf_model.fit_decode import fused_decode_curve
 from tacit.perf_model.fit_experts import experts_curve
+from tacit.perf_model.fit_host import host_precision
+from tacit.perf_model.fit_prefill import CONFIG as PREFILL_CONFIG
+from tacit.perf_model.fit_prefill import DEPTHS as PREFILL_DEPTHS
 from tacit.perf_model.fit_prefill import prefill_overheads
 from tacit.perf_model.fit_small_ops import best_seconds_each, elementwise_curve, sampling_curve
 from tacit.perf_model.fit_torch_decode import torch_decode_overheads
@@ -63,40 +67,44 @@ def _gemm_curve(
     dtype: str, peak: float, bw: float, repeats: int, k: int = 1024, n: int = 2816, copies: int = 34, rows=ROWS
 ) -> dict:
     """k x n projections (default 5.8 MB in bf16: a Qwen3-MoE-2b-sized one), `copies` of them
-    (default ~196 MB of bf16 weights in all: far beyond the caches)."""
+    (default ~196 MB of bf16 weights in all: far beyond the caches), through the linear method
+    the engine gives `dtype` here: bf16 on the C++ GEMV where the kernels load, int8 (Q8_0) on
+    theirs, fp32 (a CPU without a native bf16 matmul) on torch's. Bytes as operators' gemm_op
+    charges them."""
     from tacit.kernels.cpu_kernels import load_cpu_kernels
     from tacit.kernels.weight_quant import quantize_int8_per_channel
     from tacit.layers.cpu_linear_method import CpuBf16GemvLinearMethod
     from tacit.layers.ggml_linear_method import GGMLLinearMethod
     from tacit.layers.linear_method import UnquantizedLinearMethod
+    from tacit.perf_model.op_types import gemm_op
 
     kernels = load_cpu_kernels()
+    act = torch.float32 if dtype == "fp32" else torch.bfloat16
     layers, method = [], None
     for _ in range(copies):
-        w = torch.randn(n, k).bfloat16()
-        if dtype == "bf16":
+        w = torch.randn(n, k).to(act)
+        if dtype != "int8":
             layers.append(SimpleNamespace(weight=w, in_features=k))
         else:
             g = quantize_int8_per_channel(w.float())
             layers.append(SimpleNamespace(weight=g.data, in_features=k))
-    if dtype == "bf16":
-        method = CpuBf16GemvLinearMethod(kernels) if kernels is not None else UnquantizedLinearMethod()
-        wbytes = k * n * 2
-    else:
+    if dtype == "int8":
         from tacit.kernels.weight_quant import Q8_0
 
         method = GGMLLinearMethod(Q8_0, kernels)
-        wbytes = layers[0].weight.numel()
+    elif dtype == "bf16" and kernels is not None:
+        method = CpuBf16GemvLinearMethod(kernels)
+    else:
+        method = UnquantizedLinearMethod()
     effs = []
-    xs = [torch.randn(m, k).bfloat16() for m in rows]
+    xs = [torch.randn(m, k).to(act) for m in rows]
     secs = best_seconds_each([lambda x=x: [method.apply(layer, x) for layer in layers] for x in xs], repeats)
     for m, t in zip(rows, secs):
-        flops = 2 * m * k * n * copies
-        nbytes = (wbytes + m * (k + n) * 2) * copies
+        op = gemm_op("bench", "dense_mlp", m, k, n, dtype, 32, copies)
         # Not capped at 1: the peak is one probe shape (bench hw's 1024^3 matmul), and a GEMM
         # beating it must still be priced at its measured time (the shipped fit hit a 1.0 cap
         # at 256 and 512 rows and could not say how fast they ran)
-        effs.append(round(max(flops / peak, nbytes / bw) / t, 4))
+        effs.append(round(max(op.flops / peak, op.bytes / bw) / t, 4))
         print(f"  gemm {dtype} rows {m}: {t * 1e3:.2f} ms, efficiency {effs[-1]:.3f}", file=sys.stderr)
     return {"rows": list(rows), "eff": effs}
 
@@ -159,43 +167,54 @@ def _overheads(repeats: int) -> tuple[dict, dict]:
     return {"decode_fused": round(max(t1 - b, 0.0), 7)}, {"decode_fused": round(b, 7)}
 
 
-STAGES = 15  # the progress ticks below
+STAGES = 16  # the progress ticks below
 
 
 def fit(repeats: int = 5, progress: Callable[[str, int], None] | None = None) -> dict:
     """The profile, fitted in this process at torch's thread count; `progress(stage, STAGES)`
-    after each stage."""
+    after each stage. Each stage times the path the engine runs on this CPU (fit_host.py): its
+    compute dtype, and the C++ kernels' stages only where they load."""
     from tacit.platforms.hardware_table import this_cpu_spec
 
     def tick(stage: str) -> None:
         if progress is not None:
             progress(stage, STAGES)
 
+    host = host_precision()
+    dt = host.dtype
     spec = this_cpu_spec()
+    # this_cpu_spec's "bf16" peak is the faster of bf16 and float32: the compute dtype's
     peak, bw = spec.peak_flops("bf16"), spec.memory_bandwidth.value
-    print(f"this-cpu: {peak / 1e12:.3f} TFLOP/s bf16, {bw / 1e9:.1f} GB/s read", file=sys.stderr)
+    kernels = "C++ kernels" if host.kernels else "no C++ kernels (torch paths)"
+    print(f"this-cpu: {peak / 1e12:.3f} TFLOP/s {dt}, {bw / 1e9:.1f} GB/s read, {kernels}", file=sys.stderr)
     tick("roofs")
     gemm = {}
     for d in ("bf16", "int8"):
+        if d == "bf16":
+            d = dt
+        elif d not in host.weight_dtypes:
+            tick(f"gemm {d}: skipped, no kernels")
+            continue
         gemm[d] = _gemm_curve(d, peak, bw, repeats)
         tick(f"gemm {d}")
-    gemm["bmm"] = absorbed_bmm_curve(peak, bw, repeats)
+    gemm["bmm"] = absorbed_bmm_curve(peak, bw, repeats, dt)
     tick("bmm")
-    moe = experts_curve(peak, bw, repeats)
-    if moe is not None:
-        gemm["moe_bf16"] = moe
+    gemm[f"moe_{dt}"] = experts_curve(peak, bw, repeats, dt)
     tick("experts")
-    attention_decode = _attention_decode(bw, repeats)
+    if host.fused_decode:
+        attention_decode = _attention_decode(bw, repeats)
+    else:
+        attention_decode = torch_decode_attention_efficiency(peak, bw, repeats, dt)
     tick("decode attention")
-    attention_prefill = prefill_attention_efficiency(peak, bw, repeats)
+    attention_prefill = prefill_attention_efficiency(peak, bw, repeats, dt)
     tick("prefill attention")
-    attention_prefill_mla = mla_prefill_attention_efficiency(peak, bw, repeats, _curve(gemm["bf16"]))
+    attention_prefill_mla = mla_prefill_attention_efficiency(peak, bw, repeats, _curve(gemm[dt]), dt)
     tick("MLA prefill attention")
-    elementwise = elementwise_curve(bw, repeats)
+    elementwise = elementwise_curve(bw, repeats, host.torch_dtype)
     tick("elementwise")
-    sampling = sampling_curve(bw, repeats)
+    sampling = sampling_curve(bw, repeats, host.torch_dtype)
     tick("sampling")
-    step, layer = _overheads(repeats)
+    step, layer = _overheads(repeats) if host.fused_decode else ({}, {})
     tick("step overheads")
     profile = {
         "source": "fitted on this machine by tacit.perf_model.fit",
@@ -205,6 +224,7 @@ def fit(repeats: int = 5, progress: Callable[[str, int], None] | None = None) ->
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "fitted_at": datetime.datetime.now().isoformat(timespec="seconds"),
         "roofs": {"bf16_flops": peak, "read_bandwidth": bw, "threads": torch.get_num_threads()},
+        "compute_dtype": dt,
         "gemm": gemm,
         "attention_decode": attention_decode,
         "attention_prefill": attention_prefill,
@@ -216,16 +236,32 @@ def fit(repeats: int = 5, progress: Callable[[str, int], None] | None = None) ->
         "step_overhead_s": step,
         "layer_overhead_s": layer,
         # tacit's fused C++ decode step covers Llama/Qwen dense, Qwen3-MoE and DeepSeek-V3 (MLA
-        # layers): no architecture's bf16 decode runs the torch path on this CPU any more
-        "torch_decode_architectures": [],
+        # layers): no architecture's bf16 decode runs the torch path where the kernels load;
+        # without them every architecture's does ("*")
+        "torch_decode_architectures": [] if host.fused_decode else ["*"],
         "reduce_bytes": 4,  # tacit's CPU ranks all-reduce in float32
     }
     # Last: these subtract the step's other operators as the profile so far predicts them
-    step["torch"], layer["torch"] = torch_decode_overheads(spec, _profile("this-cpu", profile), repeats)
+    step["torch"], layer["torch"] = torch_decode_overheads(spec, _profile("this-cpu", profile), repeats, dt)
     tick("torch-path overheads")
-    step["prefill"], layer["prefill"] = prefill_overheads(spec, _profile("this-cpu", profile), repeats)
+    if host.fused_decode:
+        tick("dense torch-path overheads: skipped, the fused step decodes dense models")
+    else:
+        # A dense layer is a few torch ops where DeepSeek's MLA and MoE layer is dozens: priced
+        # with DeepSeek's 1.9 ms a layer, random:qwen3-100m's float32 decode read +20-50% on an
+        # AVX2-only EPYC (`tacit predict --validate`)
+        dense = {"arch": "Qwen3Config", **PREFILL_CONFIG}
+        partial = _profile("this-cpu", profile)
+        step["torch_dense"], layer["torch_dense"] = torch_decode_overheads(
+            spec, partial, repeats, dt, dense, PREFILL_DEPTHS
+        )
+        tick("dense torch-path overheads")
+    step["prefill"], layer["prefill"] = prefill_overheads(spec, _profile("this-cpu", profile), repeats, dt)
     tick("prefill overheads")
     for dtype in ("bf16", "int8"):
+        if not host.fused_decode:
+            tick(f"fused decode {dtype}: skipped, no kernels")
+            continue
         partial = _profile("this-cpu", profile)
         gemm[f"{dtype}_fused_decode"] = fused_decode_curve(dtype, spec, partial, repeats)
         tick(f"fused decode {dtype}")

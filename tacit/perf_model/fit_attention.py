@@ -32,28 +32,69 @@ SHAPES = (
 )
 
 
-def _shape(hq: int, hkv: int, d: int) -> ModelShape:
-    return ModelShape("bench", hq * d, 1, hq, hkv, d, 0, 1, True)
+def _shape(hq: int, hkv: int, d: int, layers: int = 1) -> ModelShape:
+    return ModelShape("bench", hq * d, layers, hq, hkv, d, 0, 1, True)
 
 
-def _run(prompts: int, t: int, hq: int, hkv: int, d: int):
+def _slots(tables: np.ndarray, start: int, t: int) -> np.ndarray:
+    """The flat cache slots of positions start .. start + t - 1 of each request's block table."""
+    slots = (tables[:, :, None] * BLOCK + np.arange(BLOCK)[None, None, :]).reshape(len(tables), -1)
+    return slots[:, start : start + t].reshape(-1)
+
+
+def _run(
+    prompts: int,
+    t: int,
+    hq: int,
+    hkv: int,
+    d: int,
+    dtype: torch.dtype = torch.bfloat16,
+    cached: int = 0,
+    layers: int = 1,
+):
+    """One step of `prompts` requests with `t` new tokens each after `cached` ones, on `layers`
+    layers' own caches (a decode step streams each layer's cache from DRAM)."""
     from tacit.kernels.torch_attention import TorchAttentionBackend
 
-    per = -(-t // BLOCK)
-    cache = torch.zeros(2, prompts * per, BLOCK, hkv, d, dtype=torch.bfloat16)
+    per = -(-(cached + t) // BLOCK)
+    caches = [torch.randn(2, prompts * per, BLOCK, hkv, d).to(dtype) for _ in range(layers)]
     tables = np.arange(prompts * per, dtype=np.int64).reshape(prompts, per)
-    slots = (tables[:, :, None] * BLOCK + np.arange(BLOCK)[None, None, :]).reshape(prompts, -1)[:, :t].reshape(-1)
     backend = TorchAttentionBackend()
-    n, c = np.full(prompts, t, dtype=np.int64), np.zeros(prompts, dtype=np.int64)
-    meta = backend.build_metadata(n, c, tables, slots, torch.device("cpu"), BLOCK)
-    q = torch.randn(prompts * t, hq, d).bfloat16()
-    k, v = torch.randn(prompts * t, hkv, d).bfloat16(), torch.randn(prompts * t, hkv, d).bfloat16()
+    n, c = np.full(prompts, t, dtype=np.int64), np.full(prompts, cached, dtype=np.int64)
+    meta = backend.build_metadata(n, c, tables, _slots(tables, cached, t), torch.device("cpu"), BLOCK)
+    q = torch.randn(prompts * t, hq, d).to(dtype)
+    k, v = torch.randn(prompts * t, hkv, d).to(dtype), torch.randn(prompts * t, hkv, d).to(dtype)
 
-    def step() -> torch.Tensor:
-        backend.write_kv(cache, k, v, meta)
-        return backend.forward(q, cache, meta, d**-0.5)
+    def step() -> list[torch.Tensor]:
+        out = []
+        for cache in caches:
+            backend.write_kv(cache, k, v, meta)
+            out.append(backend.forward(q, cache, meta, d**-0.5))
+        return out
 
     return step
+
+
+# The C++ decode kernel's benchmark shape (fit._attention_decode): 16/2 heads x 128, a 2048-token
+# context, 6 layers of caches (8 x 2048 x 2 x 2 x 128 x 4 bytes = 32 MB a layer in float32)
+DECODE_HEADS, DECODE_CONTEXT, DECODE_LAYERS = (16, 2, 128), 2048, 6
+
+
+def torch_decode_attention_efficiency(peak: float, bw: float, repeats: int, dtype: str) -> float:
+    """The torch_paged backend's decode (a CPU without the C++ kernels: the engine's decode path
+    there) at batch 8, as operators' decode attention op prices it. Not batch 1: its 25 MB of
+    float32 caches sat in an EPYC's L3 and read 0.139 of the roof against batch 8's 0.067 from
+    DRAM, where a decode step's caches are."""
+    hq, hkv, d = DECODE_HEADS
+    torch_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
+    batch = 8
+    secs = best_seconds(_run(batch, 1, hq, hkv, d, torch_dtype, DECODE_CONTEXT - 1, DECODE_LAYERS), repeats)
+    op = attention_ops(
+        _shape(hq, hkv, d, DECODE_LAYERS), StepShape(batch, 1, DECODE_CONTEXT - 1), Parallel(), dtype, dtype, 32
+    )[-1]
+    eff = max(op.flops / peak, op.bytes / bw) / secs
+    print(f"  decode attention (torch) batch {batch}: {secs * 1e3:.2f} ms, eff {eff:.3f}", file=sys.stderr)
+    return round(min(eff, 1.0), 4)
 
 
 def _by_length(points: list[tuple[int, float]]) -> dict:
@@ -61,12 +102,14 @@ def _by_length(points: list[tuple[int, float]]) -> dict:
     return {"rows": [t for t, _ in points], "eff": [round(min(e, 1.0), 4) for _, e in points]}
 
 
-def prefill_attention_efficiency(peak: float, bw: float, repeats: int) -> dict:
-    """Efficiency by prompt length (operators' attention op's rows in a prefill)."""
+def prefill_attention_efficiency(peak: float, bw: float, repeats: int, dtype: str = "bf16") -> dict:
+    """Efficiency by prompt length (operators' attention op's rows in a prefill), in the engine's
+    compute dtype here (bf16, or fp32 on a CPU without a native bf16 matmul)."""
     points = []
+    torch_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
     for prompts, t, hq, hkv, d in SHAPES:
-        secs = best_seconds(_run(prompts, t, hq, hkv, d), repeats)
-        op = attention_ops(_shape(hq, hkv, d), StepShape(prompts, t, 0), Parallel(), "bf16", "bf16", 32)[-1]
+        secs = best_seconds(_run(prompts, t, hq, hkv, d, torch_dtype), repeats)
+        op = attention_ops(_shape(hq, hkv, d), StepShape(prompts, t, 0), Parallel(), dtype, dtype, 32)[-1]
         points.append((t, max(op.flops / peak, op.bytes / bw) / secs))
         print(
             f"  prefill attention {prompts}x{t} {hq}/{hkv}x{d}: {secs * 1e3:.2f} ms, eff {points[-1][1]:.3f}",
@@ -81,7 +124,7 @@ BMM_HEADS, BMM_RANK, BMM_NOPE, BMM_LAYERS = 16, 512, 128, 24
 BMM_ROWS = (1, 4, 16, 64)
 
 
-def absorbed_bmm_curve(peak: float, bw: float, repeats: int) -> dict:
+def absorbed_bmm_curve(peak: float, bw: float, repeats: int, dtype: str = "bf16") -> dict:
     """MLA's absorbed decode projections as absorbed_mla_attention.absorbed_attend runs them:
     q_nope @ W_UK [H, nope, rank] and o_latent @ W_UV^T [H, rank, v], on csrc/head_bmm.cpp where
     the CPU kernels run (the engine's bf16 decode) and torch's bf16 bmm otherwise, against
@@ -89,21 +132,24 @@ def absorbed_bmm_curve(peak: float, bw: float, repeats: int) -> dict:
     and out)."""
     from tacit.kernels.cpu_kernels import load_cpu_kernels
 
-    kernels = load_cpu_kernels()
+    kernels = load_cpu_kernels() if dtype == "bf16" else None
+    dt, size = (torch.float32, 4) if dtype == "fp32" else (torch.bfloat16, 2)
     h, r, n = BMM_HEADS, BMM_RANK, BMM_NOPE
-    w_uk = [torch.randn(h, n, r).bfloat16() for _ in range(BMM_LAYERS)]
-    w_uv = [torch.randn(h, r, n).bfloat16() for _ in range(BMM_LAYERS)]
+    w_uk = [torch.randn(h, n, r).to(dt) for _ in range(BMM_LAYERS)]
+    w_uv = [torch.randn(h, r, n).to(dt) for _ in range(BMM_LAYERS)]
     effs = []
     for m in BMM_ROWS:
         if kernels is not None:  # x [m, H, K], as absorbed_attend passes it
             q, o = torch.randn(m, h, n).bfloat16(), torch.randn(m, h, r).bfloat16()
             project = kernels.head_bmm_bf16
         else:
-            q, o = torch.randn(h, m, n).bfloat16(), torch.randn(h, m, r).bfloat16()
+            q, o = torch.randn(h, m, n).to(dt), torch.randn(h, m, r).to(dt)
             project = torch.bmm
         secs = best_seconds(lambda q=q, o=o, f=project: [(f(q, a), f(o, b)) for a, b in zip(w_uk, w_uv)], repeats)
         flops = BMM_LAYERS * 2 * m * h * r * 2 * n
-        nbytes = BMM_LAYERS * (h * r * 2 * n * 2 + m * h * r * 2 * 2)
+        # the weights at their dtype's size; activations at operators' bf16 count (ACT), which
+        # the efficiency absorbs
+        nbytes = BMM_LAYERS * (h * r * 2 * n * size + m * h * r * 2 * 2)
         # not capped at 1 (a GEMM may beat bench hw's one probe shape): see fit._gemm_curve
         effs.append(round(max(flops / peak, nbytes / bw) / secs, 4))
         print(f"  absorbed bmm rows {m}: {secs * 1e3:.2f} ms, eff {effs[-1]:.3f}", file=sys.stderr)
@@ -123,19 +169,18 @@ def _mla_shape() -> ModelShape:
     )  # fmt: skip
 
 
-def _mla_run(prompts: int, t: int):
+def _mla_run(prompts: int, t: int, dtype: torch.dtype = torch.bfloat16):
     from tacit.kernels.absorbed_mla_attention import AbsorbedMLAAttentionBackend
 
     per = -(-t // BLOCK)
-    cache = torch.zeros(prompts * per, BLOCK, MLA_RANK + MLA_ROPE, dtype=torch.bfloat16)
+    cache = torch.zeros(prompts * per, BLOCK, MLA_RANK + MLA_ROPE, dtype=dtype)
     tables = np.arange(prompts * per, dtype=np.int64).reshape(prompts, per)
-    slots = (tables[:, :, None] * BLOCK + np.arange(BLOCK)[None, None, :]).reshape(prompts, -1)[:, :t].reshape(-1)
     backend = AbsorbedMLAAttentionBackend()
     n, c = np.full(prompts, t, dtype=np.int64), np.zeros(prompts, dtype=np.int64)
-    meta = backend.build_metadata(n, c, tables, slots, torch.device("cpu"), BLOCK)
-    q = torch.randn(prompts * t, MLA_HEADS, MLA_NOPE + MLA_ROPE).bfloat16()
-    latent, pe = torch.randn(prompts * t, MLA_RANK).bfloat16(), torch.randn(prompts * t, MLA_ROPE).bfloat16()
-    kv_b = (torch.randn(MLA_HEADS * (MLA_NOPE + MLA_V), MLA_RANK) * 0.02).bfloat16()
+    meta = backend.build_metadata(n, c, tables, _slots(tables, 0, t), torch.device("cpu"), BLOCK)
+    q = torch.randn(prompts * t, MLA_HEADS, MLA_NOPE + MLA_ROPE).to(dtype)
+    latent, pe = torch.randn(prompts * t, MLA_RANK).to(dtype), torch.randn(prompts * t, MLA_ROPE).to(dtype)
+    kv_b = (torch.randn(MLA_HEADS * (MLA_NOPE + MLA_V), MLA_RANK) * 0.02).to(dtype)
 
     def step() -> torch.Tensor:
         backend.write_kv(cache, latent, pe, meta)
@@ -144,19 +189,20 @@ def _mla_run(prompts: int, t: int):
     return step
 
 
-def mla_prefill_attention_efficiency(peak: float, bw: float, repeats: int, gemm_bf16) -> dict:
+def mla_prefill_attention_efficiency(peak: float, bw: float, repeats: int, gemm, dtype: str = "bf16") -> dict:
     """A fresh MLA prompt as the engine runs it (the absorbed backend picks the naive path: the
     latents up-projected by kv_b_proj to 16 heads' K and V, then SDPA with the mask, qk width 192
-    against v 128), net of operators' kv_b_proj GEMM as the bf16 curve predicts it, against the
+    against v 128), net of operators' kv_b_proj GEMM as `gemm` (`dtype`'s curve) predicts it, against the
     attention op's roofline time. The GQA benchmark's figure does not carry over: this path ran
     ~4x slower per FLOP (random:deepseek-v3-1b, 4 x 256 tokens: 1279 ms measured in attention
     against 303 ms predicted with it)."""
     points = []
     for prompts, t in MLA_PROMPTS:
-        secs = best_seconds(_mla_run(prompts, t), repeats, fresh_heap=True)
-        ops = {o.name: o for o in attention_ops(_mla_shape(), StepShape(prompts, t, 0), Parallel(), "bf16", "bf16", 32)}
+        torch_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
+        secs = best_seconds(_mla_run(prompts, t, torch_dtype), repeats, fresh_heap=True)
+        ops = {o.name: o for o in attention_ops(_mla_shape(), StepShape(prompts, t, 0), Parallel(), dtype, dtype, 32)}
         proj = ops["kv_b_proj"]
-        proj_s = max(proj.flops / peak, proj.bytes / bw) / gemm_bf16(proj.rows)
+        proj_s = max(proj.flops / peak, proj.bytes / bw) / gemm(proj.rows)
         att = ops["attention"]
         points.append((t, max(att.flops / peak, att.bytes / bw) / max(secs - proj_s, 1e-9)))
         print(f"  MLA prefill attention {prompts}x{t}: {secs * 1e3:.2f} ms, eff {points[-1][1]:.3f}", file=sys.stderr)

@@ -47,8 +47,11 @@ def _build(root: Path) -> Path:
     return write_random_model({"arch": "Qwen3Config", **CONFIG}, root / "fused-decode-bench")
 
 
-def step_seconds(path: Path, dtype: str, repeats: int, rows: tuple[int, ...] = ROWS) -> dict[int, float]:
-    """Best decode step seconds of the model at `path` by batch size (PROMPT-token prompts)."""
+def step_seconds(
+    path: Path, dtype: str, repeats: int, rows: tuple[int, ...] = ROWS, engine_dtype: str = "bfloat16"
+) -> dict[int, float]:
+    """Best decode step seconds of the model at `path` by batch size (PROMPT-token prompts);
+    `dtype` the weights (int8: quantized at load), `engine_dtype` the engine's compute dtype."""
     from tacit.bench.peers.tacit_engine import TacitBench
     from tacit.bench.workloads import random_prompts
     from tacit.config.engine_args import EngineArgs
@@ -56,7 +59,7 @@ def step_seconds(path: Path, dtype: str, repeats: int, rows: tuple[int, ...] = R
 
     args = EngineArgs(
         model=str(path),
-        dtype="bfloat16",
+        dtype=engine_dtype,
         quantization="int8" if dtype == "int8" else "auto",
         num_kv_blocks=128,
         max_model_len=256,

@@ -31,7 +31,7 @@ DEPTHS = (2, 6)
 PROMPT = 32
 
 
-def _ttft_seconds(path: Path, repeats: int) -> float:
+def _ttft_seconds(path: Path, repeats: int, engine_dtype: str = "bfloat16") -> float:
     from tacit.bench.peers.tacit_engine import TacitBench
     from tacit.bench.workloads import random_prompts
     from tacit.config.engine_args import EngineArgs
@@ -39,7 +39,7 @@ def _ttft_seconds(path: Path, repeats: int) -> float:
 
     # No prefix cache: each repeat's prompt must be computed, not found (the validation's too)
     args = EngineArgs(
-        model=str(path), dtype="bfloat16", num_kv_blocks=64, max_model_len=256, enable_prefix_caching=False
+        model=str(path), dtype=engine_dtype, num_kv_blocks=64, max_model_len=256, enable_prefix_caching=False
     )
     bench = TacitBench(LLMEngine(engine_args=args))
     bench.latency(random_prompts([PROMPT], 8000, seed=99), 2)  # warm-up
@@ -47,8 +47,10 @@ def _ttft_seconds(path: Path, repeats: int) -> float:
     return min(bench.latency(prompts, 2)["ttft_s"] for _ in range(repeats))
 
 
-def prefill_overheads(spec: HardwareSpec, partial: Profile, repeats: int) -> tuple[float, float]:
-    """(per step, per layer) seconds of a PROMPT-token prefill step beyond its operators."""
+def prefill_overheads(spec: HardwareSpec, partial: Profile, repeats: int, dtype: str = "bf16") -> tuple[float, float]:
+    """(per step, per layer) seconds of a PROMPT-token prefill step beyond its operators, the
+    engine computing in `dtype` (bf16, or fp32 on a CPU without a native bf16 matmul)."""
+    engine_dtype = "float32" if dtype == "fp32" else "bfloat16"
     from tacit.bench.random_model import write_random_model
 
     residual = {}
@@ -56,9 +58,10 @@ def prefill_overheads(spec: HardwareSpec, partial: Profile, repeats: int) -> tup
         for layers in DEPTHS:
             cfg = {**CONFIG, "num_hidden_layers": layers}
             path = write_random_model({"arch": "Qwen3Config", **cfg}, Path(root) / f"qwen3-{layers}")
-            t = _ttft_seconds(path, repeats)
+            t = _ttft_seconds(path, repeats, engine_dtype)
             shape = shape_from_hf({**cfg, "architectures": ["Qwen3ForCausalLM"]})
-            _, times = mixed_step_times(Pricing(shape, spec, partial), MixedStep([Chunk(PROMPT, 0, True)]))
+            pricing = Pricing(shape, spec, partial, dtype, dtype)
+            _, times = mixed_step_times(pricing, MixedStep([Chunk(PROMPT, 0, True)]))
             predicted = sum(x.seconds for x in times)
             residual[layers] = t - predicted
             print(

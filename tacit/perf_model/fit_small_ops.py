@@ -77,18 +77,18 @@ def best_seconds_each(fns: list[Callable[[], object]], repeats: int) -> list[flo
     return best
 
 
-def _layer_ops(rows: int) -> Callable[[], object]:
-    """The torch path's elementwise work in one layer, on tacit's modules."""
+def _layer_ops(rows: int, dtype: torch.dtype = torch.bfloat16) -> Callable[[], object]:
+    """The torch path's elementwise work in one layer, on tacit's modules, in the engine's dtype."""
     from tacit.layers.norm import RMSNorm
     from tacit.layers.rotary import RotaryEmbedding
 
-    norm, head_norm = RMSNorm(HIDDEN).bfloat16(), RMSNorm(HEAD_DIM).bfloat16()
+    norm, head_norm = RMSNorm(HIDDEN).to(dtype), RMSNorm(HEAD_DIM).to(dtype)
     rope = RotaryEmbedding(HEAD_DIM, 4096, {"rope_theta": 1e6, "rope_type": "default"})
-    cos, sin = rope.cos_sin(torch.arange(rows), torch.bfloat16)
-    x, attn_out = torch.randn(rows, HIDDEN).bfloat16(), torch.randn(rows, HIDDEN).bfloat16()
-    gate_up = torch.randn(rows, 2 * WIDTH).bfloat16()
-    q = torch.randn(rows, HEADS_Q, HEAD_DIM).bfloat16()
-    k = torch.randn(rows, HEADS_KV, HEAD_DIM).bfloat16()
+    cos, sin = rope.cos_sin(torch.arange(rows), dtype)
+    x, attn_out = torch.randn(rows, HIDDEN).to(dtype), torch.randn(rows, HIDDEN).to(dtype)
+    gate_up = torch.randn(rows, 2 * WIDTH).to(dtype)
+    q = torch.randn(rows, HEADS_Q, HEAD_DIM).to(dtype)
+    k = torch.randn(rows, HEADS_KV, HEAD_DIM).to(dtype)
 
     def run() -> object:
         h = norm(x)
@@ -103,11 +103,12 @@ def _layer_ops(rows: int) -> Callable[[], object]:
     return run
 
 
-def elementwise_curve(bw: float, repeats: int) -> dict:
-    fixed = best_seconds(_layer_ops(1), repeats * 4)
+def elementwise_curve(bw: float, repeats: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Against operators' bf16 byte count (ACT): in float32 the efficiency absorbs the doubling."""
+    fixed = best_seconds(_layer_ops(1, dtype), repeats * 4)
     effs, sizes = [], []
     for rows in ELEMENTWISE_ROWS:
-        t = best_seconds(_layer_ops(rows), repeats) - fixed
+        t = best_seconds(_layer_ops(rows, dtype), repeats) - fixed
         nbytes = layer_elementwise_bytes(rows, HIDDEN, WIDTH, (HEADS_Q + HEADS_KV) * HEAD_DIM, True)
         sizes.append(nbytes)
         effs.append(round(min(1.0, nbytes / bw / max(t, 1e-9)), 4))
@@ -119,20 +120,21 @@ def elementwise_curve(bw: float, repeats: int) -> dict:
     return {"bytes": sizes, "eff": effs}  # by bytes one layer moves: operators.Op.working_set
 
 
-def _sample(rows: int, vocab: int) -> Callable[[], object]:
+def _sample(rows: int, vocab: int, dtype: torch.dtype = torch.bfloat16) -> Callable[[], object]:
     from tacit.layers.sampler import Sampler, SamplingMetadata
     from tacit.sampling_params import SamplingParams
 
-    logits = torch.randn(rows, vocab).bfloat16()  # lm_head's output dtype
+    logits = torch.randn(rows, vocab).to(dtype)  # lm_head's output dtype
     meta = SamplingMetadata([SamplingParams(temperature=0.0)] * rows, [[] for _ in range(rows)], [None] * rows)
     sampler = Sampler()
     return lambda: sampler(logits, meta)
 
 
-def sampling_curve(bw: float, repeats: int) -> dict:
+def sampling_curve(bw: float, repeats: int, dtype: torch.dtype = torch.bfloat16) -> dict:
     effs = []
     for rows in SAMPLER_ROWS:
-        t = best_seconds(_sample(rows, VOCAB), repeats * 4) - best_seconds(_sample(rows, TINY_VOCAB), repeats * 4)
+        big, tiny = _sample(rows, VOCAB, dtype), _sample(rows, TINY_VOCAB, dtype)
+        t = best_seconds(big, repeats * 4) - best_seconds(tiny, repeats * 4)
         effs.append(round(min(1.0, sampler_bytes(rows, VOCAB) / bw / max(t, 1e-9)), 4))
         print(f"  sampler rows {rows}: {t * 1e3:.3f} ms net, eff {effs[-1]:.3f}", file=sys.stderr)
     return {"rows": list(SAMPLER_ROWS), "eff": effs}

@@ -48,22 +48,35 @@ CONFIG = dict(
 DEPTHS = (2, 5)  # the first layer is dense: two depths past it give the per-layer slope
 
 
-def torch_decode_overheads(spec: HardwareSpec, partial: Profile, repeats: int) -> tuple[float, float]:
-    """(per step, per layer) seconds of batch-1 torch-path decode steps beyond their operators."""
+def torch_decode_overheads(
+    spec: HardwareSpec,
+    partial: Profile,
+    repeats: int,
+    dtype: str = "bf16",
+    config: dict | None = None,
+    depths: tuple[int, int] = DEPTHS,
+) -> tuple[float, float]:
+    """(per step, per layer) seconds of batch-1 torch-path decode steps beyond their operators,
+    the engine computing in `dtype` (bf16, or fp32 on a CPU without a native bf16 matmul), on
+    the synthetic DeepSeek-V3 above or another `config` ({"arch": transformers config class, ...})."""
     from tacit.bench.random_model import write_random_model
 
+    engine_dtype = "float32" if dtype == "fp32" else "bfloat16"
+    config = config or {"arch": "DeepseekV3Config", **CONFIG}
+    architecture = config["arch"].removesuffix("Config") + "ForCausalLM"
     residual = {}
     with tempfile.TemporaryDirectory() as root:
-        for layers in DEPTHS:
-            cfg = {**CONFIG, "num_hidden_layers": layers}
-            path = write_random_model({"arch": "DeepseekV3Config", **cfg}, Path(root) / f"deepseek-{layers}")
-            t = step_seconds(path, "bf16", repeats, rows=(1,))[1]
-            shape = shape_from_hf({**cfg, "architectures": ["DeepseekV3ForCausalLM"]})
-            ops = step_ops(shape, StepShape(1, 1, MEAN_CONTEXT), weight_dtype="bf16")
+        for layers in depths:
+            cfg = {**config, "num_hidden_layers": layers}
+            path = write_random_model(cfg, Path(root) / f"model-{layers}")
+            t = step_seconds(path, dtype, repeats, rows=(1,), engine_dtype=engine_dtype)[1]
+            hf = {k: v for k, v in cfg.items() if k != "arch"}
+            shape = shape_from_hf({**hf, "architectures": [architecture]})
+            ops = step_ops(shape, StepShape(1, 1, MEAN_CONTEXT), weight_dtype=dtype, kv_dtype=dtype)
             predicted = sum(op_time(o, spec, partial, True, "torch").seconds for o in ops)
             residual[layers] = t - predicted
             print(
-                f"  torch decode {layers} layers: step {t * 1e3:.2f} ms, operators {predicted * 1e3:.2f}",
+                f"  torch decode {architecture} {layers} layers: step {t * 1e3:.2f} ms, operators {predicted * 1e3:.2f}",
                 file=sys.stderr,
             )
     return per_step_and_layer(residual)

@@ -41,6 +41,7 @@ def weight_bytes(s: ModelShape, par: Parallel, wdt: str, group: int = 32) -> flo
         return weight_bytes_per_value(dtype, group, role, layers)
 
     q, h = bpv(wdt), s.hidden_size
+    unquantized = 4 if wdt == "fp32" else 2  # bytes of a norm or router value: bf16, fp32 in an fp32 engine
     if s.is_mla:
         hq = max(1, s.num_heads // na)
         qk = s.qk_nope_head_dim + s.qk_rope_head_dim
@@ -69,8 +70,8 @@ def weight_bytes(s: ModelShape, par: Parallel, wdt: str, group: int = 32) -> flo
         shared = s.num_shared_experts * h * s.moe_intermediate_size / shared_split
         Lm = s.num_moe_layers
         qe = 2 * bpv(expert_dt, "", Lm) + bpv(expert_dt, "ffn_down", Lm)  # gate, up; down
-        total += Lm * ((experts + shared) * qe + h * s.num_experts * 2)
-    total += (2 * L + 1) * h * 2  # norms
+        total += Lm * ((experts + shared) * qe + h * s.num_experts * unquantized)  # experts, router
+    total += (2 * L + 1) * h * unquantized  # norms
     total *= stage_share(s, par)
     vocab = s.vocab_size * h / par.head_group  # embedding and lm_head, vocab-parallel
     head = vocab * bpv(dts.head, "output", 1)

@@ -169,7 +169,7 @@ def step_time(
     priced on step.batch / verify_rows sequences of verify_rows new tokens each."""
     decode = step.new_tokens == 1
     act = activation_dtype(w.weight_dtype, w.activation_dtype, fp8_units="fp8" in spec.flops)
-    path = profile.decode_path(s.architecture) if decode else "torch"
+    path = profile.decode_path(s.architecture, not (s.is_moe or s.is_mla)) if decode else "torch"
     graphs = spec.graphs and decode  # engines capture decode steps only (--enforce-eager: spec.graphs off)
     tbo = w.parallel.two_batch_overlap and step.batch >= 2
     run = replace(step, batch=-(-step.batch // 2)) if tbo else step
@@ -222,7 +222,10 @@ def fitted_roofs(spec: HardwareSpec, profile: Profile) -> HardwareSpec:
         return spec
     peak, bw = profile.roofs["bf16_flops"], profile.roofs["read_bandwidth"]
     src = f"the roofs {profile.name}'s efficiencies were fitted against ({profile.source})"
-    flops = {k: Sourced(peak, src) for k in spec.flops}  # int8 stands in with bf16's (specs.py)
+    # int8 stands in with bf16's (specs.py); the fitted peak is the compute dtype's, so a bf16
+    # fit keeps this process's own float32 figure (an AMX CPU's fp32 matmul is ~10x slower)
+    kept = () if profile.compute_dtype == "fp32" else ("fp32",)
+    flops = {k: v if k in kept else Sourced(peak, src) for k, v in spec.flops.items()}
     return replace(spec, flops=flops, memory_bandwidth=Sourced(bw, src))
 
 
@@ -235,6 +238,12 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
         from tacit.perf_model.calibration import profile_for
 
         profile = profile_for(spec)  # this-cpu: this machine's own fit (made now if none matches)
+    if "fp32" in (w.weight_dtype, w.kv_dtype) and "fp32" not in spec.flops:
+        # pricing it at the part's 16-bit tensor peak would be 2-16x optimistic
+        raise ValueError(
+            f"float32 is priced on hardware that states an fp32 peak (this-cpu, or a --hardware-file "
+            f"with flops_tflops.fp32); {spec.name} has only: {', '.join(spec.flops)}"
+        )
     spec = fitted_roofs(spec, profile)
     par, spec = place(resolve_layout(w.parallel, s), spec)
     sequences = w.batch

@@ -12,7 +12,6 @@ from tacit.config import SchedulerConfig
 from tacit.config.engine_args import EngineArgs
 from tacit.memory.swap import SwapSpace
 from tacit.perf_model.calibration import profile_for
-from tacit.perf_model.dtypes import KV_DTYPES, normalize_dtype, resolve_weight_format
 from tacit.perf_model.hardware_file import resolve_hardware
 from tacit.perf_model.layout import place, resolve_layout
 from tacit.perf_model.layout_cli import layout_from_args
@@ -20,12 +19,6 @@ from tacit.perf_model.memory import kv_bytes_per_token
 from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
 from tacit.perf_model.serve_sim import KVPool, kv_pool_from_memory, roofline_pricer, simulate, summarize
 from tacit.perf_model.step_model import Pricing
-
-
-def _choice(value: str, valid: tuple[str, ...], flag: str) -> str:
-    if value not in valid:
-        raise ValueError(f"{flag} {value!r} is not known; valid: {', '.join(valid)}")
-    return value
 
 
 def _scheduler_config(args: argparse.Namespace, longest: int) -> SchedulerConfig:
@@ -71,15 +64,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "--pipeline-parallel-size; predict one step without --serve"
         )
     par, spec = place(resolve_layout(par, shape), spec)
-    pricing = Pricing(
-        shape,
-        spec,
-        profile_for(spec),
-        resolve_weight_format(args.quantization, shape.weight_format),
-        _choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype"),
-        args.quantization_group_size,
-        par,
-    )
+    from tacit.perf_model.cli import weight_and_kv_dtypes
+
+    wdt, kvdt = weight_and_kv_dtypes(args, spec, shape.weight_format)
+    pricing = Pricing(shape, spec, profile_for(spec), wdt, kvdt, args.quantization_group_size, par)
     cfg = _scheduler_config(args, max((w.input_len + w.output_len for w in workload), default=1))
     if args.kv_blocks is not None:
         if args.kv_blocks < 1:

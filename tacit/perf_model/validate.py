@@ -33,7 +33,9 @@ ROUTING_TOKENS = (8, 64, 384)  # calibration prompt lengths: none of the validat
 # simulation is handed the same budget, so it chunks them alike.
 BATCH_TOKEN_BUDGET = 16 * 1024
 
-# (model, weights, [(batch, input_len), ...])
+# (model, weights, [(batch, input_len), ...]); "bf16" stands for the engine's compute dtype on
+# this CPU (fp32 without a native bf16 matmul) and int8 runs only where the C++ kernels load:
+# plan_for_host()
 PLAN = [
     ("random:qwen3-100m", "bf16", [(1, 32), (1, 256), (1, 1024), (4, 32), (4, 256), (4, 1024), (16, 32), (16, 256)]),
     ("random:qwen3-100m", "int8", [(1, 32), (1, 512), (4, 32), (4, 512), (16, 32), (16, 256)]),
@@ -48,13 +50,24 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def engine_args(path: str, weights: str):
+def plan_for_host(host) -> list[tuple[str, str, list[tuple[int, int]]]]:
+    """PLAN as this CPU runs it (fit_host.HostPrecision): bf16 is the compute dtype, and the
+    weight formats the engine has no native path for here are left out."""
+    plan = []
+    for model, weights, configs in PLAN:
+        weights = host.dtype if weights == "bf16" else weights
+        if weights in host.weight_dtypes:
+            plan.append((model, weights, configs))
+    return plan
+
+
+def engine_args(path: str, weights: str, engine_dtype: str = "bfloat16"):
     """The engine a validation measures: the whole prompt batch in one cold prefill step."""
     from tacit.config.engine_args import EngineArgs
 
     return EngineArgs(
         model=path,
-        dtype="bfloat16",
+        dtype=engine_dtype,
         quantization="int8" if weights == "int8" else "auto",
         max_model_len=2048,
         num_kv_blocks=16 * 1100 // 16 + 64,  # batch 16 at 1024 + 8 tokens, 16-token blocks
@@ -66,13 +79,14 @@ def engine_args(path: str, weights: str):
     )
 
 
-def _engine(model: str, weights: str):
+def _engine(model: str, weights: str, engine_dtype: str):
     from tacit.bench.peers.tacit_engine import TacitBench
     from tacit.bench.random_model import ensure_random_model
     from tacit.bench.workloads import random_prompts
     from tacit.engine.llm_engine import LLMEngine
 
-    bench = TacitBench(LLMEngine(engine_args=engine_args(str(ensure_random_model(model)), weights)))
+    args = engine_args(str(ensure_random_model(model)), weights, engine_dtype)
+    bench = TacitBench(LLMEngine(engine_args=args))
     bench.latency(random_prompts([8], 32000, seed=99), 3)  # warm-up
     return bench
 
@@ -116,10 +130,12 @@ def predicted(
 
     shape = replace(shape_from_hf(load_hf_config(model)), routing_draws=draws)
     scheduler = SchedulerConfig(max_num_batched_tokens=BATCH_TOKEN_BUDGET)
+    # the KV cache is in the engine's dtype: float32 where it computes in float32
+    kv = "fp32" if weights == "fp32" else "bf16"
     p = predict(
         shape,
         get_hardware_spec("this-cpu"),
-        Workload(batch, input_len, OUTPUT_LEN, weights, scheduler=scheduler),
+        Workload(batch, input_len, OUTPUT_LEN, weights, kv, scheduler=scheduler),
         profile,
     )
     # The last request's TTFT, as measure() times it, not the batch's mean: with prompts over
@@ -142,15 +158,20 @@ def run_validation(json_out: str | None, plot: str | None = None, refit: bool = 
     import gc
 
     from tacit.perf_model.calibration import calibration_path, this_cpu_calibration, this_cpu_profile
+    from tacit.perf_model.fit_host import host_precision
 
     # Before any engine loads: the fit measures an otherwise idle process
     calibration = this_cpu_calibration(refit)
     profile = this_cpu_profile()
     _log(f"pricing with {profile.source}")
+    host = host_precision()
+    plan = plan_for_host(host)
+    if len(plan) < len(PLAN):
+        _log(f"this CPU computes in {host.dtype} without tacit's C++ kernels: int8 weights are not validated")
     rows, routing = [], {}
-    for model, weights, configs in PLAN:
+    for model, weights, configs in plan:
         _log(f"loading {model} ({weights}) ...")
-        bench = _engine(model, weights)
+        bench = _engine(model, weights, host.engine_dtype)
         draws = routing_draws(bench) if _is_moe(model) else ()
         if draws:
             routing[f"{model} {weights}"] = draws

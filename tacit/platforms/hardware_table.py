@@ -49,7 +49,8 @@ def this_cpu_spec() -> HardwareSpec:
     threads = torch.get_num_threads()
     measured = f"measured in this process by tacit.platforms.hw_probe ({threads} threads)"
     # The "bf16" entry prices the dtype tacit computes in: float32 where bf16 has no oneDNN path.
-    bf16 = max(matmul_flops(torch.bfloat16, n=1024), matmul_flops(torch.float32, n=1024))
+    fp32 = matmul_flops(torch.float32, n=1024)
+    bf16 = max(matmul_flops(torch.bfloat16, n=1024), fp32)
     try:
         mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -62,6 +63,7 @@ def this_cpu_spec() -> HardwareSpec:
                 "bf16": Sourced(bf16, measured + ": the faster of matmul_flops(bfloat16) and (float32)"),
                 # tacit's int8 (Q8_0) kernels unpack to fp32 and multiply there: no int8 unit is used.
                 "int8": Sourced(bf16, measured + ": bf16 matmul stands in (Q8_0 kernels compute in fp32)"),
+                "fp32": Sourced(fp32, measured + ": matmul_flops(float32)"),
             },
             memory_bandwidth=Sourced(peak_read_bandwidth(), measured + ": peak_read_bandwidth()"),
             memory_capacity=Sourced(float(mem_total or 1), "sysconf(SC_PHYS_PAGES) * page size"),

@@ -118,12 +118,13 @@ def test_gemm_efficiency_is_roofline_time_over_measured_and_not_capped(monkeypat
     assert curve["eff"][1] > 1  # faster than the probe's peak: priced at its measured time
 
 
-def test_fit_assembles_a_profile_stage_by_stage(monkeypatch):
+def _stub_fit_stages(monkeypatch, host):
+    """fit.fit with every measurement replaced by a known figure, on a host of `host`'s kind."""
     from tacit.perf_model import fit
-    from tacit.perf_model.efficiency import _profile
     from tacit.platforms import hardware_table
     from tacit.platforms.specs import Sourced
 
+    monkeypatch.setattr(fit, "host_precision", lambda: host)
     spec = SimpleNamespace(peak_flops=lambda dtype: 2e11, memory_bandwidth=Sourced(3e10, "test"))
     monkeypatch.setattr(hardware_table, "this_cpu_spec", lambda: spec)
     curve = {"rows": [1, 64], "eff": [0.5, 0.8]}
@@ -133,9 +134,18 @@ def test_fit_assembles_a_profile_stage_by_stage(monkeypatch):
         monkeypatch.setattr(fit, name, lambda *a, **k: {"rows": [32, 512], "eff": [0.1, 0.2]})
     monkeypatch.setattr(fit, "elementwise_curve", lambda *a, **k: {"bytes": [1e6, 1e8], "eff": [0.3, 0.1]})
     monkeypatch.setattr(fit, "_attention_decode", lambda *a, **k: 0.5)
+    monkeypatch.setattr(fit, "torch_decode_attention_efficiency", lambda *a, **k: 0.25)
     monkeypatch.setattr(fit, "_overheads", lambda r: ({"decode_fused": 1e-4}, {"decode_fused": 6e-6}))
     monkeypatch.setattr(fit, "torch_decode_overheads", lambda *a: (2e-4, 3e-5))
     monkeypatch.setattr(fit, "prefill_overheads", lambda *a: (5e-3, 1e-3))
+
+
+def test_fit_assembles_a_profile_stage_by_stage(monkeypatch):
+    from tacit.perf_model import fit
+    from tacit.perf_model.efficiency import _profile
+    from tacit.perf_model.fit_host import HostPrecision
+
+    _stub_fit_stages(monkeypatch, HostPrecision("bf16", kernels=True))
     ticks = []
     d = fit.fit(1, progress=lambda stage, total: ticks.append((stage, total)))
     assert len(ticks) == fit.STAGES and {t for _, t in ticks} == {fit.STAGES}
@@ -144,6 +154,45 @@ def test_fit_assembles_a_profile_stage_by_stage(monkeypatch):
     assert p.step_overhead_s == {"decode_fused": 1e-4, "torch": 2e-4, "prefill": 5e-3}
     assert p.layer_overhead_s["prefill"] == 1e-3 and p.gemm_efficiency("int8", 1) == 0.5
     assert set(p.gemm) == {"bf16", "int8", "bmm", "moe_bf16", "bf16_fused_decode", "int8_fused_decode"}
+    assert p.compute_dtype == "bf16" and p.decode_path("Qwen3ForCausalLM") == "decode_fused"
+    assert p.attention_decode == 0.5
+
+
+def test_fit_without_native_bf16_times_the_float32_torch_paths(monkeypatch):
+    """An AVX2-only CPU: the engine computes in float32 with no C++ kernels, so the fit times
+    float32, skips the kernels' stages (no int8, experts or fused-decode curve) and prices every
+    architecture's decode on the torch path."""
+    from tacit.perf_model import fit
+    from tacit.perf_model.efficiency import _profile
+    from tacit.perf_model.fit_host import HostPrecision
+
+    _stub_fit_stages(monkeypatch, HostPrecision("fp32", kernels=False))
+    dtypes = []
+    monkeypatch.setattr(fit, "_gemm_curve", lambda d, *a, **k: dtypes.append(d) or {"rows": [1, 64], "eff": [0.5, 0.8]})
+    ticks = []
+    d = fit.fit(1, progress=lambda stage, total: ticks.append((stage, total)))
+    assert len(ticks) == fit.STAGES and dtypes == ["fp32"]
+    p = _profile("this-cpu", d)
+    assert set(p.gemm) == {"fp32", "bmm", "moe_fp32"} and p.compute_dtype == "fp32"
+    assert p.attention_decode == 0.25 and p.step_overhead_s == {"torch": 2e-4, "torch_dense": 2e-4, "prefill": 5e-3}
+    assert all(p.decode_path(a) == "torch" for a in ("Qwen3ForCausalLM", "DeepseekV3ForCausalLM"))
+    assert p.decode_path("Qwen3ForCausalLM", dense=True) == "torch_dense"
+    # a dtype without its own curve borrows the compute dtype's
+    assert p.gemm_efficiency("bf16", 1) == p.gemm_efficiency("int8", 1) == 0.5
+
+
+def test_host_precision_follows_the_platform(monkeypatch):
+    from tacit.kernels import cpu_kernels
+    from tacit.perf_model.fit_host import host_precision
+    from tacit.platforms import cpu
+
+    monkeypatch.setattr(cpu, "bf16_matmul_is_native", lambda: False)
+    host = host_precision()
+    assert (host.dtype, host.kernels, host.engine_dtype, host.weight_dtypes) == ("fp32", False, "float32", ("fp32",))
+    monkeypatch.setattr(cpu, "bf16_matmul_is_native", lambda: True)
+    monkeypatch.setattr(cpu_kernels, "load_cpu_kernels", lambda *a: object())
+    host = host_precision()
+    assert (host.dtype, host.fused_decode, host.weight_dtypes) == ("bf16", True, ("bf16", "int8"))
 
 
 def test_calibrate_flag_is_for_this_machine(capsys):
@@ -204,3 +253,15 @@ def test_validation_predicts_the_last_first_token_as_it_measures(cache):
     p = predict(shape, get_hardware_spec("this-cpu"), w, profile)
     # prompts over the long-prefill threshold (512) go one at a time: the last is well past the mean
     assert ttft == pytest.approx(p.ttft.max_s) and p.ttft.max_s > 1.2 * p.ttft.mean_s
+
+
+def test_validation_plan_follows_the_host():
+    """bf16 rows run in the engine's compute dtype; int8 (the C++ GGML kernels) only where they load."""
+    from tacit.perf_model.fit_host import HostPrecision
+    from tacit.perf_model.validate import PLAN, plan_for_host
+
+    assert plan_for_host(HostPrecision("bf16", kernels=True)) == PLAN
+    fp32 = plan_for_host(HostPrecision("fp32", kernels=False))
+    assert {w for _, w, _ in fp32} == {"fp32"}
+    assert [(m, c) for m, _, c in fp32] == [(m, c) for m, w, c in PLAN if w == "bf16"]
+    assert {w for _, w, _ in plan_for_host(HostPrecision("bf16", kernels=False))} == {"bf16"}

@@ -261,3 +261,69 @@ def test_the_block_table_agrees_with_the_engines_kernels():
     for t in shared:
         assert GGML_BLOCKS[t.name.lower()] == (t.block_bytes, t.block_values), t.name
         assert GGML_TYPE_NAMES[t.id] == t.name.lower()
+
+
+def test_float32_is_priced_as_the_cpu_engine_runs_it():
+    """An AVX2-only CPU's engine computes in float32: 4-byte weights, activations and KV rows,
+    the lm_head in float32 too, and the part's own fp32 peak."""
+    from tacit.perf_model.dtypes import activation_bytes, kv_bytes_per_row, normalize_dtype, tensor_dtypes
+
+    assert normalize_dtype("float32") == "fp32" and weight_bytes_per_value("fp32") == 4
+    assert activation_dtype("fp32") == "fp32" and activation_bytes("fp32") == 4
+    assert kv_bytes_per_row("fp32", 128) == 4 * 128
+    assert tensor_dtypes("fp32").head == tensor_dtypes("fp32").embedding == "fp32"
+    assert tensor_dtypes("int8").head == "bf16"  # a quantized engine keeps its head bf16
+    shape = shape_from_hf(load_hf_config("random:qwen3-100m"))
+    bf16, fp32 = (weight_bytes(shape, Parallel(), dt) for dt in ("bf16", "fp32"))
+    assert fp32 == pytest.approx(2 * bf16, rel=1e-6)
+
+
+def test_float32_needs_a_part_that_states_its_fp32_peak():
+    shape = shape_from_hf(load_hf_config("random:qwen3-100m"))
+    with pytest.raises(ValueError, match="states an fp32 peak.*h100-sxm has only"):
+        predict(shape, get_hardware_spec("h100-sxm"), Workload(1, 16, 4, "fp32", "fp32"))
+
+
+def test_fitted_roofs_keep_the_fp32_peak_of_a_bf16_fit():
+    """A bf16 fit's stored peak prices bf16 and int8; float32 keeps this process's own figure
+    (an AMX CPU's float32 matmul is far slower), unless the fit itself is float32."""
+    from dataclasses import replace
+
+    from tacit.perf_model.efficiency import load_profile
+    from tacit.perf_model.predict import fitted_roofs
+    from tacit.platforms.specs import Sourced
+
+    spec = replace(
+        get_hardware_spec("h100-sxm"),
+        name="this-cpu",
+        flops={"bf16": Sourced(1e12, "t"), "int8": Sourced(1e12, "t"), "fp32": Sourced(1e11, "t")},
+    )
+    profile = replace(load_profile("nvidia-hopper"), roofs={"bf16_flops": 2e12, "read_bandwidth": 3e10})
+    fitted = fitted_roofs(spec, profile)
+    assert (fitted.peak_flops("bf16"), fitted.peak_flops("fp32")) == (2e12, 1e11)
+    fitted = fitted_roofs(spec, replace(profile, compute_dtype="fp32"))
+    assert fitted.peak_flops("fp32") == 2e12 and fitted.memory_bandwidth.value == 3e10
+
+
+def test_this_cpu_prices_an_unquantized_model_in_the_engines_dtype(monkeypatch):
+    """`--quantization auto` on this-cpu is the engine's --dtype auto (float32 without a native
+    bf16 matmul), with an auto KV cache in float32 too; a format asked for is kept."""
+    import argparse
+
+    from tacit.perf_model import fit_host
+    from tacit.perf_model.cli import weight_and_kv_dtypes
+
+    monkeypatch.setattr(fit_host, "host_precision", lambda: fit_host.HostPrecision("fp32", kernels=False))
+    cpu, gpu = get_hardware_spec("h100-sxm"), get_hardware_spec("h100-sxm")
+    from dataclasses import replace
+
+    cpu = replace(cpu, name="this-cpu")
+
+    def args(q: str, kv: str = "auto") -> argparse.Namespace:
+        return argparse.Namespace(quantization=q, kv_cache_dtype=kv)
+
+    assert weight_and_kv_dtypes(args("auto"), cpu, "") == ("fp32", "fp32")
+    assert weight_and_kv_dtypes(args("auto", "int8"), cpu, "") == ("fp32", "int8")
+    assert weight_and_kv_dtypes(args("bf16"), cpu, "") == ("bf16", "bf16")
+    assert weight_and_kv_dtypes(args("auto"), cpu, "fp8") == ("fp8", "bf16")
+    assert weight_and_kv_dtypes(args("auto"), gpu, "") == ("bf16", "bf16")
