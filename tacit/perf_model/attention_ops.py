@@ -67,7 +67,12 @@ def attention_ops(
         name = "attention" if not window else "sliding_attention" + (f"_{window}" if len(sliding) > 1 else "")
         # rows: a prefill's query tokens per sequence, the prefill attention curve's x
         nbytes = layers * (cached + written + qo)
-        ops.append(Op(name, "attention", layers * flops, nbytes, step.new_tokens, launches=layers, layers=layers))
+        ops.append(
+            Op(
+                name, "attention", layers * flops, nbytes, step.new_tokens, launches=layers, layers=layers,
+                gqa_group=hq / hkv,
+            )
+        )  # fmt: skip
     return ops
 
 

@@ -76,6 +76,9 @@ class Profile:
     # the dtype the fitted machine's engine computes in ("bf16"; "fp32" for a this-cpu fit on a
     # CPU without a native bf16 matmul): its curve is the one a dtype without its own borrows
     compute_dtype: str = "bf16"
+    # the torch path's GQA decode attention by query heads per KV head (a CPU without tacit's
+    # C++ kernels: fit_attention.torch_decode_attention_curve); None: attention_decode for all
+    attention_decode_torch: Curve | None = None
 
     def gemm_efficiency(self, weight_dtype: str, rows: float) -> float:
         # a dequantizing or integer kernel (int4, mxfp4, GGML types) without its own curve: int8's
@@ -121,6 +124,7 @@ def _profile(name: str, d: dict) -> Profile:
         graph_op_overhead_s=d.get("graph_op_overhead_s"),
         graph_step_overhead_s=float(d.get("graph_step_overhead_s", 0.0)),
         compute_dtype=d.get("compute_dtype", "bf16"),
+        attention_decode_torch=_curve(d["attention_decode_torch"]) if "attention_decode_torch" in d else None,
     )
 
 

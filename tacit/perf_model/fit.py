@@ -49,15 +49,15 @@ from tacit.perf_model.fit_attention import (
     absorbed_bmm_curve,
     mla_prefill_attention_efficiency,
     prefill_attention_efficiency,
-    torch_decode_attention_efficiency,
+    torch_decode_attention_curve,
 )
-from tacit.perf_model.fit_decode import fused_decode_curve
+from tacit.perf_model.fit_decode import fused_decode_curve, step_measures
 from tacit.perf_model.fit_experts import experts_curve
 from tacit.perf_model.fit_host import host_precision
 from tacit.perf_model.fit_prefill import CONFIG as PREFILL_CONFIG
 from tacit.perf_model.fit_prefill import DEPTHS as PREFILL_DEPTHS
 from tacit.perf_model.fit_prefill import prefill_overheads
-from tacit.perf_model.fit_small_ops import best_seconds_each, elementwise_curve, sampling_curve
+from tacit.perf_model.fit_small_ops import best_of_each, best_seconds_each, elementwise_curve, sampling_curve
 from tacit.perf_model.fit_torch_decode import torch_decode_overheads
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 256, 512)
@@ -143,25 +143,12 @@ def _tiny_qwen3(layers: int, root: Path) -> Path:
     return path
 
 
-def _decode_step_seconds(path: Path, batch: int, repeats: int) -> float:
-    from tacit.bench.peers.tacit_engine import TacitBench
-    from tacit.bench.workloads import random_prompts
-    from tacit.config.engine_args import EngineArgs
-    from tacit.engine.llm_engine import LLMEngine
-
-    engine = LLMEngine(engine_args=EngineArgs(model=str(path), dtype="bfloat16", num_kv_blocks=64, max_model_len=256))
-    bench = TacitBench(engine)
-    bench.latency(random_prompts([8], 512, seed=99), 4)
-    prompts = random_prompts([16] * batch, 512, seed=1)
-    return min(batch / bench.latency(prompts, 24)["decode_tok_s"] for _ in range(repeats))
-
-
 def _overheads(repeats: int) -> tuple[dict, dict]:
     """Per step and per layer of the fused path: step(layers) = a + b * layers from tiny 1- and
-    4-layer Qwen3s (the torch path's: fit_torch_decode.py, at a real width)."""
+    4-layer Qwen3s, measured in turn (the torch path's: fit_torch_decode.py, at a real width)."""
     with tempfile.TemporaryDirectory() as root:
-        t1 = _decode_step_seconds(_tiny_qwen3(1, Path(root)), 1, repeats)
-        t4 = _decode_step_seconds(_tiny_qwen3(4, Path(root)), 1, repeats)
+        measures = [step_measures(_tiny_qwen3(n, Path(root)), "bf16", (1,))[1] for n in (1, 4)]
+        t1, t4 = best_of_each(measures, repeats)
     b = max((t4 - t1) / 3, 0.0)
     print(f"  Qwen3: 1 layer {t1 * 1e3:.3f} ms, 4 layers {t4 * 1e3:.3f} ms", file=sys.stderr)
     return {"decode_fused": round(max(t1 - b, 0.0), 7)}, {"decode_fused": round(b, 7)}
@@ -201,10 +188,13 @@ def fit(repeats: int = 5, progress: Callable[[str, int], None] | None = None) ->
     tick("bmm")
     gemm[f"moe_{dt}"] = experts_curve(peak, bw, repeats, dt)
     tick("experts")
+    torch_decode = None
     if host.fused_decode:
         attention_decode = _attention_decode(bw, repeats)
     else:
-        attention_decode = torch_decode_attention_efficiency(peak, bw, repeats, dt)
+        torch_decode = torch_decode_attention_curve(peak, bw, repeats, dt)
+        # MLA's absorbed decode (no GQA group) takes the widest group's figure
+        attention_decode = torch_decode["eff"][-1]
     tick("decode attention")
     attention_prefill = prefill_attention_efficiency(peak, bw, repeats, dt)
     tick("prefill attention")
@@ -227,6 +217,7 @@ def fit(repeats: int = 5, progress: Callable[[str, int], None] | None = None) ->
         "compute_dtype": dt,
         "gemm": gemm,
         "attention_decode": attention_decode,
+        **({"attention_decode_torch": torch_decode} if torch_decode else {}),
         "attention_prefill": attention_prefill,
         "attention_prefill_mla": attention_prefill_mla,
         "elementwise": elementwise,

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import torch
 
-from tacit.perf_model.fit_small_ops import best_seconds
+from tacit.perf_model.fit_small_ops import best_seconds, best_seconds_each
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.operators import Parallel, StepShape, attention_ops
 
@@ -65,36 +65,42 @@ def _run(
     q = torch.randn(prompts * t, hq, d).to(dtype)
     k, v = torch.randn(prompts * t, hkv, d).to(dtype), torch.randn(prompts * t, hkv, d).to(dtype)
 
-    def step() -> list[torch.Tensor]:
-        out = []
+    def step() -> torch.Tensor:
+        # each layer's output dropped before the next, as the engine's layers consume theirs:
+        # keeping 12 layers' outputs alive timed the same decode 21-37 ms against 13.5 ms
         for cache in caches:
             backend.write_kv(cache, k, v, meta)
-            out.append(backend.forward(q, cache, meta, d**-0.5))
+            out = backend.forward(q, cache, meta, d**-0.5)
         return out
 
     return step
 
 
-# The C++ decode kernel's benchmark shape (fit._attention_decode): 16/2 heads x 128, a 2048-token
-# context, 6 layers of caches (8 x 2048 x 2 x 2 x 128 x 4 bytes = 32 MB a layer in float32)
-DECODE_HEADS, DECODE_CONTEXT, DECODE_LAYERS = (16, 2, 128), 2048, 6
+# batch 8 at a 1024-token context, 2 KV heads of 128, 6 layers' caches (8 x 1024 x 2 x 2 x 128 x
+# 4 bytes = 17 MB a layer in float32, 100 MB a step: beyond the L3), 2 to 16 query heads
+DECODE_BATCH, DECODE_CONTEXT, DECODE_KV_HEADS, DECODE_HEAD_DIM, DECODE_LAYERS = 8, 1024, 2, 128, 6
+DECODE_GROUPS = (1, 2, 4, 8)
 
 
-def torch_decode_attention_efficiency(peak: float, bw: float, repeats: int, dtype: str) -> float:
+def torch_decode_attention_curve(peak: float, bw: float, repeats: int, dtype: str) -> dict:
     """The torch_paged backend's decode (a CPU without the C++ kernels: the engine's decode path
-    there) at batch 8, as operators' decode attention op prices it. Not batch 1: its 25 MB of
-    float32 caches sat in an EPYC's L3 and read 0.139 of the roof against batch 8's 0.067 from
-    DRAM, where a decode step's caches are."""
-    hq, hkv, d = DECODE_HEADS
+    there) as operators' decode attention op prices it, by GQA group (query heads per KV head).
+    By group because torch's SDPA expands K and V to every query head: over the same 100 MB of
+    float32 KV on an AVX2-only EPYC, 1/2/4/8 query heads per KV head took 8.7 / 13.2 / 14.2 /
+    44.3 ms, so one efficiency fitted at 8 priced random:qwen3-100m's (3) decode attention at
+    twice its time (`tacit predict --validate`: +43% to +83% at batch 4 x 1024)."""
     torch_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
-    batch = 8
-    secs = best_seconds(_run(batch, 1, hq, hkv, d, torch_dtype, DECODE_CONTEXT - 1, DECODE_LAYERS), repeats)
-    op = attention_ops(
-        _shape(hq, hkv, d, DECODE_LAYERS), StepShape(batch, 1, DECODE_CONTEXT - 1), Parallel(), dtype, dtype, 32
-    )[-1]
-    eff = max(op.flops / peak, op.bytes / bw) / secs
-    print(f"  decode attention (torch) batch {batch}: {secs * 1e3:.2f} ms, eff {eff:.3f}", file=sys.stderr)
-    return round(min(eff, 1.0), 4)
+    b, ctx, hkv, d, layers = DECODE_BATCH, DECODE_CONTEXT - 1, DECODE_KV_HEADS, DECODE_HEAD_DIM, DECODE_LAYERS
+    calls = [_run(b, 1, g * hkv, hkv, d, torch_dtype, ctx, layers) for g in DECODE_GROUPS]
+    effs = []
+    for g, secs in zip(DECODE_GROUPS, best_seconds_each(calls, repeats)):
+        op = attention_ops(_shape(g * hkv, hkv, d, layers), StepShape(b, 1, ctx), Parallel(), dtype, dtype, 32)[-1]
+        effs.append(round(min(max(op.flops / peak, op.bytes / bw) / secs, 1.0), 4))
+        print(
+            f"  decode attention (torch) {g} query heads a KV head: {secs * 1e3:.2f} ms, eff {effs[-1]:.3f}",
+            file=sys.stderr,
+        )
+    return {"rows": list(DECODE_GROUPS), "eff": effs}
 
 
 def _by_length(points: list[tuple[int, float]]) -> dict:

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from tacit.perf_model.efficiency import Profile
+from tacit.perf_model.fit_small_ops import best_of_each
 from tacit.perf_model.model_shape import shape_from_hf
 from tacit.perf_model.operators import Op, StepShape, step_ops
 from tacit.perf_model.roofline import op_time
@@ -47,11 +49,12 @@ def _build(root: Path) -> Path:
     return write_random_model({"arch": "Qwen3Config", **CONFIG}, root / "fused-decode-bench")
 
 
-def step_seconds(
-    path: Path, dtype: str, repeats: int, rows: tuple[int, ...] = ROWS, engine_dtype: str = "bfloat16"
-) -> dict[int, float]:
-    """Best decode step seconds of the model at `path` by batch size (PROMPT-token prompts);
-    `dtype` the weights (int8: quantized at load), `engine_dtype` the engine's compute dtype."""
+def step_measures(
+    path: Path, dtype: str, rows: tuple[int, ...] = ROWS, engine_dtype: str = "bfloat16"
+) -> dict[int, Callable[[], float]]:
+    """By batch size, a call that runs one decode of the model at `path` (PROMPT-token prompts)
+    and returns its seconds a step; `dtype` the weights (int8: quantized at load), `engine_dtype`
+    the engine's compute dtype. The engine loads (and warms up) once, here."""
     from tacit.bench.peers.tacit_engine import TacitBench
     from tacit.bench.workloads import random_prompts
     from tacit.config.engine_args import EngineArgs
@@ -66,11 +69,20 @@ def step_seconds(
     )
     bench = TacitBench(LLMEngine(engine_args=args))
     bench.latency(random_prompts([8], 512, seed=99), 4)
-    out = {}
-    for b in rows:
+
+    def measure(b: int) -> Callable[[], float]:
         prompts = random_prompts([PROMPT] * b, 512, seed=b)
-        out[b] = min(b / bench.latency(prompts, OUTPUT)["decode_tok_s"] for _ in range(repeats))
-    return out
+        return lambda: b / bench.latency(prompts, OUTPUT)["decode_tok_s"]
+
+    return {b: measure(b) for b in rows}
+
+
+def step_seconds(
+    path: Path, dtype: str, repeats: int, rows: tuple[int, ...] = ROWS, engine_dtype: str = "bfloat16"
+) -> dict[int, float]:
+    """Best decode step seconds of the model at `path` by batch size, the sizes interleaved."""
+    measures = step_measures(path, dtype, rows, engine_dtype)
+    return dict(zip(measures, best_of_each(list(measures.values()), repeats)))
 
 
 def _fitted(op: Op, dtype: str) -> bool:

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from tacit.perf_model.efficiency import Profile
 from tacit.perf_model.fit_decode import CONFIG as DECODE_CONFIG
+from tacit.perf_model.fit_small_ops import best_of_each
 from tacit.perf_model.fit_torch_decode import per_step_and_layer
 from tacit.perf_model.model_shape import shape_from_hf
 from tacit.perf_model.step_model import Chunk, MixedStep, Pricing, mixed_step_times
@@ -31,7 +33,9 @@ DEPTHS = (2, 6)
 PROMPT = 32
 
 
-def _ttft_seconds(path: Path, repeats: int, engine_dtype: str = "bfloat16") -> float:
+def _ttft_measure(path: Path, engine_dtype: str = "bfloat16") -> Callable[[], float]:
+    """A call that prefills one PROMPT-token prompt on the model at `path` and returns its TTFT
+    (the engine loaded and warmed up once, here)."""
     from tacit.bench.peers.tacit_engine import TacitBench
     from tacit.bench.workloads import random_prompts
     from tacit.config.engine_args import EngineArgs
@@ -44,28 +48,33 @@ def _ttft_seconds(path: Path, repeats: int, engine_dtype: str = "bfloat16") -> f
     bench = TacitBench(LLMEngine(engine_args=args))
     bench.latency(random_prompts([PROMPT], 8000, seed=99), 2)  # warm-up
     prompts = random_prompts([PROMPT], 8000, seed=1)
-    return min(bench.latency(prompts, 2)["ttft_s"] for _ in range(repeats))
+    return lambda: bench.latency(prompts, 2)["ttft_s"]
 
 
 def prefill_overheads(spec: HardwareSpec, partial: Profile, repeats: int, dtype: str = "bf16") -> tuple[float, float]:
     """(per step, per layer) seconds of a PROMPT-token prefill step beyond its operators, the
-    engine computing in `dtype` (bf16, or fp32 on a CPU without a native bf16 matmul)."""
-    engine_dtype = "float32" if dtype == "fp32" else "bfloat16"
+    engine computing in `dtype` (bf16, or fp32 on a CPU without a native bf16 matmul); the two
+    depths' engines both loaded and measured in turn (best_of_each)."""
     from tacit.bench.random_model import write_random_model
 
-    residual = {}
+    engine_dtype = "float32" if dtype == "fp32" else "bfloat16"
+    measures = []
     with tempfile.TemporaryDirectory() as root:
         for layers in DEPTHS:
             cfg = {**CONFIG, "num_hidden_layers": layers}
             path = write_random_model({"arch": "Qwen3Config", **cfg}, Path(root) / f"qwen3-{layers}")
-            t = _ttft_seconds(path, repeats, engine_dtype)
-            shape = shape_from_hf({**cfg, "architectures": ["Qwen3ForCausalLM"]})
-            pricing = Pricing(shape, spec, partial, dtype, dtype)
-            _, times = mixed_step_times(pricing, MixedStep([Chunk(PROMPT, 0, True)]))
-            predicted = sum(x.seconds for x in times)
-            residual[layers] = t - predicted
-            print(
-                f"  prefill {PROMPT} tokens, {layers} layers: step {t * 1e3:.2f} ms, operators {predicted * 1e3:.2f}",
-                file=sys.stderr,
-            )
+            measures.append(_ttft_measure(path, engine_dtype))
+        ttfts = best_of_each(measures, repeats)
+    residual = {}
+    for layers, t in zip(DEPTHS, ttfts):
+        cfg = {**CONFIG, "num_hidden_layers": layers}
+        shape = shape_from_hf({**cfg, "architectures": ["Qwen3ForCausalLM"]})
+        pricing = Pricing(shape, spec, partial, dtype, dtype)
+        _, times = mixed_step_times(pricing, MixedStep([Chunk(PROMPT, 0, True)]))
+        predicted = sum(x.seconds for x in times)
+        residual[layers] = t - predicted
+        print(
+            f"  prefill {PROMPT} tokens, {layers} layers: step {t * 1e3:.2f} ms, operators {predicted * 1e3:.2f}",
+            file=sys.stderr,
+        )
     return per_step_and_layer(residual)

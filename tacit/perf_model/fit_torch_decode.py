@@ -17,7 +17,8 @@ import tempfile
 from pathlib import Path
 
 from tacit.perf_model.efficiency import Profile
-from tacit.perf_model.fit_decode import MEAN_CONTEXT, step_seconds
+from tacit.perf_model.fit_decode import MEAN_CONTEXT, step_measures
+from tacit.perf_model.fit_small_ops import best_of_each
 from tacit.perf_model.model_shape import shape_from_hf
 from tacit.perf_model.operators import StepShape, step_ops
 from tacit.perf_model.roofline import op_time
@@ -64,21 +65,23 @@ def torch_decode_overheads(
     engine_dtype = "float32" if dtype == "fp32" else "bfloat16"
     config = config or {"arch": "DeepseekV3Config", **CONFIG}
     architecture = config["arch"].removesuffix("Config") + "ForCausalLM"
-    residual = {}
+    residual, shapes, measures = {}, {}, []
     with tempfile.TemporaryDirectory() as root:
-        for layers in depths:
+        for layers in depths:  # both engines loaded, then measured in turn (best_of_each)
             cfg = {**config, "num_hidden_layers": layers}
             path = write_random_model(cfg, Path(root) / f"model-{layers}")
-            t = step_seconds(path, dtype, repeats, rows=(1,), engine_dtype=engine_dtype)[1]
+            measures.append(step_measures(path, dtype, (1,), engine_dtype)[1])
             hf = {k: v for k, v in cfg.items() if k != "arch"}
-            shape = shape_from_hf({**hf, "architectures": [architecture]})
-            ops = step_ops(shape, StepShape(1, 1, MEAN_CONTEXT), weight_dtype=dtype, kv_dtype=dtype)
-            predicted = sum(op_time(o, spec, partial, True, "torch").seconds for o in ops)
-            residual[layers] = t - predicted
-            print(
-                f"  torch decode {architecture} {layers} layers: step {t * 1e3:.2f} ms, operators {predicted * 1e3:.2f}",
-                file=sys.stderr,
-            )
+            shapes[layers] = shape_from_hf({**hf, "architectures": [architecture]})
+        steps = best_of_each(measures, repeats)
+    for layers, t in zip(depths, steps):
+        ops = step_ops(shapes[layers], StepShape(1, 1, MEAN_CONTEXT), weight_dtype=dtype, kv_dtype=dtype)
+        predicted = sum(op_time(o, spec, partial, True, "torch").seconds for o in ops)
+        residual[layers] = t - predicted
+        print(
+            f"  torch decode {architecture} {layers} layers: step {t * 1e3:.2f} ms, operators {predicted * 1e3:.2f}",
+            file=sys.stderr,
+        )
     return per_step_and_layer(residual)
 
 

@@ -58,6 +58,9 @@ class Op:
     # GEMM: the dtype it multiplies in (dtypes.gemm_compute_dtype; "auto": the weight format's
     # usual one), whose peak bounds it
     act_dtype: str = "auto"
+    # GQA attention: query heads per KV head (0: another kind). torch's SDPA on the CPU's torch
+    # path expands K and V to every query head, so its decode efficiency depends on it
+    gqa_group: float = 0.0
 
 
 @dataclass(frozen=True)

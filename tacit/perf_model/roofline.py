@@ -39,6 +39,9 @@ def _efficiency(op: Op, profile: Profile, decode: bool, path: str) -> float:
             )
         return profile.gemm_efficiency(op.kernel or op.weight_dtype, op.rows)
     if op.op_class == "attention":
+        torch_gqa = op.gqa_group and path.startswith("torch") and profile.attention_decode_torch is not None
+        if decode and torch_gqa:
+            return profile.attention_decode_torch(op.gqa_group)
         if decode:
             return profile.attention_decode
         return (profile.attention_prefill_mla if op.kernel == "mla" else profile.attention_prefill)(op.rows)

@@ -134,7 +134,7 @@ def _stub_fit_stages(monkeypatch, host):
         monkeypatch.setattr(fit, name, lambda *a, **k: {"rows": [32, 512], "eff": [0.1, 0.2]})
     monkeypatch.setattr(fit, "elementwise_curve", lambda *a, **k: {"bytes": [1e6, 1e8], "eff": [0.3, 0.1]})
     monkeypatch.setattr(fit, "_attention_decode", lambda *a, **k: 0.5)
-    monkeypatch.setattr(fit, "torch_decode_attention_efficiency", lambda *a, **k: 0.25)
+    monkeypatch.setattr(fit, "torch_decode_attention_curve", lambda *a, **k: {"rows": [1, 8], "eff": [0.5, 0.25]})
     monkeypatch.setattr(fit, "_overheads", lambda r: ({"decode_fused": 1e-4}, {"decode_fused": 6e-6}))
     monkeypatch.setattr(fit, "torch_decode_overheads", lambda *a: (2e-4, 3e-5))
     monkeypatch.setattr(fit, "prefill_overheads", lambda *a: (5e-3, 1e-3))
@@ -177,6 +177,7 @@ def test_fit_without_native_bf16_times_the_float32_torch_paths(monkeypatch):
     assert p.attention_decode == 0.25 and p.step_overhead_s == {"torch": 2e-4, "torch_dense": 2e-4, "prefill": 5e-3}
     assert all(p.decode_path(a) == "torch" for a in ("Qwen3ForCausalLM", "DeepseekV3ForCausalLM"))
     assert p.decode_path("Qwen3ForCausalLM", dense=True) == "torch_dense"
+    assert p.attention_decode_torch(1) == 0.5 and p.attention_decode_torch(8) == 0.25
     # a dtype without its own curve borrows the compute dtype's
     assert p.gemm_efficiency("bf16", 1) == p.gemm_efficiency("int8", 1) == 0.5
 
@@ -265,3 +266,46 @@ def test_validation_plan_follows_the_host():
     assert {w for _, w, _ in fp32} == {"fp32"}
     assert [(m, c) for m, _, c in fp32] == [(m, c) for m, w, c in PLAN if w == "bf16"]
     assert {w for _, w, _ in plan_for_host(HostPrecision("bf16", kernels=False))} == {"bf16"}
+
+
+def test_torch_path_decode_attention_is_priced_by_gqa_group():
+    """torch's SDPA expands K/V to every query head: a GQA decode attention on the torch path
+    takes the fitted curve at its group; the fused path, a prefill and MLA keep their figures."""
+    from dataclasses import replace
+
+    from tacit.perf_model.efficiency import Curve, load_profile
+    from tacit.perf_model.model_shape import ModelShape
+    from tacit.perf_model.operators import Parallel, StepShape, attention_ops
+    from tacit.perf_model.roofline import _efficiency
+
+    profile = replace(
+        load_profile("nvidia-hopper"), attention_decode=0.3, attention_decode_torch=Curve((1.0, 8.0), (0.6, 0.1))
+    )
+    gqa = ModelShape("Qwen3ForCausalLM", 768, 2, 12, 4, 64, 2048, 100, True)  # 3 query heads a KV head
+    op = attention_ops(gqa, StepShape(4, 1, 1024), Parallel(), "fp32", "fp32", 32)[-1]
+    assert op.gqa_group == 3
+    assert _efficiency(op, profile, True, "torch_dense") == pytest.approx(Curve((1.0, 8.0), (0.6, 0.1))(3))
+    assert _efficiency(op, profile, True, "decode_fused") == 0.3
+    mla = ModelShape(
+        "DeepseekV3ForCausalLM", 1024, 2, 16, 16, 0, 2048, 100, True, kv_lora_rank=512,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+    )  # fmt: skip
+    mla_op = next(
+        o
+        for o in attention_ops(mla, StepShape(4, 1, 1024), Parallel(), "fp32", "fp32", 32)
+        if o.op_class == "attention"
+    )
+    assert mla_op.gqa_group == 0 and _efficiency(mla_op, profile, True, "torch") == 0.3
+
+
+def test_self_timed_measures_run_round_robin_and_keep_their_best():
+    """A slow patch costs each depth of a fixed-cost fit one repeat, not all of them."""
+    from tacit.perf_model.fit_small_ops import best_of_each
+
+    calls, readings = [], {"a": iter([5.0, 1.0, 3.0]), "b": iter([2.0, 9.0, 4.0])}
+
+    def measure(name: str):
+        return lambda: calls.append(name) or next(readings[name])
+
+    assert best_of_each([measure("a"), measure("b")], 3) == [1.0, 2.0]
+    assert calls == ["a", "b"] * 3
