@@ -18,6 +18,7 @@ from tacit.perf_model.dtypes import (
     normalize_dtype,
     resolve_weight_format,
 )
+from tacit.perf_model.fit_host import priced_dtypes
 from tacit.perf_model.ggml_mixes import GGML_TYPES
 from tacit.perf_model.layout_cli import add_layout_args, layout_from_args
 from tacit.perf_model.prediction_print import print_bottlenecks, print_ops, print_prediction
@@ -29,21 +30,6 @@ QUANTIZATION_HELP = (
     "(tacit's own: GGML Q8_0, 34 bytes per 32 values, not per-channel W8A8) | int4 (tacit's own: GGML Q4_1) | "
     "w4a16 | awq | gptq (int4 in groups of 128) | mxfp4 (MoE experts) | llama.cpp's: " + " ".join(GGML_TYPES)
 )
-
-
-def weight_and_kv_dtypes(args: argparse.Namespace, spec: HardwareSpec, checkpoint_format: str) -> tuple[str, str]:
-    """--quantization and --kv-cache-dtype resolved. On this-cpu an unquantized checkpoint is
-    priced in the dtype tacit's engine computes in here (--dtype auto: float32 on a CPU without
-    a native bf16 matmul, fit_host.py), and an auto KV cache in that dtype too."""
-    wdt = resolve_weight_format(args.quantization, checkpoint_format)
-    if spec.name == "this-cpu" and wdt == "bf16" and args.quantization in ("", "auto"):
-        from tacit.perf_model.fit_host import host_precision
-
-        wdt = host_precision().dtype
-    kvdt = _check_choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype")
-    if args.kv_cache_dtype in ("", "auto") and wdt == "fp32":
-        kvdt = "fp32"
-    return wdt, kvdt
 
 
 def add_predict_parser(sub: argparse._SubParsersAction) -> None:
@@ -212,7 +198,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     _check_choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype")
     spec = resolve_hardware(args.hardware, args.hardware_file, args.enforce_eager)  # before the model: fails fast
     shape = shape_from_hf(load_hf_config(args.model))
-    wdt, kvdt = weight_and_kv_dtypes(args, spec, shape.weight_format)
+    wdt, kvdt = priced_dtypes(spec, args.quantization, args.kv_cache_dtype, shape.weight_format)
     activation_dtype(wdt, args.activation_dtype, fp8_units="fp8" in spec.flops)  # a bad pairing fails here
     work = Workload(
         args.batch_size,

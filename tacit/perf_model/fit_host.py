@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tacit.platforms.specs import HardwareSpec
+
 
 @dataclass(frozen=True)
 class HostPrecision:
@@ -49,3 +51,23 @@ def host_precision() -> HostPrecision:
 
     bf16 = CpuPlatform().default_dtype() == torch.bfloat16
     return HostPrecision("bf16" if bf16 else "fp32", bf16 and load_cpu_kernels() is not None)
+
+
+def priced_dtypes(
+    spec: HardwareSpec, quantization: str, kv_cache_dtype: str, checkpoint_format: str
+) -> tuple[str, str]:
+    """(weights, KV cache) as `tacit predict`, `--serve` and `tacit tune`'s model stage price
+    them: --quantization and --kv-cache-dtype resolved, and on this-cpu an unquantized checkpoint
+    in the dtype the engine computes in here (--dtype auto: float32 on a CPU without a native
+    bf16 matmul), with an auto KV cache in that dtype too, as the engine holds them."""
+    from tacit.perf_model.dtypes import KV_DTYPES, normalize_dtype, resolve_weight_format
+
+    wdt = resolve_weight_format(quantization, checkpoint_format)
+    if spec.name == "this-cpu" and wdt == "bf16" and quantization in ("", "auto", None):
+        wdt = host_precision().dtype
+    kvdt = normalize_dtype(kv_cache_dtype)
+    if kvdt not in KV_DTYPES:
+        raise ValueError(f"--kv-cache-dtype {kv_cache_dtype!r} is not known; valid: auto, {', '.join(KV_DTYPES)}")
+    if kv_cache_dtype in ("", "auto", None) and wdt == "fp32":
+        kvdt = "fp32"
+    return wdt, kvdt

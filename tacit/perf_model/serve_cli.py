@@ -12,6 +12,7 @@ from tacit.config import SchedulerConfig
 from tacit.config.engine_args import EngineArgs
 from tacit.memory.swap import SwapSpace
 from tacit.perf_model.calibration import profile_for
+from tacit.perf_model.fit_host import priced_dtypes
 from tacit.perf_model.hardware_file import resolve_hardware
 from tacit.perf_model.layout import place, resolve_layout
 from tacit.perf_model.layout_cli import layout_from_args
@@ -64,9 +65,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "--pipeline-parallel-size; predict one step without --serve"
         )
     par, spec = place(resolve_layout(par, shape), spec)
-    from tacit.perf_model.cli import weight_and_kv_dtypes
-
-    wdt, kvdt = weight_and_kv_dtypes(args, spec, shape.weight_format)
+    wdt, kvdt = priced_dtypes(spec, args.quantization, args.kv_cache_dtype, shape.weight_format)
     pricing = Pricing(shape, spec, profile_for(spec), wdt, kvdt, args.quantization_group_size, par)
     cfg = _scheduler_config(args, max((w.input_len + w.output_len for w in workload), default=1))
     if args.kv_blocks is not None:

@@ -35,6 +35,15 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
         help="this-cpu (measured) or a part from `tacit predict --list-hardware`: model-only, nothing measured",
     )
     t.add_argument("--out", required=True, help="directory: recipe.yaml, README.md, report.json, study.db (resumable)")
+    t.add_argument(
+        "--accuracy-budget",
+        type=float,
+        default=None,
+        metavar="KLD",
+        help="also search the knobs that change outputs (weight quantization, an int8 KV cache); a configuration "
+        "that sets them is first checked with tacit eval kld against the base configuration and is infeasible "
+        "when its mean KL divergence (nats per token) is over KLD",
+    )
     t.add_argument("--model-trials", type=int, default=200, help="configurations the model-only stage prices")
     t.add_argument("--search-seed", type=int, default=0, help="seeds the samplers and the prompts")
     t.add_argument(
@@ -59,6 +68,7 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from tacit.loader.default_model import resolve_default_model
+    from tacit.tune.accuracy import check_budget
     from tacit.tune.run import TuneRequest, rank_check, tune
     from tacit.tune.scenario import load_scenario, workload_scenario
 
@@ -66,6 +76,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ValueError(f"--budget-minutes must be > 0, got {args.budget_minutes}")
     if args.model_trials < 1:
         raise ValueError(f"--model-trials must be >= 1, got {args.model_trials}")
+    if check_budget(args.accuracy_budget) is not None and (
+        args.hardware != "this-cpu" or args.compare is not None or args.rank_check is not None
+    ):
+        raise ValueError(
+            "--accuracy-budget goes with a measured search (--hardware this-cpu, no --compare or --rank-check): "
+            "accuracy is measured, the performance model cannot price it"
+        )
     if args.slo and not args.workload:
         raise ValueError("--slo goes with --workload; a --scenario carries its own SLOs")
     scenario = load_scenario(args.scenario) if args.scenario else workload_scenario(args.workload, args.slo)
@@ -83,6 +100,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         args.search_seed,
         args.model_trials,
         "tacit " + " ".join(shlex.quote(a) for a in getattr(args, "argv", sys.argv[1:])),
+        args.accuracy_budget,
     )
     if args.compare is not None:
         from tacit.tune.compare import compare, contender, print_summary

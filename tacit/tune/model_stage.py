@@ -11,7 +11,7 @@ from typing import Any
 
 from tacit.config.engine_args import EngineArgs
 from tacit.perf_model.calibration import profile_for
-from tacit.perf_model.dtypes import normalize_dtype, resolve_weight_format
+from tacit.perf_model.fit_host import priced_dtypes
 from tacit.perf_model.hardware_file import resolve_hardware
 from tacit.perf_model.layout import place, resolve_layout
 from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
@@ -53,8 +53,8 @@ class ModelStage:
             two_batch_overlap=args.two_batch_overlap,
         )
         par, spec = place(resolve_layout(par, self.shape), self.spec)
-        kv = normalize_dtype(args.kv_cache_dtype)
-        weights = resolve_weight_format(args.quantization or "auto", self.shape.weight_format)
+        # the engine's dtypes on this-cpu: float32 weights and KV where bf16 is not native
+        weights, kv = priced_dtypes(spec, args.quantization or "auto", args.kv_cache_dtype, self.shape.weight_format)
         return Pricing(self.shape, spec, self.profile, weights, kv, args.quantization_group_size or 32, par)
 
     def predict(self, point: dict[str, Any]) -> Prediction:

@@ -88,6 +88,20 @@ def write_readme(out_dir: Path, report: dict) -> Path:
             defs = ", ".join(f"{v:.3g}" for v in c["defaults"])
             lines.append(f"| {point_words(c['point'], defaults)} | {len(c['values'])} | {vals} | {defs} | {ratio} |")
         lines.append("")
+    if report.get("accuracy_budget") is not None:
+        lines += [
+            f"## Accuracy: output-changing knobs under a budget of {report['accuracy_budget']:g} mean KLD",
+            "",
+            "Each combination a trial set was first checked with `tacit eval kld`'s measurement against the "
+            "base configuration; over the budget, the trial was infeasible.",
+            "",
+            "| values | mean KLD (nats/token) | within budget |",
+            "|---|---|---|",
+        ]
+        for c in report.get("accuracy") or []:
+            said = ", ".join(f"{k}={v}" for k, v in c["changes"].items())
+            lines.append(f"| {said} | {c['kld_mean']:.4g} | {'yes' if c['within_budget'] else 'no'} |")
+        lines.append("")
     if report.get("importance"):
         lines += ["## Which knobs mattered (Optuna's fANOVA importance over the measured trials)", ""]
         lines += [f"- {k}: {v:.2f}" for k, v in report["importance"].items()] + [""]

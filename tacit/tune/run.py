@@ -15,6 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from tacit.config.engine_args import EngineArgs
+from tacit.tune.accuracy import AccuracyGate
 from tacit.tune.model_stage import ModelStage
 from tacit.tune.objective import OBJECTIVES
 from tacit.tune.recipe_out import point_words, write_readme, write_recipe
@@ -40,6 +41,9 @@ class TuneRequest:
     seed: int = 0
     model_trials: int = 200
     command: str = ""
+    # --accuracy-budget: the mean KL divergence (nats per token) a configuration that changes
+    # outputs may reach (accuracy.py); None leaves those knobs out of the search
+    accuracy_budget: float | None = None
 
 
 def spearman(a: list[float], b: list[float]) -> float | None:
@@ -65,10 +69,11 @@ def spearman(a: list[float], b: list[float]) -> float | None:
 def _spaces(req: TuneRequest) -> tuple[list[Dimension], list[Dimension]]:
     """(the model stage's space, the measured stage's). On this machine the model stage leaves out
     the layouts the one-process measured stage cannot run, so both search the same knobs."""
-    model_space = search_space(base=req.base, stage="model")
+    outputs = req.accuracy_budget is not None
+    model_space = search_space(outputs, base=req.base, stage="model")
     if req.hardware != "this-cpu":
         return model_space, []
-    measured = search_space(base=req.base, stage="measured")
+    measured = search_space(outputs, base=req.base, stage="measured")
     names = {d.name for d in measured}
     return [d for d in model_space if d.name in names], measured
 
@@ -132,12 +137,17 @@ def _measured(req, stage, model_space, measured_space, priced, report, t0) -> di
         return v if math.isfinite(v) else None
 
     _, direction = OBJECTIVES[req.objective]
+    measure = real_measure(req.base, req.scenario, req.objective, req.seed)
+    gate = None
+    if req.accuracy_budget is not None:
+        gate = AccuracyGate(req.base, req.accuracy_budget, req.out_dir / "accuracy.json")
+        measure = gate(measure)
     search = MeasuredSearch(
         req.out_dir,
         report["name"],
         measured_space,
         req.base,
-        real_measure(req.base, req.scenario, req.objective, req.seed),
+        measure,
         predict,
         req.seed,
         worst=0.0 if direction == "maximize" else -1e6,
@@ -180,6 +190,8 @@ def _measured(req, stage, model_space, measured_space, priced, report, t0) -> di
         rounds += 1
         tick(f"confirmation round {rounds}")
     bar.close()
+    if gate is not None:
+        report["accuracy_budget"], report["accuracy"] = req.accuracy_budget, gate.report()
     return _conclude(req, search, conf, report, elapsed())
 
 

@@ -61,7 +61,12 @@ def _marks() -> dict[str, TuneSpec]:
     return marks
 
 
-def _base_value(base: EngineArgs, name: str) -> Any:
+def output_changing_knobs() -> tuple[str, ...]:
+    """The dimensions marked changes_output (weight quantization, the KV cache's dtype)."""
+    return tuple(name for name, spec in _marks().items() if spec.changes_output)
+
+
+def base_value(base: EngineArgs, name: str) -> Any:
     field_name, _, key = name.partition(".")
     value = getattr(base, field_name)
     return (value or {}).get(key) if key else value
@@ -117,7 +122,7 @@ def search_space(
             applied = _applied(name, spec, base)
             refused = applied if isinstance(applied, str) else None
         if refused is None:
-            space.append(Dimension(name, applied, _base_value(base, name)))
+            space.append(Dimension(name, applied, base_value(base, name)))
         elif include is not None:
             raise ValueError(f"{name} was asked for, but {refused}")
     return space
@@ -169,7 +174,7 @@ def _draw(space: list[Dimension], base: EngineArgs | None, pick: Callable[[Dimen
 
     def value(name: str) -> Any:
         # Not drawn yet: a later dimension, which will be drawn within what this one leaves.
-        return point.get(name) if name in names else _base_value(base, name)
+        return point.get(name) if name in names else base_value(base, name)
 
     for dim in space:
         spec = _narrow(dim, value)

@@ -308,22 +308,18 @@ def test_fitted_roofs_keep_the_fp32_peak_of_a_bf16_fit():
 def test_this_cpu_prices_an_unquantized_model_in_the_engines_dtype(monkeypatch):
     """`--quantization auto` on this-cpu is the engine's --dtype auto (float32 without a native
     bf16 matmul), with an auto KV cache in float32 too; a format asked for is kept."""
-    import argparse
-
-    from tacit.perf_model import fit_host
-    from tacit.perf_model.cli import weight_and_kv_dtypes
-
-    monkeypatch.setattr(fit_host, "host_precision", lambda: fit_host.HostPrecision("fp32", kernels=False))
-    cpu, gpu = get_hardware_spec("h100-sxm"), get_hardware_spec("h100-sxm")
     from dataclasses import replace
 
-    cpu = replace(cpu, name="this-cpu")
+    from tacit.perf_model import fit_host
 
-    def args(q: str, kv: str = "auto") -> argparse.Namespace:
-        return argparse.Namespace(quantization=q, kv_cache_dtype=kv)
-
-    assert weight_and_kv_dtypes(args("auto"), cpu, "") == ("fp32", "fp32")
-    assert weight_and_kv_dtypes(args("auto", "int8"), cpu, "") == ("fp32", "int8")
-    assert weight_and_kv_dtypes(args("bf16"), cpu, "") == ("bf16", "bf16")
-    assert weight_and_kv_dtypes(args("auto"), cpu, "fp8") == ("fp8", "bf16")
-    assert weight_and_kv_dtypes(args("auto"), gpu, "") == ("bf16", "bf16")
+    monkeypatch.setattr(fit_host, "host_precision", lambda: fit_host.HostPrecision("fp32", kernels=False))
+    gpu = get_hardware_spec("h100-sxm")
+    cpu = replace(gpu, name="this-cpu")
+    priced = fit_host.priced_dtypes
+    assert priced(cpu, "auto", "auto", "") == ("fp32", "fp32")
+    assert priced(cpu, "auto", "int8", "") == ("fp32", "int8")
+    assert priced(cpu, "bf16", "auto", "") == ("bf16", "bf16")
+    assert priced(cpu, "auto", "auto", "fp8") == ("fp8", "bf16")
+    assert priced(gpu, "auto", "auto", "") == ("bf16", "bf16")
+    with pytest.raises(ValueError, match="--kv-cache-dtype 'fp6' is not known"):
+        priced(cpu, "auto", "fp6", "")

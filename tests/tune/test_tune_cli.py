@@ -51,6 +51,12 @@ def test_model_only_tuning_writes_a_recipe_serve_takes(tmp_path, capsys):
         (["--scenario", "chat-high-rate", "--budget-minutes", "0"], "--budget-minutes must be > 0"),
         (["--scenario", "chat-high-rate", "--rank-check", "2"], "--rank-check N needs N >= 3"),
         (["--scenario", "chat-high-rate", "--compare", "nowhere"], "no recipe at nowhere"),
+        (["--scenario", "chat-high-rate", "--accuracy-budget", "0"], "--accuracy-budget must be a mean KL"),
+        (["--scenario", "chat-high-rate", "--accuracy-budget", "nan"], "--accuracy-budget must be a mean KL"),
+        (
+            ["--scenario", "chat-high-rate", "--accuracy-budget", "0.01", "--hardware", "h100-sxm"],
+            "--accuracy-budget goes with a measured search",
+        ),
     ],
 )
 def test_bad_tune_flags_are_refused_by_name(tmp_path, argv, message, capsys):
