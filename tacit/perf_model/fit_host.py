@@ -59,12 +59,17 @@ def priced_dtypes(
     """(weights, KV cache) as `tacit predict`, `--serve` and `tacit tune`'s model stage price
     them: --quantization and --kv-cache-dtype resolved, and on this-cpu an unquantized checkpoint
     in the dtype the engine computes in here (--dtype auto: float32 on a CPU without a native
-    bf16 matmul), with an auto KV cache in that dtype too, as the engine holds them."""
+    bf16 matmul), with an auto KV cache in that dtype too, as the engine holds them. So is a
+    GGUF's blocks where the C++ kernels do not load: `--quantization auto` dequantizes them at load
+    there (the default model's layers ran UnquantizedLinearMethod in float32 on an AVX2 EPYC)."""
     from tacit.perf_model.dtypes import KV_DTYPES, normalize_dtype, resolve_weight_format
+    from tacit.perf_model.ggml_mixes import GGML_TYPES
 
     wdt = resolve_weight_format(quantization, checkpoint_format)
-    if spec.name == "this-cpu" and wdt == "bf16" and quantization in ("", "auto", None):
-        wdt = host_precision().dtype
+    if spec.name == "this-cpu" and quantization in ("", "auto", None):
+        host = host_precision()
+        if wdt == "bf16" or (wdt in GGML_TYPES and not host.kernels):
+            wdt = host.dtype
     kvdt = normalize_dtype(kv_cache_dtype)
     if kvdt not in KV_DTYPES:
         raise ValueError(f"--kv-cache-dtype {kv_cache_dtype!r} is not known; valid: auto, {', '.join(KV_DTYPES)}")

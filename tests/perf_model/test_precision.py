@@ -307,7 +307,8 @@ def test_fitted_roofs_keep_the_fp32_peak_of_a_bf16_fit():
 
 def test_this_cpu_prices_an_unquantized_model_in_the_engines_dtype(monkeypatch):
     """`--quantization auto` on this-cpu is the engine's --dtype auto (float32 without a native
-    bf16 matmul), with an auto KV cache in float32 too; a format asked for is kept."""
+    bf16 matmul), with an auto KV cache in float32 too, and so is a GGUF there without the C++
+    kernels; a format asked for is kept."""
     from dataclasses import replace
 
     from tacit.perf_model import fit_host
@@ -320,6 +321,8 @@ def test_this_cpu_prices_an_unquantized_model_in_the_engines_dtype(monkeypatch):
     assert priced(cpu, "auto", "int8", "") == ("fp32", "int8")
     assert priced(cpu, "bf16", "auto", "") == ("bf16", "bf16")
     assert priced(cpu, "auto", "auto", "fp8") == ("fp8", "bf16")
+    assert priced(cpu, "auto", "auto", "q8_0") == ("fp32", "fp32")  # no kernels: the GGUF dequantized at load
+    assert priced(cpu, "q8_0", "auto", "q8_0") == ("q8_0", "bf16")
     assert priced(gpu, "auto", "auto", "") == ("bf16", "bf16")
     with pytest.raises(ValueError, match="--kv-cache-dtype 'fp6' is not known"):
         priced(cpu, "auto", "fp6", "")
