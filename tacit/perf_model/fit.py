@@ -53,7 +53,7 @@ from tacit.perf_model.fit_attention import (
 )
 from tacit.perf_model.fit_decode import fused_decode_curve, step_measures
 from tacit.perf_model.fit_experts import experts_curve
-from tacit.perf_model.fit_host import host_precision
+from tacit.perf_model.fit_host import host_precision, torch_dtype
 from tacit.perf_model.fit_prefill import CONFIG as PREFILL_CONFIG
 from tacit.perf_model.fit_prefill import DEPTHS as PREFILL_DEPTHS
 from tacit.perf_model.fit_prefill import prefill_overheads
@@ -61,6 +61,10 @@ from tacit.perf_model.fit_small_ops import best_of_each, best_seconds_each, elem
 from tacit.perf_model.fit_torch_decode import torch_decode_overheads
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 256, 512)
+# A prefill step's rows reach the scheduler's token budget (2,048 by default; --validate runs
+# 4 x 512-token chunks a step), where the curve was flat from 512: compute-bound, so 4 copies
+# (23 MB of bf16) are enough there, and the pass costs 47 GFLOP instead of 34 copies' 400
+BIG_ROWS, BIG_COPIES = (1024, 2048), 4
 
 
 def _gemm_curve(
@@ -79,7 +83,7 @@ def _gemm_curve(
     from tacit.perf_model.op_types import gemm_op
 
     kernels = load_cpu_kernels()
-    act = torch.float32 if dtype == "fp32" else torch.bfloat16
+    act = torch_dtype(dtype)
     layers, method = [], None
     for _ in range(copies):
         w = torch.randn(n, k).to(act)
@@ -176,13 +180,13 @@ def fit(repeats: int = 5, progress: Callable[[str, int], None] | None = None) ->
     print(f"this-cpu: {peak / 1e12:.3f} TFLOP/s {dt}, {bw / 1e9:.1f} GB/s read, {kernels}", file=sys.stderr)
     tick("roofs")
     gemm = {}
-    for d in ("bf16", "int8"):
-        if d == "bf16":
-            d = dt
-        elif d not in host.weight_dtypes:
+    for d in (dt, "int8"):
+        if d not in host.weight_dtypes:
             tick(f"gemm {d}: skipped, no kernels")
             continue
-        gemm[d] = _gemm_curve(d, peak, bw, repeats)
+        small = _gemm_curve(d, peak, bw, repeats)
+        big = _gemm_curve(d, peak, bw, repeats, copies=BIG_COPIES, rows=BIG_ROWS)
+        gemm[d] = {"rows": small["rows"] + big["rows"], "eff": small["eff"] + big["eff"]}
         tick(f"gemm {d}")
     gemm["bmm"] = absorbed_bmm_curve(peak, bw, repeats, dt)
     tick("bmm")

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import torch
 
+from tacit.perf_model.fit_host import torch_dtype
 from tacit.perf_model.fit_small_ops import best_seconds, best_seconds_each
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.operators import Parallel, StepShape, attention_ops
@@ -89,9 +90,9 @@ def torch_decode_attention_curve(peak: float, bw: float, repeats: int, dtype: st
     float32 KV on an AVX2-only EPYC, 1/2/4/8 query heads per KV head took 8.7 / 13.2 / 14.2 /
     44.3 ms, so one efficiency fitted at 8 priced random:qwen3-100m's (3) decode attention at
     twice its time (`tacit predict --validate`: +43% to +83% at batch 4 x 1024)."""
-    torch_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
+    dt = torch_dtype(dtype)
     b, ctx, hkv, d, layers = DECODE_BATCH, DECODE_CONTEXT - 1, DECODE_KV_HEADS, DECODE_HEAD_DIM, DECODE_LAYERS
-    calls = [_run(b, 1, g * hkv, hkv, d, torch_dtype, ctx, layers) for g in DECODE_GROUPS]
+    calls = [_run(b, 1, g * hkv, hkv, d, dt, ctx, layers) for g in DECODE_GROUPS]
     effs = []
     for g, secs in zip(DECODE_GROUPS, best_seconds_each(calls, repeats)):
         op = attention_ops(_shape(g * hkv, hkv, d, layers), StepShape(b, 1, ctx), Parallel(), dtype, dtype, 32)[-1]
@@ -112,9 +113,9 @@ def prefill_attention_efficiency(peak: float, bw: float, repeats: int, dtype: st
     """Efficiency by prompt length (operators' attention op's rows in a prefill), in the engine's
     compute dtype here (bf16, or fp32 on a CPU without a native bf16 matmul)."""
     points = []
-    torch_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
+    dt = torch_dtype(dtype)
     for prompts, t, hq, hkv, d in SHAPES:
-        secs = best_seconds(_run(prompts, t, hq, hkv, d, torch_dtype), repeats)
+        secs = best_seconds(_run(prompts, t, hq, hkv, d, dt), repeats)
         op = attention_ops(_shape(hq, hkv, d), StepShape(prompts, t, 0), Parallel(), dtype, dtype, 32)[-1]
         points.append((t, max(op.flops / peak, op.bytes / bw) / secs))
         print(
@@ -139,7 +140,8 @@ def absorbed_bmm_curve(peak: float, bw: float, repeats: int, dtype: str = "bf16"
     from tacit.kernels.cpu_kernels import load_cpu_kernels
 
     kernels = load_cpu_kernels() if dtype == "bf16" else None
-    dt, size = (torch.float32, 4) if dtype == "fp32" else (torch.bfloat16, 2)
+    dt = torch_dtype(dtype)
+    size = dt.itemsize
     h, r, n = BMM_HEADS, BMM_RANK, BMM_NOPE
     w_uk = [torch.randn(h, n, r).to(dt) for _ in range(BMM_LAYERS)]
     w_uv = [torch.randn(h, r, n).to(dt) for _ in range(BMM_LAYERS)]
@@ -204,8 +206,7 @@ def mla_prefill_attention_efficiency(peak: float, bw: float, repeats: int, gemm,
     against 303 ms predicted with it)."""
     points = []
     for prompts, t in MLA_PROMPTS:
-        torch_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
-        secs = best_seconds(_mla_run(prompts, t, torch_dtype), repeats, fresh_heap=True)
+        secs = best_seconds(_mla_run(prompts, t, torch_dtype(dtype)), repeats, fresh_heap=True)
         ops = {o.name: o for o in attention_ops(_mla_shape(), StepShape(prompts, t, 0), Parallel(), dtype, dtype, 32)}
         proj = ops["kv_b_proj"]
         proj_s = max(proj.flops / peak, proj.bytes / bw) / gemm(proj.rows)

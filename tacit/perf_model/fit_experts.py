@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+from tacit.perf_model.fit_host import torch_dtype
 from tacit.perf_model.fit_small_ops import best_seconds_each
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.operators import Parallel, StepShape, mlp_ops
@@ -36,7 +37,7 @@ def experts_curve(peak: float, bw: float, repeats: int, dtype: str = "bf16") -> 
     from tacit.kernels.moe_kernel import ExpertWeights
     from tacit.layers.moe import select_moe_kernel
 
-    dt = torch.float32 if dtype == "fp32" else torch.bfloat16
+    dt = torch_dtype(dtype)
     kernel = select_moe_kernel("cpu", dt)
     weights = ExpertWeights(torch.randn(E, 2 * INTER, H).to(dt) * 0.02, torch.randn(E, H, INTER).to(dt) * 0.02)
     g = torch.Generator().manual_seed(0)

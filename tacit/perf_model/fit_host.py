@@ -17,6 +17,16 @@ import torch
 from tacit.platforms.specs import HardwareSpec
 
 
+def torch_dtype(dtype: str) -> torch.dtype:
+    """The perf model's compute dtype name ("bf16", "fp32") as a torch dtype."""
+    return torch.float32 if dtype == "fp32" else torch.bfloat16
+
+
+def engine_dtype(dtype: str) -> str:
+    """The same as EngineArgs.dtype spells it."""
+    return "float32" if dtype == "fp32" else "bfloat16"
+
+
 @dataclass(frozen=True)
 class HostPrecision:
     dtype: str  # the perf model's name for the engine's compute dtype: "bf16" or "fp32"
@@ -24,12 +34,12 @@ class HostPrecision:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return torch.bfloat16 if self.dtype == "bf16" else torch.float32
+        return torch_dtype(self.dtype)
 
     @property
     def engine_dtype(self) -> str:
         """EngineArgs.dtype for the engines the fit and the validation run."""
-        return "bfloat16" if self.dtype == "bf16" else "float32"
+        return engine_dtype(self.dtype)
 
     @property
     def fused_decode(self) -> bool:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tacit.perf_model.efficiency import Profile
 from tacit.perf_model.fit_decode import CONFIG as DECODE_CONFIG
+from tacit.perf_model.fit_host import engine_dtype
 from tacit.perf_model.fit_small_ops import best_of_each
 from tacit.perf_model.fit_torch_decode import per_step_and_layer
 from tacit.perf_model.model_shape import shape_from_hf
@@ -33,7 +34,7 @@ DEPTHS = (2, 6)
 PROMPT = 32
 
 
-def _ttft_measure(path: Path, engine_dtype: str = "bfloat16") -> Callable[[], float]:
+def _ttft_measure(path: Path, torch_name: str = "bfloat16") -> Callable[[], float]:
     """A call that prefills one PROMPT-token prompt on the model at `path` and returns its TTFT
     (the engine loaded and warmed up once, here)."""
     from tacit.bench.peers.tacit_engine import TacitBench
@@ -43,7 +44,7 @@ def _ttft_measure(path: Path, engine_dtype: str = "bfloat16") -> Callable[[], fl
 
     # No prefix cache: each repeat's prompt must be computed, not found (the validation's too)
     args = EngineArgs(
-        model=str(path), dtype=engine_dtype, num_kv_blocks=64, max_model_len=256, enable_prefix_caching=False
+        model=str(path), dtype=torch_name, num_kv_blocks=64, max_model_len=256, enable_prefix_caching=False
     )
     bench = TacitBench(LLMEngine(engine_args=args))
     bench.latency(random_prompts([PROMPT], 8000, seed=99), 2)  # warm-up
@@ -57,13 +58,12 @@ def prefill_overheads(spec: HardwareSpec, partial: Profile, repeats: int, dtype:
     depths' engines both loaded and measured in turn (best_of_each)."""
     from tacit.bench.random_model import write_random_model
 
-    engine_dtype = "float32" if dtype == "fp32" else "bfloat16"
     measures = []
     with tempfile.TemporaryDirectory() as root:
         for layers in DEPTHS:
             cfg = {**CONFIG, "num_hidden_layers": layers}
             path = write_random_model({"arch": "Qwen3Config", **cfg}, Path(root) / f"qwen3-{layers}")
-            measures.append(_ttft_measure(path, engine_dtype))
+            measures.append(_ttft_measure(path, engine_dtype(dtype)))
         ttfts = best_of_each(measures, repeats)
     residual = {}
     for layers, t in zip(DEPTHS, ttfts):

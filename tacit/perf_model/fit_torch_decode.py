@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tacit.perf_model.efficiency import Profile
 from tacit.perf_model.fit_decode import MEAN_CONTEXT, step_measures
+from tacit.perf_model.fit_host import engine_dtype
 from tacit.perf_model.fit_small_ops import best_of_each
 from tacit.perf_model.model_shape import shape_from_hf
 from tacit.perf_model.operators import StepShape, step_ops
@@ -62,7 +63,6 @@ def torch_decode_overheads(
     the synthetic DeepSeek-V3 above or another `config` ({"arch": transformers config class, ...})."""
     from tacit.bench.random_model import write_random_model
 
-    engine_dtype = "float32" if dtype == "fp32" else "bfloat16"
     config = config or {"arch": "DeepseekV3Config", **CONFIG}
     architecture = config["arch"].removesuffix("Config") + "ForCausalLM"
     residual, shapes, measures = {}, {}, []
@@ -70,7 +70,7 @@ def torch_decode_overheads(
         for layers in depths:  # both engines loaded, then measured in turn (best_of_each)
             cfg = {**config, "num_hidden_layers": layers}
             path = write_random_model(cfg, Path(root) / f"model-{layers}")
-            measures.append(step_measures(path, dtype, (1,), engine_dtype)[1])
+            measures.append(step_measures(path, dtype, (1,), engine_dtype(dtype))[1])
             hf = {k: v for k, v in cfg.items() if k != "arch"}
             shapes[layers] = shape_from_hf({**hf, "architectures": [architecture]})
         steps = best_of_each(measures, repeats)

@@ -128,8 +128,11 @@ def _stub_fit_stages(monkeypatch, host):
     spec = SimpleNamespace(peak_flops=lambda dtype: 2e11, memory_bandwidth=Sourced(3e10, "test"))
     monkeypatch.setattr(hardware_table, "this_cpu_spec", lambda: spec)
     curve = {"rows": [1, 64], "eff": [0.5, 0.8]}
-    for name in ("_gemm_curve", "absorbed_bmm_curve", "experts_curve", "fused_decode_curve"):
+    for name in ("absorbed_bmm_curve", "experts_curve", "fused_decode_curve"):
         monkeypatch.setattr(fit, name, lambda *a, **k: curve)
+    monkeypatch.setattr(
+        fit, "_gemm_curve", lambda *a, rows=fit.ROWS, **k: {"rows": list(rows), "eff": [0.5] * len(rows)}
+    )
     for name in ("prefill_attention_efficiency", "mla_prefill_attention_efficiency", "sampling_curve"):
         monkeypatch.setattr(fit, name, lambda *a, **k: {"rows": [32, 512], "eff": [0.1, 0.2]})
     monkeypatch.setattr(fit, "elementwise_curve", lambda *a, **k: {"bytes": [1e6, 1e8], "eff": [0.3, 0.1]})
@@ -154,6 +157,7 @@ def test_fit_assembles_a_profile_stage_by_stage(monkeypatch):
     assert p.step_overhead_s == {"decode_fused": 1e-4, "torch": 2e-4, "prefill": 5e-3}
     assert p.layer_overhead_s["prefill"] == 1e-3 and p.gemm_efficiency("int8", 1) == 0.5
     assert set(p.gemm) == {"bf16", "int8", "bmm", "moe_bf16", "bf16_fused_decode", "int8_fused_decode"}
+    assert p.gemm["bf16"].rows == (*fit.ROWS, *fit.BIG_ROWS)  # up to a prefill step's 2,048 rows
     assert p.compute_dtype == "bf16" and p.decode_path("Qwen3ForCausalLM") == "decode_fused"
     assert p.attention_decode == 0.5
 
@@ -168,10 +172,14 @@ def test_fit_without_native_bf16_times_the_float32_torch_paths(monkeypatch):
 
     _stub_fit_stages(monkeypatch, HostPrecision("fp32", kernels=False))
     dtypes = []
-    monkeypatch.setattr(fit, "_gemm_curve", lambda d, *a, **k: dtypes.append(d) or {"rows": [1, 64], "eff": [0.5, 0.8]})
+    monkeypatch.setattr(
+        fit,
+        "_gemm_curve",
+        lambda d, *a, rows=fit.ROWS, **k: dtypes.append(d) or {"rows": list(rows), "eff": [0.5] * len(rows)},
+    )
     ticks = []
     d = fit.fit(1, progress=lambda stage, total: ticks.append((stage, total)))
-    assert len(ticks) == fit.STAGES and dtypes == ["fp32"]
+    assert len(ticks) == fit.STAGES and dtypes == ["fp32", "fp32"]  # up to 512 rows, then the prefill rows
     p = _profile("this-cpu", d)
     assert set(p.gemm) == {"fp32", "bmm", "moe_fp32"} and p.compute_dtype == "fp32"
     assert p.attention_decode == 0.25 and p.step_overhead_s == {"torch": 2e-4, "torch_dense": 2e-4, "prefill": 5e-3}
