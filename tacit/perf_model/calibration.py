@@ -18,7 +18,7 @@ prefill GEMM was priced 4-6x too slow. So the fit is keyed by the machine and ma
   away, the machine is not in the state the fit describes, and it is fitted again.
 
 `tacit predict --calibrate` forces a new fit; `--validate` and `--hardware this-cpu` fit first
-when no cached fit matches (about a minute on 2 cores, a progress bar on stderr).
+when no cached fit matches (one to two minutes on 2 cores, a progress bar on stderr).
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def lookup(peaks: dict[str, float] | None = None, threads: int | None = None) ->
 
 
 def run_fit(repeats: int) -> dict[str, Any]:
-    """The full micro-benchmark fit (fit.py): about a minute on 2 cores."""
+    """The full micro-benchmark fit (fit.py): one to two minutes on 2 cores."""
     from tacit.perf_model.fit import fit
 
     return fit(repeats, progress=_progress_bar())
@@ -170,12 +170,19 @@ def _progress_bar():
     return step
 
 
-def calibrate(reason: str = "asked for (--calibrate)", repeats: int = 5) -> dict[str, Any]:
+# Best of 10 runs a point, not 5: on the AVX2 EPYC two validations after 10-repeat fits read
+# prefill median 8.9% and 11.4% against 12.6-18.1% in three after 5-repeat fits (decode 10.0 and
+# 7.1% against 7.5-10.8%), for ~40 s more fitting (~85 s there): each point has twice the chances
+# of a run the shared machine did not disturb (docs/performance/predict.md)
+REPEATS = 10
+
+
+def calibrate(reason: str = "asked for (--calibrate)", repeats: int = REPEATS) -> dict[str, Any]:
     """Fit this machine now and write its calibration file (atomically: another process may be
     reading it); returns the file's contents."""
     key = machine_key()
     path = calibration_path(key)
-    print(f"calibrating this-cpu: {reason}; about a minute (written to {path})", file=sys.stderr, flush=True)
+    print(f"calibrating this-cpu: {reason}; one to two minutes (written to {path})", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     profile = run_fit(repeats)
     data = {

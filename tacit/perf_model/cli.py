@@ -104,7 +104,7 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--calibrate",
         action="store_true",
-        help="fit this machine's efficiency profile now (about a minute; cached, and made anyway on first use of "
+        help="fit this machine's efficiency profile now (one to two minutes; cached, and made anyway on first use of "
         "this-cpu or --validate); alone: only that",
     )
     p.add_argument(
