@@ -44,14 +44,14 @@ def test_the_key_names_processor_cpus_and_threads():
 
 def test_first_use_fits_then_the_cache_hits(cache, capsys):
     p = calibration.this_cpu_profile()
-    assert cache.fits == [5] and p.roofs["read_bandwidth"] == PEAKS["read_bandwidth"]
+    assert cache.fits == [calibration.REPEATS] and p.roofs["read_bandwidth"] == PEAKS["read_bandwidth"]
     assert "no calibration for this machine" in capsys.readouterr().err
     data = json.loads(calibration.calibration_path(calibration.machine_key()).read_text())
     assert data["key"] == calibration.machine_key() and data["command"] == "tacit predict --calibrate"
     assert data["fitted_at"] and data["profile"]["roofs"]["bf16_flops"] == PEAKS["bf16_flops"]
-    assert calibration.this_cpu_profile().gemm == p.gemm and cache.fits == [5]  # a hit: no second fit
+    assert calibration.this_cpu_profile().gemm == p.gemm and cache.fits == [calibration.REPEATS]  # a hit: no second fit
     calibration.this_cpu_profile(refit=True)  # --calibrate
-    assert cache.fits == [5, 5]
+    assert cache.fits == [calibration.REPEATS] * 2
 
 
 def test_peaks_moving_past_the_margin_refit(cache, capsys):
