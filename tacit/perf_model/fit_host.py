@@ -76,7 +76,7 @@ def priced_dtypes(
     from tacit.perf_model.ggml_mixes import GGML_TYPES
 
     wdt = resolve_weight_format(quantization, checkpoint_format)
-    if spec.name == "this-cpu" and quantization in ("", "auto", None):
+    if spec.name == "this-cpu" and quantization in ("", "auto", "none", None):  # none: dequantized at load
         host = host_precision()
         if wdt == "bf16" or (wdt in GGML_TYPES and not host.kernels):
             wdt = host.dtype

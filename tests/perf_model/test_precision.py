@@ -323,6 +323,7 @@ def test_this_cpu_prices_an_unquantized_model_in_the_engines_dtype(monkeypatch):
     assert priced(cpu, "auto", "auto", "fp8") == ("fp8", "bf16")
     assert priced(cpu, "auto", "auto", "q8_0") == ("fp32", "fp32")  # no kernels: the GGUF dequantized at load
     assert priced(cpu, "q8_0", "auto", "q8_0") == ("q8_0", "bf16")
+    assert priced(cpu, "none", "auto", "q8_0") == ("fp32", "fp32")
     assert priced(gpu, "auto", "auto", "") == ("bf16", "bf16")
     with pytest.raises(ValueError, match="--kv-cache-dtype 'fp6' is not known"):
         priced(cpu, "auto", "fp6", "")
