@@ -47,7 +47,10 @@ class AccuracyGate:
 
     def __init__(self, base: EngineArgs, budget: float, path: Path, kld: KLDFn = kld_mean) -> None:
         self.base, self.budget, self.path, self.kld = base, budget, path, kld
-        self.checks: dict[str, float] = json.loads(path.read_text()) if path.exists() else {}
+        # the checks hold for this reference only: a study resumed on another model starts afresh
+        self.reference = {k: getattr(base, k) for k in ("model", "dtype", *output_changing_knobs())}
+        saved = json.loads(path.read_text()) if path.exists() else {}
+        self.checks: dict[str, float] = saved.get("checks", {}) if saved.get("reference") == self.reference else {}
 
     def changes(self, point: dict[str, Any]) -> dict[str, Any]:
         """The point's output-changing knobs that differ from the base configuration."""
@@ -58,7 +61,7 @@ class AccuracyGate:
         key = json.dumps(changes, sort_keys=True)
         if key not in self.checks:
             self.checks[key] = self.kld(validate_point(changes, self.base), self.base)
-            self.path.write_text(json.dumps(self.checks, indent=1) + "\n")
+            self.path.write_text(json.dumps({"reference": self.reference, "checks": self.checks}, indent=1) + "\n")
         return self.checks[key]
 
     def __call__(self, measure: Measure) -> Measure:

@@ -49,6 +49,7 @@ def test_a_point_over_the_budget_is_infeasible_before_it_is_measured(tmp_path):
     again = AccuracyGate(EngineArgs(model="m"), 0.01, tmp_path / "accuracy.json", kld)
     again({"quantization": "int4"})
     assert len(calls) == 2
+    assert AccuracyGate(EngineArgs(model="other"), 0.01, tmp_path / "accuracy.json", kld).checks == {}
     assert again.report() == [
         {"changes": {"quantization": "int8"}, "kld_mean": 0.004, "within_budget": True},
         {"changes": {"quantization": "int4"}, "kld_mean": 0.09, "within_budget": False},
