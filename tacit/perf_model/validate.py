@@ -124,17 +124,18 @@ def predicted(
     from dataclasses import replace
 
     from tacit.config import SchedulerConfig
+    from tacit.perf_model.fit_host import priced_dtypes
     from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
     from tacit.perf_model.predict import Workload, predict
     from tacit.platforms.hardware_table import get_hardware_spec
 
     shape = replace(shape_from_hf(load_hf_config(model)), routing_draws=draws)
     scheduler = SchedulerConfig(max_num_batched_tokens=BATCH_TOKEN_BUDGET)
-    # the KV cache is in the engine's dtype: float32 where it computes in float32
-    kv = "fp32" if weights == "fp32" else "bf16"
+    spec = get_hardware_spec("this-cpu")
+    weights, kv = priced_dtypes(spec, weights, "auto", "")  # the engine's auto KV cache: its compute dtype
     p = predict(
         shape,
-        get_hardware_spec("this-cpu"),
+        spec,
         Workload(batch, input_len, OUTPUT_LEN, weights, kv, scheduler=scheduler),
         profile,
     )
