@@ -44,7 +44,7 @@ from tacit.platforms.specs import HardwareSpec
 # -> 1.1 TFLOP/s bf16, 6.6x) is far past it.
 DRIFT_MARGIN = 0.20
 # Bump when fit.py measures something new or differently: older files are then a miss.
-FIT_VERSION = 4  # 3: the prefill step's fixed cost (fit_prefill.py); 4: the host's compute dtype (fit_host.py)
+FIT_VERSION = 5  # 3: the prefill step's fixed cost (fit_prefill.py); 4: the host's compute dtype (fit_host.py); 5: fixed costs at 256 wide, the Qwen3-MoE layer its own
 COMMAND = "tacit predict --calibrate"
 
 
@@ -209,7 +209,11 @@ def this_cpu_calibration(refit: bool = False) -> dict[str, Any]:
 
 
 def this_cpu_profile(refit: bool = False) -> Profile:
-    data = this_cpu_calibration(refit)
+    return calibration_profile(this_cpu_calibration(refit))
+
+
+def calibration_profile(data: dict[str, Any]) -> Profile:
+    """The Profile a calibration file's contents describe, its source naming the fit."""
     source = f"this machine's calibration, fitted {data['fitted_at']} ({calibration_path(data['key'])})"
     return _profile("this-cpu", {**data["profile"], "source": source})
 

@@ -14,7 +14,7 @@ import bisect
 import functools
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tacit.perf_model.dtypes import efficiency_dtype
@@ -57,7 +57,7 @@ class Profile:
     sampling: Curve  # the same for the sampler over the logits, by sampled rows
     op_overhead_s: float  # per kernel launch
     # per step and per layer, by the path a step runs ("decode_fused", "torch", "torch_dense",
-    # "prefill"): Python, scheduling
+    # "torch_moe", "prefill"): Python, scheduling
     step_overhead_s: dict[str, float]
     layer_overhead_s: dict[str, float]
     torch_decode_architectures: tuple[str, ...]  # architectures whose decode runs the torch path
@@ -79,6 +79,13 @@ class Profile:
     # the torch path's GQA decode attention by query heads per KV head (a CPU without tacit's
     # C++ kernels: fit_attention.torch_decode_attention_curve); None: attention_decode for all
     attention_decode_torch: Curve | None = None
+    # a torch-path decode step's host cost for each row past the first, and for each row past
+    # the first and layer (the scheduler's and sampler's per-sequence work, the attention
+    # backend's per-sequence metadata), by path: a 256-wide dense Qwen3's step at 16 rows left
+    # 1.3-1.9 ms more over its operators than at 1 row, DeepSeek-V3's 2.8-4.3 (fit_torch_decode.py);
+    # a path without them charges none
+    row_overhead_s: dict[str, float] = field(default_factory=dict)
+    row_layer_overhead_s: dict[str, float] = field(default_factory=dict)
 
     def gemm_efficiency(self, weight_dtype: str, rows: float) -> float:
         # a dequantizing or integer kernel (int4, mxfp4, GGML types) without its own curve: int8's
@@ -87,15 +94,17 @@ class Profile:
                 return self.gemm[key](rows)
         raise KeyError(f"profile {self.name} has no GEMM curve for {weight_dtype} nor {self.compute_dtype}")
 
-    def decode_path(self, architecture: str, dense: bool = False) -> str:
+    def decode_path(self, architecture: str, layer_kind: str) -> str:
         """The path a decode step runs: "decode_fused", or the torch path ("*" among the
-        torch_decode_architectures: every architecture, a CPU without tacit's C++ kernels), where
-        a dense model (no MoE, no MLA) has its own fixed costs if the profile fitted them
-        ("torch_dense")."""
+        torch_decode_architectures: every architecture, a CPU without tacit's C++ kernels), whose
+        fixed costs follow the layer (ModelShape.layer_kind) where the profile fitted them: a
+        dense layer is ~a dozen torch ops ("torch_dense"), a GQA layer with a routed MoE more
+        ("torch_moe"), DeepSeek's MLA and MoE layer the most ("torch")."""
         torch_path = architecture in self.torch_decode_architectures or "*" in self.torch_decode_architectures
         if not torch_path:
             return "decode_fused"
-        return "torch_dense" if dense and "torch_dense" in self.step_overhead_s else "torch"
+        key = {"dense": "torch_dense", "moe": "torch_moe"}.get(layer_kind, "torch")
+        return key if key in self.step_overhead_s else "torch"
 
 
 def _curve(v: float | dict) -> Curve:
@@ -125,6 +134,8 @@ def _profile(name: str, d: dict) -> Profile:
         graph_step_overhead_s=float(d.get("graph_step_overhead_s", 0.0)),
         compute_dtype=d.get("compute_dtype", "bf16"),
         attention_decode_torch=_curve(d["attention_decode_torch"]) if "attention_decode_torch" in d else None,
+        row_overhead_s=d.get("row_overhead_s", {}),
+        row_layer_overhead_s=d.get("row_layer_overhead_s", {}),
     )
 
 

@@ -25,9 +25,9 @@ the machine is shared, and the best run is the one least disturbed.
   8-layer Qwen3 (fit_decode.py), net of the other operators as the profile so far predicts them;
 - the engine's fixed cost per step and per layer: decode steps of tiny 1- and 4-layer random
   Qwen3s (the fused C++ decode path), where FLOPs and bytes are ~0, fitted as a + b * layers;
-  the torch path's (DeepSeek-V3) from a 768-wide synthetic model at two depths, net of its
-  predicted operators (fit_torch_decode.py); a step with prompt tokens from a short prompt's
-  TTFT on a 1024-wide Qwen3 at two depths, likewise (fit_prefill.py).
+  the torch path's from 256-wide synthetic DeepSeek-V3, Qwen3-MoE and Qwen3 models at two
+  depths, net of their predicted operators (fit_torch_decode.py); a step with prompt tokens
+  from a short prompt's TTFT on the 256-wide Qwen3 at two depths, likewise (fit_prefill.py).
 """
 
 from __future__ import annotations
@@ -54,11 +54,9 @@ from tacit.perf_model.fit_attention import (
 from tacit.perf_model.fit_decode import fused_decode_curve, step_measures
 from tacit.perf_model.fit_experts import experts_curve
 from tacit.perf_model.fit_host import host_precision, torch_dtype
-from tacit.perf_model.fit_prefill import CONFIG as PREFILL_CONFIG
-from tacit.perf_model.fit_prefill import DEPTHS as PREFILL_DEPTHS
 from tacit.perf_model.fit_prefill import prefill_overheads
 from tacit.perf_model.fit_small_ops import best_of_each, best_seconds_each, elementwise_curve, sampling_curve
-from tacit.perf_model.fit_torch_decode import torch_decode_overheads
+from tacit.perf_model.fit_torch_decode import DENSE_CONFIG, GQA_DEPTHS, MOE_CONFIG, torch_decode_overheads
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 256, 512)
 # A prefill step's rows reach the scheduler's token budget (2,048 by default; --validate runs
@@ -149,7 +147,7 @@ def _tiny_qwen3(layers: int, root: Path) -> Path:
 
 def _overheads(repeats: int) -> tuple[dict, dict]:
     """Per step and per layer of the fused path: step(layers) = a + b * layers from tiny 1- and
-    4-layer Qwen3s, measured in turn (the torch path's: fit_torch_decode.py, at a real width)."""
+    4-layer Qwen3s, measured in turn (the torch path's: fit_torch_decode.py, at 256 wide)."""
     with tempfile.TemporaryDirectory() as root:
         measures = [step_measures(_tiny_qwen3(n, Path(root)), "bf16", (1,))[1] for n in (1, 4)]
         t1, t4 = best_of_each(measures, repeats)
@@ -158,7 +156,7 @@ def _overheads(repeats: int) -> tuple[dict, dict]:
     return {"decode_fused": round(max(t1 - b, 0.0), 7)}, {"decode_fused": round(b, 7)}
 
 
-STAGES = 16  # the progress ticks below
+STAGES = 17  # the progress ticks below
 
 
 def fit(repeats: int = 5, progress: Callable[[str, int], None] | None = None) -> dict:
@@ -230,6 +228,8 @@ def fit(repeats: int = 5, progress: Callable[[str, int], None] | None = None) ->
         "op_overhead_s": 0.0,
         "step_overhead_s": step,
         "layer_overhead_s": layer,
+        "row_overhead_s": {},  # the torch path's, fitted below
+        "row_layer_overhead_s": {},
         # tacit's fused C++ decode step covers Llama/Qwen dense, Qwen3-MoE and DeepSeek-V3 (MLA
         # layers): no architecture's bf16 decode runs the torch path where the kernels load;
         # without them every architecture's does ("*")
@@ -237,20 +237,22 @@ def fit(repeats: int = 5, progress: Callable[[str, int], None] | None = None) ->
         "reduce_bytes": 4,  # tacit's CPU ranks all-reduce in float32
     }
     # Last: these subtract the step's other operators as the profile so far predicts them
-    step["torch"], layer["torch"] = torch_decode_overheads(spec, _profile("this-cpu", profile), repeats, dt)
+    rows, row_layers = profile["row_overhead_s"], profile["row_layer_overhead_s"]
+    fitted = torch_decode_overheads(spec, _profile("this-cpu", profile), repeats, dt)
+    step["torch"], layer["torch"], rows["torch"], row_layers["torch"] = fitted
     tick("torch-path overheads")
-    if host.fused_decode:
-        tick("dense torch-path overheads: skipped, the fused step decodes dense models")
-    else:
-        # A dense layer is a few torch ops where DeepSeek's MLA and MoE layer is dozens: priced
-        # with DeepSeek's 1.9 ms a layer, random:qwen3-100m's float32 decode read +20-50% on an
-        # AVX2-only EPYC (`tacit predict --validate`)
-        dense = {"arch": "Qwen3Config", **PREFILL_CONFIG}
+    # A dense layer is a few torch ops where DeepSeek's MLA and MoE layer is dozens: priced with
+    # DeepSeek's 1.9 ms a layer, random:qwen3-100m's float32 decode read +20-50% on an AVX2-only
+    # EPYC (`tacit predict --validate`); a Qwen3-MoE layer sits between (0.9 ms to DeepSeek's 1.2-1.4)
+    for kind, config in (("dense", DENSE_CONFIG), ("moe", MOE_CONFIG)):
+        if host.fused_decode:
+            tick(f"{kind} torch-path overheads: skipped, the fused step decodes these models")
+            continue
         partial = _profile("this-cpu", profile)
-        step["torch_dense"], layer["torch_dense"] = torch_decode_overheads(
-            spec, partial, repeats, dt, dense, PREFILL_DEPTHS
-        )
-        tick("dense torch-path overheads")
+        fitted = torch_decode_overheads(spec, partial, repeats, dt, config, GQA_DEPTHS)
+        path = f"torch_{kind}"
+        step[path], layer[path], rows[path], row_layers[path] = fitted
+        tick(f"{kind} torch-path overheads")
     step["prefill"], layer["prefill"] = prefill_overheads(spec, _profile("this-cpu", profile), repeats, dt)
     tick("prefill overheads")
     for dtype in ("bf16", "int8"):

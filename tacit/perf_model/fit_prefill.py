@@ -9,6 +9,11 @@ torch-path fixed cost is fitted on (fit_torch_decode.py) put it at ~0 on this ma
 priced every 32-token prompt 14-49% under what the engine took (qwen3-100m: 18.4 ms predicted,
 36.1 measured) while the 256-4096-token prefills were within +-30% either way. PROMPT is that
 short length, where the fixed cost is the largest share.
+
+The model is fit_torch_decode's 256-wide dense Qwen3, for the reason given there: at 1,024 wide
+a 32-token prompt's operators were 75-80% of its TTFT, and four fits on an AVX2 EPYC put the
+fixed cost at 2.30, 3.66, 3.10 and 0.81 ms a layer; at 256 wide (operators 25-30%) two fits read
+1.17 and 0.80. With 3.66, `random:qwen3-100m`'s 32-token prefill read +40% in the validation.
 """
 
 from __future__ import annotations
@@ -19,18 +24,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tacit.perf_model.efficiency import Profile
-from tacit.perf_model.fit_decode import CONFIG as DECODE_CONFIG
 from tacit.perf_model.fit_host import engine_dtype
 from tacit.perf_model.fit_small_ops import best_of_each
-from tacit.perf_model.fit_torch_decode import per_step_and_layer
+from tacit.perf_model.fit_torch_decode import DENSE_CONFIG, GQA_DEPTHS, per_step_and_layer
 from tacit.perf_model.model_shape import shape_from_hf
 from tacit.perf_model.step_model import Chunk, MixedStep, Pricing, mixed_step_times
 from tacit.platforms.specs import HardwareSpec
 
-# The fused-decode fit's 1024-wide Qwen3 with a smaller vocabulary: the per-layer slope needs
-# layers at a real width, not a lm_head's ~65 MB stream
-CONFIG = {**DECODE_CONFIG, "vocab_size": 8000}
-DEPTHS = (2, 6)
+CONFIG = {k: v for k, v in DENSE_CONFIG.items() if k != "arch"}
+DEPTHS = GQA_DEPTHS
 PROMPT = 32
 
 

@@ -113,6 +113,12 @@ class ModelShape:
         return self.kv_lora_rank > 0
 
     @property
+    def layer_kind(self) -> str:
+        """ "mla" (MLA attention, DeepSeek's), "moe" (GQA with routed experts) or "dense": the
+        torch path's fixed cost a layer differs by kind (Profile.decode_path)."""
+        return "mla" if self.is_mla else "moe" if self.is_moe else "dense"
+
+    @property
     def num_moe_layers(self) -> int:
         return self.num_layers - self.num_dense_layers if self.is_moe else 0
 

@@ -169,7 +169,7 @@ def step_time(
     priced on step.batch / verify_rows sequences of verify_rows new tokens each."""
     decode = step.new_tokens == 1
     act = activation_dtype(w.weight_dtype, w.activation_dtype, fp8_units="fp8" in spec.flops)
-    path = profile.decode_path(s.architecture, not (s.is_moe or s.is_mla)) if decode else "torch"
+    path = profile.decode_path(s.architecture, s.layer_kind) if decode else "torch"
     graphs = spec.graphs and decode  # engines capture decode steps only (--enforce-eager: spec.graphs off)
     tbo = w.parallel.two_batch_overlap and step.batch >= 2
     run = replace(step, batch=-(-step.batch // 2)) if tbo else step
@@ -180,11 +180,12 @@ def step_time(
         ops = [op for op in ops if op.op_class != "attention"] + [op for op in shared_kv if op.op_class == "attention"]
     times = [op_time(op, spec, profile, decode, path, graphs) for op in ops]
     fixed_path = path if decode else "prefill"
+    rows = w.parallel.sequences_per_device(step.batch)  # the host's per-sequence work
     if not tbo:
-        return step_seconds(times, profile, fixed_path, s.num_layers, graphs), times
+        return step_seconds(times, profile, fixed_path, s.num_layers, graphs, rows), times
     comm = sum(t.seconds for t in times if t.op.op_class == "communication")
     compute = sum(t.seconds for t in times) - comm
-    fixed = step_seconds([], profile, fixed_path, s.num_layers, graphs)
+    fixed = step_seconds([], profile, fixed_path, s.num_layers, graphs, rows)
     overlapped = 2 * max(compute, comm) + min(compute, comm) / s.num_layers + fixed
     doubled = [replace(t, seconds=2 * t.seconds, compute_s=2 * t.compute_s, memory_s=2 * t.memory_s) for t in times]
     return overlapped, doubled

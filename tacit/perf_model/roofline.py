@@ -98,17 +98,22 @@ def communication_seconds(op: Op, spec: HardwareSpec) -> float:
     )
 
 
-def step_seconds(times: list[OpTime], profile: Profile, path: str, num_layers: int, graphs: bool = False) -> float:
+def step_seconds(
+    times: list[OpTime], profile: Profile, path: str, num_layers: int, graphs: bool = False, rows: int = 1
+) -> float:
     """The step: its operators in sequence, plus the engine's fixed cost per step and per layer
-    on the path it runs (fitted on this CPU; from published launch costs elsewhere). A graph
-    replay has no per-layer host cost but one graph launch. path "prefill" is a step with prompt
-    tokens (fit_prefill.py); a profile without that fit charges it the torch path's."""
+    on the path it runs (fitted on this CPU; from published launch costs elsewhere), and on a
+    path with a per-row fit, its `rows` sequences' host cost. A graph replay has no per-layer
+    host cost but one graph launch. path "prefill" is a step with prompt tokens
+    (fit_prefill.py); a profile without that fit charges it the torch path's."""
     fallback = "torch" if path == "prefill" else path
     fixed = profile.step_overhead_s.get(path, profile.step_overhead_s.get(fallback, 0.0))
     if graphs and profile.graph_op_overhead_s is not None:
         fixed += profile.graph_step_overhead_s
     else:
         fixed += num_layers * profile.layer_overhead_s.get(path, profile.layer_overhead_s.get(fallback, 0.0))
+        per_row = profile.row_overhead_s.get(path, 0.0) + num_layers * profile.row_layer_overhead_s.get(path, 0.0)
+        fixed += max(rows - 1, 0) * per_row
     return sum(t.seconds for t in times) + fixed
 
 

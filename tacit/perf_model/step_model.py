@@ -147,8 +147,9 @@ def mixed_step_times(p: Pricing, step: MixedStep) -> tuple[float, list[OpTime]]:
         times += [op_time(op, p.spec, p.profile, True, graphs=graphs) for op in _attention(p, dec)]
     prefill_ops = [op for c in prefills for op in _attention(p, StepShape(1, c.new_tokens, c.context))]
     times += [op_time(op, p.spec, p.profile, False) for op in _merge(prefill_ops)]
-    path = p.profile.decode_path(s.architecture, not (s.is_moe or s.is_mla)) if decode_only else "prefill"
-    return step_seconds(times, p.profile, path, s.num_layers, graphs), times
+    path = p.profile.decode_path(s.architecture, s.layer_kind) if decode_only else "prefill"
+    rows = par.sequences_per_device(len(step.chunks))  # the host's per-sequence work
+    return step_seconds(times, p.profile, path, s.num_layers, graphs, rows), times
 
 
 def mixed_step_seconds(p: Pricing, step: MixedStep) -> float:

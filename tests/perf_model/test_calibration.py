@@ -139,7 +139,16 @@ def _stub_fit_stages(monkeypatch, host):
     monkeypatch.setattr(fit, "_attention_decode", lambda *a, **k: 0.5)
     monkeypatch.setattr(fit, "torch_decode_attention_curve", lambda *a, **k: {"rows": [1, 8], "eff": [0.5, 0.25]})
     monkeypatch.setattr(fit, "_overheads", lambda r: ({"decode_fused": 1e-4}, {"decode_fused": 6e-6}))
-    monkeypatch.setattr(fit, "torch_decode_overheads", lambda *a: (2e-4, 3e-5))
+    # (per step, per layer, per row, per row and layer) by the synthetic model's architecture:
+    # DeepSeek-V3's by default
+    by_arch = {
+        "DeepseekV3Config": (2e-4, 3e-5, 1e-4, 3e-5),
+        "Qwen3Config": (1e-4, 1e-5, 6e-5, 1e-5),
+        "Qwen3MoeConfig": (1.5e-4, 2e-5, 1e-4, 4e-5),
+    }
+    monkeypatch.setattr(
+        fit, "torch_decode_overheads", lambda *a: by_arch[a[4]["arch"] if len(a) > 4 else "DeepseekV3Config"]
+    )
     monkeypatch.setattr(fit, "prefill_overheads", lambda *a: (5e-3, 1e-3))
 
 
@@ -158,7 +167,7 @@ def test_fit_assembles_a_profile_stage_by_stage(monkeypatch):
     assert p.layer_overhead_s["prefill"] == 1e-3 and p.gemm_efficiency("int8", 1) == 0.5
     assert set(p.gemm) == {"bf16", "int8", "bmm", "moe_bf16", "bf16_fused_decode", "int8_fused_decode"}
     assert p.gemm["bf16"].rows == (*fit.ROWS, *fit.BIG_ROWS)  # up to a prefill step's 2,048 rows
-    assert p.compute_dtype == "bf16" and p.decode_path("Qwen3ForCausalLM") == "decode_fused"
+    assert p.compute_dtype == "bf16" and p.decode_path("Qwen3ForCausalLM", "dense") == "decode_fused"
     assert p.attention_decode == 0.5
 
 
@@ -182,9 +191,15 @@ def test_fit_without_native_bf16_times_the_float32_torch_paths(monkeypatch):
     assert len(ticks) == fit.STAGES and dtypes == ["fp32", "fp32"]  # up to 512 rows, then the prefill rows
     p = _profile("this-cpu", d)
     assert set(p.gemm) == {"fp32", "bmm", "moe_fp32"} and p.compute_dtype == "fp32"
-    assert p.attention_decode == 0.25 and p.step_overhead_s == {"torch": 2e-4, "torch_dense": 2e-4, "prefill": 5e-3}
-    assert all(p.decode_path(a) == "torch" for a in ("Qwen3ForCausalLM", "DeepseekV3ForCausalLM"))
-    assert p.decode_path("Qwen3ForCausalLM", dense=True) == "torch_dense"
+    assert p.attention_decode == 0.25
+    assert p.step_overhead_s == {"torch": 2e-4, "torch_dense": 1e-4, "torch_moe": 1.5e-4, "prefill": 5e-3}
+    assert p.layer_overhead_s["torch_dense"] == 1e-5 and p.layer_overhead_s["torch_moe"] == 2e-5
+    assert p.row_overhead_s == {"torch": 1e-4, "torch_dense": 6e-5, "torch_moe": 1e-4}
+    assert p.row_layer_overhead_s == {"torch": 3e-5, "torch_dense": 1e-5, "torch_moe": 4e-5}
+    # each layer kind's decode its own fixed costs, on every architecture
+    assert all(p.decode_path(a, "mla") == "torch" for a in ("Qwen3ForCausalLM", "DeepseekV3ForCausalLM"))
+    assert p.decode_path("Qwen3ForCausalLM", "dense") == "torch_dense"
+    assert p.decode_path("Qwen3MoeForCausalLM", "moe") == "torch_moe"
     assert p.attention_decode_torch(1) == 0.5 and p.attention_decode_torch(8) == 0.25
     # a dtype without its own curve borrows the compute dtype's
     assert p.gemm_efficiency("bf16", 1) == p.gemm_efficiency("int8", 1) == 0.5
@@ -243,6 +258,69 @@ def test_a_prefill_steps_fixed_cost_is_its_own_and_falls_back_to_the_torch_paths
     fitted = replace(torch_only, step_overhead_s={"torch": 2e-3, "prefill": 5e-3}, layer_overhead_s={"prefill": 1e-3})
     assert step_seconds([], fitted, "prefill", 10) == pytest.approx(5e-3 + 10 * 1e-3)
     assert step_seconds([], fitted, "torch", 10) == pytest.approx(2e-3)  # decode on the torch path
+
+
+def test_torch_path_decode_fixed_costs_follow_the_layer_kind():
+    """Without the fused step every architecture decodes on the torch path, whose fixed cost a
+    layer differs by kind (0.6-0.7 ms dense, ~0.9 GQA + MoE, 1.2-1.4 DeepSeek's on an AVX2 EPYC):
+    each shape is charged its own kind's figure, a kind the profile did not fit DeepSeek's."""
+    from dataclasses import replace
+
+    from tacit.perf_model.efficiency import _profile
+    from tacit.perf_model.model_shape import ModelShape
+    from tacit.perf_model.predict import Workload, predict
+    from tacit.platforms.hardware_table import get_hardware_spec
+
+    spec = get_hardware_spec("this-cpu")
+    layer = {"torch": 3e-3, "torch_dense": 1e-3, "torch_moe": 2e-3}
+    fitted = replace(
+        _profile("t", REFERENCE),
+        torch_decode_architectures=("*",),
+        step_overhead_s=dict.fromkeys(layer, 0.0),
+        layer_overhead_s=layer,
+    )
+    unfitted = replace(fitted, step_overhead_s={"torch": 0.0}, layer_overhead_s={"torch": 3e-3})
+    dense = ModelShape("Qwen3ForCausalLM", 256, 4, 4, 1, 64, 704, 8000, True)
+    moe = replace(dense, architecture="Qwen3MoeForCausalLM", num_experts=16, top_k=4, moe_intermediate_size=128)
+    mla = replace(
+        dense,
+        architecture="DeepseekV3ForCausalLM",
+        num_kv_heads=4,
+        kv_lora_rank=128,
+        qk_nope_head_dim=64,
+        qk_rope_head_dim=32,
+        v_head_dim=64,
+    )
+    w = Workload(1, 32, 2, "fp32", "fp32")
+    for shape, per_layer in ((dense, 1e-3), (moe, 2e-3), (mla, 3e-3)):
+        gap = predict(shape, spec, w, unfitted).tpot_s - predict(shape, spec, w, fitted).tpot_s
+        assert gap == pytest.approx(4 * (3e-3 - per_layer), abs=1e-9), shape.layer_kind
+
+
+def test_torch_decode_overheads_split_the_steps_left_over_by_layer_and_row(monkeypatch):
+    """Steps measured at two depths and 1 and 16 rows, less their operators (zero here), give
+    a + b * layers + (rows - 1) * (c + d * layers) back; step_seconds charges it the same way."""
+    from dataclasses import replace
+
+    from tacit.bench import random_model
+    from tacit.perf_model import fit_torch_decode as ftd
+    from tacit.perf_model.efficiency import _profile
+    from tacit.perf_model.roofline import OpTime, step_seconds
+
+    a, b, c, d = 1e-3, 6e-4, 1e-4, 3e-5
+
+    def step(layers, rows):
+        return a + b * layers + (rows - 1) * (c + d * layers)
+
+    monkeypatch.setattr(random_model, "write_random_model", lambda cfg, path: cfg["num_hidden_layers"])
+    monkeypatch.setattr(ftd, "step_measures", lambda layers, *x: {r: lambda r=r: step(layers, r) for r in ftd.ROWS})
+    monkeypatch.setattr(ftd, "op_time", lambda op, *x: OpTime(op, 0.0, 0.0, 0.0, 1.0))
+    fitted = ftd.torch_decode_overheads(None, None, 2, "fp32", ftd.DENSE_CONFIG, ftd.GQA_DEPTHS)
+    assert fitted == pytest.approx((a, b, c, d))
+    profile = _profile("t", {**REFERENCE, "step_overhead_s": {"torch": a}, "layer_overhead_s": {"torch": b}})
+    priced = replace(profile, row_overhead_s={"torch": c}, row_layer_overhead_s={"torch": d})
+    assert step_seconds([], priced, "torch", 12, rows=16) == pytest.approx(step(12, 16))
+    assert step_seconds([], profile, "torch", 12, rows=16) == pytest.approx(step(12, 1))  # no row fit: none
 
 
 def test_validation_predicts_the_last_first_token_as_it_measures(cache):
@@ -317,3 +395,58 @@ def test_self_timed_measures_run_round_robin_and_keep_their_best():
 
     assert best_of_each([measure("a"), measure("b")], 3) == [1.0, 2.0]
     assert calls == ["a", "b"] * 3
+
+
+class _FakeBench:
+    """TacitBench.latency's shape: each call's decode step (10 ms) and TTFT (100 ms) times the
+    next slowdown of a script; records each call's batch."""
+
+    def __init__(self, slow: list[float]):
+        self.batches, self.slow = [], iter(slow)
+
+    def latency(self, prompts, output_len):
+        self.batches.append(len(prompts))
+        k = next(self.slow)
+        return {"decode_tok_s": len(prompts) / (0.01 * k), "ttft_s": 0.1 * k}
+
+
+def test_validation_runs_a_models_configurations_in_turn_and_keeps_each_ones_best(monkeypatch):
+    """All configurations once, then all again: a slow patch (3x here) costs the runs it falls
+    on, and each configuration keeps its faster run."""
+    from tacit.perf_model import validate
+
+    monkeypatch.setattr(validate, "REPEATS", 2)
+    bench = _FakeBench([3, 3, 1, 1] + [1, 1, 3, 3])  # the first pass's first half slow, then the second's
+    configs = [(1, 32), (4, 32), (2, 256), (16, 32)]
+    best = validate.measure_all(bench, configs)
+    assert bench.batches == [1, 4, 2, 16] * 2
+    assert best == [pytest.approx((0.01, 0.1))] * 4
+
+
+def test_validation_checks_the_machine_before_each_model(monkeypatch, tmp_path):
+    """Each model's rows are priced with the fit of the machine as it is when its engine loads:
+    a refit between two models (the peaks moved) prices the second with the new fit, and the
+    JSON lists both."""
+    from tacit.perf_model import calibration, validate
+    from tacit.perf_model.fit_host import HostPrecision
+
+    fits = iter(["2026-12-06T10:00:00", "2026-12-06T10:00:00", "2026-12-06T10:05:00"])
+    profiles = []
+
+    def fitted(refit=False):
+        profile = {**REFERENCE, "roofs": {"bf16_flops": 1.5e11, "read_bandwidth": 3e10}}
+        return {"key": calibration.machine_key(), "fitted_at": next(fits), "fit_seconds": 60.0, "profile": profile}
+
+    plan = [("random:a", "fp32", [(1, 32)]), ("random:b", "fp32", [(1, 32)]), ("random:c", "fp32", [(4, 32)])]
+    monkeypatch.setattr(calibration, "this_cpu_calibration", fitted)
+    monkeypatch.setattr("tacit.perf_model.fit_host.host_precision", lambda: HostPrecision("fp32", kernels=False))
+    monkeypatch.setattr(validate, "plan_for_host", lambda host: plan)
+    monkeypatch.setattr(validate, "_engine", lambda *a: _FakeBench([1] * 10))
+    monkeypatch.setattr(validate, "_is_moe", lambda model: False)
+    monkeypatch.setattr(validate, "predicted", lambda *a: profiles.append(a[-1].source) or (0.01, 0.1))
+    out = tmp_path / "v.json"
+    assert validate.run_validation(str(out)) == 0
+    data = json.loads(out.read_text())
+    assert [r["fitted_at"] for r in data["rows"]] == ["2026-12-06T10:00:00"] * 2 + ["2026-12-06T10:05:00"]
+    assert [c["fitted_at"] for c in data["calibrations"]] == ["2026-12-06T10:00:00", "2026-12-06T10:05:00"]
+    assert "10:05:00" in profiles[-1] and "10:00:00" in profiles[0]
