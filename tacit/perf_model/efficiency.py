@@ -82,7 +82,7 @@ class Profile:
     # a torch-path decode step's host cost for each row past the first, and for each row past
     # the first and layer (the scheduler's and sampler's per-sequence work, the attention
     # backend's per-sequence metadata), by path: a 256-wide dense Qwen3's step at 16 rows left
-    # 1.3-1.9 ms more over its operators than at 1 row, DeepSeek-V3's 2.8-4.3 (fit_torch_decode.py);
+    # 1.3-1.9 ms more over its operators than at 1 row, DeepSeek-V3's 2.8-6.1 (fit_torch_decode.py);
     # a path without them charges none
     row_overhead_s: dict[str, float] = field(default_factory=dict)
     row_layer_overhead_s: dict[str, float] = field(default_factory=dict)

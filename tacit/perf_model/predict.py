@@ -180,7 +180,8 @@ def step_time(
         ops = [op for op in ops if op.op_class != "attention"] + [op for op in shared_kv if op.op_class == "attention"]
     times = [op_time(op, spec, profile, decode, path, graphs) for op in ops]
     fixed_path = path if decode else "prefill"
-    rows = w.parallel.sequences_per_device(step.batch)  # the host's per-sequence work
+    # the host's per-sequence work: a verify step's sequences, not its k + 1 rows each
+    rows = w.parallel.sequences_per_device(max(1, step.batch // verify_rows))
     if not tbo:
         return step_seconds(times, profile, fixed_path, s.num_layers, graphs, rows), times
     comm = sum(t.seconds for t in times if t.op.op_class == "communication")

@@ -297,6 +297,37 @@ def test_torch_path_decode_fixed_costs_follow_the_layer_kind():
         assert gap == pytest.approx(4 * (3e-3 - per_layer), abs=1e-9), shape.layer_kind
 
 
+def test_a_steps_per_row_host_cost_counts_its_sequences():
+    """16 decode rows pay 15 rows' host cost; a speculative verify step of 4 sequences x 4 rows
+    pays 3 (the cost is the scheduler's and sampler's per sequence, not per verified token)."""
+    from dataclasses import replace
+
+    from tacit.perf_model.efficiency import _profile
+    from tacit.perf_model.model_shape import ModelShape
+    from tacit.perf_model.operators import StepShape
+    from tacit.perf_model.predict import Workload, step_time
+    from tacit.platforms.hardware_table import get_hardware_spec
+
+    spec = get_hardware_spec("this-cpu")
+    base = replace(_profile("t", REFERENCE), torch_decode_architectures=("*",))
+    rowed = replace(base, row_overhead_s={"torch_dense": 1e-3}, row_layer_overhead_s={"torch_dense": 1e-4})
+    base = replace(
+        base,
+        step_overhead_s={**base.step_overhead_s, "torch_dense": 0.0},
+        layer_overhead_s={**base.layer_overhead_s, "torch_dense": 0.0},
+    )
+    rowed = replace(rowed, step_overhead_s=base.step_overhead_s, layer_overhead_s=base.layer_overhead_s)
+    dense = ModelShape("Qwen3ForCausalLM", 256, 4, 4, 1, 64, 704, 8000, True)
+    w = Workload(16, 32, 2, "fp32", "fp32")
+    step = StepShape(16, 1, 64)
+    per_row = 1e-3 + 4 * 1e-4
+    assert step_time(dense, spec, rowed, w, step)[0] - step_time(dense, spec, base, w, step)[0] == pytest.approx(
+        15 * per_row
+    )
+    verify = step_time(dense, spec, rowed, w, step, 4)[0] - step_time(dense, spec, base, w, step, 4)[0]
+    assert verify == pytest.approx(3 * per_row)
+
+
 def test_torch_decode_overheads_split_the_steps_left_over_by_layer_and_row(monkeypatch):
     """Steps measured at two depths and 1 and 16 rows, less their operators (zero here), give
     a + b * layers + (rows - 1) * (c + d * layers) back; step_seconds charges it the same way."""
