@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -140,14 +141,16 @@ def sampling_curve(bw: float, repeats: int, dtype: torch.dtype = torch.bfloat16)
     return {"rows": list(SAMPLER_ROWS), "eff": effs}
 
 
-def best_of_each(measures: list[Callable[[], float]], repeats: int) -> list[float]:
+def best_of_each(measures: list[Callable[[], Any]], repeats: int) -> list[Any]:
     """best_seconds_each for measurements that time themselves (an engine's decode step, a
-    TTFT): each called `repeats` times round-robin, its smallest result kept. The fixed-cost fits
-    take a difference of two depths, and one depth measured wholly in a slow patch skews it: a
-    6-layer prefill read 86.7 ms in one calibration against 53.8-59.6 in three others, and the
-    validation's 32-token prefills then read +83%."""
-    best = [float("inf")] * len(measures)
-    for _ in range(repeats):
-        for i, measure in enumerate(measures):
-            best[i] = min(best[i], measure())
-    return best
+    TTFT): each called `repeats` times round-robin, its smallest result kept (a measure that
+    returns a tuple of times, e.g. a run's decode step and TTFT: the smallest of each). The
+    fixed-cost fits take a difference of two depths, and one depth measured wholly in a slow
+    patch skews it: a 6-layer prefill read 86.7 ms in one calibration against 53.8-59.6 in three
+    others, and the validation's 32-token prefills then read +83%."""
+    runs = [[measure() for measure in measures] for _ in range(repeats)]
+    return [_smallest(results) for results in zip(*runs)]
+
+
+def _smallest(results: tuple) -> Any:
+    return tuple(map(min, zip(*results))) if isinstance(results[0], tuple) else min(results)

@@ -106,8 +106,9 @@ def measure_all(bench, configs: list[tuple[int, int]]) -> list[tuple[float, floa
     """Each (batch, input_len)'s best decode step and prefill over REPEATS runs, the
     configurations run in turn (all once, then all again): a slow patch of the shared machine
     costs a configuration one of its runs, not all of them (as fit_small_ops.best_seconds_each)."""
-    runs = [[measure_once(bench, b, n) for b, n in configs] for _ in range(REPEATS)]
-    return [(min(r[i][0] for r in runs), min(r[i][1] for r in runs)) for i in range(len(configs))]
+    from tacit.perf_model.fit_small_ops import best_of_each
+
+    return best_of_each([lambda b=b, n=n: measure_once(bench, b, n) for b, n in configs], REPEATS)
 
 
 def _is_moe(model: str) -> bool:
