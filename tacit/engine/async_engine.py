@@ -95,9 +95,12 @@ class AsyncLLMEngine:
         """Start the engine thread and return once it has built the engine (re-raising its error).
 
         The engine is built on the thread that steps it, not handed over from the main thread:
-        with torch's OpenMP CPU backend, a model loaded on the main thread and stepped on another
-        measured ~1.4x slower per step (SmolLM2-135M bf16, 64 sequences, 2 cores: ~280 vs ~200
-        ms/step), while load-and-step on one background thread matches the main thread's speed.
+        a model loaded on the main thread and stepped on another measured ~1.4x slower per step
+        (SmolLM2-135M bf16, 64 sequences, 2 cores: ~280 vs ~200 ms/step). The cause is OpenMP's:
+        the load left the main thread a pool of worker threads, and while two pools' threads
+        outnumber the cores every parallel region pays a wake-up (platforms/compute_thread.py).
+        The same holds for any torch work the caller runs on its own thread before this engine
+        steps: run it through compute_thread.run_on_own_thread, as tacit's measuring commands do.
         """
         self._thread.start()
         self._ready.wait()

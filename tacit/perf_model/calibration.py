@@ -36,6 +36,7 @@ from typing import Any
 
 from tacit.paths import cache_dir
 from tacit.perf_model.efficiency import Profile, _profile, load_profile
+from tacit.platforms.compute_thread import run_on_own_thread
 from tacit.platforms.specs import HardwareSpec
 
 # Between two processes on this 2-core machine the read bandwidth moved 41.0 -> 37.7 GB/s (8%)
@@ -98,11 +99,15 @@ def calibration_path(key: dict[str, Any]) -> Path:
 
 
 def current_peaks(spec: HardwareSpec | None = None) -> dict[str, float]:
-    """This process's roofs, as `tacit bench hw` measures them (hardware_table.this_cpu_spec)."""
-    from tacit.platforms.hardware_table import this_cpu_spec
+    """spec's roofs, or this machine's as `tacit bench hw` measures them now: measured on every
+    call (hardware_table.this_cpu_peaks), not the process's first measurement, which
+    this_cpu_spec keeps: a validation checks them before each model, minutes apart."""
+    if spec is not None:
+        return {"bf16_flops": spec.peak_flops("bf16"), "read_bandwidth": spec.memory_bandwidth.value}
+    from tacit.platforms.hardware_table import this_cpu_peaks
 
-    spec = spec or this_cpu_spec()
-    return {"bf16_flops": spec.peak_flops("bf16"), "read_bandwidth": spec.memory_bandwidth.value}
+    peaks = this_cpu_peaks()
+    return {"bf16_flops": peaks["bf16_flops"], "read_bandwidth": peaks["read_bandwidth"]}
 
 
 def drift(roofs: dict[str, float], peaks: dict[str, float], margin: float = DRIFT_MARGIN) -> list[str]:
@@ -184,7 +189,9 @@ def calibrate(reason: str = "asked for (--calibrate)", repeats: int = REPEATS) -
     path = calibration_path(key)
     print(f"calibrating this-cpu: {reason}; one to two minutes (written to {path})", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    profile = run_fit(repeats)
+    # On a thread of its own: the fit's torch work would leave the caller's thread an OpenMP pool
+    # that slows the engine threads started after it (platforms/compute_thread.py)
+    profile = run_on_own_thread(run_fit, repeats, name="tacit-calibration")
     data = {
         "key": key,
         "command": COMMAND,

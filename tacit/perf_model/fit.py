@@ -163,7 +163,7 @@ def fit(repeats: int = 5, progress: Callable[[str, int], None] | None = None) ->
     """The profile, fitted in this process at torch's thread count; `progress(stage, STAGES)`
     after each stage. Each stage times the path the engine runs on this CPU (fit_host.py): its
     compute dtype, and the C++ kernels' stages only where they load."""
-    from tacit.platforms.hardware_table import this_cpu_spec
+    from tacit.platforms.hardware_table import measure_this_cpu_spec
 
     def tick(stage: str) -> None:
         if progress is not None:
@@ -171,8 +171,8 @@ def fit(repeats: int = 5, progress: Callable[[str, int], None] | None = None) ->
 
     host = host_precision()
     dt = host.dtype
-    spec = this_cpu_spec()
-    # this_cpu_spec's "bf16" peak is the faster of bf16 and float32: the compute dtype's
+    spec = measure_this_cpu_spec()  # now, not the process's first measurement: a refit's roofs are today's
+    # measure_this_cpu_spec's "bf16" peak is the faster of bf16 and float32: the compute dtype's
     peak, bw = spec.peak_flops("bf16"), spec.memory_bandwidth.value
     kernels = "C++ kernels" if host.kernels else "no C++ kernels (torch paths)"
     print(f"this-cpu: {peak / 1e12:.3f} TFLOP/s {dt}, {bw / 1e9:.1f} GB/s read, {kernels}", file=sys.stderr)

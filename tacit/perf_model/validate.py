@@ -111,6 +111,16 @@ def measure_all(bench, configs: list[tuple[int, int]]) -> list[tuple[float, floa
     return best_of_each([lambda b=b, n=n: measure_once(bench, b, n) for b, n in configs], REPEATS)
 
 
+def _measure_model(
+    model: str, weights: str, engine_dtype: str, configs: list[tuple[int, int]]
+) -> tuple[tuple[tuple[float, float], ...], list[tuple[float, float]]]:
+    """Load the model's engine and measure it: (its routing draws, () for a dense model; each
+    configuration's (decode step, prefill) seconds, measure_all)."""
+    bench = _engine(model, weights, engine_dtype)
+    draws = routing_draws(bench) if _is_moe(model) else ()
+    return draws, measure_all(bench, configs)
+
+
 def _is_moe(model: str) -> bool:
     from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
 
@@ -170,6 +180,7 @@ def run_validation(json_out: str | None, plot: str | None = None, refit: bool = 
 
     from tacit.perf_model.calibration import calibration_profile, this_cpu_calibration
     from tacit.perf_model.fit_host import host_precision
+    from tacit.platforms.compute_thread import run_on_own_thread
 
     host = host_precision()
     plan = plan_for_host(host)
@@ -187,12 +198,13 @@ def run_validation(json_out: str | None, plot: str | None = None, refit: bool = 
             _log(f"pricing with {profile.source}")
             fits.append(_fit_record(calibration))
         _log(f"loading {model} ({weights}) ...")
-        bench = _engine(model, weights, host.engine_dtype)
-        draws = routing_draws(bench) if _is_moe(model) else ()
+        # The engine runs on a thread that ends with its measurements, as the fit's and the peaks'
+        # do: an OpenMP pool left on this thread would slow them, and every later model's
+        draws, measured = run_on_own_thread(_measure_model, model, weights, host.engine_dtype, configs)
         if draws:
             routing[f"{model} {weights}"] = draws
             _log(f"  routing: one prompt's (tokens, independent draws): {draws}")
-        for (batch, input_len), (step_s, prefill_s) in zip(configs, measure_all(bench, configs)):
+        for (batch, input_len), (step_s, prefill_s) in zip(configs, measured):
             p_step, p_prefill = predicted(model, weights, batch, input_len, draws, profile)
             p_uniform = predicted(model, weights, batch, input_len, (), profile)[1]
             row = {
@@ -215,8 +227,7 @@ def run_validation(json_out: str | None, plot: str | None = None, refit: bool = 
                 f"{row['decode_meas_ms']:.2f} ms ({100 * row['decode_err']:+.0f}%), prefill "
                 f"{row['prefill_pred_ms']:.1f} / {row['prefill_meas_ms']:.1f} ms ({100 * row['prefill_err']:+.0f}%)"
             )
-        del bench
-        gc.collect()
+        gc.collect()  # the model's engine, before the next one loads
     summary = {}
     for key in ("decode", "prefill"):
         errs = [abs(r[f"{key}_err"]) for r in rows]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 
+from tacit.platforms.compute_thread import run_on_own_thread
 from tacit.platforms.hw_ascend import ASCEND
 from tacit.platforms.hw_cpus import CPUS
 from tacit.platforms.hw_gpus import GPUS
@@ -35,9 +36,31 @@ def get_hardware_spec(name: str) -> HardwareSpec:
     return check_spec(TABLE[name])
 
 
+def this_cpu_peaks() -> dict[str, float]:
+    """This machine's roofs now, measured by `bench hw`'s probes (a few seconds, every call):
+    fp32 and "bf16" FLOP/s (the latter the faster of bfloat16 and float32 matmuls: the dtype tacit
+    computes in where bf16 has no oneDNN path) and read bandwidth.
+
+    Measured on a thread of their own (compute_thread.py): a probe run on the caller's thread
+    would leave it an OpenMP pool that slows every engine thread started after it."""
+    import torch
+
+    def probe() -> dict[str, float]:
+        fp32 = matmul_flops(torch.float32, n=1024)
+        bf16 = max(matmul_flops(torch.bfloat16, n=1024), fp32)
+        return {"fp32_flops": fp32, "bf16_flops": bf16, "read_bandwidth": peak_read_bandwidth()}
+
+    return run_on_own_thread(probe, name="tacit-hw-probe")
+
+
 @functools.lru_cache(maxsize=1)
 def this_cpu_spec() -> HardwareSpec:
-    """This machine, measured by tacit's `bench hw` functions (a few seconds, once per process).
+    """This machine as first measured in this process (measure_this_cpu_spec, once)."""
+    return measure_this_cpu_spec()
+
+
+def measure_this_cpu_spec() -> HardwareSpec:
+    """This machine now, measured by tacit's `bench hw` functions (this_cpu_peaks).
 
     The link figures are the shared-memory communicator's, measured by `tacit bench comm`
     (docs/benchmarks.md, issue 14): 4.8 us for a 4 KB all-reduce on 2 ranks, and 32 MB in
@@ -48,9 +71,8 @@ def this_cpu_spec() -> HardwareSpec:
 
     threads = torch.get_num_threads()
     measured = f"measured in this process by tacit.platforms.hw_probe ({threads} threads)"
-    # The "bf16" entry prices the dtype tacit computes in: float32 where bf16 has no oneDNN path.
-    fp32 = matmul_flops(torch.float32, n=1024)
-    bf16 = max(matmul_flops(torch.bfloat16, n=1024), fp32)
+    peaks = this_cpu_peaks()
+    fp32, bf16 = peaks["fp32_flops"], peaks["bf16_flops"]
     try:
         mem_total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -65,7 +87,7 @@ def this_cpu_spec() -> HardwareSpec:
                 "int8": Sourced(bf16, measured + ": bf16 matmul stands in (Q8_0 kernels compute in fp32)"),
                 "fp32": Sourced(fp32, measured + ": matmul_flops(float32)"),
             },
-            memory_bandwidth=Sourced(peak_read_bandwidth(), measured + ": peak_read_bandwidth()"),
+            memory_bandwidth=Sourced(peaks["read_bandwidth"], measured + ": peak_read_bandwidth()"),
             memory_capacity=Sourced(float(mem_total or 1), "sysconf(SC_PHYS_PAGES) * page size"),
             link_bandwidth=Sourced(6.0e9, "docs/benchmarks.md, tacit bench comm (shm, 2 ranks): 32 MB in 5.47 ms"),
             link_latency=Sourced(4.8e-6, "docs/benchmarks.md, tacit bench comm (shm, 2 ranks): 4 KB in 4.8 us"),

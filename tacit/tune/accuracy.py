@@ -38,8 +38,12 @@ def check_budget(budget: float | None) -> float | None:
 def kld_mean(model: EngineArgs, reference: EngineArgs) -> float:
     """`tacit eval kld`'s mean KL divergence of `model` against `reference` on its default text."""
     from tacit.eval.kld import default_text, run_kld
+    from tacit.platforms.compute_thread import run_on_own_thread
 
-    return run_kld(model, reference, default_text(), KLD_TOKENS, KLD_CONTEXT).kld_mean
+    # Off this (the trials') thread: the check's engines would leave it an OpenMP pool that slows
+    # every trial's engine thread after it (platforms/compute_thread.py)
+    result = run_on_own_thread(run_kld, model, reference, default_text(), KLD_TOKENS, KLD_CONTEXT, name="tacit-kld")
+    return result.kld_mean
 
 
 class AccuracyGate:

@@ -5,6 +5,7 @@ about a minute and never runs in tests: conftest.calibration_dir refuses it)."""
 from __future__ import annotations
 
 import json
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -52,6 +53,19 @@ def test_first_use_fits_then_the_cache_hits(cache, capsys):
     assert calibration.this_cpu_profile().gemm == p.gemm and cache.fits == [calibration.REPEATS]  # a hit: no second fit
     calibration.this_cpu_profile(refit=True)  # --calibrate
     assert cache.fits == [calibration.REPEATS] * 2
+
+
+def test_the_fit_runs_off_the_callers_thread(cache, monkeypatch):
+    """Its torch work would leave the caller's thread an OpenMP pool that slows the engine
+    threads started after it (tacit tune's trials: platforms/compute_thread.py)."""
+    ran_on = []
+    monkeypatch.setattr(
+        calibration,
+        "run_fit",
+        lambda repeats: ran_on.append(threading.get_ident()) or {**REFERENCE, "roofs": {**cache.peaks, "threads": 2}},
+    )
+    calibration.this_cpu_profile(refit=True)
+    assert len(ran_on) == 1 and ran_on[0] != threading.get_ident()
 
 
 def test_peaks_moving_past_the_margin_refit(cache, capsys):
@@ -126,7 +140,7 @@ def _stub_fit_stages(monkeypatch, host):
 
     monkeypatch.setattr(fit, "host_precision", lambda: host)
     spec = SimpleNamespace(peak_flops=lambda dtype: 2e11, memory_bandwidth=Sourced(3e10, "test"))
-    monkeypatch.setattr(hardware_table, "this_cpu_spec", lambda: spec)
+    monkeypatch.setattr(hardware_table, "measure_this_cpu_spec", lambda: spec)
     curve = {"rows": [1, 64], "eff": [0.5, 0.8]}
     for name in ("absorbed_bmm_curve", "experts_curve", "fused_decode_curve"):
         monkeypatch.setattr(fit, name, lambda *a, **k: curve)
@@ -472,7 +486,8 @@ def test_validation_checks_the_machine_before_each_model(monkeypatch, tmp_path):
     monkeypatch.setattr(calibration, "this_cpu_calibration", fitted)
     monkeypatch.setattr("tacit.perf_model.fit_host.host_precision", lambda: HostPrecision("fp32", kernels=False))
     monkeypatch.setattr(validate, "plan_for_host", lambda host: plan)
-    monkeypatch.setattr(validate, "_engine", lambda *a: _FakeBench([1] * 10))
+    loaded_on = []  # each engine's thread: not this one (an OpenMP pool left here slows the next)
+    monkeypatch.setattr(validate, "_engine", lambda *a: loaded_on.append(threading.get_ident()) or _FakeBench([1] * 10))
     monkeypatch.setattr(validate, "_is_moe", lambda model: False)
     monkeypatch.setattr(validate, "predicted", lambda *a: profiles.append(a[-1].source) or (0.01, 0.1))
     out = tmp_path / "v.json"
@@ -481,3 +496,4 @@ def test_validation_checks_the_machine_before_each_model(monkeypatch, tmp_path):
     assert [r["fitted_at"] for r in data["rows"]] == ["2026-12-06T10:00:00"] * 2 + ["2026-12-06T10:05:00"]
     assert [c["fitted_at"] for c in data["calibrations"]] == ["2026-12-06T10:00:00", "2026-12-06T10:05:00"]
     assert "10:05:00" in profiles[-1] and "10:00:00" in profiles[0]
+    assert len(loaded_on) == 3 and threading.get_ident() not in loaded_on
