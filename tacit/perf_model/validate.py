@@ -198,8 +198,8 @@ def run_validation(json_out: str | None, plot: str | None = None, refit: bool = 
             _log(f"pricing with {profile.source}")
             fits.append(_fit_record(calibration))
         _log(f"loading {model} ({weights}) ...")
-        # The engine runs on a thread that ends with its measurements, as the fit's and the peaks'
-        # do: an OpenMP pool left on this thread would slow them, and every later model's
+        # The engine runs on a thread that ends with its measurements: an OpenMP pool left on this
+        # thread would slow the next model's peaks probe and fit, which run on threads of their own
         draws, measured = run_on_own_thread(_measure_model, model, weights, host.engine_dtype, configs)
         if draws:
             routing[f"{model} {weights}"] = draws

@@ -6,10 +6,11 @@ threads outnumber the cores, libgomp's workers spin only briefly before they sle
 parallel region then pays a futex wake-up. A process that measures something on its main thread
 (a `bench hw` probe, a calibration fit, a KLD check) and then steps an engine on another thread
 (AsyncLLMEngine, as `tacit tune`'s trials and `tacit serve` do) steps it slowly for the rest of
-its life: on the 2-core EPYC, a 100k-element add on a fresh thread took 15 us before the main
-thread had run one parallel op and 80 us after (scratch probe, docs/performance/tune.md), and
-the default model's 16-row decode step in a tune trial went from 87-102 ms to 121-133 ms after
-the main thread measured this machine's peaks. A thread that ends takes its pool with it.
+its life. On the 2-core EPYC (scripts/openmp_pool_speed.py), a 100k-element add on a fresh
+thread took 11.6 us before the main thread ran one 1024^3 matmul and 72.6 us after, and the
+default model's 16-request tune trial went from a 99.4 to a 130.4 ms median TPOT; with the
+matmul run through run_on_own_thread, 11.7 -> 11.7 us and 93.9 -> 104.5 ms (within the shared
+machine's drift). A thread that ends takes its pool with it.
 """
 
 from __future__ import annotations
