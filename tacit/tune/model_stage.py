@@ -55,7 +55,9 @@ class ModelStage:
         par, spec = place(resolve_layout(par, self.shape), self.spec)
         # the engine's dtypes on this-cpu: float32 weights and KV where bf16 is not native
         weights, kv = priced_dtypes(spec, args.quantization or "auto", args.kv_cache_dtype, self.shape.weight_format)
-        return Pricing(self.shape, spec, self.profile, weights, kv, args.quantization_group_size or 32, par)
+        group = args.quantization_group_size or 32
+        # the engine's block size: where its decodes run on torch_paged, each group pads to its longest context
+        return Pricing(self.shape, spec, self.profile, weights, kv, group, par, padded_decode_block=args.block_size)
 
     def predict(self, point: dict[str, Any]) -> Prediction:
         try:

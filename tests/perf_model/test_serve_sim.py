@@ -297,3 +297,41 @@ def test_cli_serve_swaps_when_given_a_swap_space_and_prices_the_copies(tmp_path)
     assert fast["num_steps"] == slow["num_steps"] and fast["num_swapped_out"] == slow["num_swapped_out"]
     assert slow["swap_s"] == pytest.approx(100 * fast["swap_s"])
     assert slow["duration_s"] - fast["duration_s"] == pytest.approx(slow["swap_s"] - fast["swap_s"], rel=1e-6)
+
+
+def test_padded_decode_groups_are_the_torch_backends_own():
+    """The step model's decode groups are kernels/torch_attention.group_requests' for the same
+    contexts: each group's rows, attending its longest member's blocks whole."""
+    import numpy as np
+
+    from tacit.kernels.torch_attention import group_requests
+    from tacit.perf_model.step_model import padded_decode_contexts
+
+    rng = np.random.default_rng(0)
+    for bs in (8, 16, 64):
+        contexts = rng.integers(0, 3000, 57)
+        sets = group_requests(np.ones(57, dtype=np.int64), contexts, bs)
+        engine = sorted((len(s), int(-(-(contexts[s] + 1).max() // bs)) * bs - 1) for s in sets)
+        assert sorted(padded_decode_contexts(contexts.tolist(), bs)) == engine
+
+
+def test_torch_path_decodes_are_priced_padded_to_their_group_and_a_fused_path_at_their_own():
+    from dataclasses import replace
+
+    from tacit.perf_model.step_model import padded_decode_contexts
+
+    fused = _pricing(DENSE)
+    torch_path = replace(fused, profile=replace(fused.profile, torch_decode_architectures=("*",)))
+    mixed = MixedStep([Chunk(1, c, True) for c in (20, 40, 100, 1000, 1100, 1500)])
+    padded = replace(torch_path, padded_decode_block=16)
+    # the fused decoder reads each sequence's own context: padding does not apply to it
+    assert mixed_step_seconds(replace(fused, padded_decode_block=16), mixed) == mixed_step_seconds(fused, mixed)
+    # torch_paged: each row attends its group's longest context (1100 and 1500 share a bucket)
+    assert mixed_step_seconds(padded, mixed) > mixed_step_seconds(torch_path, mixed)
+    groups = padded_decode_contexts([20, 40, 100, 1000, 1100, 1500], 16)
+    assert groups == [(1, 31), (1, 47), (1, 111), (1, 1007), (2, 1503)]
+    as_groups = sum(
+        mixed_step_seconds(replace(torch_path, padded_decode_block=None), MixedStep([Chunk(1, ctx, True)] * rows))
+        for rows, ctx in groups
+    )
+    assert mixed_step_seconds(padded, mixed) < as_groups  # one step: the weights read once, not per group
