@@ -81,14 +81,15 @@ def calibration_dir(tmp_path_factory):
     def refuse(repeats):
         raise AssertionError("a test asked for this CPU's full calibration fit: use the this_cpu_calibrated fixture")
 
+    probe_now = calibration.current_peaks
+
     def session_peaks(spec=None):
         # The peaks a lookup compares with, measured once for the session (this_cpu_spec): a
         # tool measures them on every lookup, and two probes seconds apart on the shared machine
         # can differ past the drift margin, which would make a test ask for a refit.
         from tacit.platforms.hardware_table import this_cpu_spec
 
-        spec = spec or this_cpu_spec()
-        return {"bf16_flops": spec.peak_flops("bf16"), "read_bandwidth": spec.memory_bandwidth.value}
+        return probe_now(spec or this_cpu_spec())
 
     mp = pytest.MonkeyPatch()
     mp.setattr(calibration, "calibration_dir", lambda: d)

@@ -207,16 +207,17 @@ def calibrate(reason: str = "asked for (--calibrate)", repeats: int = REPEATS) -
     return data
 
 
-def this_cpu_calibration(refit: bool = False) -> dict[str, Any]:
-    """This machine's calibration: the cached one if it matches, else a new fit (saying why)."""
+def this_cpu_calibration(refit: bool = False, peaks: dict[str, float] | None = None) -> dict[str, Any]:
+    """This machine's calibration: the cached one if it matches `peaks` (default: probed now),
+    else a new fit (saying why)."""
     if refit:
         return calibrate()
-    data, why = lookup()
+    data, why = lookup(peaks)
     return data if data is not None else calibrate(why)
 
 
-def this_cpu_profile(refit: bool = False) -> Profile:
-    return calibration_profile(this_cpu_calibration(refit))
+def this_cpu_profile(refit: bool = False, peaks: dict[str, float] | None = None) -> Profile:
+    return calibration_profile(this_cpu_calibration(refit, peaks))
 
 
 def calibration_profile(data: dict[str, Any]) -> Profile:
@@ -229,5 +230,7 @@ def profile_for(spec: HardwareSpec) -> Profile:
     """The efficiency profile `spec` is priced with: this machine's own fit for `this-cpu`,
     else its named entry in efficiency.json."""
     if spec.efficiency_profile == "this-cpu":
-        return this_cpu_profile()
+        # The measured this-cpu spec carries this process's probe: the fit is checked against
+        # it rather than a second probe (a few seconds more at every `tacit predict` start)
+        return this_cpu_profile(peaks=current_peaks(spec) if spec.name == "this-cpu" else None)
     return load_profile(spec.efficiency_profile)

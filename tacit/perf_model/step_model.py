@@ -157,8 +157,9 @@ def mixed_step_times(p: Pricing, step: MixedStep) -> tuple[float, list[OpTime]]:
     shared += [op for op in communication_ops(s, whole, par, sampled, p.profile.reduce_bytes) if op.bytes > 0]
     times += [op_time(op, p.spec, p.profile, decode_only, graphs=graphs) for op in shared]
     decodes = step.decodes
-    path = p.profile.decode_path(s.architecture, s.layer_kind) if decode_only else "prefill"
-    if decodes and p.padded_decode_block and p.profile.decode_path(s.architecture, s.layer_kind) != "decode_fused":
+    decode_path = p.profile.decode_path(s.architecture, s.layer_kind)
+    path = decode_path if decode_only else "prefill"
+    if decodes and p.padded_decode_block and decode_path != "decode_fused":
         # One attention call per group and layer, as the backend makes them: not merged
         groups = padded_decode_contexts([c.context for c in decodes], p.padded_decode_block)
         ops = [op for rows, ctx in groups for op in _attention(p, StepShape(rows, 1, ctx))]

@@ -497,3 +497,16 @@ def test_validation_checks_the_machine_before_each_model(monkeypatch, tmp_path):
     assert [c["fitted_at"] for c in data["calibrations"]] == ["2026-12-06T10:00:00", "2026-12-06T10:05:00"]
     assert "10:05:00" in profiles[-1] and "10:00:00" in profiles[0]
     assert len(loaded_on) == 3 and threading.get_ident() not in loaded_on
+
+
+def test_the_measured_spec_prices_with_its_own_probe_not_a_second(cache, monkeypatch):
+    """profile_for(this-cpu) checks the fit against the spec's peaks: `tacit predict` probes once."""
+    from tacit.platforms.specs import Sourced
+
+    asked = []
+    monkeypatch.setattr(calibration, "current_peaks", lambda spec=None: asked.append(spec) or dict(cache.peaks))
+    spec = SimpleNamespace(
+        name="this-cpu", efficiency_profile="this-cpu", peak_flops=lambda d: 1e12, memory_bandwidth=Sourced(3e10, "t")
+    )
+    calibration.profile_for(spec)
+    assert asked == [spec]
