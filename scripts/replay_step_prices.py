@@ -5,12 +5,14 @@ replays the scenario once through tune.measure (the engine as `tacit serve` runs
 configuration), recording every step's chunks (each request's new tokens and cached context, as
 the scheduler handed them out) and its wall time from schedule() to the end of its update, then
 prices each recorded step with step_model.mixed_step_seconds under the rank check's own Pricing
-(and, beside it, with decode attention at the step's mean context, unpadded), and sums measured
+(and, beside it, with decode attention at the step's mean context, unpadded, and with each
+prefill chunk's attention on its own instead of torch_paged's one group), and sums measured
 and priced seconds by kind (decode-only or mixed) and rows. The recording wraps
 Scheduler.schedule and LLMEngine._update for this process only; a cut-in step (a prefill run
 inside another step's pause) is counted in the step it paused and reported.
 
 Run: python scripts/replay_step_prices.py [--scenario bursty-priority] [--json steps.json]
+     python scripts/replay_step_prices.py --steps steps.json  (a recorded replay, priced again)
 """
 
 import argparse
@@ -80,6 +82,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", default="bursty-priority")
     ap.add_argument("--json", help="write each step's (seconds, chunks) here")
+    ap.add_argument("--steps", help="price the steps a --json run recorded instead of replaying")
     a = ap.parse_args()
     scenario = load_scenario(a.scenario)
     model = str(resolve_default_model())
@@ -87,10 +90,20 @@ def main() -> None:
     stage = ModelStage(base, model, scenario, "goodput")
     args = validate_point({}, base)
     pricing = stage._pricing(args)
-    steps, cut_ins, duration = record_steps(args, scenario.workload)
-    print(f"{a.scenario}: replay {duration:.1f} s, {len(steps)} steps recorded, {cut_ins} cut-in steps")
-    # as the rank check prices them, and with decode attention at each step's mean context
-    pricings = {"priced": pricing, "decodes at mean context": replace(pricing, padded_decode_block=None)}
+    if a.steps:  # a recorded replay, priced under this process's fit
+        with open(a.steps) as f:
+            steps = [(s, [Chunk(*c) for c in ch]) for s, ch in json.load(f)]
+        print(f"{a.steps}: {len(steps)} steps")
+    else:
+        steps, cut_ins, duration = record_steps(args, scenario.workload)
+        print(f"{a.scenario}: replay {duration:.1f} s, {len(steps)} steps recorded, {cut_ins} cut-in steps")
+    # as the rank check prices them; with the prefill chunks' attention each on its own; and
+    # with neither torch_paged term (decode attention at each step's mean context, chunks each)
+    pricings = {
+        "priced": pricing,
+        "prefill chunks each": replace(pricing, prefill_one_group=False),
+        "neither": replace(pricing, padded_decode_block=None),
+    }
     sums = collections.defaultdict(lambda: [0, 0.0] + [0.0] * len(pricings))
     for seconds, chunks in steps:
         s = sums[_kind(chunks)]

@@ -10,14 +10,17 @@ context (attention is linear in context, so the sum of FLOPs and bytes is exact)
 tacit's torch_paged backend runs them (Pricing.padded_decode_block), one per group it pads them
 into, at the group's longest context; each prefill
 chunk gets its own, merged into one op per name so launches are counted once per layer, as one
-varlen attention call would.
+varlen attention call would, or, under a profile fitted on tacit's own engine with its
+torch_paged backend, the one call the backend makes of all the step's chunks
+(torch_paged_prefill_group).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tacit.perf_model.efficiency import Profile
+from tacit.perf_model.fit_attention import causal_fraction_scored
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.operators import (
     Op,
@@ -84,6 +87,10 @@ class Pricing:
     # without the C++ decode kernels): it pads each group of decodes to the group's longest
     # context (padded_decode_contexts). None: a paged kernel reads each sequence's own context.
     padded_decode_block: int | None = None
+    # With padded_decode_block and a profile fitted on tacit's engine (its prefill curve is
+    # torch_paged's): a step's prefill chunks as the one group that backend attends them in
+    # (torch_paged_prefill_scores). False: each chunk on its own, as a varlen kernel runs them.
+    prefill_one_group: bool = True
 
 
 def padded_decode_contexts(contexts: list[int], block_size: int) -> list[tuple[int, int]]:
@@ -96,6 +103,38 @@ def padded_decode_contexts(contexts: list[int], block_size: int) -> list[tuple[i
         blocks = -(-(c + 1) // block_size)  # the cached tokens and the one decoded
         groups.setdefault((blocks - 1).bit_length(), []).append(blocks)
     return [(len(g), max(g) * block_size - 1) for _, g in sorted(groups.items())]
+
+
+def torch_paged_prefill_scores(chunks: list[tuple[int, int]], block_size: int) -> tuple[float, float, float]:
+    """(query rows, keys gathered, query-key scores) of the one group torch_paged attends a
+    step's prefill chunks (new tokens, cached context) in, as kernels/torch_attention.build_group
+    picks its form: padded (every chunk to the longest chunk's queries and the most blocks) or
+    flat (every query against every key of the group, masked to its own request), whichever
+    scores fewer. Either way SDPA with a boolean mask scores every key it is given, not the
+    causal half: the bursty-priority replay's steps of 6-9 chunks score 5-9x their causal
+    count, and priced per chunk they read 25-34% under their measured time."""
+    n = [q for q, _ in chunks]
+    ends = [q + c for q, c in chunks]
+    blocks = [-(-e // block_size) for e in ends]
+    padded = len(chunks) * max(n) * max(blocks) * block_size
+    if len(chunks) > 1 and sum(n) * sum(ends) < padded:
+        return float(sum(n)), float(sum(blocks) * block_size), float(sum(n) * sum(blocks) * block_size)
+    return float(max(n)), float(len(chunks) * max(blocks) * block_size), float(padded)
+
+
+def _torch_paged_prefill(p: Pricing, prefills: list[Chunk], block_size: int) -> list[Op]:
+    """The prefill group's attention as torch_paged runs it (torch_paged_prefill_scores): its
+    scores in the fitted curve's frame (fit_attention priced its prompts' scores at the causal
+    count, causal_fraction_scored of them), its gathered keys read, at the group's query rows
+    on the curve. Only for models whose layers all attend every key: a sliding window's group
+    is cut per window (torch_attention._padded_window), priced per chunk instead."""
+    rows, keys, scores = torch_paged_prefill_scores([(c.new_tokens, c.context) for c in prefills], block_size)
+    tokens = sum(c.new_tokens for c in prefills)
+    # the new tokens' writes and queries at their count, the gathered keys as cached rows
+    ops = _attention(p, StepShape(1, tokens, max(keys - tokens, 0)))  # type: ignore[arg-type]
+    charged = StepShape(1, tokens, max(keys - tokens, 0)).key_positions
+    equivalent = scores * causal_fraction_scored(rows)
+    return [replace(op, flops=op.flops * equivalent / charged, rows=rows) for op in ops]
 
 
 def _merge(ops: list[Op]) -> list[Op]:
@@ -170,8 +209,14 @@ def mixed_step_times(p: Pricing, step: MixedStep) -> tuple[float, list[OpTime]]:
         mean_ctx = sum(c.context for c in decodes) / len(decodes)
         dec = StepShape(len(decodes), 1, mean_ctx)  # type: ignore[arg-type]
         times += [op_time(op, p.spec, p.profile, True, graphs=graphs) for op in _attention(p, dec)]
-    prefill_ops = [op for c in prefills for op in _attention(p, StepShape(1, c.new_tokens, c.context))]
-    times += [op_time(op, p.spec, p.profile, False) for op in _merge(prefill_ops)]
+    # a fitted profile's prefill curve is torch_paged's (fit_attention), and that backend runs
+    # every chunk of a step in one group; p.parallel's attention groups are a deployment's
+    one_group = p.prefill_one_group and p.padded_decode_block and p.profile.roofs is not None and ranks == 1
+    if prefills and one_group and not s.is_mla and set(s.layer_counts) == {0}:
+        prefill_ops = _torch_paged_prefill(p, prefills, p.padded_decode_block)
+    else:
+        prefill_ops = _merge([op for c in prefills for op in _attention(p, StepShape(1, c.new_tokens, c.context))])
+    times += [op_time(op, p.spec, p.profile, False) for op in prefill_ops]
     rows = par.sequences_per_device(len(step.chunks))  # the host's per-sequence work
     return step_seconds(times, p.profile, path, s.num_layers, graphs, rows), times
 

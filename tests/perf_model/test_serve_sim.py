@@ -335,3 +335,58 @@ def test_torch_path_decodes_are_priced_padded_to_their_group_and_a_fused_path_at
         for rows, ctx in groups
     )
     assert mixed_step_seconds(padded, mixed) < as_groups  # one step: the weights read once, not per group
+
+
+def test_torch_paged_prefill_group_is_the_backends_own():
+    """The step model's prefill group is kernels/torch_attention.build_group's for the same
+    chunks: its query rows, gathered keys and scored query-key pairs, padded or flat."""
+    import numpy as np
+    import torch
+
+    from tacit.kernels.torch_attention import build_group
+    from tacit.perf_model.step_model import torch_paged_prefill_scores
+
+    rng = np.random.default_rng(0)
+    forms = set()
+    for bs in (16, 64):
+        for _ in range(40):
+            r = int(rng.integers(1, 9))
+            n = rng.integers(2, 600, r) if rng.random() < 0.5 else np.full(r, int(rng.integers(2, 300)))
+            c = rng.integers(0, 1500, r) * (rng.random() < 0.7)
+            tables = np.arange(r * 160, dtype=np.int64).reshape(r, 160)  # 2,100 tokens in 16s
+            g = build_group(np.arange(r), n, c, tables, None, torch.device("cpu"), bs)
+            forms.add(g.flat_keys is not None)
+            got = torch_paged_prefill_scores(list(zip(n.tolist(), c.tolist())), bs)
+            assert got == (g.max_query_len, g.block_tables.numel() * bs, g.attn_mask.numel())
+    assert forms == {True, False}  # both forms checked
+
+
+def _fitted_pricing(block: int | None) -> Pricing:
+    """The shipped fit of tacit's own engine on a 2-vCPU VM (its prefill curve torch_paged's)."""
+    spec = get_hardware_spec("h200-sxm")
+    return Pricing(shape_from_hf(DENSE), spec, load_profile("vm-2vcpu-no-amx-1thread"), padded_decode_block=block)
+
+
+def test_torch_paged_prefill_group_priced_as_the_backend_scores_it():
+    from dataclasses import replace
+
+    from tacit.perf_model.step_model import mixed_step_times
+
+    def attention(p: Pricing, step: MixedStep) -> float:
+        return sum(t.seconds for t in mixed_step_times(p, step)[1] if t.op.name == "attention")
+
+    paged, per_chunk = _fitted_pricing(16), _fitted_pricing(None)
+    # a whole prompt from 0 in 16-token blocks is the fit's own shape: the same price either way
+    whole = MixedStep([Chunk(512, 0, True)])
+    assert mixed_step_seconds(paged, whole) == pytest.approx(mixed_step_seconds(per_chunk, whole))
+    # a chunk on a cached context scores its whole rectangle, where the fit's frame charges the
+    # causal half of a fresh prompt's: less than the causal count of 512 on 512 says
+    later = MixedStep([Chunk(512, 512, True)])
+    assert attention(paged, later) < attention(per_chunk, later)
+    # chunks of very different lengths in one group score every key of the group: 5.4x the
+    # causal count here (the bursty replay's step of 1,347 tokens)
+    burst = MixedStep([Chunk(419, 512, True)] + [Chunk(t, 0, True) for t in (32, 45, 207, 34, 34, 64, 512)])
+    assert attention(paged, burst) > 2 * attention(per_chunk, burst)
+    # a profile not fitted on the engine (no roofs) prices per chunk, as a varlen kernel runs them
+    unfitted = replace(paged, profile=replace(paged.profile, roofs=None))
+    assert mixed_step_seconds(unfitted, burst) == mixed_step_seconds(replace(unfitted, padded_decode_block=None), burst)
