@@ -62,7 +62,13 @@ def add_tune_parser(sub: argparse._SubParsersAction) -> None:
         help="instead of tuning: measure these in alternation (default, a recipe file or folder, adaptive:X "
         "for X under --adaptive); goodput and P99 TTFT with their spread, goodput over the first one's",
     )
-    t.add_argument("--repeats", type=int, default=5, help="--compare's rounds")
+    t.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="--compare's rounds (default 5), or --rank-check's: each configuration measured once a round, "
+        "ranked by its mean (default 1)",
+    )
     p.set_defaults(func=cmd_tune)
 
 
@@ -105,21 +111,32 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.compare is not None:
         from tacit.tune.compare import compare, contender, print_summary
 
-        if args.repeats < 2:
-            raise ValueError(f"--repeats must be >= 2 (a spread needs two runs), got {args.repeats}")
+        repeats = 5 if args.repeats is None else args.repeats
+        if repeats < 2:
+            raise ValueError(f"--repeats must be >= 2 (a spread needs two runs), got {repeats}")
         contenders = [contender(c, base, scenario) for c in args.compare]
-        print_summary(compare(contenders, scenario, args.repeats, req.out_dir, args.search_seed))
+        print_summary(compare(contenders, scenario, repeats, req.out_dir, args.search_seed))
         return 0
     if args.rank_check is not None:
         if args.rank_check < 3 or args.hardware != "this-cpu":
             raise ValueError("--rank-check N needs N >= 3 and this machine (--hardware this-cpu): it measures")
-        out = rank_check(req, args.rank_check)
-        rho = out["spearman"]
+        rounds = 1 if args.repeats is None else args.repeats
+        if rounds < 1:
+            raise ValueError(f"--repeats must be >= 1 with --rank-check, got {rounds}")
+        out = rank_check(req, args.rank_check, rounds)
         print(
-            f"Spearman's rho, predicted against measured, {args.rank_check} configurations: "
-            f"{'n/a' if rho is None else f'{rho:.2f}'} (rows: {req.out_dir / 'rank_check.json'})"
+            f"Spearman's rho, predicted against measured (the mean of {rounds} round(s)), "
+            f"{out['configurations']} of {args.rank_check} configurations: {_rho(out['spearman'])}"
+            f" (rows: {req.out_dir / 'rank_check.json'})"
         )
+        if rounds > 1:
+            each = ", ".join(_rho(r) for r in out["spearman_each_round"])
+            print(f"against each round: {each}; the rounds against each other: {_rho(out['repeatability'])}")
         return 0
     tune(req)
     print(f"recipe: {req.out_dir / 'recipe.yaml'}; serve it with: tacit serve --recipe {req.out_dir}")
     return 0
+
+
+def _rho(r: float | None) -> str:
+    return "n/a" if r is None else f"{r:.2f}"

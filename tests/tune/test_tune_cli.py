@@ -50,6 +50,7 @@ def test_model_only_tuning_writes_a_recipe_serve_takes(tmp_path, capsys):
         (["--scenario", "chat-high-rate", "--slo", "ttft=5"], "--slo goes with --workload"),
         (["--scenario", "chat-high-rate", "--budget-minutes", "0"], "--budget-minutes must be > 0"),
         (["--scenario", "chat-high-rate", "--rank-check", "2"], "--rank-check N needs N >= 3"),
+        (["--scenario", "chat-high-rate", "--rank-check", "3", "--repeats", "0"], "--repeats must be >= 1"),
         (["--scenario", "chat-high-rate", "--compare", "nowhere"], "no recipe at nowhere"),
         (["--scenario", "chat-high-rate", "--accuracy-budget", "0"], "--accuracy-budget must be a mean KL"),
         (["--scenario", "chat-high-rate", "--accuracy-budget", "nan"], "--accuracy-budget must be a mean KL"),
