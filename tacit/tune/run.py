@@ -251,7 +251,7 @@ def _finish(req: TuneRequest, report: dict, args: EngineArgs) -> dict:
     return report
 
 
-def measure_rounds(points: list[dict[str, Any]], run: Measure, rounds: int, progress=None) -> list[list]:
+def measure_rounds(points: list[dict[str, Any]], run: Measure, rounds: int, progress: tqdm | None = None) -> list[list]:
     """Each point measured once a round, `rounds` rounds: (value, error) per round and point.
     The order reverses every other round (A B C, C B A, ...) so a machine that drifts through
     the run weighs on every point alike: one replay a configuration on the AVX2 EPYC ranked the
