@@ -92,6 +92,13 @@ def group_requests(num_new: np.ndarray, computed: np.ndarray, block_size: int) -
     return sets
 
 
+def runs_flat(n: np.ndarray, c: np.ndarray, max_q: int, keys: int) -> bool:
+    """Whether a group of several prefill chunks (n new tokens on c cached each; its longest
+    chunk max_q, its most blocks `keys` keys) runs flat (build_flat_group: sum(n) x sum(c + n)
+    scores) rather than padded (len(n) x max_q x keys): whichever scores fewer."""
+    return max_q > 1 and len(n) > 1 and int(n.sum()) * int((c + n).sum()) < len(n) * max_q * keys
+
+
 def build_group(
     reqs: np.ndarray,
     num_new: np.ndarray,
@@ -109,7 +116,7 @@ def build_group(
     token_index = None
     if req_of_token is not None:
         token_index = torch.from_numpy(np.flatnonzero(np.isin(req_of_token, reqs))).to(device)
-    if max_q > 1 and len(reqs) > 1 and int(n.sum()) * int((c + n).sum()) < len(reqs) * max_q * blocks * bs:
+    if runs_flat(n, c, max_q, blocks * bs):
         return build_flat_group(reqs, n, c, tables, token_index, device, block_size)
     local_starts = np.zeros(len(reqs) + 1, dtype=np.int64)
     np.cumsum(n, out=local_starts[1:])

@@ -67,7 +67,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     par, spec = place(resolve_layout(par, shape), spec)
     wdt, kvdt = priced_dtypes(spec, args.quantization, args.kv_cache_dtype, shape.weight_format)
     # tacit's engine: where its decodes run on torch_paged, padded to each group's longest context
-    pricing = Pricing(shape, spec, profile_for(spec), wdt, kvdt, args.quantization_group_size, par, args.block_size)
+    pricing = Pricing(
+        shape,
+        spec,
+        profile_for(spec),
+        wdt,
+        kvdt,
+        args.quantization_group_size,
+        par,
+        padded_decode_block=args.block_size,
+    )
     cfg = _scheduler_config(args, max((w.input_len + w.output_len for w in workload), default=1))
     if args.kv_blocks is not None:
         if args.kv_blocks < 1:

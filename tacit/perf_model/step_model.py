@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
+from tacit.kernels.torch_attention import runs_flat
 from tacit.perf_model.efficiency import Profile
 from tacit.perf_model.fit_attention import causal_fraction_scored
 from tacit.perf_model.model_shape import ModelShape
@@ -108,19 +111,20 @@ def padded_decode_contexts(contexts: list[int], block_size: int) -> list[tuple[i
 def torch_paged_prefill_scores(chunks: list[tuple[int, int]], block_size: int) -> tuple[float, float, float]:
     """(query rows, keys gathered, query-key scores) of the one group torch_paged attends a
     step's prefill chunks (new tokens, cached context) in, as kernels/torch_attention.build_group
-    picks its form: padded (every chunk to the longest chunk's queries and the most blocks) or
+    picks its form (runs_flat): padded (every chunk to the longest chunk's queries and the most blocks) or
     flat (every query against every key of the group, masked to its own request), whichever
     scores fewer. Either way SDPA with a boolean mask scores every key it is given, not the
     causal half: the bursty-priority replay's steps of 6-9 chunks score 5-9x their causal
     count, and priced chunk by chunk its 20 mixed steps of 17+ rows read 29% and 33% under
     their measured time in two recordings (scripts/replay_step_prices.py --steps)."""
-    n = [q for q, _ in chunks]
-    ends = [q + c for q, c in chunks]
-    blocks = [-(-e // block_size) for e in ends]
-    padded = len(chunks) * max(n) * max(blocks) * block_size
-    if len(chunks) > 1 and sum(n) * sum(ends) < padded:
-        return float(sum(n)), float(sum(blocks) * block_size), float(sum(n) * sum(blocks) * block_size)
-    return float(max(n)), float(len(chunks) * max(blocks) * block_size), float(padded)
+    n = np.array([q for q, _ in chunks])
+    c = np.array([c for _, c in chunks])
+    blocks = -(-(n + c) // block_size)
+    rows, keys = int(n.max()), int(blocks.max()) * block_size
+    if runs_flat(n, c, rows, keys):
+        gathered = int(blocks.sum()) * block_size
+        return float(n.sum()), float(gathered), float(int(n.sum()) * gathered)
+    return float(rows), float(len(chunks) * keys), float(len(chunks) * rows * keys)
 
 
 def _torch_paged_prefill(p: Pricing, prefills: list[Chunk], block_size: int) -> list[Op]:
@@ -132,10 +136,9 @@ def _torch_paged_prefill(p: Pricing, prefills: list[Chunk], block_size: int) -> 
     rows, keys, scores = torch_paged_prefill_scores([(c.new_tokens, c.context) for c in prefills], block_size)
     tokens = sum(c.new_tokens for c in prefills)
     # the new tokens' writes and queries at their count, the gathered keys as cached rows
-    ops = _attention(p, StepShape(1, tokens, max(keys - tokens, 0)))  # type: ignore[arg-type]
-    charged = StepShape(1, tokens, max(keys - tokens, 0)).key_positions
+    shape = StepShape(1, tokens, max(keys - tokens, 0))  # type: ignore[arg-type]
     equivalent = scores * causal_fraction_scored(rows)
-    return [replace(op, flops=op.flops * equivalent / charged, rows=rows) for op in ops]
+    return [replace(op, flops=op.flops * equivalent / shape.key_positions, rows=rows) for op in _attention(p, shape)]
 
 
 def _merge(ops: list[Op]) -> list[Op]:
