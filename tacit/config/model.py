@@ -25,6 +25,14 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return _DTYPES[name]
 
 
+def model_max_len(hf: dict[str, Any], max_model_len: int | None = None) -> int:
+    """The max_model_len the engine resolves before its KV pool is sized: the user's, else the
+    model's max_position_embeddings (2048 where its config has none). The scheduler's budget is
+    resolved from this one (EngineArgs.create_scheduler_config: without chunked prefill it is
+    raised to it); only the model's own is capped later, at the pool (fit_kv_capacity)."""
+    return max_model_len or int(hf.get("max_position_embeddings") or 2048)
+
+
 def normalize_rope(hf: dict[str, Any]) -> dict[str, Any]:
     """One rope dict whatever the checkpoint's era.
 
@@ -145,7 +153,7 @@ class ModelConfig:
                 raise ValueError(f"{self.path}: config has no 'architectures' entry; cannot tell which model this is")
             object.__setattr__(self, "architecture", archs[0])
         object.__setattr__(self, "rope", normalize_rope(hf))
-        limit = int(hf.get("max_position_embeddings", 2048))
+        limit = model_max_len(hf)
         object.__setattr__(self, "max_model_len_derived", not self.max_model_len)
         if not self.max_model_len:
             object.__setattr__(self, "max_model_len", limit)
@@ -158,7 +166,7 @@ class ModelConfig:
 
     @property
     def max_position_embeddings(self) -> int:
-        return int(self.get("max_position_embeddings", 2048))
+        return model_max_len(self.hf)
 
     @property
     def num_layers(self) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tacit.config import SchedulerConfig
 from tacit.config.engine_args import EngineArgs
+from tacit.config.model import model_max_len
 from tacit.perf_model.diffusion_cli import add_diffusion_args
 from tacit.perf_model.dtypes import (
     ACTIVATION_DTYPES,
@@ -197,7 +198,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     _check_choice(args.activation_dtype, ACTIVATION_DTYPES, "--activation-dtype")
     _check_choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype")
     spec = resolve_hardware(args.hardware, args.hardware_file, args.enforce_eager)  # before the model: fails fast
-    shape = shape_from_hf(load_hf_config(args.model))
+    hf = load_hf_config(args.model)
+    shape = shape_from_hf(hf)
     wdt, kvdt = priced_dtypes(spec, args.quantization, args.kv_cache_dtype, shape.weight_format)
     activation_dtype(wdt, args.activation_dtype, fp8_units="fp8" in spec.flops)  # a bad pairing fails here
     work = Workload(
@@ -214,7 +216,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         speculative_method=args.speculative_method,
         activation_dtype=args.activation_dtype,
         context=args.context,
-        scheduler=_batch_scheduler(args, spec),
+        scheduler=_batch_scheduler(args, spec, model_max_len(hf)),
     )
     pred = predict(shape, spec, work)
     heading = print_prediction(args, spec, work, pred)
@@ -246,7 +248,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 ACCELERATOR_SCHEDULER = {"max_num_batched_tokens": 8192, "long_prefill_token_threshold": 0}
 
 
-def _batch_scheduler(args: argparse.Namespace, spec: HardwareSpec) -> SchedulerConfig:
+def _batch_scheduler(args: argparse.Namespace, spec: HardwareSpec, max_model_len: int) -> SchedulerConfig:
     """The engine's scheduler from its flags, for the batch's TTFT; --max-num-seqs, unless
     given, holds the whole batch (the batch the decode step prices runs together). On any part
     but this-cpu (where tacit's engine runs), the flags not given take ACCELERATOR_SCHEDULER's."""
@@ -258,7 +260,9 @@ def _batch_scheduler(args: argparse.Namespace, spec: HardwareSpec) -> SchedulerC
         args = argparse.Namespace(
             **{**vars(args), **{k: v if given[k] is None else given[k] for k, v in ACCELERATOR_SCHEDULER.items()}}
         )
-    cfg = EngineArgs.scheduler_config_from_cli(args, max_model_len=longest)
+    # --no-chunked-prefill raises the budget to the model's max_model_len, as the engine does (a
+    # prompt past it priced as if the model took it)
+    cfg = EngineArgs.scheduler_config_from_cli(args, max_model_len=max(longest, max_model_len))
     if args.max_num_seqs is None:
         cfg = replace(cfg, max_num_seqs=max(cfg.max_num_seqs, args.batch_size))
     return cfg

@@ -10,6 +10,7 @@ from tacit.bench.serve import parse_slo
 from tacit.bench.workload_file import load_workload
 from tacit.config import SchedulerConfig
 from tacit.config.engine_args import EngineArgs
+from tacit.config.model import model_max_len
 from tacit.memory.swap import SwapSpace
 from tacit.perf_model.calibration import profile_for
 from tacit.perf_model.fit_host import priced_dtypes
@@ -22,11 +23,11 @@ from tacit.perf_model.serve_sim import KVPool, kv_pool_from_memory, roofline_pri
 from tacit.perf_model.step_model import Pricing
 
 
-def _scheduler_config(args: argparse.Namespace, longest: int) -> SchedulerConfig:
-    """The engine's SchedulerConfig from the same flags (longest: the workload's longest
-    request, standing in for max_model_len where --no-chunked-prefill raises the budget to it);
-    what the simulator cannot replay is refused by name rather than ignored."""
-    cfg = EngineArgs.scheduler_config_from_cli(args, max_model_len=longest)
+def _scheduler_config(args: argparse.Namespace, max_model_len: int) -> SchedulerConfig:
+    """The engine's SchedulerConfig from the same flags (max_model_len: the model's, to which
+    --no-chunked-prefill raises the budget, as the engine does); what the simulator cannot
+    replay is refused by name rather than ignored."""
+    cfg = EngineArgs.scheduler_config_from_cli(args, max_model_len=max_model_len)
     if cfg.preemption_mode == "swap" and not args.swap_space:
         raise ValueError("--preemption-mode swap needs --swap-space GiB (and --swap-bandwidth GB/s)")
     return cfg
@@ -52,7 +53,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     slo = parse_slo(args.slo)
     workload = load_workload(args.workload)  # bad lines fail before anything is sized
     spec = resolve_hardware(args.hardware, args.hardware_file, args.enforce_eager)
-    shape = shape_from_hf(load_hf_config(args.model))
+    hf = load_hf_config(args.model)
+    shape = shape_from_hf(hf)
     if args.data_parallel_attention:
         raise ValueError(
             "--serve does not model --data-parallel-attention: its simulator keeps one KV pool for all "
@@ -77,13 +79,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         par,
         padded_decode_block=args.block_size,
     )
-    cfg = _scheduler_config(args, max((w.input_len + w.output_len for w in workload), default=1))
+    # a request past the model's length is priced as if the model took it (the engine refuses it)
+    longest = max((w.input_len + w.output_len for w in workload), default=1)
+    cfg = _scheduler_config(args, max(longest, model_max_len(hf)))
     if args.kv_blocks is not None:
         if args.kv_blocks < 1:
             raise ValueError(f"--kv-blocks must be >= 1, got {args.kv_blocks}")
         pool = KVPool(args.kv_blocks, args.block_size)
     else:
-        pool = kv_pool_from_memory(pricing, cfg.max_num_batched_tokens, args.memory_utilization, args.block_size)
+        # no step holds more tokens than the whole workload: the widest the activations are sized for
+        widest = min(cfg.max_num_batched_tokens, sum(w.input_len + w.output_len for w in workload))
+        pool = kv_pool_from_memory(pricing, widest, args.memory_utilization, args.block_size)
     # Layer boundaries where urgent prompts cut in; none across ranks, as the multi-process
     # executor runs every step whole (engine/executor.py).
     boundaries = pricing.shape.num_layers if par.tp == 1 else 1

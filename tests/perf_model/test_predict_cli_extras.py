@@ -139,3 +139,20 @@ def test_speculative_decoding_divides_a_verify_step_by_the_tokens_it_yields():
          "--speculative-method", "mtp"]
     )  # fmt: skip
     assert "mtp drafts 2 a step at acceptance 0.8 (2.44 tokens a verify)" in out
+
+
+def test_no_chunked_prefill_budgets_the_models_length_as_the_engine_does(tmp_path):
+    """Without chunked prefill the engine raises the step budget to the model's max_model_len
+    (Llama-3.1-8B: 131,072): a batch of 32 x 400-token prompts prefills in one step, where the
+    accelerator default of 8,192 tokens a step (which the longest prompt did not raise) took two."""
+    import json
+
+    argv = ["predict", "--model", "Llama-3.1-8B", "--hardware", "h200-sxm", "--batch-size", "32"]
+    argv += ["--input-len", "400", "--output-len", "8", "--json", str(tmp_path / "p.json")]
+    _run(argv)
+    chunked = json.loads((tmp_path / "p.json").read_text())["ttft"]
+    _run([*argv, "--no-chunked-prefill"])
+    whole = json.loads((tmp_path / "p.json").read_text())["ttft"]
+    assert (chunked["prefill_steps"], chunked["max_num_batched_tokens"]) == (2, 8192)
+    assert (whole["prefill_steps"], whole["max_num_batched_tokens"]) == (1, 131072)
+    assert whole["mean"] == pytest.approx(whole["max"])

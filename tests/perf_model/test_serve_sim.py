@@ -244,6 +244,16 @@ def test_cli_serve_without_chunked_prefill_prefills_a_long_prompt_whole(tmp_path
     assert chunked["num_steps"] == 11 and whole["num_steps"] == 2
 
 
+def test_cli_serve_without_chunked_prefill_budgets_the_models_length_as_the_engine_does(tmp_path):
+    """The engine raises the budget to the model's max_model_len (Llama-3.1-8B: 131,072), not to
+    the longest request: eight 400-token prompts (none long: under the 512 threshold) arriving
+    together prefill in one step, then seven decode steps of eight rows (with the default
+    budget of 2,048, which the longest request did not raise, five went first: nine steps)."""
+    whole = _serve(tmp_path, "--no-chunked-prefill", n=8, rate=1e9, input_len=400, output_len=8)
+    assert whole["completed"] == 8 and whole["num_steps"] == 8
+    assert whole["ttft_ms"]["p50"] == whole["ttft_ms"]["p99"]
+
+
 def test_cli_serve_replays_cut_in_with_the_engine_flag(tmp_path):
     """Four priority-1 prompts of 4096 tokens prefill in 512-token chunks; a priority-0 prompt of
     64 arriving 1 ms in cuts into the step in flight by default (256 tokens), and waits for it
