@@ -14,10 +14,11 @@ import bisect
 import functools
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tacit.perf_model.dtypes import efficiency_dtype
+from tacit.platforms.specs import HardwareSpec, Sourced
 
 DATA = Path(__file__).resolve().parent / "data" / "efficiency.json"
 
@@ -182,3 +183,19 @@ def load_profile(name: str, path: Path = DATA) -> Profile:
     if "same_as" in d:  # a profile that borrows another's fitted numbers (say why in its source)
         return _profile(name, {**profiles[d["same_as"]], "source": d["source"]})
     return _profile(name, d)
+
+
+def fitted_roofs(spec: HardwareSpec, profile: Profile) -> HardwareSpec:
+    """`this-cpu` re-measures its roofs in every process; its efficiencies are fractions of the
+    roofs measured when they were fitted, so predict against those (stored with the profile).
+    Otherwise a process that happens to measure 8% less bandwidth (41.0 -> 37.7 GB/s seen here)
+    would predict every memory-bound operator 8% slower while the kernels run at the same speed."""
+    if spec.name != "this-cpu" or not profile.roofs:
+        return spec
+    peak, bw = profile.roofs["bf16_flops"], profile.roofs["read_bandwidth"]
+    src = f"the roofs {profile.name}'s efficiencies were fitted against ({profile.source})"
+    # int8 stands in with bf16's (specs.py); the fitted peak is the compute dtype's, so a bf16
+    # fit keeps this process's own float32 figure (an AMX CPU's fp32 matmul is ~10x slower)
+    kept = () if profile.compute_dtype == "fp32" else ("fp32",)
+    flops = {k: v if k in kept else Sourced(peak, src) for k, v in spec.flops.items()}
+    return replace(spec, flops=flops, memory_bandwidth=Sourced(bw, src))

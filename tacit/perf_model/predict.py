@@ -10,7 +10,7 @@ from tacit.config import SchedulerConfig
 from tacit.perf_model.attention_ops import attention_ops
 from tacit.perf_model.batch_ttft import BatchTTFT, batch_ttft
 from tacit.perf_model.dtypes import activation_dtype
-from tacit.perf_model.efficiency import Profile
+from tacit.perf_model.efficiency import Profile, fitted_roofs
 from tacit.perf_model.layout import place, resolve_layout
 from tacit.perf_model.memory import Memory, device_memory
 from tacit.perf_model.model_shape import ModelShape
@@ -18,7 +18,7 @@ from tacit.perf_model.operators import Parallel, StepShape, step_ops
 from tacit.perf_model.roofline import OpTime, bottlenecks, op_time, step_seconds
 from tacit.perf_model.speculative import SPECULATIVE_METHODS, decode_drafting, tokens_per_verify
 from tacit.perf_model.step_model import Pricing
-from tacit.platforms.specs import HardwareSpec, Sourced
+from tacit.platforms.specs import HardwareSpec
 
 
 @dataclass(frozen=True)
@@ -213,22 +213,6 @@ def _per_rank_scheduler(w: Workload, par: Parallel) -> SchedulerConfig:
         max_num_seqs=cfg.max_num_seqs * ranks,
         max_long_partial_prefills=cfg.max_long_partial_prefills * ranks,
     )
-
-
-def fitted_roofs(spec: HardwareSpec, profile: Profile) -> HardwareSpec:
-    """`this-cpu` re-measures its roofs in every process; its efficiencies are fractions of the
-    roofs measured when they were fitted, so predict against those (stored with the profile).
-    Otherwise a process that happens to measure 8% less bandwidth (41.0 -> 37.7 GB/s seen here)
-    would predict every memory-bound operator 8% slower while the kernels run at the same speed."""
-    if spec.name != "this-cpu" or not profile.roofs:
-        return spec
-    peak, bw = profile.roofs["bf16_flops"], profile.roofs["read_bandwidth"]
-    src = f"the roofs {profile.name}'s efficiencies were fitted against ({profile.source})"
-    # int8 stands in with bf16's (specs.py); the fitted peak is the compute dtype's, so a bf16
-    # fit keeps this process's own float32 figure (an AMX CPU's fp32 matmul is ~10x slower)
-    kept = () if profile.compute_dtype == "fp32" else ("fp32",)
-    flops = {k: v if k in kept else Sourced(peak, src) for k, v in spec.flops.items()}
-    return replace(spec, flops=flops, memory_bandwidth=Sourced(bw, src))
 
 
 def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | None = None) -> Prediction:

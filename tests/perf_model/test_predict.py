@@ -129,6 +129,25 @@ def test_this_cpu_predicts_with_the_fitted_roofs():
     assert fitted_roofs(spec, profile) is spec  # a named device keeps its datasheet roofs
 
 
+def test_a_serve_replay_prices_this_cpu_with_the_fitted_roofs_too():
+    """The serve simulator and tacit tune's model stage price steps through Pricing, not predict():
+    two processes probing different peaks price every step alike on the same fit."""
+    from tacit.perf_model.efficiency import load_profile
+    from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
+    from tacit.perf_model.step_model import Chunk, MixedStep, Pricing, mixed_step_seconds
+
+    profile = load_profile("vm-2vcpu-no-amx-1thread")
+    shape = shape_from_hf(load_hf_config("random:qwen3-100m"))
+    spec = replace(get_hardware_spec("h100-sxm"), name="this-cpu")
+    slower = replace(spec, memory_bandwidth=replace(spec.memory_bandwidth, value=spec.memory_bandwidth.value / 3))
+    step = MixedStep([Chunk(300, 0, True), *[Chunk(1, 200 + i, True) for i in range(8)]])
+    a, b = (mixed_step_seconds(Pricing(shape, s, profile, "fp32", "fp32"), step) for s in (spec, slower))
+    assert a == b > 0
+    assert Pricing(shape, spec, profile).spec.memory_bandwidth.value == profile.roofs["read_bandwidth"]
+    named = get_hardware_spec("h100-sxm")
+    assert Pricing(shape, named, profile).spec is named  # a named device keeps its datasheet roofs
+
+
 def test_elementwise_curve_by_bytes_and_flat_numbers():
     from tacit.perf_model.efficiency import _curve
 
