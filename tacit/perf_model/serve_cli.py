@@ -87,9 +87,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise ValueError(f"--kv-blocks must be >= 1, got {args.kv_blocks}")
         pool = KVPool(args.kv_blocks, args.block_size)
     else:
-        # no step holds more tokens than the whole workload: the widest the activations are sized for
-        widest = min(cfg.max_num_batched_tokens, sum(w.input_len + w.output_len for w in workload))
-        pool = kv_pool_from_memory(pricing, widest, args.memory_utilization, args.block_size)
+        pool = kv_pool_from_memory(
+            pricing, cfg.max_num_batched_tokens, args.memory_utilization, args.block_size, workload
+        )
     # Layer boundaries where urgent prompts cut in; none across ranks, as the multi-process
     # executor runs every step whole (engine/executor.py).
     boundaries = pricing.shape.num_layers if par.tp == 1 else 1

@@ -66,9 +66,19 @@ class KVPool:
         return self.num_blocks * self.block_size
 
 
-def kv_pool_from_memory(p: Pricing, max_num_batched_tokens: int, utilization: float, block_size: int = 16) -> KVPool:
+def kv_pool_from_memory(
+    p: Pricing,
+    max_num_batched_tokens: int,
+    utilization: float,
+    block_size: int = 16,
+    workload: list[WorkloadRequest] | None = None,
+) -> KVPool:
     """Blocks of one device's memory left for KV, as vLLM sizes its pool: capacity * utilization,
-    less the weight shard and the activations of the widest step (max_num_batched_tokens rows)."""
+    less the weight shard and the activations of the widest step (max_num_batched_tokens rows,
+    or all of `workload`'s tokens where fewer: without chunked prefill the budget is the model's
+    max_model_len, 131,072 for Llama-3.1, which no step of a small workload comes near)."""
+    if workload:
+        max_num_batched_tokens = min(max_num_batched_tokens, sum(w.input_len + w.output_len for w in workload))
     mem = device_memory(p.shape, p.parallel, p.weight_dtype, p.kv_dtype, 1, max_num_batched_tokens, 1, p.group_size)
     free = p.spec.memory_capacity.value * utilization - mem.weights - mem.activations
     per_block = block_size * kv_bytes_per_token(p.shape, p.parallel, p.kv_dtype)

@@ -47,8 +47,6 @@ class ModelStage:
         self.shape = shape_from_hf(self.hf)
         self.profile = profile_for(self.spec)  # this-cpu: its cached calibration (fitted once, ~1 min)
         self.longest = max(w.input_len + w.output_len for w in scenario.workload)
-        # no step holds more tokens than the whole workload: the widest the activations are sized for
-        self.total_tokens = sum(w.input_len + w.output_len for w in scenario.workload)
 
     def _pricing(self, args: EngineArgs) -> Pricing:
         par = Parallel(
@@ -87,8 +85,8 @@ class ModelStage:
             if args.num_kv_blocks is not None:
                 pool = KVPool(args.num_kv_blocks, block)
             else:
-                widest = min(sched.max_num_batched_tokens, self.total_tokens)
-                pool = kv_pool_from_memory(pricing, widest, MEMORY_UTILIZATION, block)
+                workload = self.scenario.workload
+                pool = kv_pool_from_memory(pricing, sched.max_num_batched_tokens, MEMORY_UTILIZATION, block, workload)
             # Cut-ins happen at layer boundaries in one process (engine/executor.py), none across ranks.
             boundaries = self.shape.num_layers if pricing.parallel.tp == 1 else 1
             sim = simulate(self.scenario.workload, roofline_pricer(pricing), pool, sched, None, boundaries)
