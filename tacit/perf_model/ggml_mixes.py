@@ -2,7 +2,7 @@
 that mix them per tensor (Q4_K_M keeps some tensors at Q6_K).
 
 Block layouts: ggml/src/ggml-common.h (block_q4_0 ... block_iq4_xs, each with a static_assert on
-its size); the mixes: src/llama-quant.cpp, llama_tensor_get_type_impl (ggml-org/llama.cpp).
+its size; ik_llama.cpp's ggml-common.h for its IQ2_KL); the mixes: src/llama-quant.cpp, llama_tensor_get_type_impl (ggml-org/llama.cpp).
 """
 
 from __future__ import annotations
@@ -22,6 +22,21 @@ GGML_BLOCKS = {
     "q5_k": (2 * 2 + 12 + QK_K // 8 + QK_K // 2, QK_K),  # q4_k and a high bit a value: 176
     "q6_k": (QK_K // 2 + QK_K // 4 + QK_K // 16 + 2, QK_K),  # low 4 bits, high 2, int8 scales a 16, d: 210
     "iq4_xs": (2 + 2 + QK_K // 64 + QK_K // 2, QK_K),  # fp16 d, scales_h, scales_l, nibbles: 136
+    "iq4_nl": (2 + 16, 32),  # fp16 d, 32 nibbles into a non-linear table
+    # the codebook types: groups of 8 values as indices into a shared grid, with sign bits
+    "iq3_s": (2 + QK_K // 4 + QK_K // 32 + QK_K // 8 + QK_K // 64, QK_K),  # d, qs, qh, signs, scales: 110
+    "iq3_xxs": (2 + 3 * QK_K // 8, QK_K),  # fp16 d, grid indices, signs and scales: 98
+    "iq2_s": (2 + QK_K // 4 + QK_K // 32 + QK_K // 32, QK_K),  # fp16 d, qs, qh, scales: 82
+    "iq2_xs": (2 + 2 * (QK_K // 8) + QK_K // 32, QK_K),  # fp16 d, uint16 qs, scales: 74
+    "iq2_xxs": (2 + 2 * (QK_K // 8), QK_K),  # fp16 d, uint16 qs (indices, signs, scales): 66
+    "iq1_m": (QK_K // 8 + QK_K // 16 + QK_K // 32, QK_K),  # qs, qh, scales (the fp16 d spread in them): 56
+    "iq1_s": (2 + QK_K // 8 + 2 * (QK_K // 32), QK_K),  # fp16 d, qs, uint16 qh: 50
+    "tq2_0": (QK_K // 4 + 2, QK_K),  # ternary, 2 bits a value, fp16 d: 66
+    "tq1_0": ((QK_K - 4 * QK_K // 64) // 5 + QK_K // 64 + 2, QK_K),  # ternary, 5 a byte, 4 a byte, d: 54
+    # ik_llama.cpp's IQ2_KL (ikawrakow/ik_llama.cpp#602, "a 2.6875 bpw quantization type"):
+    # scales_h, scales_l, 2-bit quants, a high bit a pair: 86 bytes, and an fp16 scale a row
+    # (2 bytes a 7,168-value row: 0.03%, left out); it exists in no mainline llama.cpp file
+    "iq2_kl": (2 + QK_K // 64 + QK_K // 4 + QK_K // 16, QK_K),
 }
 
 # File types (llama-quantize's names) that mix block types by tensor role: their default type,

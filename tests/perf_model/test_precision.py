@@ -40,6 +40,23 @@ HALF = 2  # bytes of an fp16 scale / min (ggml_half)
         ("q6_k", 128 + 64 + 16 + HALF, 256),
         # iq4_xs {d, scales_h (uint16), scales_l[4], qs[128]} = 136
         ("iq4_xs", HALF + 2 + 4 + 128, 256),
+        # iq4_nl {d, qs[16]}; iq3_s {d, qs[64], qh[8], signs[32], scales[4]} = 110
+        ("iq4_nl", HALF + 16, 32),
+        ("iq3_s", HALF + 64 + 8 + 32 + 4, 256),
+        # iq3_xxs {d, qs[96]}; iq2_s {d, qs[64], qh[8], scales[8]}
+        ("iq3_xxs", HALF + 96, 256),
+        ("iq2_s", HALF + 64 + 8 + 8, 256),
+        # iq2_xs {d, uint16 qs[32], scales[8]}; iq2_xxs {d, uint16 qs[32]}: 2.0625 bits a value
+        ("iq2_xs", HALF + 64 + 8, 256),
+        ("iq2_xxs", HALF + 64, 256),
+        # iq1_m {qs[32], qh[16], scales[8]}; iq1_s {d, qs[32], uint16 qh[8]}
+        ("iq1_m", 32 + 16 + 8, 256),
+        ("iq1_s", HALF + 32 + 16, 256),
+        # ternary: tq2_0 {qs[64], d}; tq1_0 {qs[48], qh[4], d}
+        ("tq2_0", 64 + HALF, 256),
+        ("tq1_0", 48 + 4 + HALF, 256),
+        # ik_llama.cpp's iq2_kl {scales_h (uint16), scales_l[4], qs[64], qh[16]}: 2.6875 bits
+        ("iq2_kl", 2 + 4 + 64 + 16, 256),
         # OCP MXFP4: 32 e2m1 values in 16 bytes, one e8m0 scale byte
         ("mxfp4", 16 + 1, 32),
         # e4m3 with a float32 scale per 128x128 block
