@@ -16,7 +16,7 @@ from torch import nn
 
 from tacit.registry import Registry
 
-_SKINNY_ROWS = 32
+SKINNY_ROWS = 32
 # Row counts a prefill GEMM is padded to: sixteen sizes an octave (33-64 rows in steps of 2,
 # 65-128 in steps of 4, ..., 1025-2048 in steps of 64), so at most 6.25% more rows. oneDNN keeps
 # native memory for every GEMM shape it has met, and a prefill step's shape is its token count:
@@ -109,10 +109,10 @@ class UnquantizedLinearMethod(LinearMethod):
 
 def dense_matmul(weight: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T (+ bias), phrased by row count as UnquantizedLinearMethod's table says."""
-    rows = x.shape[0] if x.dim() == 2 else _SKINNY_ROWS + 1
+    rows = x.shape[0] if x.dim() == 2 else SKINNY_ROWS + 1
     if rows == 1:
         out = torch.mv(weight, x[0]).unsqueeze(0)
-    elif rows <= _SKINNY_ROWS:
+    elif rows <= SKINNY_ROWS:
         out = torch.mm(weight, x.t()).t().contiguous()
     else:
         padded = prefill_rows_bucket(rows) if x.dim() == 2 else rows

@@ -44,6 +44,7 @@ from types import SimpleNamespace
 
 import torch
 
+from tacit.layers.linear_method import SKINNY_ROWS
 from tacit.perf_model.efficiency import _curve, _profile
 from tacit.perf_model.fit_attention import (
     absorbed_bmm_curve,
@@ -58,7 +59,14 @@ from tacit.perf_model.fit_prefill import prefill_overheads
 from tacit.perf_model.fit_small_ops import best_of_each, best_seconds_each, elementwise_curve, sampling_curve
 from tacit.perf_model.fit_torch_decode import DENSE_CONFIG, GQA_DEPTHS, MOE_CONFIG, torch_decode_overheads
 
-ROWS = (1, 2, 4, 8, 16, 32, 64, 256, 512)
+# Both sides of the unquantized linear method's switch from W @ x.T to F.linear (SKINNY_ROWS):
+# its speed is not smooth there. On the AVX2-only EPYC in float32 (scripts/gemm_rows_speed.py,
+# the fit's 1024 x 2816 shape) it ran 88.7 GFLOP/s at 32 rows (W @ x.T) and 64.6 at 33
+# (F.linear), 84.1 at 48, 93.8 at 64, 110.0 at 128. Interpolated from 32 to 64 the curve priced
+# the bursty replay's 33-53-row decode steps' GEMMs at 77 ms where the engine spent 125 in them
+# (torch profiler, one 33-row step of that replay); 128 fills the gap to 256 that serving's
+# 65-256-row decode steps fall in.
+ROWS = (1, 2, 4, 8, 16, SKINNY_ROWS, SKINNY_ROWS + 1, 48, 64, 128, 256, 512)
 # A prefill step's rows reach the scheduler's token budget (2,048 by default; --validate runs
 # 4 x 512-token chunks a step), where the curve was flat from 512: compute-bound, so 4 copies
 # (23 MB of bf16) are enough there, and the pass costs 47 GFLOP instead of 34 copies' 400
