@@ -45,7 +45,10 @@ from tacit.platforms.specs import HardwareSpec
 # -> 1.1 TFLOP/s bf16, 6.6x) is far past it.
 DRIFT_MARGIN = 0.20
 # Bump when fit.py measures something new or differently: older files are then a miss.
-FIT_VERSION = 5  # 3: the prefill step's fixed cost (fit_prefill.py); 4: the host's compute dtype (fit_host.py); 5: fixed costs at 256 wide, the Qwen3-MoE layer's own, per-row host costs
+# 3: the prefill step's fixed cost (fit_prefill.py); 4: the host's compute dtype (fit_host.py);
+# 5: fixed costs at 256 wide, the Qwen3-MoE layer's own, per-row host costs; 6: the GEMM curve
+# on both sides of the linear method's switch, a padded decode group's host cost
+FIT_VERSION = 6
 COMMAND = "tacit predict --calibrate"
 
 

@@ -80,6 +80,9 @@ class Profile:
     # the torch path's GQA decode attention by query heads per KV head (a CPU without tacit's
     # C++ kernels: fit_attention.torch_decode_attention_curve); None: attention_decode for all
     attention_decode_torch: Curve | None = None
+    # and its host cost, per layer, of each padded decode group past the first (the gather,
+    # padding and SDPA call of one more context bucket: fit_attention.torch_decode_group_seconds)
+    attention_decode_torch_group_s: float = 0.0
     # a torch-path decode step's host cost for each row past the first, and for each row past
     # the first and layer (the scheduler's and sampler's per-sequence work, the attention
     # backend's per-sequence metadata), by path: a 256-wide dense Qwen3's step at 16 rows left
@@ -135,6 +138,7 @@ def _profile(name: str, d: dict) -> Profile:
         graph_step_overhead_s=float(d.get("graph_step_overhead_s", 0.0)),
         compute_dtype=d.get("compute_dtype", "bf16"),
         attention_decode_torch=_curve(d["attention_decode_torch"]) if "attention_decode_torch" in d else None,
+        attention_decode_torch_group_s=float(d.get("attention_decode_torch_group_s", 0.0)),
         row_overhead_s=d.get("row_overhead_s", {}),
         row_layer_overhead_s=d.get("row_layer_overhead_s", {}),
     )

@@ -51,6 +51,7 @@ from tacit.perf_model.fit_attention import (
     mla_prefill_attention_efficiency,
     prefill_attention_efficiency,
     torch_decode_attention_curve,
+    torch_decode_group_seconds,
 )
 from tacit.perf_model.fit_decode import fused_decode_curve, step_measures
 from tacit.perf_model.fit_experts import experts_curve
@@ -203,6 +204,7 @@ def fit(repeats: int = 5, progress: Callable[[str, int], None] | None = None) ->
         attention_decode = _attention_decode(bw, repeats)
     else:
         torch_decode = torch_decode_attention_curve(peak, bw, repeats, dt)
+        torch_decode_group_s = torch_decode_group_seconds(repeats, dt)
         # MLA's absorbed decode (no GQA group) takes the widest group's figure
         attention_decode = torch_decode["eff"][-1]
     tick("decode attention")
@@ -227,7 +229,11 @@ def fit(repeats: int = 5, progress: Callable[[str, int], None] | None = None) ->
         "compute_dtype": dt,
         "gemm": gemm,
         "attention_decode": attention_decode,
-        **({"attention_decode_torch": torch_decode} if torch_decode else {}),
+        **(
+            {"attention_decode_torch": torch_decode, "attention_decode_torch_group_s": torch_decode_group_s}
+            if torch_decode
+            else {}
+        ),
         "attention_prefill": attention_prefill,
         "attention_prefill_mla": attention_prefill_mla,
         "elementwise": elementwise,

@@ -114,6 +114,52 @@ def torch_decode_attention_curve(peak: float, bw: float, repeats: int, dtype: st
     return {"rows": list(DECODE_GROUPS), "eff": effs}
 
 
+def _run_decodes(contexts: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, layers: int):
+    """One decode step of requests at `contexts` cached tokens each (the backend groups them by
+    context: kernels/torch_attention.group_requests), on `layers` layers' own caches."""
+    from tacit.kernels.torch_attention import TorchAttentionBackend
+
+    c = np.array(contexts, dtype=np.int64)
+    per = int(-(-(c.max() + 1) // BLOCK))
+    caches = [torch.randn(2, len(c) * per, BLOCK, hkv, d).to(dtype) for _ in range(layers)]
+    tables = np.arange(len(c) * per, dtype=np.int64).reshape(len(c), per)
+    slots = tables[np.arange(len(c)), c // BLOCK] * BLOCK + c % BLOCK
+    backend = TorchAttentionBackend()
+    meta = backend.build_metadata(np.ones_like(c), c, tables, slots, torch.device("cpu"), BLOCK)
+    q, k, v = (torch.randn(len(c), h, d).to(dtype) for h in (hq, hkv, hkv))
+
+    def step() -> torch.Tensor:
+        for cache in caches:
+            backend.write_kv(cache, k, v, meta)
+            out = backend.forward(q, cache, meta, d**-0.5)
+        return out
+
+    return step, len(meta.groups)
+
+
+# Two decodes in one padded group (both at 3 blocks) and in two (1 block and 3): the same step
+# but for one more group's gather, padding and SDPA call, and 2 blocks fewer to read.
+ONE_GROUP, TWO_GROUPS = (47, 47), (15, 47)
+
+
+def torch_decode_group_seconds(repeats: int, dtype: str) -> float:
+    """A decode step's cost, per layer, of each padded group past the first on the torch_paged
+    backend: host work the bytes do not describe. On the AVX2-only EPYC in float32, SmolLM2's
+    heads (9/3 x 64) at 30 layers: 177 us a layer for two decodes in one group, 304 in two;
+    a bursty-replay step of 33 decodes runs 6 groups (power-of-two context buckets)."""
+    dt = torch_dtype(dtype)
+    # 24 layers (the caches are a few blocks): a difference of two ~5 ms steps read 122-150 us in
+    # four runs, where 6 layers' ~1.5 ms steps read 122-284 us in three
+    hkv, d, layers = DECODE_KV_HEADS, DECODE_HEAD_DIM, 24
+    runs = [_run_decodes(list(ctx), 2 * hkv, hkv, d, dt, layers) for ctx in (ONE_GROUP, TWO_GROUPS)]
+    if [groups for _, groups in runs] != [1, 2]:
+        raise RuntimeError(f"decodes at {ONE_GROUP} and {TWO_GROUPS} no longer run in 1 and 2 groups")
+    one, two = best_seconds_each([step for step, _ in runs], repeats)
+    extra = max((two - one) / layers, 0.0)
+    print(f"  decode attention (torch): {extra * 1e6:.1f} us a layer for a second padded group", file=sys.stderr)
+    return round(extra, 8)
+
+
 def _by_length(points: list[tuple[int, float]]) -> dict:
     points.sort()
     return {"rows": [t for t, _ in points], "eff": [round(min(e, 1.0), 4) for _, e in points]}

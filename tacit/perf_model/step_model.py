@@ -211,8 +211,14 @@ def mixed_step_times(p: Pricing, step: MixedStep) -> tuple[float, list[OpTime]]:
     if decodes and p.padded_decode_block and decode_path != "decode_fused":
         # One attention call per group and layer, as the backend makes them: not merged
         groups = padded_decode_contexts([c.context for c in decodes], p.padded_decode_block)
-        ops = [op for rows, ctx in groups for op in _attention(p, StepShape(rows, 1, ctx))]
-        times += [op_time(op, p.spec, p.profile, True, graphs=graphs) for op in ops]
+        for i, (rows, ctx) in enumerate(groups):
+            group = [
+                op_time(op, p.spec, p.profile, True, graphs=graphs) for op in _attention(p, StepShape(rows, 1, ctx))
+            ]
+            if i:  # a group past the first: its own gather, padding and SDPA call a layer
+                extra = group[0].op.launches * p.profile.attention_decode_torch_group_s
+                group[0] = replace(group[0], seconds=group[0].seconds + extra)
+            times += group
     elif decodes:
         # Mean context as a float: attention's FLOPs and bytes are linear in it, so this is exact
         # (a sliding window or DSA's top-k caps them at min(context, limit): an upper bound there).

@@ -347,6 +347,28 @@ def test_torch_path_decodes_are_priced_padded_to_their_group_and_a_fused_path_at
     assert mixed_step_seconds(padded, mixed) < as_groups  # one step: the weights read once, not per group
 
 
+def test_each_padded_decode_group_past_the_first_costs_its_fitted_host_time_a_layer():
+    from dataclasses import replace
+
+    base = _pricing(DENSE)
+    torch_path = replace(base, profile=replace(base.profile, torch_decode_architectures=("*",)), padded_decode_block=16)
+    costed = replace(torch_path, profile=replace(torch_path.profile, attention_decode_torch_group_s=1e-4))
+    layers = torch_path.shape.num_layers
+    five_groups = MixedStep([Chunk(1, c, True) for c in (20, 40, 100, 1000, 1100, 1500)])
+    one_group = MixedStep([Chunk(1, c, True) for c in (1100, 1200, 1500)])  # one power-of-two bucket
+    for step, groups in ((five_groups, 5), (one_group, 1)):
+        extra = mixed_step_seconds(costed, step) - mixed_step_seconds(torch_path, step)
+        assert extra == pytest.approx((groups - 1) * layers * 1e-4)
+
+
+def test_the_group_cost_is_fitted_on_steps_the_backend_runs_in_one_and_two_groups():
+    from tacit.perf_model.fit_attention import ONE_GROUP, TWO_GROUPS, torch_decode_group_seconds
+
+    assert ONE_GROUP != TWO_GROUPS
+    seconds = torch_decode_group_seconds(1, "fp32")  # raises unless the contexts split 1 and 2
+    assert 0.0 <= seconds < 0.1
+
+
 def test_torch_paged_prefill_group_is_the_backends_own():
     """The step model's prefill group is kernels/torch_attention.build_group's for the same
     chunks: its query rows, gathered keys and scored query-key pairs, padded or flat."""
