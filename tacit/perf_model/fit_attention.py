@@ -47,10 +47,10 @@ def _shape(hq: int, hkv: int, d: int, layers: int = 1) -> ModelShape:
     return ModelShape("bench", hq * d, layers, hq, hkv, d, 0, 1, True)
 
 
-def _slots(tables: np.ndarray, start: int, t: int) -> np.ndarray:
+def _slots(tables: np.ndarray, starts: np.ndarray, t: int) -> np.ndarray:
     """The flat cache slots of positions start .. start + t - 1 of each request's block table."""
     slots = (tables[:, :, None] * BLOCK + np.arange(BLOCK)[None, None, :]).reshape(len(tables), -1)
-    return slots[:, start : start + t].reshape(-1)
+    return np.concatenate([slots[i, s : s + t] for i, s in enumerate(starts)])
 
 
 def _run(
@@ -60,19 +60,21 @@ def _run(
     hkv: int,
     d: int,
     dtype: torch.dtype = torch.bfloat16,
-    cached: int = 0,
+    cached: int | tuple[int, ...] = 0,
     layers: int = 1,
 ):
-    """One step of `prompts` requests with `t` new tokens each after `cached` ones, on `layers`
-    layers' own caches (a decode step streams each layer's cache from DRAM)."""
+    """One step of `prompts` requests with `t` new tokens each after `cached` ones (one count
+    for all, or each request's: the backend groups decodes by context), on `layers` layers' own
+    caches (a decode step streams each layer's cache from DRAM)."""
     from tacit.kernels.torch_attention import TorchAttentionBackend
 
-    per = -(-(cached + t) // BLOCK)
+    c = np.broadcast_to(np.asarray(cached, dtype=np.int64), (prompts,))
+    per = int(-(-(c.max() + t) // BLOCK))
     caches = [torch.randn(2, prompts * per, BLOCK, hkv, d).to(dtype) for _ in range(layers)]
     tables = np.arange(prompts * per, dtype=np.int64).reshape(prompts, per)
     backend = TorchAttentionBackend()
-    n, c = np.full(prompts, t, dtype=np.int64), np.full(prompts, cached, dtype=np.int64)
-    meta = backend.build_metadata(n, c, tables, _slots(tables, cached, t), torch.device("cpu"), BLOCK)
+    n = np.full(prompts, t, dtype=np.int64)
+    meta = backend.build_metadata(n, c, tables, _slots(tables, c, t), torch.device("cpu"), BLOCK)
     q = torch.randn(prompts * t, hq, d).to(dtype)
     k, v = torch.randn(prompts * t, hkv, d).to(dtype), torch.randn(prompts * t, hkv, d).to(dtype)
 
@@ -114,29 +116,6 @@ def torch_decode_attention_curve(peak: float, bw: float, repeats: int, dtype: st
     return {"rows": list(DECODE_GROUPS), "eff": effs}
 
 
-def _run_decodes(contexts: list[int], hq: int, hkv: int, d: int, dtype: torch.dtype, layers: int):
-    """One decode step of requests at `contexts` cached tokens each (the backend groups them by
-    context: kernels/torch_attention.group_requests), on `layers` layers' own caches."""
-    from tacit.kernels.torch_attention import TorchAttentionBackend
-
-    c = np.array(contexts, dtype=np.int64)
-    per = int(-(-(c.max() + 1) // BLOCK))
-    caches = [torch.randn(2, len(c) * per, BLOCK, hkv, d).to(dtype) for _ in range(layers)]
-    tables = np.arange(len(c) * per, dtype=np.int64).reshape(len(c), per)
-    slots = tables[np.arange(len(c)), c // BLOCK] * BLOCK + c % BLOCK
-    backend = TorchAttentionBackend()
-    meta = backend.build_metadata(np.ones_like(c), c, tables, slots, torch.device("cpu"), BLOCK)
-    q, k, v = (torch.randn(len(c), h, d).to(dtype) for h in (hq, hkv, hkv))
-
-    def step() -> torch.Tensor:
-        for cache in caches:
-            backend.write_kv(cache, k, v, meta)
-            out = backend.forward(q, cache, meta, d**-0.5)
-        return out
-
-    return step, len(meta.groups)
-
-
 # Two decodes in one padded group (both at 3 blocks) and in two (1 block and 3): the same step
 # but for one more group's gather, padding and SDPA call, and 2 blocks fewer to read.
 ONE_GROUP, TWO_GROUPS = (47, 47), (15, 47)
@@ -147,14 +126,16 @@ def torch_decode_group_seconds(repeats: int, dtype: str) -> float:
     backend: host work the bytes do not describe. On the AVX2-only EPYC in float32, SmolLM2's
     heads (9/3 x 64) at 30 layers: 177 us a layer for two decodes in one group, 304 in two;
     a bursty-replay step of 33 decodes runs 6 groups (power-of-two context buckets)."""
+    from tacit.kernels.torch_attention import group_requests
+
     dt = torch_dtype(dtype)
     # 24 layers (the caches are a few blocks): a difference of two ~5 ms steps read 122-150 us in
     # four runs, where 6 layers' ~1.5 ms steps read 122-284 us in three
     hkv, d, layers = DECODE_KV_HEADS, DECODE_HEAD_DIM, 24
-    runs = [_run_decodes(list(ctx), 2 * hkv, hkv, d, dt, layers) for ctx in (ONE_GROUP, TWO_GROUPS)]
-    if [groups for _, groups in runs] != [1, 2]:
+    contexts = (ONE_GROUP, TWO_GROUPS)
+    if [len(group_requests(np.ones(2, dtype=np.int64), np.array(c), BLOCK)) for c in contexts] != [1, 2]:
         raise RuntimeError(f"decodes at {ONE_GROUP} and {TWO_GROUPS} no longer run in 1 and 2 groups")
-    one, two = best_seconds_each([step for step, _ in runs], repeats)
+    one, two = best_seconds_each([_run(2, 1, 2 * hkv, hkv, d, dt, c, layers) for c in contexts], repeats)
     extra = max((two - one) / layers, 0.0)
     print(f"  decode attention (torch): {extra * 1e6:.1f} us a layer for a second padded group", file=sys.stderr)
     return round(extra, 8)
@@ -241,7 +222,9 @@ def _mla_run(prompts: int, t: int, dtype: torch.dtype = torch.bfloat16):
     tables = np.arange(prompts * per, dtype=np.int64).reshape(prompts, per)
     backend = AbsorbedMLAAttentionBackend()
     n, c = np.full(prompts, t, dtype=np.int64), np.zeros(prompts, dtype=np.int64)
-    meta = backend.build_metadata(n, c, tables, _slots(tables, 0, t), torch.device("cpu"), BLOCK)
+    meta = backend.build_metadata(
+        n, c, tables, _slots(tables, np.zeros(len(tables), dtype=np.int64), t), torch.device("cpu"), BLOCK
+    )
     q = torch.randn(prompts * t, MLA_HEADS, MLA_NOPE + MLA_ROPE).to(dtype)
     latent, pe = torch.randn(prompts * t, MLA_RANK).to(dtype), torch.randn(prompts * t, MLA_ROPE).to(dtype)
     kv_b = (torch.randn(MLA_HEADS * (MLA_NOPE + MLA_V), MLA_RANK) * 0.02).to(dtype)
