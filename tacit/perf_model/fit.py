@@ -64,9 +64,8 @@ from tacit.perf_model.fit_torch_decode import DENSE_CONFIG, GQA_DEPTHS, MOE_CONF
 # its speed is not smooth there. On the AVX2-only EPYC in float32 (scripts/gemm_rows_speed.py,
 # the fit's 1024 x 2816 shape) it ran 88.7 GFLOP/s at 32 rows (W @ x.T) and 64.6 at 33
 # (F.linear), 84.1 at 48, 93.8 at 64, 110.0 at 128. Interpolated from 32 to 64 the curve priced
-# the bursty replay's 33-53-row decode steps' GEMMs at 77 ms where the engine spent 125 in them
-# (torch profiler, one 33-row step of that replay); 128 fills the gap to 256 that serving's
-# 65-256-row decode steps fall in.
+# the GEMMs of a 33-row decode step of the bursty replay at 77 ms where the engine spent 125 in
+# them (torch profiler); 128 fills the gap to 256 that serving's 65-256-row decode steps fall in.
 ROWS = (1, 2, 4, 8, 16, SKINNY_ROWS, SKINNY_ROWS + 1, 48, 64, 128, 256, 512)
 # A prefill step's rows reach the scheduler's token budget (2,048 by default; --validate runs
 # 4 x 512-token chunks a step), where the curve was flat from 512: compute-bound, so 4 copies
