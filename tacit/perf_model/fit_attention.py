@@ -47,9 +47,11 @@ def _shape(hq: int, hkv: int, d: int, layers: int = 1) -> ModelShape:
     return ModelShape("bench", hq * d, layers, hq, hkv, d, 0, 1, True)
 
 
-def _slots(tables: np.ndarray, starts: np.ndarray, t: int) -> np.ndarray:
-    """The flat cache slots of positions start .. start + t - 1 of each request's block table."""
+def _slots(tables: np.ndarray, starts: int | np.ndarray, t: int) -> np.ndarray:
+    """The flat cache slots of positions start .. start + t - 1 of each request's block table
+    (one start for all requests, or each its own)."""
     slots = (tables[:, :, None] * BLOCK + np.arange(BLOCK)[None, None, :]).reshape(len(tables), -1)
+    starts = np.broadcast_to(starts, (len(tables),))
     return np.concatenate([slots[i, s : s + t] for i, s in enumerate(starts)])
 
 
@@ -222,9 +224,7 @@ def _mla_run(prompts: int, t: int, dtype: torch.dtype = torch.bfloat16):
     tables = np.arange(prompts * per, dtype=np.int64).reshape(prompts, per)
     backend = AbsorbedMLAAttentionBackend()
     n, c = np.full(prompts, t, dtype=np.int64), np.zeros(prompts, dtype=np.int64)
-    meta = backend.build_metadata(
-        n, c, tables, _slots(tables, np.zeros(len(tables), dtype=np.int64), t), torch.device("cpu"), BLOCK
-    )
+    meta = backend.build_metadata(n, c, tables, _slots(tables, 0, t), torch.device("cpu"), BLOCK)
     q = torch.randn(prompts * t, MLA_HEADS, MLA_NOPE + MLA_ROPE).to(dtype)
     latent, pe = torch.randn(prompts * t, MLA_RANK).to(dtype), torch.randn(prompts * t, MLA_ROPE).to(dtype)
     kv_b = (torch.randn(MLA_HEADS * (MLA_NOPE + MLA_V), MLA_RANK) * 0.02).to(dtype)
