@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -422,3 +423,33 @@ def test_torch_paged_prefill_group_priced_as_the_backend_scores_it():
     # a profile not fitted on the engine (no roofs) prices per chunk, as a varlen kernel runs them
     unfitted = replace(paged, profile=replace(paged.profile, roofs=None))
     assert mixed_step_seconds(unfitted, burst) == mixed_step_seconds(replace(unfitted, padded_decode_block=None), burst)
+
+
+def test_merged_mla_prefill_chunks_keep_their_gemm_and_kernel():
+    """Several prompts in one step merge into one op per name: kv_b_proj stays a GEMM over every
+    chunk's keys (the engine's one F.linear over the group's latents) and the attention keeps
+    MLA's prefill curve. Merged from the seven plain fields, a 16 x 32 prefill of deepseek-v3-1b
+    priced kv_b_proj at the elementwise efficiency, 3.6x o_proj's time for the same FLOPs."""
+    from tacit.perf_model.attention_ops import attention_ops
+    from tacit.perf_model.roofline import op_time
+    from tacit.perf_model.step_model import mixed_step_times
+
+    p = _fitted_pricing(16)
+    p = Pricing(shape_from_hf(MLA), p.spec, p.profile, padded_decode_block=16)
+    chunks = 4
+    ops = {t.op.name: t for t in mixed_step_times(p, MixedStep([Chunk(32, 0, True)] * chunks))[1]}
+    one = {
+        op.name: op
+        for op in attention_ops(p.shape, StepShape(1, 32, 0), p.parallel, p.weight_dtype, p.kv_dtype, p.group_size)
+    }
+    kv_b = ops["kv_b_proj"]
+    assert kv_b.op.is_gemm and kv_b.op.rows == chunks * 32 and kv_b.op.launches == one["kv_b_proj"].launches
+    # priced as one GEMM of the summed rows on the dtype's curve, as the step's o_proj is
+    whole = op_time(
+        replace(one["kv_b_proj"], flops=chunks * one["kv_b_proj"].flops, bytes=kv_b.op.bytes, rows=chunks * 32),
+        p.spec,
+        p.profile,
+        False,
+    )
+    assert kv_b.seconds == pytest.approx(whole.seconds)
+    assert ops["attention"].op.kernel == "mla" and ops["attention"].op.layers == p.shape.num_layers
