@@ -70,7 +70,7 @@ def _block(cmd: str, out: str) -> str:
 
 def _summary(out: str) -> str:
     """The two largest operator classes of each phase, quoted from the output above."""
-    lines = [ln.strip() for ln in out.splitlines() if ln.strip().startswith(("prefill ", "decode "))]
+    lines = [ln.strip() for ln in out.splitlines() if "% of the step" in ln]
     parts = []
     for phase in ("prefill", "decode"):
         rows = [ln for ln in lines if ln.startswith(phase)]
@@ -90,19 +90,31 @@ def note(model: str) -> str:
         "sourced hardware table; accelerator efficiencies are stated assumptions, not measurements). Every "
         "figure is the output of the command printed with it.\n",
     ]
-    if hf.get("sliding_window"):
+    windows = sorted({w for w in shape.windows if w})
+    if windows:
         out.append(
-            f"The performance model does not yet know sliding-window layers ({hf['sliding_window']} tokens here) "
-            "or MXFP4 weights: it counts every layer's KV as full attention and the experts at the --quantization "
-            "given, so the KV terms below are upper bounds.\n"
+            f"Its sliding-window layers ({', '.join(map(str, windows))} tokens) keep only the blocks their window "
+            "straddles: the KV terms below count them so (docs/performance/predict.md, 'Sliding windows, sparse "
+            "attention and MXFP4').\n"
+        )
+    if shape.weight_format:
+        experts = (
+            f" Its routed experts stay {shape.expert_weight_dtype} whatever `--quantization` says."
+            if shape.expert_weight_dtype
+            else ""
+        )
+        out.append(
+            f"The checkpoint stores its weights as {shape.weight_format}: the default (`--quantization auto`) prices "
+            f"that, the first row below; the other rows price an engine quantizing it from bf16.{experts}\n"
         )
     out += [
         f"## Memory at each weight precision: weights + KV of one {CONTEXT}-token sequence (bf16 KV)\n",
         "TP=1, so the numbers are the whole model (the capacity and fit verdict are one H200's).\n",
     ]
-    for dtype in ("bf16", "fp8", "int8", "int4"):
+    for dtype in ("auto",) * bool(shape.weight_format) + ("bf16", "fp8", "int8", "int4"):
+        quant = [] if dtype == "auto" else ["--quantization", dtype]
         cmd, text = run(
-            ["predict", "--model", model, "--hardware", "h200-sxm", "--quantization", dtype]
+            ["predict", "--model", model, "--hardware", "h200-sxm", *quant]
             + ["--input-len", str(CONTEXT), "--output-len", "1"]
         )
         out.append(_block(cmd + MEM_GREP, _memory_line(text)))
@@ -110,7 +122,9 @@ def note(model: str) -> str:
         ["predict", "--model", model, "--hardware", "h200-sxm", "--kv-cache-dtype", "int8"]
         + ["--input-len", str(CONTEXT), "--output-len", "1"]
     )
-    out.append("An int8 KV cache (int8 values plus a scale per row) about halves the KV term (bf16 weights):\n")
+    out.append(
+        "An int8 KV cache (int8 values plus a scale per row) about halves the KV term (weights as the first row):\n"
+    )
     out.append(_block(cmd + MEM_GREP, _memory_line(text)))
     out.append(
         f"## Predicted TTFT / TPOT: batch {BATCH}, {INPUT}-token prompts, {OUTPUT} output tokens\n\n"
