@@ -125,3 +125,18 @@ def test_the_short_command_lines_in_the_readme_and_the_docs_run():
         if out.returncode != 0 or not out.stdout.strip():
             failed.append(f"{line}: exit {out.returncode}\n{out.stderr[-600:]}")
     assert not failed, "\n".join(failed)
+
+
+def test_the_recipe_notes_are_what_the_script_writes():
+    """Every figure in recipes/configs/<Model>/README.md is the output of the `tacit predict`
+    command printed above it: a change to the model that moves one leaves the note stale (the
+    gpt-oss notes still read 46.50 GB a device from before MXFP4 was priced, at 17.63)."""
+    spec = importlib.util.spec_from_file_location("recipe_notes", ROOT / "scripts" / "recipe_notes.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    from tacit.perf_model.model_shape import recipe_config_names
+
+    stale = [
+        n for n in recipe_config_names() if (ROOT / "recipes" / "configs" / n / "README.md").read_text() != gen.note(n)
+    ]
+    assert not stale, f"stale recipe notes {stale}: run PYTHONPATH=. python scripts/recipe_notes.py"
