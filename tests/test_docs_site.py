@@ -140,3 +140,53 @@ def test_the_recipe_notes_are_what_the_script_writes():
         n for n in recipe_config_names() if (ROOT / "recipes" / "configs" / n / "README.md").read_text() != gen.note(n)
     ]
     assert not stale, f"stale recipe notes {stale}: run PYTHONPATH=. python scripts/recipe_notes.py"
+
+
+# Printed blocks a test can rerun: `$ tacit predict ... [| grep [-E] 'PAT'] [| head -N]` on a named
+# part of the table. Left out: this-cpu (it fits this machine first), a path under the home
+# directory (the printed header names it), and the commands that measure or write files.
+_NOT_RERUN = ("this-cpu", "--validate", "--serve", "--calibrate", "--published", "--json", "--plot", "~", "$")
+
+
+def _rerun(command: str) -> list[str] | None:
+    """What `command` prints now, its pipes applied; None where it is not a block of that shape."""
+    import contextlib
+    import io
+
+    from tacit.cli import main
+
+    first, *pipes = [p.strip() for p in command.split(" | ")]
+    if not first.startswith("tacit predict ") or "--hardware" not in first or any(x in first for x in _NOT_RERUN):
+        return None
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(shlex.split(first)[1:])
+    lines = out.getvalue().splitlines()
+    for pipe in pipes:
+        words = shlex.split(pipe)
+        if words[0] == "grep" and set(words[1:-1]) <= {"-E"}:
+            lines = [ln for ln in lines if re.search(words[-1], ln)]
+        elif words[0] == "head" and len(words) == 2 and words[1][1:].isdigit():
+            lines = lines[: int(words[1][1:])]
+        else:
+            return None
+    return lines
+
+
+@pytest.mark.parametrize("page", ["docs/worked-answers.md", "recipes/qwen3-moe-larger-than-memory/README.md"])
+def test_printed_predictions_are_what_the_command_prints(page):
+    """A `$ tacit predict` line in a code block is followed by its output: rerun, it prints the
+    same (the worked answers' MTP blocks and the Qwen3-MoE recipe's had drifted from the model)."""
+    lines = (ROOT / page).read_text().splitlines()
+    checked, stale = 0, []
+    for i, line in enumerate(lines):
+        if not line.startswith("$ tacit predict"):
+            continue
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith(("$ ", "```"))), len(lines))
+        now = _rerun(line[2:])
+        if now is not None:
+            checked += 1
+            if now != lines[i + 1 : end]:
+                stale.append(f"line {i + 1}")
+    assert checked, f"{page} has no block this test reruns"
+    assert not stale, f"{page}: printed output differs from the command's at {stale}"
