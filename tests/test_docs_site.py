@@ -164,7 +164,10 @@ def _rerun(command: str) -> list[str] | None:
     lines = out.getvalue().splitlines()
     for pipe in pipes:
         words = shlex.split(pipe)
-        if words[0] == "grep" and set(words[1:-1]) <= {"-E"}:
+        # grep -E's patterns read as Python's; a basic one only where it has no character that
+        # the two dialects read differently
+        basic = words[0] == "grep" and len(words) == 2 and not set(words[1]) & set("|()+?{}")
+        if basic or (words[0] == "grep" and words[1:-1] == ["-E"]):
             lines = [ln for ln in lines if re.search(words[-1], ln)]
         elif words[0] == "head" and len(words) == 2 and words[1][1:].isdigit():
             lines = lines[: int(words[1][1:])]
