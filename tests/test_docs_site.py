@@ -193,3 +193,22 @@ def test_printed_predictions_are_what_the_command_prints(page):
                 stale.append(f"line {i + 1}")
     assert checked, f"{page} has no block this test reruns"
     assert not stale, f"{page}: printed output differs from the command's at {stale}"
+
+
+@pytest.mark.parametrize("table", ["ridge", "mla", "quant", "mtp"])
+def test_the_worked_answers_tables_are_what_the_script_prints(table):
+    """docs/worked-answers.md pastes `python scripts/worked_tables.py TABLE` whole: rerun, it
+    prints the same (the MTP table had moved with the step model's merge fix)."""
+    import contextlib
+    import io
+
+    spec = importlib.util.spec_from_file_location("worked_tables", ROOT / "scripts" / "worked_tables.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        getattr(gen, table)()
+    page = (DOCS / "worked-answers.md").read_text()
+    assert f"$ PYTHONPATH=. python scripts/worked_tables.py {table}\n{out.getvalue()}" in page, (
+        f"docs/worked-answers.md's {table} table is stale: rerun PYTHONPATH=. python scripts/worked_tables.py {table}"
+    )
