@@ -2,7 +2,8 @@
 under this machine's calibration against the engine's measured TTFT and its matrix products
 timed by torch.profiler, grouped by weight shape (an MoE's experts are its [hidden, 2 x moe] and
 [moe, hidden] products). Where a validation row misses, this says whether an operator or the
-host time around them does.
+host time around them does. Float32 only: the engine and the price both, as --validate runs on a
+CPU without a native bf16 matmul.
 
     python scripts/prefill_step_ops.py [--model random:qwen3-moe-2b] [--batch 1] [--input-len 32]
 """

@@ -1,7 +1,9 @@
 """The documentation site (mkdocs.yml, docs/): it builds strictly, every page is in the nav, the
 generated engine-arguments page matches EngineArgs, and the tacit command lines it shows parse."""
 
+import contextlib
 import importlib.util
+import io
 import os
 import re
 import shlex
@@ -14,6 +16,22 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
+
+
+def _script(name: str):
+    """scripts/NAME.py imported as a module (the scripts directory is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _printed(fn, *args) -> str:
+    """What fn(*args) prints to stdout."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        fn(*args)
+    return out.getvalue()
 
 
 def _nav_pages(nav: list) -> list[str]:
@@ -32,9 +50,7 @@ def test_every_page_is_in_the_nav_and_every_nav_entry_is_a_page():
 
 
 def test_the_engine_arguments_page_is_what_the_script_writes():
-    spec = importlib.util.spec_from_file_location("gen_cli_reference", ROOT / "scripts" / "gen_cli_reference.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
+    gen = _script("gen_cli_reference")
     page = gen.render()
     assert (DOCS / "reference" / "engine_args.md").read_text() == page, (
         "docs/reference/engine_args.md is stale: run python scripts/gen_cli_reference.py"
@@ -131,9 +147,7 @@ def test_the_recipe_notes_are_what_the_script_writes():
     """Every figure in recipes/configs/<Model>/README.md is the output of the `tacit predict`
     command printed above it: a change to the model that moves one leaves the note stale (the
     gpt-oss notes still read 46.50 GB a device from before MXFP4 was priced, at 17.63)."""
-    spec = importlib.util.spec_from_file_location("recipe_notes", ROOT / "scripts" / "recipe_notes.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
+    gen = _script("recipe_notes")
     from tacit.perf_model.model_shape import recipe_config_names
 
     stale = [
@@ -150,18 +164,12 @@ _NOT_RERUN = ("this-cpu", "--validate", "--serve", "--calibrate", "--published",
 
 def _rerun(command: str) -> list[str] | None:
     """What `command` prints now, its pipes applied; None where it is not a block of that shape."""
-    import contextlib
-    import io
-
     from tacit.cli import main
 
     first, *pipes = [p.strip() for p in command.split(" | ")]
     if not first.startswith("tacit predict ") or "--hardware" not in first or any(x in first for x in _NOT_RERUN):
         return None
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        main(shlex.split(first)[1:])
-    lines = out.getvalue().splitlines()
+    lines = _printed(main, shlex.split(first)[1:]).splitlines()
     for pipe in pipes:
         words = shlex.split(pipe)
         # grep -E's patterns read as Python's; a basic one only where it has no character that
@@ -199,16 +207,8 @@ def test_printed_predictions_are_what_the_command_prints(page):
 def test_the_worked_answers_tables_are_what_the_script_prints(table):
     """docs/worked-answers.md pastes `python scripts/worked_tables.py TABLE` whole: rerun, it
     prints the same (the MTP table had moved with the step model's merge fix)."""
-    import contextlib
-    import io
-
-    spec = importlib.util.spec_from_file_location("worked_tables", ROOT / "scripts" / "worked_tables.py")
-    gen = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        getattr(gen, table)()
+    printed = _printed(getattr(_script("worked_tables"), table))
     page = (DOCS / "worked-answers.md").read_text()
-    assert f"$ PYTHONPATH=. python scripts/worked_tables.py {table}\n{out.getvalue()}" in page, (
+    assert f"$ PYTHONPATH=. python scripts/worked_tables.py {table}\n{printed}" in page, (
         f"docs/worked-answers.md's {table} table is stale: rerun PYTHONPATH=. python scripts/worked_tables.py {table}"
     )
