@@ -46,6 +46,12 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
         "--hardware-file", default=None, help="YAML/JSON describing a machine not in the table (hardware_file.py)"
     )
     p.add_argument(
+        "--efficiency-profile",
+        default=None,
+        help="price the part with this efficiency profile (an engine's, efficiency.json) instead of its own, e.g. "
+        "granite-rapids-llamacpp for llama.cpp on a Xeon 6900P, whose entry is SGLang's",
+    )
+    p.add_argument(
         "--enforce-eager", action="store_true", help="price kernel launches without CUDA/ACL graphs (vLLM's flag)"
     )
     add_layout_args(p)
@@ -197,7 +203,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     resolve_weight_format(args.quantization, "")  # a bad name fails before the model is read
     _check_choice(args.activation_dtype, ACTIVATION_DTYPES, "--activation-dtype")
     _check_choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype")
-    spec = resolve_hardware(args.hardware, args.hardware_file, args.enforce_eager)  # before the model: fails fast
+    spec = resolve_hardware(  # before the model: fails fast
+        args.hardware, args.hardware_file, args.enforce_eager, args.efficiency_profile
+    )
     hf = load_hf_config(args.model)
     shape = shape_from_hf(hf)
     wdt, kvdt = priced_dtypes(spec, args.quantization, args.kv_cache_dtype, shape.weight_format)

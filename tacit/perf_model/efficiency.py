@@ -90,6 +90,11 @@ class Profile:
     # a path without them charges none
     row_overhead_s: dict[str, float] = field(default_factory=dict)
     row_layer_overhead_s: dict[str, float] = field(default_factory=dict)
+    # The GEMMs' fraction of the part's compute peak, by the dtype they compute in, where the
+    # engine's kernels reach a far smaller share of it than of bandwidth: ggml on a Xeon streams
+    # weights at 0.41 of the datasheet but runs no AMX, 0.032 of the AMX int8 peak the table
+    # states. The gemm curve then prices only the bytes; empty: one curve prices both roofs.
+    gemm_compute: dict[str, float] = field(default_factory=dict)
 
     def gemm_efficiency(self, weight_dtype: str, rows: float) -> float:
         # a dequantizing or integer kernel (int4, mxfp4, GGML types) without its own curve: int8's
@@ -141,6 +146,7 @@ def _profile(name: str, d: dict) -> Profile:
         attention_decode_torch_group_s=float(d.get("attention_decode_torch_group_s", 0.0)),
         row_overhead_s=d.get("row_overhead_s", {}),
         row_layer_overhead_s=d.get("row_layer_overhead_s", {}),
+        gemm_compute={k: float(v) for k, v in d.get("gemm_compute", {}).items()},
     )
 
 

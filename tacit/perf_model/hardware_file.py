@@ -151,10 +151,19 @@ def _profile_name(path: Path, name: str, profile: Any) -> str:
     return key
 
 
-def resolve_hardware(hardware: str | None, hardware_file: str | None, enforce_eager: bool = False) -> HardwareSpec:
+def resolve_hardware(
+    hardware: str | None, hardware_file: str | None, enforce_eager: bool = False, efficiency_profile: str | None = None
+) -> HardwareSpec:
     """`--hardware NAME` or `--hardware-file FILE` (not both), with `--enforce-eager` turning
-    graph capture off as vLLM's flag does."""
+    graph capture off as vLLM's flag does, and `--efficiency-profile NAME` pricing the part with
+    another engine's profile than its own (llama.cpp on a Xeon whose entry is SGLang's)."""
     if hardware_file is not None and hardware not in (None, "this-cpu"):
         raise ValueError("give --hardware NAME or --hardware-file FILE, not both")
     spec = load_hardware_file(hardware_file) if hardware_file else get_hardware_spec(hardware or "this-cpu")
+    if efficiency_profile is not None:
+        if efficiency_profile not in profile_names():
+            raise ValueError(
+                f"--efficiency-profile {efficiency_profile!r} is not known; valid: {', '.join(profile_names())}"
+            )
+        spec = replace(spec, efficiency_profile=efficiency_profile)
     return replace(spec, graphs=False) if enforce_eager else spec

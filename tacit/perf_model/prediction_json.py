@@ -69,7 +69,12 @@ def prediction_json(
     out.update(
         {
             "inputs": inputs_of(args),
-            "hardware": {"name": spec.name, "description": spec.description, "devices_per_node": per_node},
+            "hardware": {
+                "name": spec.name,
+                "description": spec.description,
+                "devices_per_node": per_node,
+                "efficiency_profile": spec.efficiency_profile,
+            },
             "model": {"name": args.model, "architecture": shape.architecture},
             "workload": workload_of(work),
             "at_context": pred.at_context,

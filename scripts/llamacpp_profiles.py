@@ -1,0 +1,125 @@
+"""Derive the llama.cpp efficiency profiles' figures from llama.cpp's own published dense-model
+benchmarks (tacit/perf_model/data/llamacpp_sources.yaml), and check the profiles reproduce them.
+
+`PYTHONPATH=. python scripts/llamacpp_profiles.py` prints, for each source:
+
+- EPYC 9554 (Genoa), Phi-4 at four GGML types: the model's decode step with the epyc-zen4 profile
+  but no per-layer cost, against the published one. The gap is nearly the same at every type
+  (bytes read vary 1.7x), so it is a fixed cost a token, not bandwidth: llama.cpp's graph of ~25
+  nodes a layer, each a barrier over the socket's threads. Its mean per layer is the profile's
+  layer cost (epyc-zen4, and epyc-zen5 by assumption).
+- Xeon 6980P, dense Qwen2.5-72B Q4_0 under ik_llama.cpp: the bandwidth fraction that prices its
+  token generation (with the per-layer cost above), and the compute fraction of the part's int8
+  peak that prices its 2048-token prompt (ggml runs no AMX: the fraction is of the AMX peak the
+  table states). These are granite-rapids-llamacpp's gemm curve and gemm_compute.
+
+Then each source row priced with the shipped profiles, and its error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from tacit.perf_model.efficiency import Curve, Profile, load_profile
+from tacit.perf_model.hardware_file import resolve_hardware
+from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
+from tacit.perf_model.predict import Workload, predict
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ROOT / "tacit" / "perf_model" / "data" / "llamacpp_sources.yaml"
+
+
+def sources() -> dict:
+    return yaml.safe_load(SOURCES.read_text())
+
+
+def _spec(src: dict, profile_name: str):
+    file = src.get("hardware_file")
+    spec = resolve_hardware(src.get("hardware"), str(ROOT / file) if file else None)
+    return replace(spec, efficiency_profile=profile_name)
+
+
+def _shape(src: dict):
+    model = src["model"]
+    return shape_from_hf(model if isinstance(model, dict) else load_hf_config(model))
+
+
+def row_seconds(src: dict, row: dict, profile: Profile) -> float:
+    """The published row's time as the model prices it: a token's decode step (tg) or the
+    prompt's prefill (pp)."""
+    spec, shape = _spec(src, profile.name), _shape(src)
+    kv = "int8" if src.get("hardware") == "xeon-6980p-ddr5" else "bf16"  # its run: -ctk/-ctv q8_0
+    if row["test"] == "tg":
+        w = Workload(1, 0, 2, row["quantization"], kv, context=row["context"])
+        return predict(shape, spec, w, profile).decode_step_s
+    w = Workload(1, row["tokens"], 1, row["quantization"], kv)
+    return predict(shape, spec, w, profile).prefill_step_s
+
+
+def published_seconds(row: dict) -> float:
+    return (row["tokens"] if row["test"] == "pp" else 1) / row["value"]
+
+
+def genoa_layer_cost(src: dict) -> tuple[float, list[tuple[str, float, float]]]:
+    """(seconds a layer, [(type, published s, priced s without the layer cost)])."""
+    base = load_profile("epyc-zen4")
+    bare = replace(base, layer_overhead_s={k: 0.0 for k in base.layer_overhead_s})
+    rows = [(r["quantization"], published_seconds(r), row_seconds(src, r, bare)) for r in src["rows"]]
+    layers = _shape(src).num_layers
+    return sum(p - m for _, p, m in rows) / len(rows) / layers, rows
+
+
+def _solve(f, target: float, lo: float, hi: float) -> float:
+    """x in [lo, hi] with f(x) = target, f decreasing in x (a larger efficiency, a shorter time)."""
+    for _ in range(60):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if f(mid) > target else (lo, mid)
+    return (lo * hi) ** 0.5
+
+
+def granite_rapids_fractions(src: dict) -> tuple[float, float]:
+    """(bandwidth fraction, int8 compute fraction) that price the 72B's tg and pp rows with
+    granite-rapids-llamacpp's other figures."""
+    base = load_profile("granite-rapids-llamacpp")
+    tg = next(r for r in src["rows"] if r["test"] == "tg")
+    pp = next(r for r in src["rows"] if r["test"] == "pp")
+
+    def tg_s(bw: float) -> float:
+        return row_seconds(src, tg, replace(base, gemm={"int8": Curve((1.0,), (bw,))}))
+
+    bw = _solve(tg_s, published_seconds(tg), 0.01, 1.0)
+
+    def pp_s(c: float) -> float:
+        return row_seconds(src, pp, replace(base, gemm={"int8": Curve((1.0,), (bw,))}, gemm_compute={"int8": c}))
+
+    return bw, _solve(pp_s, published_seconds(pp), 0.001, 1.0)
+
+
+def main() -> None:
+    data = sources()
+    genoa = data["genoa_phi4"]
+    per_layer, rows = genoa_layer_cost(genoa)
+    print(f"{genoa['source']['title']}: Phi-4 tg on {genoa['hardware_file']}, epyc-zen4 without its layer cost")
+    for q, pub, bare in rows:
+        print(f"  {q:7s} published {1e3 * pub:7.2f} ms  priced {1e3 * bare:7.2f} ms  gap {1e3 * (pub - bare):5.2f} ms")
+    print(f"  mean gap a layer ({_shape(genoa).num_layers} layers): {1e3 * per_layer:.3f} ms")
+    gnr = data["granite_rapids_qwen72b"]
+    bw, compute = granite_rapids_fractions(gnr)
+    print(f"{gnr['source']['title']}: on {gnr['hardware']}")
+    print(f"  bandwidth fraction that prices tg: {bw:.3f}; int8 compute fraction that prices pp2048: {compute:.4f}")
+    print("the shipped profiles against every source row:")
+    for key, profile in (("genoa_phi4", "epyc-zen4"), ("granite_rapids_qwen72b", "granite-rapids-llamacpp")):
+        src = data[key]
+        for r in src["rows"]:
+            pub, priced = published_seconds(r), row_seconds(src, r, load_profile(profile))
+            print(
+                f"  {profile:24s} {r['quantization']:7s} {r['test']}  published {r['value']:8.3f} tok/s  "
+                f"priced {(pub / priced) * r['value']:8.3f}  error {100 * (pub / priced - 1):+5.1f}%"
+            )
+
+
+if __name__ == "__main__":
+    main()

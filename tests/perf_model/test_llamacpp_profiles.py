@@ -1,0 +1,101 @@
+"""The llama.cpp efficiency profiles hold to the published dense-model benchmarks they were derived
+from (data/llamacpp_sources.yaml, scripts/llamacpp_profiles.py); a profile's compute-side GEMM
+fraction prices only the compute roof; `--efficiency-profile` prices a part with another engine's
+profile and says so."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tacit.perf_model.efficiency import Curve, load_profile
+from tacit.perf_model.hardware_file import resolve_hardware
+from tacit.perf_model.operators import Op
+from tacit.perf_model.roofline import op_time
+from tacit.platforms.hardware_table import get_hardware_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _derivation():
+    spec = importlib.util.spec_from_file_location("llamacpp_profiles", ROOT / "scripts" / "llamacpp_profiles.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def derivation():
+    return _derivation()
+
+
+@pytest.mark.parametrize(
+    ("key", "profile"), [("genoa_phi4", "epyc-zen4"), ("granite_rapids_qwen72b", "granite-rapids-llamacpp")]
+)
+def test_each_source_row_is_priced_within_5_percent(derivation, key, profile):
+    src = derivation.sources()[key]
+    for row in src["rows"]:
+        priced = derivation.row_seconds(src, row, load_profile(profile))
+        assert priced == pytest.approx(derivation.published_seconds(row), rel=0.05), (key, row)
+
+
+def test_the_shipped_figures_are_what_the_derivation_gives(derivation):
+    data = derivation.sources()
+    per_layer, rows = derivation.genoa_layer_cost(data["genoa_phi4"])
+    # the gap is a fixed cost, not bandwidth: within 2 ms at every type while the bytes vary 1.7x
+    gaps = [pub - bare for _, pub, bare in rows]
+    assert max(gaps) - min(gaps) < 2e-3 and min(gaps) > 0
+    for name in ("epyc-zen4", "epyc-zen5", "granite-rapids-llamacpp"):
+        assert load_profile(name).layer_overhead_s["decode_fused"] == pytest.approx(per_layer, abs=5e-6), name
+    bw, compute = derivation.granite_rapids_fractions(data["granite_rapids_qwen72b"])
+    gnr = load_profile("granite-rapids-llamacpp")
+    assert gnr.gemm_efficiency("q4_0", 1) == pytest.approx(bw, abs=0.005)
+    assert gnr.gemm_compute["int8"] == pytest.approx(compute, abs=0.0005)
+
+
+def test_a_compute_fraction_prices_the_compute_roof_and_leaves_the_bytes_to_the_curve():
+    spec = get_hardware_spec("xeon-6980p-ddr5")
+    base = replace(load_profile("granite-rapids-llamacpp"), gemm={"int8": Curve((1.0,), (0.4,))}, gemm_compute={})
+    split = replace(base, gemm_compute={"int8": 0.04})
+    n = k = 8192
+    for rows, bound in ((1, "memory"), (2048, "compute")):
+        op = Op("gate_up_proj", "dense_mlp", 2 * rows * n * k, n * k * 0.5625, rows, weight_dtype="q4_0", is_gemm=True)
+        one, two = op_time(op, spec, base, rows == 1), op_time(op, spec, split, rows == 1)
+        assert two.memory_s == pytest.approx(one.memory_s)  # bytes at the curve's 0.4 either way
+        assert two.compute_s == pytest.approx(one.compute_s * 0.4 / 0.04)
+        assert two.bound == f"{bound}-bound"
+
+
+def test_efficiency_profile_overrides_the_parts_own_and_is_echoed(tmp_path, capsys):
+    from tacit.cli import main
+
+    assert resolve_hardware("xeon-6980p", None).efficiency_profile == "granite-rapids"
+    assert resolve_hardware("xeon-6980p", None, efficiency_profile="granite-rapids-llamacpp").efficiency_profile == (
+        "granite-rapids-llamacpp"
+    )
+    out = tmp_path / "p.json"
+    argv = ["predict", "--model", "Qwen2.5-72B", "--hardware", "xeon-6980p", "--quantization", "q4_0"]
+    assert main([*argv, "--json", str(out)]) == 0
+    own = json.loads(out.read_text())
+    assert main([*argv, "--efficiency-profile", "granite-rapids-llamacpp", "--json", str(out)]) == 0
+    llama = json.loads(out.read_text())
+    assert "priced with the granite-rapids-llamacpp profile" in capsys.readouterr().out
+    assert (own["hardware"]["efficiency_profile"], llama["hardware"]["efficiency_profile"]) == (
+        "granite-rapids",
+        "granite-rapids-llamacpp",
+    )
+    # SGLang's AMX kernels against ggml's: the same bytes, a slower stream, a far slower prompt
+    assert llama["tpot_ms"] > 1.5 * own["tpot_ms"] and llama["ttft_ms"] > 5 * own["ttft_ms"]
+
+
+def test_an_unknown_efficiency_profile_names_the_valid_ones(capsys):
+    from tacit.cli import main
+
+    argv = ["predict", "--model", "Qwen2.5-72B", "--hardware", "xeon-6980p", "--efficiency-profile", "llama.cpp"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--efficiency-profile 'llama.cpp' is not known" in err and "granite-rapids-llamacpp" in err
