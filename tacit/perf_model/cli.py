@@ -160,6 +160,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise ValueError("--plot draws --validate's cases; for one prediction's charts use --html FILE")
     if args.html is not None and (args.validate or args.serve):
         raise ValueError("--html draws one prediction's steps; it does not go with --validate or --serve")
+    if args.efficiency_profile is not None and (args.validate or args.published):
+        raise ValueError(
+            "--efficiency-profile prices one prediction or a --serve replay; --validate measures this machine "
+            "against its own fit, and --published runs each figure's own command"
+        )
     if args.published:
         from tacit.perf_model.published import run_published
 

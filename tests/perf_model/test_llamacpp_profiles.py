@@ -99,3 +99,11 @@ def test_an_unknown_efficiency_profile_names_the_valid_ones(capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--efficiency-profile 'llama.cpp' is not known" in err and "granite-rapids-llamacpp" in err
+
+
+@pytest.mark.parametrize("mode", ["--validate", "--published"])
+def test_efficiency_profile_is_refused_where_it_would_not_apply(capsys, mode):
+    from tacit.cli import main
+
+    assert main(["predict", mode, "--efficiency-profile", "epyc-zen4"]) == 2
+    assert "--efficiency-profile prices one prediction" in capsys.readouterr().err
