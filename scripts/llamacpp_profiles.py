@@ -32,6 +32,14 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ROOT / "tacit" / "perf_model" / "data" / "llamacpp_sources.yaml"
 
 
+# each source and the profile it is priced with
+PROFILES = (
+    ("genoa_phi4", "epyc-zen4"),
+    ("zen4_llama8b", "epyc-zen4"),
+    ("granite_rapids_qwen72b", "granite-rapids-llamacpp"),
+)
+
+
 def sources() -> dict:
     return yaml.safe_load(SOURCES.read_text())
 
@@ -98,6 +106,20 @@ def granite_rapids_fractions(src: dict) -> tuple[float, float]:
     return bw, _solve(pp_s, published_seconds(pp), 0.001, 1.0)
 
 
+def zen4_compute_fraction(src: dict) -> float:
+    """The int8 compute fraction that prices mainline's pp512 rows on a Zen 4 core (their mean),
+    weights streaming at epyc-zen4's bandwidth fraction."""
+    base = load_profile("epyc-zen4")
+    fractions = []
+    for row in src["rows"]:
+
+        def pp_s(c: float, row: dict = row) -> float:
+            return row_seconds(src, row, replace(base, gemm_compute={"int8": c}))
+
+        fractions.append(_solve(pp_s, published_seconds(row), 0.001, 1.0))
+    return sum(fractions) / len(fractions)
+
+
 def main() -> None:
     data = sources()
     genoa = data["genoa_phi4"]
@@ -110,8 +132,11 @@ def main() -> None:
     bw, compute = granite_rapids_fractions(gnr)
     print(f"{gnr['source']['title']}: on {gnr['hardware']}")
     print(f"  bandwidth fraction that prices tg: {bw:.3f}; int8 compute fraction that prices pp2048: {compute:.4f}")
+    zen4 = data["zen4_llama8b"]
+    print(f"{zen4['source']['title']}: on {zen4['hardware_file']}")
+    print(f"  int8 compute fraction that prices pp512 (mean of Q4_0, Q8_0): {zen4_compute_fraction(zen4):.4f}")
     print("the shipped profiles against every source row:")
-    for key, profile in (("genoa_phi4", "epyc-zen4"), ("granite_rapids_qwen72b", "granite-rapids-llamacpp")):
+    for key, profile in PROFILES:
         src = data[key]
         for r in src["rows"]:
             pub, priced = published_seconds(r), row_seconds(src, r, load_profile(profile))

@@ -33,14 +33,17 @@ def derivation():
     return _derivation()
 
 
-@pytest.mark.parametrize(
-    ("key", "profile"), [("genoa_phi4", "epyc-zen4"), ("granite_rapids_qwen72b", "granite-rapids-llamacpp")]
-)
-def test_each_source_row_is_priced_within_5_percent(derivation, key, profile):
+# Within 5%, but Zen 4's prompt rows within 10%: one fraction for Q4_0 and Q8_0, which mainline
+# runs 14% apart (123.46 and 141.30 tok/s), prices each 8% off
+TOLERANCE = {"genoa_phi4": 0.05, "zen4_llama8b": 0.10, "granite_rapids_qwen72b": 0.05}
+
+
+@pytest.mark.parametrize(("key", "profile"), _derivation().PROFILES)
+def test_each_source_row_is_priced_within_its_tolerance(derivation, key, profile):
     src = derivation.sources()[key]
     for row in src["rows"]:
         priced = derivation.row_seconds(src, row, load_profile(profile))
-        assert priced == pytest.approx(derivation.published_seconds(row), rel=0.05), (key, row)
+        assert priced == pytest.approx(derivation.published_seconds(row), rel=TOLERANCE[key]), (key, row)
 
 
 def test_the_shipped_figures_are_what_the_derivation_gives(derivation):
@@ -55,6 +58,9 @@ def test_the_shipped_figures_are_what_the_derivation_gives(derivation):
     gnr = load_profile("granite-rapids-llamacpp")
     assert gnr.gemm_efficiency("q4_0", 1) == pytest.approx(bw, abs=0.005)
     assert gnr.gemm_compute["int8"] == pytest.approx(compute, abs=0.0005)
+    zen4 = derivation.zen4_compute_fraction(data["zen4_llama8b"])
+    for name in ("epyc-zen4", "epyc-zen5"):
+        assert load_profile(name).gemm_compute["int8"] == pytest.approx(zen4, abs=0.005), name
 
 
 def test_a_compute_fraction_prices_the_compute_roof_and_leaves_the_bytes_to_the_curve():
