@@ -59,7 +59,7 @@ def row_seconds(src: dict, row: dict, profile: Profile) -> float:
     """The published row's time as the model prices it: a token's decode step (tg) or the
     prompt's prefill (pp)."""
     spec, shape = _spec(src, profile.name), _shape(src)
-    kv = "int8" if src.get("hardware") == "xeon-6980p-ddr5" else "bf16"  # its run: -ctk/-ctv q8_0
+    kv = src.get("kv_cache_dtype", "bf16")
     if row["test"] == "tg":
         w = Workload(1, 0, 2, row["quantization"], kv, context=row["context"])
         return predict(shape, spec, w, profile).decode_step_s
