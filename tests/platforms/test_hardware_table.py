@@ -86,7 +86,7 @@ def test_family_profiles_say_where_each_figure_comes_from():
             continue
         for key in ("gemm.bandwidth_fraction", "gemm.compute_fraction", "op_overhead_s"):
             assert d["figures"][key].strip(), (name, key)
-        if name in ("granite-rapids", "sapphire-rapids", "epyc-zen4", "epyc-zen5"):
+        if name in ("granite-rapids", "granite-rapids-llamacpp", "sapphire-rapids", "epyc-zen4", "epyc-zen5"):
             assert d["engine"].strip()  # whose kernels (SGLang's CPU backend, llama.cpp) the figures describe
 
 
