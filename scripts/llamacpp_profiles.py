@@ -12,6 +12,9 @@ benchmarks (tacit/perf_model/data/llamacpp_sources.yaml), and check the profiles
   token generation (with the per-layer cost above), and the compute fraction of the part's int8
   peak that prices its 2048-token prompt (ggml runs no AMX: the fraction is of the AMX peak the
   table states). These are granite-rapids-llamacpp's gemm curve and gemm_compute.
+- A 16-core Zen 4 (Ryzen-7950X), mainline's prompt processing of LLaMA-3.1-8B at Q4_0 and Q8_0:
+  the int8 compute fraction that prices them, their mean (epyc-zen4's gemm_compute, and
+  epyc-zen5's by assumption).
 
 Then each source row priced with the shipped profiles, and its error.
 """
