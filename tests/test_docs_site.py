@@ -14,16 +14,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.script_module import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-
-
-def _script(name: str):
-    """scripts/NAME.py imported as a module (the scripts directory is not a package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _printed(fn, *args) -> str:
@@ -50,7 +44,7 @@ def test_every_page_is_in_the_nav_and_every_nav_entry_is_a_page():
 
 
 def test_the_engine_arguments_page_is_what_the_script_writes():
-    gen = _script("gen_cli_reference")
+    gen = load_script("gen_cli_reference")
     page = gen.render()
     assert (DOCS / "reference" / "engine_args.md").read_text() == page, (
         "docs/reference/engine_args.md is stale: run python scripts/gen_cli_reference.py"
@@ -147,7 +141,7 @@ def test_the_recipe_notes_are_what_the_script_writes():
     """Every figure in recipes/configs/<Model>/README.md is the output of the `tacit predict`
     command printed above it: a change to the model that moves one leaves the note stale (the
     gpt-oss notes still read 46.50 GB a device from before MXFP4 was priced, at 17.63)."""
-    gen = _script("recipe_notes")
+    gen = load_script("recipe_notes")
     from tacit.perf_model.model_shape import recipe_config_names
 
     stale = [
@@ -207,7 +201,7 @@ def test_printed_predictions_are_what_the_command_prints(page):
 def test_the_worked_answers_tables_are_what_the_script_prints(table):
     """docs/worked-answers.md pastes `python scripts/worked_tables.py TABLE` whole: rerun, it
     prints the same (the MTP table had moved with the step model's merge fix)."""
-    printed = _printed(getattr(_script("worked_tables"), table))
+    printed = _printed(getattr(load_script("worked_tables"), table))
     page = (DOCS / "worked-answers.md").read_text()
     assert f"$ PYTHONPATH=. python scripts/worked_tables.py {table}\n{printed}" in page, (
         f"docs/worked-answers.md's {table} table is stale: rerun PYTHONPATH=. python scripts/worked_tables.py {table}"

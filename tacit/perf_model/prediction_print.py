@@ -30,7 +30,7 @@ def heading_of(args: argparse.Namespace, spec: HardwareSpec, work: Workload, pre
         f"weights {work.weight_dtype}, activations {act}, KV {work.kv_dtype}, batch {work.batch}, {prompt}, output {work.output_len}"
         + (f", decode at context {work.context}" if work.context is not None else "")
         + spec_part
-        + (f", priced with the {spec.efficiency_profile} profile" if getattr(args, "efficiency_profile", None) else "")
+        + (f", priced with the {spec.efficiency_profile} profile" if args.efficiency_profile else "")
     )
 
 

@@ -5,10 +5,8 @@ profile and says so."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -17,20 +15,12 @@ from tacit.perf_model.hardware_file import resolve_hardware
 from tacit.perf_model.operators import Op
 from tacit.perf_model.roofline import op_time
 from tacit.platforms.hardware_table import get_hardware_spec
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _derivation():
-    spec = importlib.util.spec_from_file_location("llamacpp_profiles", ROOT / "scripts" / "llamacpp_profiles.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.script_module import load_script
 
 
 @pytest.fixture(scope="module")
 def derivation():
-    return _derivation()
+    return load_script("llamacpp_profiles")
 
 
 # Within 5%, but Zen 4's prompt rows within 10%: one fraction for Q4_0 and Q8_0, which mainline
@@ -38,7 +28,7 @@ def derivation():
 TOLERANCE = {"genoa_phi4": 0.05, "zen4_llama8b": 0.10, "granite_rapids_qwen72b": 0.05}
 
 
-@pytest.mark.parametrize(("key", "profile"), _derivation().PROFILES)
+@pytest.mark.parametrize(("key", "profile"), load_script("llamacpp_profiles").PROFILES)
 def test_each_source_row_is_priced_within_its_tolerance(derivation, key, profile):
     src = derivation.sources()[key]
     for row in src["rows"]:
