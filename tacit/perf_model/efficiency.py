@@ -189,10 +189,21 @@ def load_profile(name: str, path: Path = DATA) -> Profile:
         )
     if name not in profiles:
         raise ValueError(f"efficiency profile {name!r} is not in {path}; valid: {', '.join(profiles)}")
+    return _profile(name, profile_entry(name, path))
+
+
+def profile_entry(name: str, path: Path = DATA) -> dict:
+    """A shipped profile's entry as priced. One with `same_as` is another engine version on the
+    same part: it takes that profile's entry and states only what differs (its own source,
+    engine, the figures it changes and the numbers they describe), so the shared numbers have
+    one home."""
+    profiles = _all(str(path))
     d = profiles[name]
-    if "same_as" in d:  # a profile that borrows another's fitted numbers (say why in its source)
-        return _profile(name, {**profiles[d["same_as"]], "source": d["source"]})
-    return _profile(name, d)
+    if "same_as" not in d:
+        return d
+    base = profile_entry(d["same_as"], path)
+    own = {k: v for k, v in d.items() if k != "same_as"}
+    return {**base, **own, "figures": {**base.get("figures", {}), **own.get("figures", {})}}
 
 
 def fitted_roofs(spec: HardwareSpec, profile: Profile) -> HardwareSpec:
