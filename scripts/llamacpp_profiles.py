@@ -40,6 +40,7 @@ PROFILES = (
     ("genoa_phi4", "epyc-zen4"),
     ("zen4_llama8b", "epyc-zen4"),
     ("granite_rapids_qwen72b", "granite-rapids-llamacpp"),
+    ("zen4_qwen3_moe_check", "epyc-zen4"),
 )
 
 
@@ -123,6 +124,26 @@ def zen4_compute_fraction(src: dict) -> float:
     return sum(fractions) / len(fractions)
 
 
+def zen4_type_fractions(src: dict) -> dict[str, float]:
+    """Each GGML type's int8 compute fraction on Zen 4 under mainline: the fraction that prices
+    its pp512 row of the one-build type table, over the mean of the reference (tinyBLAS) types'
+    in the same table, times epyc-zen4's int8 fraction (zen4_llama8b's build). The reference
+    types themselves keep the int8 fraction."""
+    base = load_profile("epyc-zen4")
+
+    def solved(row: dict) -> float:
+        def pp_s(c: float) -> float:
+            fractions = {**base.gemm_compute, row["quantization"]: c}
+            return row_seconds(src, row, replace(base, gemm_compute=fractions))
+
+        return _solve(pp_s, published_seconds(row), 0.001, 1.0)
+
+    own = {r["quantization"]: solved(r) for r in src["rows"]}
+    reference = sum(own[t] for t in src["reference"]) / len(src["reference"])
+    int8 = base.gemm_compute["int8"]
+    return {t: int8 * f / reference for t, f in own.items() if t not in src["reference"]}
+
+
 def main() -> None:
     data = sources()
     genoa = data["genoa_phi4"]
@@ -138,6 +159,10 @@ def main() -> None:
     zen4 = data["zen4_llama8b"]
     print(f"{zen4['source']['title']}: on {zen4['hardware_file']}")
     print(f"  int8 compute fraction that prices pp512 (mean of Q4_0, Q8_0): {zen4_compute_fraction(zen4):.4f}")
+    types = data["zen4_llama8b_types"]
+    print(f"{types['source']['title']}:")
+    for t, f in zen4_type_fractions(types).items():
+        print(f"  {t:8s} int8 compute fraction {f:.4f}")
     print("the shipped profiles against every source row:")
     for key, profile in PROFILES:
         src = data[key]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tacit.perf_model.dtypes import efficiency_dtype
+from tacit.perf_model.ggml_mixes import GGML_MIXES
 from tacit.platforms.specs import HardwareSpec, Sourced
 
 DATA = Path(__file__).resolve().parent / "data" / "efficiency.json"
@@ -94,7 +95,20 @@ class Profile:
     # engine's kernels reach a far smaller share of it than of bandwidth: ggml on a Xeon streams
     # weights at 0.41 of the datasheet but runs no AMX, 0.032 of the AMX int8 peak the table
     # states. The gemm curve then prices only the bytes; empty: one curve prices both roofs.
+    # A GGML block type's own entry (q4_k, iq4_xs) overrides its compute dtype's where the engine
+    # runs that type through a slower kernel: mainline llama.cpp's tinyBLAS takes Q4_0 and Q8_0
+    # prompts, the k-quants and i-quants a per-row vec_dot (Q4_K_S 108 tok/s against Q4_0's 154
+    # on one Ryzen-7950X).
     gemm_compute: dict[str, float] = field(default_factory=dict)
+
+    def compute_fraction(self, weight_dtype: str, compute_dtype: str) -> float | None:
+        """The GEMM's fraction of the compute peak: its weights' block type's entry (a GGML file
+        type that mixes blocks: its default block type's), else its compute dtype's, else None
+        (the efficiency curve prices both roofs)."""
+        for key in (weight_dtype, GGML_MIXES.get(weight_dtype, {}).get("default"), compute_dtype):
+            if key in self.gemm_compute:
+                return self.gemm_compute[key]
+        return None
 
     def gemm_efficiency(self, weight_dtype: str, rows: float) -> float:
         # a dequantizing or integer kernel (int4, mxfp4, GGML types) without its own curve: int8's
