@@ -16,8 +16,8 @@ benchmarks (tacit/perf_model/data/llamacpp_sources.yaml), and check the profiles
   the int8 compute fraction that prices them, their mean (epyc-zen4's gemm_compute, and
   epyc-zen5's by assumption).
 - The same 7950X, one mainline build's pp512 of LLaMA-3.1-8B at fourteen GGML types: each type's
-  rate against Q4_0's and Q8_0's (the types mainline hands to its tinyBLAS GEMM; the others run a
-  per-row vec_dot) times the int8 fraction above: epyc-zen4's and epyc-zen5's per-type
+  rate against Q4_0's and Q8_0's (mainline's tinyBLAS GEMM takes them, Q5_0 and IQ4_NL; the
+  k-quants and the other i-quants run a per-row vec_dot) times the int8 fraction above: epyc-zen4's and epyc-zen5's per-type
   gemm_compute entries.
 
 Then each source row, and the MoE check no number comes from, priced with the shipped profiles,

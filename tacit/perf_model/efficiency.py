@@ -96,9 +96,9 @@ class Profile:
     # weights at 0.41 of the datasheet but runs no AMX, 0.032 of the AMX int8 peak the table
     # states. The gemm curve then prices only the bytes; empty: one curve prices both roofs.
     # A GGML block type's own entry (q4_k, iq4_xs) overrides its compute dtype's where the engine
-    # runs that type through a slower kernel: mainline llama.cpp's tinyBLAS takes Q4_0 and Q8_0
-    # prompts, the k-quants and i-quants a per-row vec_dot (Q4_K_S 108 tok/s against Q4_0's 154
-    # on one Ryzen-7950X).
+    # runs that type through a slower kernel: mainline llama.cpp's tinyBLAS takes Q4_0, Q8_0,
+    # Q5_0 and IQ4_NL prompts (the last two unpacking more), the k-quants and the other i-quants
+    # a per-row vec_dot (Q4_K_S 108 tok/s against Q4_0's 154 on one Ryzen-7950X).
     gemm_compute: dict[str, float] = field(default_factory=dict)
 
     def compute_fraction(self, weight_dtype: str, compute_dtype: str) -> float | None:
