@@ -174,10 +174,17 @@ _REGISTERED: dict[str, Profile] = {}
 
 
 def register_profile(name: str, d: dict) -> Profile:
-    """Add an inline profile (efficiency.json's schema) for this process; a missing key or a
-    wrong type is a ValueError naming it. Returns the parsed profile."""
+    """Add an inline profile (efficiency.json's schema, `same_as` a shipped profile included) for
+    this process; a missing key or a wrong type is a ValueError naming it. Returns the parsed
+    profile."""
     if name in _all(str(DATA)):
         raise ValueError(f"profile name {name!r} is taken by efficiency.json")
+    if "same_as" in d:
+        base = d["same_as"]
+        if base not in _all(str(DATA)):
+            valid = ", ".join(_all(str(DATA)))
+            raise ValueError(f"inline efficiency profile's same_as {base!r} is not a shipped profile; valid: {valid}")
+        d = _over(profile_entry(base), d)
     try:
         profile = _profile(name, d)
     except KeyError as e:
@@ -211,12 +218,13 @@ def profile_entry(name: str, path: Path = DATA) -> dict:
     same part: it takes that profile's entry and states only what differs (its own source,
     engine, the figures it changes and the numbers they describe), so the shared numbers have
     one home."""
-    profiles = _all(str(path))
-    d = profiles[name]
-    if "same_as" not in d:
-        return d
-    base = profile_entry(d["same_as"], path)
-    own = {k: v for k, v in d.items() if k != "same_as"}
+    d = _all(str(path))[name]
+    return _over(profile_entry(d["same_as"], path), d) if "same_as" in d else d
+
+
+def _over(base: dict, own: dict) -> dict:
+    """`own`'s keys over `base`'s (its figures over base's figures), `same_as` dropped."""
+    own = {k: v for k, v in own.items() if k != "same_as"}
     return {**base, **own, "figures": {**base.get("figures", {}), **own.get("figures", {})}}
 
 

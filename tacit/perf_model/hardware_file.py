@@ -16,7 +16,7 @@ The file (units in the key names; examples/hardware/epyc-9554-two-socket.yaml is
     inter_node_bandwidth_gb_s: 12.5       # optional, with inter_node_latency_us
     inter_node_latency_us: 20
     graphs: false                         # engines capture decode steps as graphs
-    efficiency_profile: epyc-zen4         # a name in efficiency.json, or a mapping in its schema
+    efficiency_profile: epyc-zen4         # a name in efficiency.json, or a mapping in its schema (same_as: NAME and what differs)
 
 A figure is a number or {value: N, source: "..."}; one without a source of its own takes the
 file's `source`, and with neither it is refused.

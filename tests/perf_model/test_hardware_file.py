@@ -100,6 +100,17 @@ def test_an_inline_profile_is_what_predict_uses(tmp_path):
     assert predict(shape, half, w).tpot_s == pytest.approx(2 * predict(shape, full, w).tpot_s, rel=1e-6)
 
 
+def test_an_inline_profile_may_borrow_a_shipped_one_and_state_what_differs(tmp_path):
+    base = _as_file(get_hardware_spec("xeon-6980p"))
+    inline = {"same_as": "granite-rapids", "gemm_compute": {"int8": 0.04375}}
+    spec = load_hardware_file(_write(tmp_path, {**base, "efficiency_profile": inline}))
+    borrowed, shipped = load_profile(spec.efficiency_profile), load_profile("granite-rapids-sglang-vnni")
+    assert borrowed.gemm_compute == shipped.gemm_compute and borrowed.gemm == shipped.gemm
+    assert borrowed.op_overhead_s == shipped.op_overhead_s
+    w, shape = Workload(1, 512, 2, "w8a8_int8"), shape_from_hf(DENSE)
+    assert predict(shape, spec, w).ttft_s == pytest.approx(predict(shape, spec, w, shipped).ttft_s)
+
+
 def _good() -> dict:
     return _as_file(get_hardware_spec("epyc-9654"))
 
@@ -123,6 +134,11 @@ BAD = [
         "inline lacks",
         lambda d: d.update(efficiency_profile={"attention_decode": 0.5}),
         "efficiency_profile.*lacks 'gemm'",
+    ),
+    (
+        "inline same_as unknown",
+        lambda d: d.update(efficiency_profile={"same_as": "tpu-v9"}),
+        r"efficiency_profile.*same_as 'tpu-v9' is not a shipped profile; valid: .*granite-rapids",
     ),
     ("no source", lambda d: d.update(memory_capacity_gb=512), "field 'memory_capacity_gb' has no source"),
     ("unknown field", lambda d: d.update(memory_gb=1), r"unknown field\(s\) \['memory_gb'\]; valid: name"),
