@@ -17,8 +17,8 @@ benchmarks (tacit/perf_model/data/llamacpp_sources.yaml), and check the profiles
   epyc-zen5's by assumption).
 - The same 7950X, one mainline build's pp512 of LLaMA-3.1-8B at fourteen GGML types: each type's
   rate against Q4_0's and Q8_0's (mainline's tinyBLAS GEMM takes them, Q5_0 and IQ4_NL; the
-  k-quants and the other i-quants run a per-row vec_dot) times the int8 fraction above: epyc-zen4's and epyc-zen5's per-type
-  gemm_compute entries.
+  k-quants and the other i-quants run a per-row vec_dot) times the int8 fraction above:
+  epyc-zen4's per-type gemm_compute entries (epyc-zen5 takes epyc-zen4's).
 
 Then each source row, and the MoE check no number comes from, priced with the shipped profiles,
 and its error.
@@ -108,24 +108,24 @@ def granite_rapids_fractions(src: dict) -> tuple[float, float]:
         return row_seconds(src, tg, replace(base, gemm={"int8": Curve((1.0,), (bw,))}))
 
     bw = _solve(tg_s, published_seconds(tg), 0.01, 1.0)
+    return bw, _pricing_fraction(src, pp, replace(base, gemm={"int8": Curve((1.0,), (bw,))}), "int8")
+
+
+def _pricing_fraction(src: dict, row: dict, base: Profile, key: str) -> float:
+    """The compute fraction under gemm_compute[key] (base's other entries kept) that prices a
+    prompt row at its published time."""
 
     def pp_s(c: float) -> float:
-        return row_seconds(src, pp, replace(base, gemm={"int8": Curve((1.0,), (bw,))}, gemm_compute={"int8": c}))
+        return row_seconds(src, row, replace(base, gemm_compute={**base.gemm_compute, key: c}))
 
-    return bw, _solve(pp_s, published_seconds(pp), 0.001, 1.0)
+    return _solve(pp_s, published_seconds(row), 0.001, 1.0)
 
 
 def zen4_compute_fraction(src: dict) -> float:
     """The int8 compute fraction that prices mainline's pp512 rows on a Zen 4 core (their mean),
     weights streaming at epyc-zen4's bandwidth fraction."""
     base = load_profile("epyc-zen4")
-    fractions = []
-    for row in src["rows"]:
-
-        def pp_s(c: float, row: dict = row) -> float:
-            return row_seconds(src, row, replace(base, gemm_compute={"int8": c}))
-
-        fractions.append(_solve(pp_s, published_seconds(row), 0.001, 1.0))
+    fractions = [_pricing_fraction(src, row, base, "int8") for row in src["rows"]]
     return sum(fractions) / len(fractions)
 
 
@@ -135,15 +135,7 @@ def zen4_type_fractions(src: dict) -> dict[str, float]:
     in the same table, times epyc-zen4's int8 fraction (zen4_llama8b's build). The reference
     types themselves keep the int8 fraction."""
     base = load_profile("epyc-zen4")
-
-    def solved(row: dict) -> float:
-        def pp_s(c: float) -> float:
-            fractions = {**base.gemm_compute, row["quantization"]: c}
-            return row_seconds(src, row, replace(base, gemm_compute=fractions))
-
-        return _solve(pp_s, published_seconds(row), 0.001, 1.0)
-
-    own = {r["quantization"]: solved(r) for r in src["rows"]}
+    own = {r["quantization"]: _pricing_fraction(src, r, base, r["quantization"]) for r in src["rows"]}
     reference = sum(own[t] for t in src["reference"]) / len(src["reference"])
     int8 = base.gemm_compute["int8"]
     return {t: int8 * f / reference for t, f in own.items() if t not in src["reference"]}
