@@ -121,17 +121,17 @@ def quant(batch: int = 16, input_len: int = 8192, output_len: int = 512) -> None
 # DeepSeek-V3 decode layouts as deployed: (label, devices, `tacit predict` flags, global batches)
 MTP_LAYOUTS = [
     (
-        "64 910C dies, DP64 attention + EP64 (DeepEP), w8a8_int8",
+        "64 910C dies, DP64 attention + EP64 (DeepEP, 64 redundant experts: 5 a die), w8a8_int8",
         64,
         "--hardware ascend-910c-die --quantization w8a8_int8 --tensor-parallel-size 64 --data-parallel-attention"
-        " --expert-parallel --enable-dp-lm-head",
+        " --expert-parallel --num-redundant-experts 64 --enable-dp-lm-head",
         [64, 512, 4096, 6144],  # 1, 8, 64, 96 a die (CloudMatrix-Infer decodes 96 a die; at EP32 that needs 67.8 GB)
     ),
     (
-        "16 H200, DP16 attention + EP16 (DeepEP), fp8",
+        "16 H200, DP16 attention + EP16 (DeepEP, 32 redundant experts: 18 a GPU), fp8",
         16,
         "--hardware h200-sxm --quantization fp8 --tensor-parallel-size 16 --data-parallel-attention --expert-parallel"
-        " --enable-dp-lm-head",
+        " --num-redundant-experts 32 --enable-dp-lm-head",
         [16, 128, 1024, 2048],  # 1, 8, 64, 128 a GPU
     ),
     (

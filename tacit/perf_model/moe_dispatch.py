@@ -10,6 +10,7 @@ import math
 
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.op_types import Op, Parallel, StepShape
+from tacit.perf_model.routing_skew import busiest_rank_load
 
 # DeepEP's dispatch sends fp8 (a byte a value and a float32 scale per 128), its combine bf16: the
 # DeepSeek-V3 report's section 3.3 and DeepEP's kernels, low-latency and normal alike.
@@ -26,21 +27,18 @@ def expert_slots(s: ModelShape, par: Parallel) -> tuple[int, int]:
 
 def expert_load_factor(s: ModelShape, par: Parallel, draws: float) -> float:
     """The busiest EP rank's routed pairs over the mean rank's. --expert-load-imbalance when
-    given; else derived: a multinomial of draws * k picks over r ranks, whose largest bin
-    lies about sqrt(2 ln r * mean * (1 - 1/r)) above the mean (the Gaussian tail's maximum of r
-    bins); `draws` counts a sequence's alike-routed tokens once (ModelShape.routing_draws), so
-    a prefill of one prompt is lumpier than as many independent tokens. Redundant experts let
-    EPLB split the hottest ones: the excess shrinks by E / (E + R). A rank holding more slots
-    than the mean (EP not dividing E + R) gets their share more."""
+    given; else a trained router's (routing_skew.py: DeepSeek-R1's measured spread of expert
+    popularity without redundant experts, EPLB's drift from its plan with them) over draws * k
+    pairs, where `draws` counts a sequence's alike-routed tokens once
+    (ModelShape.routing_draws), so a prefill of one prompt is lumpier than as many independent
+    tokens. A rank holding more slots than the mean (EP not dividing E + R) gets their share more."""
     r = par.expert_ranks
     if r <= 1:
         return 1.0
     if par.expert_load_imbalance:
         return par.expert_load_imbalance
-    held, slots = expert_slots(s, par)
-    mean = max(draws * s.top_k / r, 1e-9)
-    excess = math.sqrt(2 * math.log(r) * (1 - 1 / r) / mean) * s.num_experts / slots
-    return held / (slots / r) * (1 + excess)
+    _, slots = expert_slots(s, par)
+    return busiest_rank_load(s.num_experts, r, slots, draws * s.top_k / r)
 
 
 def busiest_pairs(s: ModelShape, step: StepShape, par: Parallel, draws: float) -> float:

@@ -4,7 +4,6 @@ two-batch overlap, and every refused layout's message."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import pytest
@@ -107,9 +106,10 @@ def test_ep_need_not_divide_the_experts_and_redundant_experts_even_the_load():
     eplb = Parallel(tp=4, ep=True, redundant_experts=2)  # 12 slots: still 3 a rank, now even
     assert weight_bytes(s, eplb, "bf16") == weight_bytes(s, four, "bf16")
     draws = 64.0
-    excess = math.sqrt(2 * math.log(4) * 0.75 / (64 * 2 / 4))
-    assert expert_load_factor(s, four, draws) == pytest.approx(3 / 2.5 * (1 + excess))
-    assert expert_load_factor(s, eplb, draws) == pytest.approx(1 + excess * 10 / 12)
+    # the busiest of 4 ranks: over the mean without EPLB (a trained router's hot experts, and 3
+    # of the 10 experts where the mean rank holds 2.5); EPLB's 12 even slots bring it near the mean
+    skewed, balanced = expert_load_factor(s, four, draws), expert_load_factor(s, eplb, draws)
+    assert 1 < balanced < skewed
     assert expert_load_factor(s, replace(four, expert_load_imbalance=1.5), draws) == 1.5
     assert _ops(s, StepShape(64, 1, 9), four)["experts"].flops > _ops(s, StepShape(64, 1, 9), eplb)["experts"].flops
 
