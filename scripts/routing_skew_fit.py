@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tacit.perf_model.routing_skew import EPLB_DRIFT, POPULARITY_SIGMA, TRIALS, skewed_busiest
+from tacit.perf_model.routing_skew import EPLB_DRIFT, POPULARITY_SIGMA, TRIALS, expert_popularity, skewed_busiest
 
 # TensorRT-LLM tech blog 4, table 1 (DeepSeek-R1, GB200, local batch 256): 1024 pairs a rank
 MEAN = 1024.0
@@ -31,8 +31,7 @@ def spread(sigma: float) -> dict[str, float]:
     """The table's four no-EPLB figures as routing with popularity spread `sigma` gives them: the
     by-rank and by-expert std over the mean, and the busiest over the mean (means of TRIALS draws)."""
     rng = np.random.default_rng(0)
-    pop = rng.lognormal(-sigma * sigma / 2, sigma, (TRIALS, 256))
-    counts = rng.poisson(pop / pop.mean(axis=1, keepdims=True) * MEAN / 8)
+    counts = rng.poisson(expert_popularity(rng, TRIALS, 256, sigma) * MEAN / 8)
     ranks = counts.reshape(TRIALS, 32, 8).sum(axis=2)
     rel = lambda x: (x.std(axis=1) / x.mean(axis=1)).mean()  # noqa: E731
     top = lambda x: (x.max(axis=1) / x.mean(axis=1)).mean()  # noqa: E731

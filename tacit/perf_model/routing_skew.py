@@ -47,6 +47,13 @@ def busiest_rank_load(experts: int, ranks: int, slots: int, picks_per_rank: floa
     return skewed_busiest(experts, ranks, slots, mean, POPULARITY_SIGMA, EPLB_DRIFT)
 
 
+def expert_popularity(rng: np.random.Generator, trials: int, experts: int, sigma: float) -> np.ndarray:
+    """`trials` draws of each expert's share of the routed pairs over the mean expert's: lognormal
+    with spread `sigma`, each draw normalized to mean 1."""
+    popularity = rng.lognormal(-sigma * sigma / 2, sigma, (trials, experts))
+    return popularity / popularity.mean(axis=1, keepdims=True)
+
+
 @lru_cache(maxsize=4096)
 def skewed_busiest(experts: int, ranks: int, slots: int, mean: float, sigma: float, drift: float) -> float:
     """busiest_rank_load under a popularity spread `sigma` and an EPLB drift `drift`: the mean of
@@ -57,11 +64,8 @@ def skewed_busiest(experts: int, ranks: int, slots: int, mean: float, sigma: flo
         share = np.clip(1 + drift * rng.standard_normal((TRIALS, ranks)), 0.0, None)
         share *= held / (slots / ranks)  # a rank holding more slots than the mean
     else:  # experts in index order, `held` a rank (the last ranks fewer where EP does not divide them)
-        s = sigma
-        popularity = rng.lognormal(-s * s / 2, s, (TRIALS, experts))
-        popularity /= popularity.mean(axis=1, keepdims=True)
         padded = np.zeros((TRIALS, held * ranks))
-        padded[:, :experts] = popularity
+        padded[:, :experts] = expert_popularity(rng, TRIALS, experts, sigma)
         share = padded.reshape(TRIALS, ranks, held).sum(axis=2) / (experts / ranks)
     pairs = rng.poisson(share * mean)
     return float(pairs.max(axis=1).mean() / mean)
