@@ -52,6 +52,13 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
         "granite-rapids-llamacpp for llama.cpp on a Xeon 6900P, whose entry is SGLang's",
     )
     p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="a CPU engine's compute threads (llama.cpp's -t): its compute priced at min(N, cores) of the part's "
+        "cores; its memory bandwidth as the profile's, measured with every core (default: all the cores)",
+    )
+    p.add_argument(
         "--enforce-eager", action="store_true", help="price kernel launches without CUDA/ACL graphs (vLLM's flag)"
     )
     add_layout_args(p)
@@ -160,11 +167,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise ValueError("--plot draws --validate's cases; for one prediction's charts use --html FILE")
     if args.html is not None and (args.validate or args.serve):
         raise ValueError("--html draws one prediction's steps; it does not go with --validate or --serve")
-    if args.efficiency_profile is not None and (args.validate or args.published):
-        raise ValueError(
-            "--efficiency-profile prices one prediction or a --serve replay; --validate measures this machine "
-            "against its own fit, and --published runs each figure's own command"
-        )
+    for flag, value in (("--efficiency-profile", args.efficiency_profile), ("--threads", args.threads)):
+        if value is not None and (args.validate or args.published):
+            raise ValueError(
+                f"{flag} prices one prediction or a --serve replay; --validate measures this machine "
+                "against its own fit, and --published runs each figure's own command"
+            )
     if args.published:
         from tacit.perf_model.published import run_published
 
@@ -209,7 +217,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     _check_choice(args.activation_dtype, ACTIVATION_DTYPES, "--activation-dtype")
     _check_choice(normalize_dtype(args.kv_cache_dtype), KV_DTYPES, "--kv-cache-dtype")
     spec = resolve_hardware(  # before the model: fails fast
-        args.hardware, args.hardware_file, args.enforce_eager, args.efficiency_profile
+        args.hardware, args.hardware_file, args.enforce_eager, args.efficiency_profile, args.threads
     )
     hf = load_hf_config(args.model)
     shape = shape_from_hf(hf)

@@ -65,7 +65,9 @@ def cmd_predict_diffusion(args: argparse.Namespace) -> int:
         if getattr(args, k) is None:
             setattr(args, k, v)
     width, height = parse_size(args.size)
-    spec = resolve_hardware(args.hardware, args.hardware_file, efficiency_profile=args.efficiency_profile)
+    spec = resolve_hardware(
+        args.hardware, args.hardware_file, efficiency_profile=args.efficiency_profile, threads=args.threads
+    )
     cfgs = load_diffusion_configs(args.model)
     pred = predict_image(
         cfgs,

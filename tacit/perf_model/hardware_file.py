@@ -16,6 +16,7 @@ The file (units in the key names; examples/hardware/epyc-9554-two-socket.yaml is
     inter_node_bandwidth_gb_s: 12.5       # optional, with inter_node_latency_us
     inter_node_latency_us: 20
     graphs: false                         # engines capture decode steps as graphs
+    cores: 64                             # a CPU's physical cores a device: --threads N prices min(N, cores) of them
     efficiency_profile: epyc-zen4         # a name in efficiency.json, or a mapping in its schema (same_as: NAME and what differs)
 
 A figure is a number or {value: N, source: "..."}; one without a source of its own takes the
@@ -32,7 +33,7 @@ from typing import Any
 from tacit.perf_model.dtypes import ACTIVATION_BYTES
 from tacit.perf_model.efficiency import profile_names, register_profile
 from tacit.platforms.hardware_table import get_hardware_spec
-from tacit.platforms.specs import HardwareSpec, Sourced, check_spec
+from tacit.platforms.specs import HardwareSpec, Sourced, check_spec, with_threads
 
 # key -> (unit scale to SI, required)
 _FIGURES = {
@@ -43,7 +44,7 @@ _FIGURES = {
     "inter_node_bandwidth_gb_s": (1e9, False),
     "inter_node_latency_us": (1e-6, False),
 }
-_OTHER = ("name", "description", "source", "flops_tflops", "devices_per_node", "graphs", "efficiency_profile")
+_OTHER = ("name", "description", "source", "flops_tflops", "devices_per_node", "graphs", "efficiency_profile", "cores")
 FLOP_DTYPES = tuple(
     dict.fromkeys(("bf16", "fp16", "fp8", "int8", "fp4", *ACTIVATION_BYTES))
 )  # the dtypes a GEMM multiplies in
@@ -113,6 +114,11 @@ def load_hardware_file(path: str | Path) -> HardwareSpec:
     graphs = d.get("graphs", False)
     if not isinstance(graphs, bool):
         raise ValueError(f"hardware file {path}: field 'graphs' must be true or false, got {graphs!r}")
+    cores = d.get("cores")
+    if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores < 1):
+        raise ValueError(
+            f"hardware file {path}: field 'cores' must be an integer >= 1 (a CPU's physical cores), got {cores!r}"
+        )
     spec = HardwareSpec(
         name=name,
         description=str(d.get("description", f"described by {path.name}")),
@@ -126,6 +132,7 @@ def load_hardware_file(path: str | Path) -> HardwareSpec:
         inter_node_bandwidth=figs.get("inter_node_bandwidth_gb_s"),
         inter_node_latency=figs.get("inter_node_latency_us"),
         graphs=graphs,
+        cores=cores,
     )
     return check_spec(spec)
 
@@ -152,11 +159,16 @@ def _profile_name(path: Path, name: str, profile: Any) -> str:
 
 
 def resolve_hardware(
-    hardware: str | None, hardware_file: str | None, enforce_eager: bool = False, efficiency_profile: str | None = None
+    hardware: str | None,
+    hardware_file: str | None,
+    enforce_eager: bool = False,
+    efficiency_profile: str | None = None,
+    threads: int | None = None,
 ) -> HardwareSpec:
     """`--hardware NAME` or `--hardware-file FILE` (not both), with `--enforce-eager` turning
-    graph capture off as vLLM's flag does, and `--efficiency-profile NAME` pricing the part with
-    another engine's profile than its own (llama.cpp on a Xeon whose entry is SGLang's)."""
+    graph capture off as vLLM's flag does, `--efficiency-profile NAME` pricing the part with
+    another engine's profile than its own (llama.cpp on a Xeon whose entry is SGLang's), and
+    `--threads N` a CPU's compute at N of its cores (with_threads)."""
     if hardware_file is not None and hardware not in (None, "this-cpu"):
         raise ValueError("give --hardware NAME or --hardware-file FILE, not both")
     spec = load_hardware_file(hardware_file) if hardware_file else get_hardware_spec(hardware or "this-cpu")
@@ -166,4 +178,6 @@ def resolve_hardware(
                 f"--efficiency-profile {efficiency_profile!r} is not known; valid: {', '.join(profile_names())}"
             )
         spec = replace(spec, efficiency_profile=efficiency_profile)
+    if threads is not None:
+        spec = with_threads(spec, threads)
     return replace(spec, graphs=False) if enforce_eager else spec

@@ -74,6 +74,7 @@ def prediction_json(
                 "description": spec.description,
                 "devices_per_node": per_node,
                 "efficiency_profile": spec.efficiency_profile,
+                "cores": spec.cores,
             },
             "model": {"name": args.model, "architecture": shape.architecture},
             "workload": workload_of(work),

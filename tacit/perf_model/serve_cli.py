@@ -52,7 +52,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--memory-utilization must be in (0, 1], got {args.memory_utilization}")
     slo = parse_slo(args.slo)
     workload = load_workload(args.workload)  # bad lines fail before anything is sized
-    spec = resolve_hardware(args.hardware, args.hardware_file, args.enforce_eager, args.efficiency_profile)
+    spec = resolve_hardware(
+        args.hardware, args.hardware_file, args.enforce_eager, args.efficiency_profile, args.threads
+    )
     hf = load_hf_config(args.model)
     shape = shape_from_hf(hf)
     if args.data_parallel_attention:

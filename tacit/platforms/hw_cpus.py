@@ -39,14 +39,14 @@ def _cpu(
     name: str,
     description: str,
     *,
-    flops: tuple[float, float, str],  # (bf16, int8, source)
+    flops: tuple[float, float, str, int],  # (bf16, int8, source, cores)
     fp16: bool,
     bandwidth: tuple[float, str],
     link: tuple[float, str],
     profile: str,
     dimms: int = 12,
 ) -> HardwareSpec:
-    bf16, int8, fsrc = flops
+    bf16, int8, fsrc, cores = flops
     f = {"bf16": Sourced(bf16, fsrc), "int8": Sourced(int8, fsrc)}
     if fp16:  # AMX-FP16 (Granite Rapids): the bf16 rate
         f["fp16"] = Sourced(bf16, fsrc + "; AMX-FP16 at the BF16 rate")
@@ -65,18 +65,20 @@ def _cpu(
         inter_node_latency=Sourced(20e-6, _MPI_EST),
         graphs=False,
         efficiency_profile=profile,
+        cores=cores,
     )
 
 
-def _amx(cores: int, ghz: float, src: str) -> tuple[float, float, str]:
-    return cores * 1024 * ghz * 1e9, cores * 2048 * ghz * 1e9, f"{_AMX}; {src}: {cores} cores, {ghz} GHz base"
+def _amx(cores: int, ghz: float, src: str) -> tuple[float, float, str, int]:
+    return cores * 1024 * ghz * 1e9, cores * 2048 * ghz * 1e9, f"{_AMX}; {src}: {cores} cores, {ghz} GHz base", cores
 
 
-def _zen(cores: int, ghz: float, per_cycle: int, arch: str, src: str) -> tuple[float, float, str]:
+def _zen(cores: int, ghz: float, per_cycle: int, arch: str, src: str) -> tuple[float, float, str, int]:
     return (
         cores * per_cycle * ghz * 1e9,
         cores * 2 * per_cycle * ghz * 1e9,
         f"{arch}; {src}: {cores} cores, {ghz} GHz base",
+        cores,
     )
 
 

@@ -8,7 +8,7 @@ FLOP/s are DENSE: a datasheet's "with sparsity" figure is twice what a dense GEM
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,9 @@ class HardwareSpec:
     # ACL graphs) by default, so kernel launches cost a graph replay, not one launch each;
     # `tacit predict --enforce-eager` prices the launches instead.
     graphs: bool = False
+    # A CPU's physical cores in one device (socket): `tacit predict --threads N` prices its
+    # compute at min(N, cores) of them (with_threads); None on parts that have no such knob.
+    cores: int | None = None
 
     def peak_flops(self, dtype: str) -> float:
         """Dense FLOP/s of a GEMM in `dtype`; a part without that unit computes in its 16-bit one
@@ -76,6 +79,8 @@ def check_spec(spec: HardwareSpec) -> HardwareSpec:
         raise ValueError(
             f"hardware {spec.name!r}: devices_per_node must be an integer >= 1, got {spec.devices_per_node!r}"
         )
+    if spec.cores is not None and (isinstance(spec.cores, bool) or not isinstance(spec.cores, int) or spec.cores < 1):
+        raise ValueError(f"hardware {spec.name!r}: cores must be an integer >= 1, got {spec.cores!r}")
     if not spec.efficiency_profile.strip():
         raise ValueError(f"hardware {spec.name!r}: efficiency_profile is empty; name a profile of efficiency.json")
     if "bf16" not in spec.flops:
@@ -86,3 +91,38 @@ def check_spec(spec: HardwareSpec) -> HardwareSpec:
         if not v.value > 0:
             raise ValueError(f"hardware {spec.name!r}: field {key} must be > 0, got {v.value!r}")
     return spec
+
+
+def with_threads(spec: HardwareSpec, threads: int) -> HardwareSpec:
+    """`spec` as an engine running `threads` compute threads on it prices it (llama.cpp's `-t`):
+    every FLOP/s figure times min(threads, cores) / cores, since a core's vector and matrix units
+    serve its own threads and SMT siblings past the physical cores add none.
+
+    Memory bandwidth is left as it is. A socket's DRAM saturates on a STREAM-like read well
+    below all its cores, but an engine's bandwidth fraction in efficiency.json was measured at
+    the thread count its source ran (all the cores, for every CPU profile shipped) and folds in
+    the compute a quantized decode spends dequantising; so with fewer threads a real decode is
+    slower than this prices it (ubergarm found 64 and 80 threads slower than 128 for a 72B's
+    generation on a Xeon 6980P: ik_llama.cpp PR 534)."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"--threads must be an integer >= 1, got {threads!r}")
+    if spec.cores is None:
+        if spec.name == "this-cpu":  # its fit is keyed by the threads torch runs (calibration.machine_key)
+            raise ValueError(
+                "--threads does not go with this-cpu: it is priced by a fit made at the threads torch runs "
+                "(OMP_NUM_THREADS), refitted when they change"
+            )
+        raise ValueError(
+            f"--threads prices a CPU's compute by its cores; hardware {spec.name!r} states none "
+            "(a CPU of the table, or a --hardware-file with a `cores` field)"
+        )
+    used = min(threads, spec.cores)
+    scale = used / spec.cores
+    note = f"; x {used}/{spec.cores} cores (--threads {threads})"
+    flops = {k: Sourced(v.value * scale, v.source + note) for k, v in spec.flops.items()}
+    smt = f", {threads - spec.cores} past the cores adding no compute" if threads > spec.cores else ""
+    return replace(
+        spec,
+        flops=flops,
+        description=f"{spec.description}, {threads} threads ({used} of {spec.cores} cores' compute{smt})",
+    )

@@ -39,6 +39,7 @@ def _as_file(spec: HardwareSpec) -> dict:
         "devices_per_node": spec.devices_per_node,
         "graphs": spec.graphs,
         "efficiency_profile": spec.efficiency_profile,
+        **({"cores": spec.cores} if spec.cores is not None else {}),
     }
 
 
@@ -53,7 +54,7 @@ def _write(tmp_path: Path, d: dict, suffix: str = ".yaml") -> Path:
 def test_a_table_entry_round_trips_through_a_file(tmp_path, suffix, name):
     spec = get_hardware_spec(name)
     loaded = load_hardware_file(_write(tmp_path, _as_file(spec), suffix))
-    for field in ("devices_per_node", "graphs", "efficiency_profile"):
+    for field in ("devices_per_node", "graphs", "efficiency_profile", "cores"):
         assert getattr(loaded, field) == getattr(spec, field), field
     assert loaded.sourced_fields().keys() == spec.sourced_fields().keys()
     for key, v in spec.sourced_fields().items():
@@ -149,6 +150,8 @@ BAD = [
     ),
     ("devices", lambda d: d.update(devices_per_node=0), "'devices_per_node' must be an integer >= 1"),
     ("graphs", lambda d: d.update(graphs="yes"), "'graphs' must be true or false"),
+    ("cores", lambda d: d.update(cores=0), r"'cores' must be an integer >= 1 \(a CPU's physical cores\), got 0"),
+    ("fractional cores", lambda d: d.update(cores=9.5), "'cores' must be an integer >= 1"),
 ]
 
 
