@@ -16,6 +16,7 @@ from tacit.perf_model.memory import Memory, device_memory
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.operators import Parallel, StepShape, step_ops
 from tacit.perf_model.roofline import OpTime, bottlenecks, op_time, step_seconds
+from tacit.perf_model.served_tpot import served_tpot
 from tacit.perf_model.speculative import SPECULATIVE_METHODS, decode_drafting, tokens_per_verify
 from tacit.perf_model.step_model import Pricing
 from tacit.platforms.specs import HardwareSpec
@@ -133,6 +134,11 @@ class Prediction:
     draft_ops: list[OpTime] = field(default_factory=list)
     # --context: throughput is the decode step's at that context, not the request batch's
     at_context: bool = False
+    # The batch served as a closed loop, prefill on the same devices (served_tpot.py): the TPOT a
+    # client measures and the share of the time the others' prompts take; tpot_s and 0.0 without
+    # a prefill or with one request
+    served_tpot_s: float = 0.0
+    served_prefill_share: float = 0.0
 
     @property
     def fits(self) -> bool:
@@ -145,6 +151,8 @@ class Prediction:
             "tpot_ms": 1e3 * self.tpot_s,
             "decode_step_ms": 1e3 * self.decode_step_s,
             "prefill_step_ms": 1e3 * self.prefill_step_s if self.ttft is not None else None,
+            "served_tpot_ms": 1e3 * self.served_tpot_s if self.ttft is not None else None,
+            "served_prefill_share": self.served_prefill_share if self.ttft is not None else None,
             "throughput_tok_s": self.throughput_tok_s,
             "memory_per_device_gb": self.memory.total / 1e9,
             "fits": self.fits,
@@ -256,6 +264,11 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
             draft, draft_ops = decode_drafting(pricing, micro, ctx, k, w.acceptance)
         tpot = (decode_step + draft) / w.tokens_per_verify
     ttft_s = ttft.mean_s if ttft else 0.0
+    served, share = tpot, 0.0
+    if ttft is not None and batch > 1 and w.output_len > 1:
+        # one prompt alone, as a replacement request arrives in the closed loop
+        one = batch_ttft(pricing, 1, w.input_len, w.output_len, _per_rank_scheduler(w, par), cached, mtp)
+        served, share = served_tpot(tpot, one.mean_s, batch, w.output_len, par.attention_ranks)
     if w.context is not None:  # the steady decode at that context
         throughput = sequences / tpot
     else:
@@ -279,4 +292,6 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
         draft_s=draft,
         draft_ops=draft_ops,
         at_context=w.context is not None,
+        served_tpot_s=served,
+        served_prefill_share=share,
     )

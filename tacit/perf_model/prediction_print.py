@@ -66,6 +66,12 @@ def print_prediction(args: argparse.Namespace, spec: HardwareSpec, work: Workloa
         )
     else:
         print(f"  decode step {1e3 * pred.decode_step_s:.3f} ms")
+    if pred.ttft is not None and work.batch > 1 and work.output_len > 1:
+        print(
+            f"  served TPOT {1e3 * pred.served_tpot_s:.3f} ms with the batch served as a closed loop, prompts "
+            f"prefilled on the same devices (bench_serving --max-concurrency {work.batch}): the others' "
+            f"prefills take {100 * pred.served_prefill_share:.0f}% of the time"
+        )
     scope = "the decode step's at that context" if pred.at_context else "the batch's, prefill included"
     print(f"  throughput  {pred.throughput_tok_s:.1f} output tok/s ({scope})")
     mem = pred.memory
