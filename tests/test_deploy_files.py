@@ -50,6 +50,24 @@ def test_every_path_the_dockerfile_copies_exists():
     assert {"pyproject.toml", "tacit"} <= copied and "README.md" in copied  # pyproject's readme= needs it
 
 
+def test_every_file_the_package_reads_is_package_data():
+    """The image installs tacit without -e (`pip install '.[serve]'`), as a wheel does: a file under
+    tacit/ that package-data does not name is left out, and what reads it fails there only
+    (perf_model/data's efficiency.json and the shared-memory all-reduce's C++ were, until named)."""
+    import tomllib
+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["tacit"]
+    named = {p for pattern in patterns for p in (ROOT / "tacit").glob(pattern)}
+    data = {
+        p
+        for p in (ROOT / "tacit").rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+    }
+    assert data, "no data files found under tacit/"
+    missing = sorted(str(p.relative_to(ROOT)) for p in data - named)
+    assert not missing, f"not in pyproject's [tool.setuptools.package-data]: {missing}"
+
+
 def test_the_image_serves_on_all_interfaces_as_a_non_root_user_with_the_default_model():
     steps = _dockerfile()
     entry = next(json.loads(args) for op, args in steps if op == "ENTRYPOINT")
