@@ -117,7 +117,7 @@ def run_entry(entry: dict, parser: argparse.ArgumentParser) -> Result:
     own (perf_model/cli.py's predict_parser: the CLI passes it, so this module never imports it)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "prediction.json"
-        argv = ["predict", *shlex.split(entry["command"]), "--json", str(out)]
+        argv = ["predict", *_data_paths(shlex.split(entry["command"])), "--json", str(out)]
         try:
             args = _parse(parser, argv)
             with contextlib.redirect_stdout(io.StringIO()):
@@ -127,6 +127,18 @@ def run_entry(entry: dict, parser: argparse.ArgumentParser) -> Result:
         except Exception as exc:  # noqa: BLE001 - any failure makes the figure not expressible
             return Result(entry, None, f"{type(exc).__name__}: {exc}")
     return Result(entry, value * entry.get("scale", 1))
+
+
+def _data_paths(words: list[str]) -> list[str]:
+    """An entry's --hardware-file FILE, when relative, names a file beside published.yaml (a
+    published run's box as its author measured it: data/hardware/), wherever the runner runs."""
+    out = list(words)
+    for i, word in enumerate(out):
+        if word == "--hardware-file" and i + 1 < len(out) and not Path(out[i + 1]).is_absolute():
+            out[i + 1] = str(PUBLISHED_FILE.parent / out[i + 1])
+        elif word.startswith("--hardware-file=") and not Path(word.split("=", 1)[1]).is_absolute():
+            out[i] = f"--hardware-file={PUBLISHED_FILE.parent / word.split('=', 1)[1]}"
+    return out
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

@@ -154,3 +154,39 @@ def test_duplicate_ids_are_refused(tmp_path):
     path.write_text(yaml.safe_dump([_entry(), _entry()]))
     with pytest.raises(ValueError, match="id 'synthetic' appears twice"):
         load_entries(path)
+
+
+def test_a_relative_hardware_file_is_a_published_box_beside_the_figures(tmp_path, monkeypatch):
+    from tacit.perf_model.hardware_file import load_hardware_file
+    from tacit.perf_model.published import PUBLISHED_FILE
+
+    boxes = sorted((PUBLISHED_FILE.parent / "hardware").glob("*.yaml"))
+    assert boxes
+    for box in boxes:
+        load_hardware_file(box)  # every shipped box loads
+    monkeypatch.chdir(tmp_path)  # nothing beside the runner's working directory
+    command = (
+        f"--model Llama-2-7B --hardware-file hardware/{boxes[0].name} --batch-size 1 --input-len 16 --output-len 8"
+    )
+    rel = run_entry(_entry(command=command, platform="cpu"), predict_parser())
+    absolute = run_entry(_entry(command=command.replace("hardware/", f"{boxes[0].parent}/")), predict_parser())
+    assert rel.predicted is not None and rel.predicted == absolute.predicted
+    equals = run_entry(_entry(command=command.replace("--hardware-file ", "--hardware-file=")), predict_parser())
+    assert equals.predicted == rel.predicted
+    missing = run_entry(_entry(command=command.replace(boxes[0].name, "none.yaml")), predict_parser())
+    assert missing.predicted is None and "none.yaml: cannot be read" in missing.error
+
+
+def test_the_kimi_box_is_the_table_entry_but_for_its_measured_memory():
+    from tacit.perf_model.hardware_file import load_hardware_file
+    from tacit.perf_model.published import PUBLISHED_FILE
+    from tacit.platforms.hardware_table import get_hardware_spec
+
+    box = load_hardware_file(PUBLISHED_FILE.parent / "hardware" / "epyc-9965-mlc-256gib.yaml")
+    table = get_hardware_spec("epyc-9965")
+    for dtype, v in table.flops.items():
+        assert box.flops[dtype].value == pytest.approx(v.value, rel=1e-9)
+    assert box.cores == table.cores and box.efficiency_profile == table.efficiency_profile
+    # 256 GiB/s read by mlc, over 0.90: the 6980P box's mlc read of its DDR5-6400 peak (555 / 614.4)
+    assert 555 / 614.4 == pytest.approx(0.90, abs=0.005)
+    assert box.memory_bandwidth.value == pytest.approx(256 * 2**30 / 0.90, rel=1e-3)
