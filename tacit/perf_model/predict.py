@@ -16,7 +16,7 @@ from tacit.perf_model.memory import Memory, device_memory
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.operators import Parallel, StepShape, step_ops
 from tacit.perf_model.roofline import OpTime, bottlenecks, op_time, step_seconds
-from tacit.perf_model.served_tpot import served_tpot
+from tacit.perf_model.served_tpot import served_throughput, served_tpot
 from tacit.perf_model.speculative import SPECULATIVE_METHODS, decode_drafting, tokens_per_verify
 from tacit.perf_model.step_model import Pricing
 from tacit.platforms.specs import HardwareSpec
@@ -139,6 +139,7 @@ class Prediction:
     # a prefill or with one request
     served_tpot_s: float = 0.0
     served_prefill_share: float = 0.0
+    served_throughput_tok_s: float = 0.0  # the loop's output tokens a second (Little's law)
 
     @property
     def fits(self) -> bool:
@@ -153,6 +154,7 @@ class Prediction:
             "prefill_step_ms": 1e3 * self.prefill_step_s if self.ttft is not None else None,
             "served_tpot_ms": 1e3 * self.served_tpot_s if self.ttft is not None else None,
             "served_prefill_share": self.served_prefill_share if self.ttft is not None else None,
+            "served_throughput_tok_s": self.served_throughput_tok_s if self.ttft is not None else None,
             "throughput_tok_s": self.throughput_tok_s,
             "memory_per_device_gb": self.memory.total / 1e9,
             "fits": self.fits,
@@ -247,9 +249,10 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
     pricing = Pricing(s, spec, profile, w.weight_dtype, w.kv_dtype, w.group_size, par)
     mtp = w.speculative_tokens if w.speculative_method == "mtp" else 0
     cached, ttft, prefill_step, prefill = w.cached_tokens, None, 0.0, []
+    per_rank = _per_rank_scheduler(w, par)
     if w.input_len:
         prefill_step, prefill = step_time(s, spec, profile, w, StepShape(batch, w.input_len - cached, cached))
-        ttft = batch_ttft(pricing, batch, w.input_len, w.output_len, _per_rank_scheduler(w, par), cached, mtp)
+        ttft = batch_ttft(pricing, batch, w.input_len, w.output_len, per_rank, cached, mtp)
     ctx = w.decode_context
     tpot, decode = step_time(s, spec, profile, w, StepShape(micro, 1, ctx))
     decode_step, draft, draft_ops = tpot, 0.0, []
@@ -264,11 +267,13 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
             draft, draft_ops = decode_drafting(pricing, micro, ctx, k, w.acceptance)
         tpot = (decode_step + draft) / w.tokens_per_verify
     ttft_s = ttft.mean_s if ttft else 0.0
-    served, share = tpot, 0.0
-    if ttft is not None and batch > 1 and w.output_len > 1:
+    served, share, served_tput = tpot, 0.0, 0.0
+    if ttft is not None:
         # one prompt alone, as a replacement request arrives in the closed loop
-        one = batch_ttft(pricing, 1, w.input_len, w.output_len, _per_rank_scheduler(w, par), cached, mtp)
+        one = ttft if batch == 1 else batch_ttft(pricing, 1, w.input_len, w.output_len, per_rank, cached, mtp)
         served, share = served_tpot(tpot, one.mean_s, batch, w.output_len, par.attention_ranks)
+        # every replica's requests living as long as the busiest replica's
+        served_tput = served_throughput(sequences, w.output_len, one.mean_s, served)
     if w.context is not None:  # the steady decode at that context
         throughput = sequences / tpot
     else:
@@ -294,4 +299,5 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
         at_context=w.context is not None,
         served_tpot_s=served,
         served_prefill_share=share,
+        served_throughput_tok_s=served_tput,
     )

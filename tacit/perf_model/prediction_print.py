@@ -70,7 +70,8 @@ def print_prediction(args: argparse.Namespace, spec: HardwareSpec, work: Workloa
         print(
             f"  served TPOT {1e3 * pred.served_tpot_s:.3f} ms with the batch served as a closed loop, prompts "
             f"prefilled on the same devices (bench_serving --max-concurrency {work.batch}): the others' "
-            f"prefills take {100 * pred.served_prefill_share:.0f}% of the time"
+            f"prefills take {100 * pred.served_prefill_share:.0f}% of the time; "
+            f"{pred.served_throughput_tok_s:.1f} output tok/s"
         )
     scope = "the decode step's at that context" if pred.at_context else "the batch's, prefill included"
     print(f"  throughput  {pred.throughput_tok_s:.1f} output tok/s ({scope})")

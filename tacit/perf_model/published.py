@@ -37,6 +37,7 @@ METRICS = (
     "ttft_ms",
     "decode_step_ms",
     "throughput_tok_s",
+    "served_throughput_tok_s",
     "throughput_tok_s_per_device",
     "prefill_tok_s",
     "decode_tok_s",
@@ -187,16 +188,16 @@ def summarize(results: list[Result]) -> dict[str, dict]:
 
 
 def report(results: list[Result], summary: dict[str, dict]) -> str:
-    lines = [f"{'id':<50}{'category':<28}{'metric':<16}{'published':>12}{'predicted':>12}{'error':>9}"]
+    lines = [f"{'id':<50}{'category':<28}{'metric':<24}{'published':>12}{'predicted':>12}{'error':>9}"]
     for r in results:
         e = r.entry
         if r.predicted is None:
             lines.append(
-                f"{e['id']:<50}{r.category:<28}{e['metric']:<16}{e['value']:>12g}   not expressible: {r.error}"
+                f"{e['id']:<50}{r.category:<28}{e['metric']:<24}{e['value']:>12g}   not expressible: {r.error}"
             )
         else:
             lines.append(
-                f"{e['id']:<50}{r.category:<28}{e['metric']:<16}{e['value']:>12g}{r.predicted:>12.4g}"
+                f"{e['id']:<50}{r.category:<28}{e['metric']:<24}{e['value']:>12g}{r.predicted:>12.4g}"
                 f"{100 * r.rel_error:>+8.0f}%"
             )
     lines.append("")

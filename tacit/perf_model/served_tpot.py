@@ -13,7 +13,11 @@ u = 1 - (1 - u_g)^D of it: groups whose prefills coincide share the step (arriva
 Decodes advance the rest of the time, so X * (1 - u) = TPOT. X * (1 - u(X)) rises with X, and
 the root lies between TPOT and TPOT + (N - 1) * P / (output_len - 1) (where u <= D * u_g), so
 bisection finds it. Prefills that coincide on one group are priced one after the other (the
-prompts are long next to a step's other work, so their compute adds)."""
+prompts are long next to a step's other work, so their compute adds).
+
+The loop's output rate follows by Little's law: N requests in flight, each yielding output_len
+tokens a life, give N * output_len / L tokens a second: what an offline throughput benchmark
+(trtllm-bench, vLLM's benchmark_throughput) measures once its queue keeps the engine at N."""
 
 from __future__ import annotations
 
@@ -48,3 +52,9 @@ def served_tpot(
         else:
             hi = mid
     return hi, prefill_share(hi, prefill_one_s, batch, output_len, attention_groups)
+
+
+def served_throughput(batch: int, output_len: int, prefill_one_s: float, served_tpot_s: float) -> float:
+    """Output tokens a second of `batch` requests in the closed loop, each living prefill_one_s
+    + (output_len - 1) * served_tpot_s (Little's law)."""
+    return batch * output_len / (prefill_one_s + (output_len - 1) * served_tpot_s)

@@ -12,7 +12,7 @@ import pytest
 from tacit.perf_model.model_shape import shape_from_hf
 from tacit.perf_model.operators import Parallel
 from tacit.perf_model.predict import Workload, predict
-from tacit.perf_model.served_tpot import prefill_share, served_tpot
+from tacit.perf_model.served_tpot import prefill_share, served_throughput, served_tpot
 from tacit.platforms.hardware_table import get_hardware_spec
 from tests.perf_model.test_counts import DENSE, MOE
 
@@ -67,8 +67,14 @@ def test_predict_serves_the_batch_with_one_prompt_alone_as_the_interruption(cfg,
     assert pred.served_tpot_s == pytest.approx(x, rel=1e-12) and pred.served_prefill_share == pytest.approx(u)
     assert pred.served_tpot_s > pred.tpot_s
     assert pred.as_json()["served_tpot_ms"] == pytest.approx(1e3 * x)
+    # Little's law: 32 requests in flight, 256 tokens each a life of one TTFT and 255 served TPOTs
+    assert pred.served_throughput_tok_s == pytest.approx(32 * 256 / (alone.ttft_s + 255 * x), rel=1e-12)
+    assert pred.served_throughput_tok_s == served_throughput(32, 256, alone.ttft_s, x)
     no_prompt = predict(shape, spec, replace(w, input_len=0, context=1024))
-    assert no_prompt.as_json()["served_tpot_ms"] is None
+    assert no_prompt.as_json()["served_tpot_ms"] is None and no_prompt.as_json()["served_throughput_tok_s"] is None
+    one = predict(shape, spec, replace(w, batch=1))
+    assert one.served_tpot_s == one.tpot_s and one.served_prefill_share == 0.0
+    assert one.served_throughput_tok_s == pytest.approx(256 / (one.ttft_s + 255 * one.tpot_s), rel=1e-12)
 
 
 def test_the_cli_prints_and_writes_it(tmp_path, capsys):
@@ -91,3 +97,4 @@ def test_the_cli_prints_and_writes_it(tmp_path, capsys):
     assert data["served_tpot_ms"] > data["tpot_ms"] and 0 < data["served_prefill_share"] < 1
     printed = capsys.readouterr().out
     assert f"served TPOT {data['served_tpot_ms']:.3f} ms" in printed and "--max-concurrency 16" in printed
+    assert f"{data['served_throughput_tok_s']:.1f} output tok/s" in printed
