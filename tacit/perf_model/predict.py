@@ -246,7 +246,9 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
     batch = -(-sequences // par.replicas)  # the busiest replica's sequences
     w = replace(w, batch=batch, parallel=par)
     micro = -(-batch // par.pp)  # sequences a pipeline micro-batch holds
-    pricing = Pricing(s, spec, profile, w.weight_dtype, w.kv_dtype, w.group_size, par)
+    pricing = Pricing(
+        s, spec, profile, w.weight_dtype, w.kv_dtype, w.group_size, par, activation_dtype=w.activation_dtype
+    )
     mtp = w.speculative_tokens if w.speculative_method == "mtp" else 0
     cached, ttft, prefill_step, prefill = w.cached_tokens, None, 0.0, []
     per_rank = _per_rank_scheduler(w, par)

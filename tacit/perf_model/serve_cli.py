@@ -80,6 +80,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.quantization_group_size,
         par,
         padded_decode_block=args.block_size,
+        activation_dtype=args.activation_dtype,
     )
     # a request past the model's length is priced as if the model took it (the engine refuses it)
     longest = max((w.input_len + w.output_len for w in workload), default=1)

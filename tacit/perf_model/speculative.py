@@ -54,7 +54,7 @@ def draft_forward(p: Pricing, chunks: list[Chunk]) -> tuple[float, list[OpTime]]
     # Under data-parallel attention a device projects its own group's rows only: the busiest
     # group's share of the sequences, at the step's mean rows a sequence.
     rows = p.parallel.sequences_per_device(len(step.chunks)) * step.tokens / max(len(step.chunks), 1)
-    eh = gemm_op("mtp_eh_proj", "attn_proj", rows, 2 * h, h, p.weight_dtype, p.group_size, 1)
+    eh = gemm_op("mtp_eh_proj", "attn_proj", rows, 2 * h, h, p.weight_dtype, p.group_size, 1, p.activation_dtype)
     times = [op_time(eh, p.spec, p.profile, not step.prefills), *times]
     # Its operators and one torch layer's fixed cost: not the step's (the accelerator profile's
     # 1 ms is scheduling and sampling, which a draft forward inside the runner's step does not do)

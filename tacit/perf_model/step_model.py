@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from tacit.kernels.torch_attention import runs_flat
+from tacit.perf_model.dtypes import activation_dtype
 from tacit.perf_model.efficiency import Profile, fitted_roofs
 from tacit.perf_model.fit_attention import causal_fraction_scored
 from tacit.perf_model.model_shape import ModelShape
@@ -94,12 +95,20 @@ class Pricing:
     # torch_paged's): a step's prefill chunks as the one group that backend attends them in
     # (torch_paged_prefill_scores). False: each chunk on its own, as a varlen kernel runs them.
     prefill_one_group: bool = True
+    # The quantized linears' activations as asked (--activation-dtype; auto: the format's usual
+    # one), resolved against the part in __post_init__ as the uniform step resolves them
+    # (dtypes.activation_dtype): W4A8's prompts at the int8 peak, block fp8 on a part without fp8
+    # units as W8A16. Left at auto, a W4A8 DeepSeek-V3 prompt on a 910C die priced its
+    # projections at the bf16 peak, 1.3x the uniform step's 402.7 ms.
+    activation_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         # this-cpu's roofs as its profile was fitted against, not as this process measured them:
         # priced with each process's own probe, one configuration of the bursty scenario read
         # goodputs of 0.131, 0.140 and 0.181 req/s in three runs on the same fit (fitted_roofs)
         object.__setattr__(self, "spec", fitted_roofs(self.spec, self.profile))
+        act = activation_dtype(self.weight_dtype, self.activation_dtype, fp8_units="fp8" in self.spec.flops)
+        object.__setattr__(self, "activation_dtype", act)
 
 
 def padded_decode_contexts(contexts: list[int], block_size: int) -> list[tuple[int, int]]:
@@ -170,7 +179,7 @@ def _merge(ops: list[Op]) -> list[Op]:
 
 
 def _attention(p: Pricing, step: StepShape) -> list[Op]:
-    ops = attention_ops(p.shape, step, p.parallel, p.weight_dtype, p.kv_dtype, p.group_size)
+    ops = attention_ops(p.shape, step, p.parallel, p.weight_dtype, p.kv_dtype, p.group_size, p.activation_dtype)
     return [op for op in ops if op.name not in _TOKEN_GEMMS]
 
 
@@ -195,15 +204,17 @@ def mixed_step_times(p: Pricing, step: MixedStep) -> tuple[float, list[OpTime]]:
         # length (exact for a uniform step, the uniform step_ops' own split).
         n = len(step.chunks)
         whole = StepShape(n, m / n, 0)  # type: ignore[arg-type]
-    proj = attention_ops(s, StepShape(1, attn_rows, 0), par, p.weight_dtype, p.kv_dtype, p.group_size)
+    proj = attention_ops(
+        s, StepShape(1, attn_rows, 0), par, p.weight_dtype, p.kv_dtype, p.group_size, p.activation_dtype
+    )
     shared = [op for op in proj if op.name in _TOKEN_GEMMS]
     # experts read: each chunk's tokens route alike (ModelShape.sequence_draws), chunks independently
     draws = sum(s.sequence_draws(c.new_tokens) for c in step.chunks)
-    shared += mlp_ops(s, whole, par, p.weight_dtype, p.group_size, draws)
+    shared += mlp_ops(s, whole, par, p.weight_dtype, p.group_size, draws, p.activation_dtype)
     shared += elementwise_ops(s, whole, par)
     sampled = step.sampled_rows
     if sampled:
-        shared += head_ops(s, whole, par, sampled, p.weight_dtype)
+        shared += head_ops(s, whole, par, sampled, p.weight_dtype, p.activation_dtype)
     # Collectives carry every row's hidden state; the logits' all-gather only the sampled rows.
     shared += [op for op in communication_ops(s, whole, par, sampled, p.profile.reduce_bytes) if op.bytes > 0]
     times += [op_time(op, p.spec, p.profile, decode_only, graphs=graphs) for op in shared]

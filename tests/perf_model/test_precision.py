@@ -344,3 +344,32 @@ def test_this_cpu_prices_an_unquantized_model_in_the_engines_dtype(monkeypatch):
     assert priced(gpu, "auto", "auto", "") == ("bf16", "bf16")
     with pytest.raises(ValueError, match="--kv-cache-dtype 'fp6' is not known"):
         priced(cpu, "auto", "fp6", "")
+
+
+@pytest.mark.parametrize(
+    ("weights", "act", "hardware"),
+    [("int4", "int8", "ascend-910c-die"), ("w8a8_int8", "bf16", "h100-sxm"), ("fp8", "auto", "a100-80g")],
+    ids=["w4a8", "w8a16", "block-fp8-without-fp8-units"],
+)
+def test_the_mixed_step_prices_the_activations_the_uniform_step_does(weights, act, hardware):
+    """TTFT, the serve replay and MTP drafts price steps through Pricing; they once left
+    --activation-dtype at auto, so a W4A8 prompt's projections ran at the bf16 peak there and at
+    the int8 peak in the uniform step (a DeepSeek-V3 prompt on a 910C die: 521 against 403 ms)."""
+    from tacit.perf_model.efficiency import load_profile
+    from tacit.perf_model.predict import step_time
+    from tacit.perf_model.step_model import Chunk, MixedStep, Pricing, mixed_step_times
+    from tests.perf_model.test_counts import MOE
+
+    shape, spec = shape_from_hf(MOE), get_hardware_spec(hardware)
+    profile = load_profile(spec.efficiency_profile)
+    w = Workload(1, 512, 4, weights, "bf16", 32, Parallel(), activation_dtype=act)
+    _, uniform = step_time(shape, spec, profile, w, StepShape(1, 512, 0))
+    pricing = Pricing(shape, spec, profile, weights, "bf16", 32, Parallel(), activation_dtype=act)
+    assert pricing.activation_dtype == activation_dtype(weights, act, fp8_units="fp8" in spec.flops)
+    _, mixed = mixed_step_times(pricing, MixedStep([Chunk(512, 0, True)]))
+    gemms = {t.op.name: t for t in uniform if t.op.is_gemm}
+    priced = {t.op.name: t for t in mixed if t.op.is_gemm}
+    assert gemms.keys() == priced.keys() and gemms
+    for name, t in gemms.items():
+        assert priced[name].op.act_dtype == t.op.act_dtype, name
+        assert priced[name].seconds == pytest.approx(t.seconds, rel=1e-9), name

@@ -453,3 +453,20 @@ def test_merged_mla_prefill_chunks_keep_their_gemm_and_kernel():
     )
     assert kv_b.seconds == pytest.approx(whole.seconds)
     assert ops["attention"].op.kernel == "mla" and ops["attention"].op.layers == p.shape.num_layers
+
+
+def test_cli_serve_prices_the_activation_dtype_it_is_given(tmp_path):
+    """--activation-dtype reaches the replay's steps: W8A8 int8 prompts at the int8 peak, the
+    same weights with bf16 activations (W8A16) at the bf16 one, so the replay's TTFTs differ."""
+    from tacit.cli import main
+
+    wl = tmp_path / "w.jsonl"
+    write_workload(make_workload(4, 1.0, "fixed", 2048, 4), wl)
+    base = ["predict", "--serve", "--model", "Llama-3.1-8B", "--hardware", "h100-sxm", "--workload", str(wl)]
+    base += ["--quantization", "w8a8_int8"]
+    ttft = {}
+    for act in ("auto", "int8", "bf16"):
+        out = tmp_path / f"{act}.json"
+        assert main([*base, "--activation-dtype", act, "--json", str(out)]) == 0
+        ttft[act] = json.loads(out.read_text())["ttft_ms"]["mean"]
+    assert ttft["auto"] == ttft["int8"] and ttft["bf16"] > 1.2 * ttft["int8"]
