@@ -203,8 +203,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     refuse_diffusion_args(args)
     if args.serve:
-        from tacit.perf_model.serve_cli import cmd_serve
+        from tacit.perf_model.serve_cli import cmd_serve, refuse_unreplayed
 
+        refuse_unreplayed(args, vars(predict_parser().parse_args(["predict"])))
         return cmd_serve(args)
     from tacit.perf_model.attention_report import attention_lines, kv_lines
     from tacit.perf_model.hardware_file import resolve_hardware

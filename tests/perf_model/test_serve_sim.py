@@ -282,6 +282,13 @@ def test_cli_serve_replays_cut_in_with_the_engine_flag(tmp_path):
         (["--preemption-mode", "swap"], "--preemption-mode swap needs --swap-space GiB"),
         (["--swap-space", "1"], "--swap-space needs --swap-bandwidth GB/s"),
         (["--scheduling-policy", "lifo"], "scheduling_policy='lifo' is not known"),
+        # one prediction's flags: the workload file gives the lengths; no spec decode, no prefix cache
+        (["--input-len", "999"], "--input-len does not go with --serve: the workload file gives"),
+        (["--batch-size", "8"], "--batch-size does not go with --serve"),
+        (["--speculative-tokens", "3"], "--speculative-tokens does not go with --serve"),
+        (["--speculative-method", "mtp"], "--speculative-method does not go with --serve"),
+        (["--prefix-hit-rate", "0.5"], "--prefix-hit-rate does not go with --serve: the replay does not model"),
+        (["--ops"], "--ops does not go with --serve"),
     ],
 )
 def test_cli_serve_refuses_what_it_cannot_replay_naming_it(tmp_path, capsys, flags, message):
