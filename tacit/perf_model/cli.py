@@ -162,6 +162,17 @@ def _check_choice(value: str, valid: tuple[str, ...], flag: str) -> str:
     return value
 
 
+def _refuse_unused(args: argparse.Namespace, used: tuple[str, ...], mode: str) -> None:
+    """A mode that takes none of one prediction's flags refuses each one set away from its
+    default by name, rather than ignoring it."""
+    defaults = vars(predict_parser().parse_args(["predict"]))
+    for key, value in vars(args).items():
+        if key in used or key not in defaults or callable(value):
+            continue
+        if value != defaults[key]:
+            raise ValueError(f"--{key.replace('_', '-')} does not go with {mode.split()[0]}: {mode}")
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     if args.plot is not None and not args.validate:
         raise ValueError("--plot draws --validate's cases; for one prediction's charts use --html FILE")
@@ -176,12 +187,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.published:
         from tacit.perf_model.published import run_published
 
+        _refuse_unused(args, ("published", "json"), "--published runs each figure's own command")
         return run_published(args.json, predict_parser())
     if args.context is not None and (args.validate or args.serve):
         raise ValueError("--context prices one prediction's decode step; it does not go with --validate or --serve")
     if args.calibrate and not args.validate and args.hardware != "this-cpu":
         raise ValueError(f"--calibrate fits this machine (--hardware this-cpu or --validate), not {args.hardware!r}")
     if args.validate:
+        _refuse_unused(
+            args, ("validate", "json", "plot", "calibrate"), "--validate measures its own cases on this machine"
+        )
         from tacit.perf_model.validate import run_validation
         from tacit.plotting import require_plotting
 

@@ -160,3 +160,24 @@ def test_no_chunked_prefill_budgets_the_models_length_as_the_engine_does(tmp_pat
     assert (chunked["prefill_steps"], chunked["max_num_batched_tokens"]) == (2, 8192)
     assert (whole["prefill_steps"], whole["max_num_batched_tokens"]) == (1, 131072)
     assert whole["mean"] == pytest.approx(whole["max"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--published", "--batch-size", "4"], "--batch-size does not go with --published"),
+        (["--published", "--model", "Llama-3.1-8B"], "--model does not go with --published"),
+        (["--validate", "--model", "Llama-3.1-8B"], "--model does not go with --validate"),
+        (["--validate", "--hardware", "h100-sxm"], "--hardware does not go with --validate"),
+        (["--validate", "--quantization", "int8"], "--quantization does not go with --validate"),
+    ],
+)
+def test_a_mode_refuses_one_predictions_flags_it_would_ignore(argv, message, capsys, monkeypatch):
+    """--published runs each figure's own command and --validate its own cases: a flag of one
+    prediction given with them is named, before anything runs, not dropped."""
+    from tacit.perf_model import published, validate
+
+    monkeypatch.setattr(validate, "run_validation", lambda *a, **k: pytest.fail("measured before refusing"))
+    monkeypatch.setattr(published, "run_published", lambda *a, **k: pytest.fail("ran before refusing"))
+    assert main(["predict", *argv]) == 2
+    assert message in capsys.readouterr().err
