@@ -162,15 +162,22 @@ def _check_choice(value: str, valid: tuple[str, ...], flag: str) -> str:
     return value
 
 
-def _refuse_unused(args: argparse.Namespace, used: tuple[str, ...], mode: str) -> None:
-    """A mode that takes none of one prediction's flags refuses each one set away from its
-    default by name, rather than ignoring it."""
-    defaults = vars(predict_parser().parse_args(["predict"]))
-    for key, value in vars(args).items():
-        if key in used or key not in defaults or callable(value):
-            continue
-        if value != defaults[key]:
-            raise ValueError(f"--{key.replace('_', '-')} does not go with {mode.split()[0]}: {mode}")
+def _predict_defaults() -> dict:
+    return vars(predict_parser().parse_args(["predict"]))
+
+
+def _refuse_set(args: argparse.Namespace, mode: str, reasons: dict[str, str]) -> None:
+    """A mode refuses, by name, each flag of `reasons` (dest -> why the mode has no use for it)
+    that is set away from its default, rather than ignoring it."""
+    defaults = _predict_defaults()
+    for key, why in reasons.items():
+        if getattr(args, key, defaults[key]) != defaults[key]:
+            raise ValueError(f"--{key.replace('_', '-')} does not go with {mode}: {why}")
+
+
+def _all_flags_but(used: tuple[str, ...], why: str) -> dict[str, str]:
+    """Every flag of one prediction but `used`, each with `why`: a mode that runs its own commands."""
+    return {k: why for k in _predict_defaults() if k not in (*used, "command", "func")}
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
@@ -187,16 +194,17 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.published:
         from tacit.perf_model.published import run_published
 
-        _refuse_unused(args, ("published", "json"), "--published runs each figure's own command")
+        _refuse_set(
+            args, "--published", _all_flags_but(("published", "json"), "--published runs each figure's own command")
+        )
         return run_published(args.json, predict_parser())
     if args.context is not None and (args.validate or args.serve):
         raise ValueError("--context prices one prediction's decode step; it does not go with --validate or --serve")
     if args.calibrate and not args.validate and args.hardware != "this-cpu":
         raise ValueError(f"--calibrate fits this machine (--hardware this-cpu or --validate), not {args.hardware!r}")
     if args.validate:
-        _refuse_unused(
-            args, ("validate", "json", "plot", "calibrate"), "--validate measures its own cases on this machine"
-        )
+        used = ("validate", "json", "plot", "calibrate")
+        _refuse_set(args, "--validate", _all_flags_but(used, "--validate measures its own cases on this machine"))
         from tacit.perf_model.validate import run_validation
         from tacit.plotting import require_plotting
 
@@ -218,9 +226,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     refuse_diffusion_args(args)
     if args.serve:
-        from tacit.perf_model.serve_cli import cmd_serve, refuse_unreplayed
+        from tacit.perf_model.serve_cli import NOT_REPLAYED, cmd_serve
 
-        refuse_unreplayed(args, vars(predict_parser().parse_args(["predict"])))
+        _refuse_set(args, "--serve", NOT_REPLAYED)
         return cmd_serve(args)
     from tacit.perf_model.attention_report import attention_lines, kv_lines
     from tacit.perf_model.hardware_file import resolve_hardware

@@ -45,10 +45,10 @@ def _swap_space(args: argparse.Namespace, pricing: Pricing, pool: KVPool) -> Swa
     return SwapSpace(int(args.swap_space * (1 << 30)) // block_bytes, block_bytes, args.swap_bandwidth * 1e9)
 
 
-# One prediction's flags that a replay has no use for: the workload file gives each request's
-# lengths, and the simulator replays neither speculative decoding nor the prefix cache; a flag
-# set away from its default is refused by name rather than ignored.
-_NOT_REPLAYED = {
+# One prediction's flags that a replay has no use for, and why: the workload file gives each
+# request's lengths, and the simulator replays neither speculative decoding nor the prefix cache
+# (cli.py refuses each one set away from its default by name rather than ignoring it).
+NOT_REPLAYED = {
     "batch_size": "the workload file gives the requests",
     "input_len": "the workload file gives each request's prompt",
     "output_len": "the workload file gives each request's output",
@@ -59,13 +59,6 @@ _NOT_REPLAYED = {
     "ops": "the replay prints percentiles, not one step's operators",
     "attention": "the replay prints percentiles, not one step's attention",
 }
-
-
-def refuse_unreplayed(args: argparse.Namespace, defaults: dict) -> None:
-    """A ValueError naming the first flag of _NOT_REPLAYED that is set away from its default."""
-    for key, why in _NOT_REPLAYED.items():
-        if getattr(args, key, defaults.get(key)) != defaults.get(key):
-            raise ValueError(f"--{key.replace('_', '-')} does not go with --serve: {why}")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
