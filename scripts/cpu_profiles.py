@@ -12,6 +12,10 @@ runs (tacit/perf_model/data/cpu_profile_sources.yaml), and check the profiles re
   token generation (with the per-layer cost above), and the compute fraction of the part's int8
   peak that prices its 2048-token prompt (ggml runs no AMX: the fraction is of the AMX peak the
   table states). These are granite-rapids-llamacpp's gemm curve and gemm_compute.
+- The same part with MRDIMM-8800, the distilled Llama-70B in Q8_0 under mainline llama.cpp (the
+  LMSYS Xeon 6 post's llama.cpp columns): the same two fractions from its TPOT and TTFT,
+  granite-rapids-llamacpp-mainline's; its routed experts' compute fraction is that over 1.45
+  (mul_mat_id's per-row vec_dot against the tinyBLAS GEMM a dense Q8_0 prompt takes).
 - A 16-core Zen 4 (Ryzen-7950X), mainline's prompt processing of LLaMA-3.1-8B at Q4_0 and Q8_0:
   the int8 compute fraction that prices them, their mean (epyc-zen4's gemm_compute, and
   epyc-zen5's by assumption).
@@ -49,6 +53,7 @@ PROFILES = (
     ("genoa_phi4", "epyc-zen4"),
     ("zen4_llama8b", "epyc-zen4"),
     ("granite_rapids_qwen72b", "granite-rapids-llamacpp"),
+    ("granite_rapids_llamacpp_llama70b", "granite-rapids-llamacpp-mainline"),
     ("zen4_qwen3_moe_check", "epyc-zen4"),
     ("granite_rapids_sglang_llama3b", "granite-rapids"),
 )
@@ -86,8 +91,9 @@ def row_seconds(src: dict, row: dict, profile: Profile) -> float:
 
 
 def published_seconds(row: dict) -> float:
-    if "tpot_ms" in row:
-        return row["tpot_ms"] / 1e3
+    for key in ("tpot_ms", "ttft_ms"):
+        if key in row:
+            return row[key] / 1e3
     return (row["tokens"] if row["test"] == "pp" else 1) / row["value"]
 
 
@@ -109,18 +115,30 @@ def _solve(f, target: float, lo: float, hi: float) -> float:
     return (lo * hi) ** 0.5
 
 
-def granite_rapids_fractions(src: dict) -> tuple[float, float]:
-    """(bandwidth fraction, int8 compute fraction) that price the 72B's tg and pp rows with
-    granite-rapids-llamacpp's other figures."""
-    base = load_profile("granite-rapids-llamacpp")
+def granite_rapids_fractions(src: dict, profile: str = "granite-rapids-llamacpp") -> tuple[float, float]:
+    """(bandwidth fraction, int8 compute fraction) that price a dense model's tg and pp rows with
+    the profile's other figures (its layer cost)."""
+    base = load_profile(profile)
     tg = next(r for r in src["rows"] if r["test"] == "tg")
     pp = next(r for r in src["rows"] if r["test"] == "pp")
 
-    def tg_s(bw: float) -> float:
-        return row_seconds(src, tg, replace(base, gemm={"int8": Curve((1.0,), (bw,))}))
+    def streaming(bw: float) -> Profile:  # one bandwidth fraction for every GEMM, as the profiles ship
+        return replace(base, gemm={"int8": Curve((1.0,), (bw,)), "bf16": Curve((1.0,), (bw,))})
 
-    bw = _solve(tg_s, published_seconds(tg), 0.01, 1.0)
-    return bw, _pricing_fraction(src, pp, replace(base, gemm={"int8": Curve((1.0,), (bw,))}), "int8")
+    bw = _solve(lambda bw: row_seconds(src, tg, streaming(bw)), published_seconds(tg), 0.01, 1.0)
+    return bw, _pricing_fraction(src, pp, streaming(bw), "int8")
+
+
+# tinyBLAS's speedup over the per-row vec_dot path for Q4_0 and Q8_0 prompts when it landed in
+# mainline (llama.cpp PR 6414: "in the range of 40-50%", ik_llama.cpp PR 533): the midpoint.
+# mul_mat_id still runs every routed expert through vec_dot (ggml-cpu.c), so a MoE's experts
+# compute at the dense fraction over this.
+VEC_DOT_SLOWDOWN = 1.45
+
+
+def mainline_experts_fraction(dense_int8: float) -> float:
+    """Mainline llama.cpp's routed experts' int8 compute fraction from its dense one."""
+    return dense_int8 / VEC_DOT_SLOWDOWN
 
 
 def _pricing_fraction(src: dict, row: dict, base: Profile, key: str) -> float:
@@ -169,6 +187,13 @@ def main() -> None:
     bw, compute = granite_rapids_fractions(gnr)
     print(f"{gnr['source']['title']}: on {gnr['hardware']}")
     print(f"  bandwidth fraction that prices tg: {bw:.3f}; int8 compute fraction that prices pp2048: {compute:.4f}")
+    mainline = data["granite_rapids_llamacpp_llama70b"]
+    bw, compute = granite_rapids_fractions(mainline, "granite-rapids-llamacpp-mainline")
+    print(f"{mainline['source']['title']}: on {mainline['hardware']}")
+    print(
+        f"  bandwidth fraction that prices tg: {bw:.3f}; int8 compute fraction that prices pp1024: {compute:.4f}; "
+        f"the routed experts' (/{VEC_DOT_SLOWDOWN}): {mainline_experts_fraction(compute):.4f}"
+    )
     zen4 = data["zen4_llama8b"]
     print(f"{zen4['source']['title']}: on {zen4['hardware_file']}")
     print(f"  int8 compute fraction that prices pp512 (mean of Q4_0, Q8_0): {zen4_compute_fraction(zen4):.4f}")
@@ -183,7 +208,7 @@ def main() -> None:
             pub, priced = published_seconds(r), row_seconds(src, r, load_profile(profile))
             rate = (r["tokens"] if r["test"] == "pp" else 1) / pub
             print(
-                f"  {profile:24s} {r['quantization']:7s} {r['test']}  published {rate:8.3f} tok/s  "
+                f"  {profile:32s} {r['quantization']:7s} {r['test']}  published {rate:8.3f} tok/s  "
                 f"priced {(pub / priced) * rate:8.3f}  error {100 * (pub / priced - 1):+5.1f}%"
             )
 

@@ -49,7 +49,8 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
         "--efficiency-profile",
         default=None,
         help="price the part with this efficiency profile (an engine's, efficiency.json) instead of its own, e.g. "
-        "granite-rapids-llamacpp for llama.cpp on a Xeon 6900P, whose entry is SGLang's",
+        "granite-rapids-llamacpp-mainline for llama.cpp on a Xeon 6900P (granite-rapids-llamacpp: ik_llama.cpp), "
+        "whose entry is SGLang's",
     )
     p.add_argument(
         "--threads",

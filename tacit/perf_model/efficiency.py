@@ -100,15 +100,24 @@ class Profile:
     # Q5_0 and IQ4_NL prompts (the last two unpacking more), the k-quants and the other i-quants
     # a per-row vec_dot (Q4_K_S 108 tok/s against Q4_0's 154 on one Ryzen-7950X).
     gemm_compute: dict[str, float] = field(default_factory=dict)
+    # The routed experts' GEMMs' compute fraction, by compute dtype, where the engine runs them
+    # through a slower kernel than its dense GEMMs: mainline llama.cpp's mul_mat_id takes every
+    # type through the per-row vec_dot, one expert after another, where a dense Q8_0 or Q4_0
+    # GEMM takes tinyBLAS (40-50% faster when it landed, ik_llama.cpp PR 533). A block type's
+    # own gemm_compute entry (a k-quant's: vec_dot already) still comes first.
+    experts_compute: dict[str, float] = field(default_factory=dict)
 
-    def compute_fraction(self, weight_dtype: str, compute_dtype: str) -> float | None:
+    def compute_fraction(self, weight_dtype: str, compute_dtype: str, experts: bool = False) -> float | None:
         """The GEMM's fraction of the compute peak: its weights' block type's entry (a GGML file
-        type that mixes blocks: its default block type's), else its compute dtype's, else None
-        (the efficiency curve prices both roofs)."""
-        for key in (weight_dtype, GGML_MIXES.get(weight_dtype, {}).get("default"), compute_dtype):
+        type that mixes blocks: its default block type's), else (the routed experts' GEMMs) the
+        experts' own entry for its compute dtype, else its compute dtype's, else None (the
+        efficiency curve prices both roofs)."""
+        for key in (weight_dtype, GGML_MIXES.get(weight_dtype, {}).get("default")):
             if key in self.gemm_compute:
                 return self.gemm_compute[key]
-        return None
+        if experts and compute_dtype in self.experts_compute:
+            return self.experts_compute[compute_dtype]
+        return self.gemm_compute.get(compute_dtype)
 
     def gemm_efficiency(self, weight_dtype: str, rows: float) -> float:
         # a dequantizing or integer kernel (int4, mxfp4, GGML types) without its own curve: int8's
@@ -161,6 +170,7 @@ def _profile(name: str, d: dict) -> Profile:
         row_overhead_s=d.get("row_overhead_s", {}),
         row_layer_overhead_s=d.get("row_layer_overhead_s", {}),
         gemm_compute={k: float(v) for k, v in d.get("gemm_compute", {}).items()},
+        experts_compute={k: float(v) for k, v in d.get("experts_compute", {}).items()},
     )
 
 

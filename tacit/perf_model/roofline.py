@@ -69,7 +69,8 @@ def op_time(
     compute_dtype = gemm_compute_dtype(op.weight_dtype, op.act_dtype) if op.is_gemm else "bf16"
     peak = spec.peak_flops(compute_dtype)
     eff = _efficiency(op, profile, decode, path)
-    compute_eff = profile.compute_fraction(op.weight_dtype, compute_dtype) if op.is_gemm else None
+    experts = op.name == "experts"  # the routed experts; the shared expert is a dense GEMM
+    compute_eff = profile.compute_fraction(op.weight_dtype, compute_dtype, experts) if op.is_gemm else None
     compute = op.flops / (peak * (compute_eff or eff))
     memory = op.bytes / (spec.memory_bandwidth.value * eff)
     return OpTime(op, max(compute, memory) + op.launches * launch_seconds(profile, graphs), compute, memory, peak)

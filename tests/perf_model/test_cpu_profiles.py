@@ -32,6 +32,7 @@ TOLERANCE = {
     "genoa_phi4": 0.05,
     "zen4_llama8b": 0.10,
     "granite_rapids_qwen72b": 0.05,
+    "granite_rapids_llamacpp_llama70b": 0.05,
     "zen4_qwen3_moe_check": 0.20,
     "granite_rapids_sglang_llama3b": 0.05,
 }
@@ -51,15 +52,32 @@ def test_the_shipped_figures_are_what_the_derivation_gives(derivation):
     # the gap is a fixed cost, not bandwidth: within 2 ms at every type while the bytes vary 1.7x
     gaps = [pub - bare for _, pub, bare in rows]
     assert max(gaps) - min(gaps) < 2e-3 and min(gaps) > 0
-    for name in ("epyc-zen4", "epyc-zen5", "granite-rapids-llamacpp"):
+    for name in ("epyc-zen4", "epyc-zen5", "granite-rapids-llamacpp", "granite-rapids-llamacpp-mainline"):
         assert load_profile(name).layer_overhead_s["decode_fused"] == pytest.approx(per_layer, abs=5e-6), name
     bw, compute = derivation.granite_rapids_fractions(data["granite_rapids_qwen72b"])
     gnr = load_profile("granite-rapids-llamacpp")
     assert gnr.gemm_efficiency("q4_0", 1) == pytest.approx(bw, abs=0.005)
     assert gnr.gemm_compute["int8"] == pytest.approx(compute, abs=0.0005)
+    assert not gnr.experts_compute  # ik_llama.cpp's MoE GEMMs are its dense ones
+    bw, compute = derivation.granite_rapids_fractions(
+        data["granite_rapids_llamacpp_llama70b"], "granite-rapids-llamacpp-mainline"
+    )
+    mainline = load_profile("granite-rapids-llamacpp-mainline")
+    for dtype in ("q8_0", "bf16"):
+        assert mainline.gemm_efficiency(dtype, 1) == pytest.approx(bw, abs=0.005), dtype
+    assert mainline.gemm_compute["int8"] == pytest.approx(compute, abs=0.0005)
+    assert mainline.gemm_compute["bf16"] == pytest.approx(2 * compute, abs=0.001)  # the same TFLOP/s
+    experts = derivation.mainline_experts_fraction(compute)
+    assert mainline.experts_compute == {"int8": pytest.approx(experts, abs=0.0005)}
+    # mainline's tinyBLAS prompt is slower than ik_llama.cpp's repacked GEMMs on the same part, as
+    # on a Ryzen-7950X (Q8_0 1.81x, Q4_0 1.78x: ik_llama.cpp discussion 164, six months earlier)
+    assert 1.5 < gnr.gemm_compute["int8"] / mainline.gemm_compute["int8"] < 3.0
     zen4 = derivation.zen4_compute_fraction(data["zen4_llama8b"])
     for name in ("epyc-zen4", "epyc-zen5"):
         assert load_profile(name).gemm_compute["int8"] == pytest.approx(zen4, abs=0.005), name
+        # mainline on EPYC: the same mul_mat_id, the routed experts through vec_dot
+        experts = derivation.mainline_experts_fraction(load_profile(name).gemm_compute["int8"])
+        assert load_profile(name).experts_compute == {"int8": pytest.approx(experts, abs=0.0005)}, name
     sglang, _ = derivation.layer_cost(data["granite_rapids_sglang_llama3b"], "granite-rapids")
     # SGLang's eager host cost a layer, on the prompt path too (the same Python runs a layer);
     # the VNNI profile borrows it
@@ -113,6 +131,33 @@ def test_a_type_entry_prices_its_type_and_a_mix_its_default_block():
             assert q4_k.compute_s == pytest.approx(
                 q4_0.compute_s * zen4.gemm_compute["int8"] / zen4.gemm_compute["q4_k"]
             )
+
+
+def test_the_experts_fraction_prices_only_the_routed_experts_compute():
+    """mainline llama.cpp's mul_mat_id runs the routed experts through vec_dot: their prompt GEMMs
+    compute at experts_compute; a dense GEMM and the shared expert (a dense mul_mat) at
+    gemm_compute; a block type with its own entry (a k-quant: vec_dot already) keeps it; a decode
+    step's experts, bound by their bytes, do not move."""
+    mainline = load_profile("granite-rapids-llamacpp-mainline")
+    spec = get_hardware_spec("xeon-6980p")
+    h, inter = 7168, 2048
+    for rows in (1, 32):
+        args = (3 * 2 * rows * h * inter, 3 * h * inter * 1.0625, rows)
+        routed = op_time(Op("experts", "experts", *args, weight_dtype="q8_0", is_gemm=True), spec, mainline, rows == 1)
+        shared = op_time(Op("shared_gate_up", "experts", *args, weight_dtype="q8_0", is_gemm=True), spec, mainline, rows == 1)
+        dense = op_time(Op("gate_up_proj", "dense_mlp", *args, weight_dtype="q8_0", is_gemm=True), spec, mainline, rows == 1)
+        assert shared.seconds == pytest.approx(dense.seconds)
+        assert routed.memory_s == pytest.approx(dense.memory_s)
+        ratio = mainline.gemm_compute["int8"] / mainline.experts_compute["int8"]
+        assert routed.compute_s == pytest.approx(dense.compute_s * ratio)
+        if rows == 1:
+            assert routed.seconds == pytest.approx(dense.seconds)  # bound by the bytes
+        else:
+            assert routed.seconds > 1.4 * dense.seconds
+    with_type = replace(mainline, gemm_compute={**mainline.gemm_compute, "q4_k": 0.005})
+    assert with_type.compute_fraction("q4_k", "int8", experts=True) == 0.005
+    assert with_type.compute_fraction("q8_0", "int8", experts=True) == mainline.experts_compute["int8"]
+    assert with_type.compute_fraction("q8_0", "int8") == mainline.gemm_compute["int8"]
 
 
 def test_a_compute_fraction_prices_the_compute_roof_and_leaves_the_bytes_to_the_curve():
