@@ -144,8 +144,12 @@ def test_the_experts_fraction_prices_only_the_routed_experts_compute():
     for rows in (1, 32):
         args = (3 * 2 * rows * h * inter, 3 * h * inter * 1.0625, rows)
         routed = op_time(Op("experts", "experts", *args, weight_dtype="q8_0", is_gemm=True), spec, mainline, rows == 1)
-        shared = op_time(Op("shared_gate_up", "experts", *args, weight_dtype="q8_0", is_gemm=True), spec, mainline, rows == 1)
-        dense = op_time(Op("gate_up_proj", "dense_mlp", *args, weight_dtype="q8_0", is_gemm=True), spec, mainline, rows == 1)
+        shared = op_time(
+            Op("shared_gate_up", "experts", *args, weight_dtype="q8_0", is_gemm=True), spec, mainline, rows == 1
+        )
+        dense = op_time(
+            Op("gate_up_proj", "dense_mlp", *args, weight_dtype="q8_0", is_gemm=True), spec, mainline, rows == 1
+        )
         assert shared.seconds == pytest.approx(dense.seconds)
         assert routed.memory_s == pytest.approx(dense.memory_s)
         ratio = mainline.gemm_compute["int8"] / mainline.experts_compute["int8"]
