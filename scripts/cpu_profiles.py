@@ -16,6 +16,9 @@ runs (tacit/perf_model/data/cpu_profile_sources.yaml), and check the profiles re
   LMSYS Xeon 6 post's llama.cpp columns): the same two fractions from its TPOT and TTFT,
   granite-rapids-llamacpp-mainline's; its routed experts' compute fraction is that over 1.45
   (mul_mat_id's per-row vec_dot against the tinyBLAS GEMM a dense Q8_0 prompt takes).
+- ik_llama.cpp's PR 534 table (a Ryzen-7950X's pp512 per type, before and after the PR that
+  repacks Q4_0, Q8_0 and seven other types for its GEMMs): each type's fraction before it, from
+  granite-rapids-llamacpp's (measured with it), granite-rapids-llamacpp-norepack's entries.
 - A 16-core Zen 4 (Ryzen-7950X), mainline's prompt processing of LLaMA-3.1-8B at Q4_0 and Q8_0:
   the int8 compute fraction that prices them, their mean (epyc-zen4's gemm_compute, and
   epyc-zen5's by assumption).
@@ -171,6 +174,14 @@ def zen4_type_fractions(src: dict) -> dict[str, float]:
     return {t: int8 * f / reference for t, f in own.items() if t not in src["reference"]}
 
 
+def ik_norepack_fractions(src: dict, int8: float) -> dict[str, float]:
+    """Each type's int8 compute fraction under ik_llama.cpp before its PR 534 (or without -rtr):
+    `int8`, the fraction its repacked GEMMs reach (granite-rapids-llamacpp's, from a Q4_0 run
+    with the PR), times the type's main rate over the reference type's rate with the PR."""
+    reference = next(r["pr"] for r in src["rows"] if r["quantization"] == src["reference"])
+    return {r["quantization"]: int8 * r["main"] / reference for r in src["rows"]}
+
+
 def main() -> None:
     data = sources()
     for key, profile in LAYER_COSTS:
@@ -194,6 +205,12 @@ def main() -> None:
         f"  bandwidth fraction that prices tg: {bw:.3f}; int8 compute fraction that prices pp1024: {compute:.4f}; "
         f"the routed experts' (/{VEC_DOT_SLOWDOWN}): {mainline_experts_fraction(compute):.4f}"
     )
+    norepack = ik_norepack_fractions(
+        data["ik_pr534_types"], load_profile("granite-rapids-llamacpp").gemm_compute["int8"]
+    )
+    print(f"{data['ik_pr534_types']['source']['title']}: granite-rapids-llamacpp-norepack")
+    for t, f in norepack.items():
+        print(f"  {t:8s} int8 compute fraction {f:.4f}")
     zen4 = data["zen4_llama8b"]
     print(f"{zen4['source']['title']}: on {zen4['hardware_file']}")
     print(f"  int8 compute fraction that prices pp512 (mean of Q4_0, Q8_0): {zen4_compute_fraction(zen4):.4f}")

@@ -111,6 +111,31 @@ def test_each_ggml_types_compute_fraction_is_its_rate_against_the_tinyblas_types
             assert fraction < shipped["int8"]  # each unpacks more than Q4_0/Q8_0, or runs vec_dot
 
 
+def test_ik_llama_cpp_before_its_repacking_gemms_runs_each_type_at_its_own_earlier_rate(derivation):
+    """granite-rapids-llamacpp-norepack: the types ik_llama.cpp's PR 534 repacks for its prompt
+    GEMMs at their rate before it (about half: 1.8-2.3x on its 7950X), every other type and a
+    decode step as granite-rapids-llamacpp."""
+    ik = load_profile("granite-rapids-llamacpp")
+    norepack = load_profile("granite-rapids-llamacpp-norepack")
+    types = derivation.ik_norepack_fractions(derivation.sources()["ik_pr534_types"], ik.gemm_compute["int8"])
+    assert set(types) == {"q2_k", "iq4_xs", "iq4_nl", "q4_0", "q4_1", "q5_0", "q5_1", "q6_0", "q8_0"}
+    for t, fraction in types.items():
+        assert norepack.gemm_compute[t] == pytest.approx(fraction, abs=5e-4), t
+        assert 0.3 < fraction / ik.gemm_compute["int8"] < 0.7, t
+    assert {k: norepack.gemm_compute[k] for k in ("int8", "bf16")} == {k: ik.gemm_compute[k] for k in ("int8", "bf16")}
+    assert norepack.compute_fraction("q4_k_m", "int8") == ik.compute_fraction("q4_k_m", "int8")  # not in the PR
+    spec = get_hardware_spec("xeon-6980p-ddr5")
+    for rows in (1, 512):
+        op = Op("gate_up_proj", "dense_mlp", 2 * rows * 8192 * 8192, 8192 * 8192 * 1.0625, rows, "q8_0", is_gemm=True)
+        before, after = op_time(op, spec, norepack, rows == 1), op_time(op, spec, ik, rows == 1)
+        if rows == 1:
+            assert before.seconds == pytest.approx(after.seconds)
+        else:
+            assert before.compute_s == pytest.approx(
+                after.compute_s * ik.gemm_compute["int8"] / norepack.gemm_compute["q8_0"]
+            )
+
+
 def test_a_type_entry_prices_its_type_and_a_mix_its_default_block():
     zen4 = load_profile("epyc-zen4")
     assert zen4.compute_fraction("q4_k_m", "int8") == zen4.gemm_compute["q4_k"]  # Q4_K_M's default block
