@@ -77,6 +77,13 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
         help=f"auto | {' | '.join(KV_DTYPES)} (auto: the weights' float dtype where they are unquantized fp32, else bf16)",
     )
     p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=None,
+        help="requests a second arriving as a Poisson process (vLLM's benchmark_serving flag: an open loop): TTFT "
+        "with its wait, the served TPOT and the concurrency that rate reaches, instead of --batch-size requests",
+    )
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens (0: no prefill, decode from --context)")
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument(
@@ -248,6 +255,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     shape = shape_from_hf(hf)
     wdt, kvdt = priced_dtypes(spec, args.quantization, args.kv_cache_dtype, shape.weight_format)
     activation_dtype(wdt, args.activation_dtype, fp8_units="fp8" in spec.flops)  # a bad pairing fails here
+    if args.request_rate is not None:
+        _refuse_set(
+            args,
+            "--request-rate",
+            {"batch_size": "the rate gives the concurrency (a closed loop of N: --batch-size N)"},
+        )
     work = Workload(
         args.batch_size,
         args.input_len,
@@ -263,6 +276,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         activation_dtype=args.activation_dtype,
         context=args.context,
         scheduler=_batch_scheduler(args, spec, model_max_len(hf)),
+        request_rate=args.request_rate,
     )
     pred = predict(shape, spec, work)
     heading = print_prediction(args, spec, work, pred)

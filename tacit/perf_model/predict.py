@@ -4,6 +4,7 @@ per device and the binding roof per operator class."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from tacit.config import SchedulerConfig
@@ -14,6 +15,7 @@ from tacit.perf_model.efficiency import Profile, fitted_roofs
 from tacit.perf_model.layout import place, resolve_layout
 from tacit.perf_model.memory import Memory, device_memory
 from tacit.perf_model.model_shape import ModelShape
+from tacit.perf_model.open_loop import OpenLoop, solve_open_loop
 from tacit.perf_model.operators import Parallel, StepShape, step_ops
 from tacit.perf_model.roofline import OpTime, bottlenecks, op_time, step_seconds
 from tacit.perf_model.served_tpot import served_throughput, served_tpot
@@ -49,6 +51,9 @@ class Workload:
     # The engine's scheduler the batch's TTFT is simulated under (its max_num_batched_tokens
     # chunks the prompts); None: the engine's defaults with max_num_seqs raised to the batch.
     scheduler: SchedulerConfig | None = None
+    # Requests a second arriving as a Poisson process (an open loop, open_loop.py): the batch is
+    # then the concurrency that rate reaches, not given. None: `batch` requests (a closed loop).
+    request_rate: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch", "output_len"):
@@ -77,6 +82,14 @@ class Workload:
             raise ValueError(
                 f"speculative_method={self.speculative_method!r} is not known; valid: {', '.join(SPECULATIVE_METHODS)}"
             )
+        if self.request_rate is not None:
+            if not (self.request_rate > 0 and self.request_rate < float("inf")):
+                raise ValueError(f"request_rate={self.request_rate} is invalid: requests a second, > 0 and finite")
+            if self.input_len == 0 or self.context is not None:
+                raise ValueError(
+                    "request_rate prices requests arriving with a prompt and decoding their output: it needs "
+                    "input_len >= 1 and no fixed context"
+                )
 
     @property
     def tokens_per_verify(self) -> float:
@@ -136,10 +149,13 @@ class Prediction:
     at_context: bool = False
     # The batch served as a closed loop, prefill on the same devices (served_tpot.py): the TPOT a
     # client measures and the share of the time the others' prompts take; tpot_s and 0.0 without
-    # a prefill or with one request
+    # a prefill or with one request. Under a request rate, the open loop's (open_loop.py).
     served_tpot_s: float = 0.0
     served_prefill_share: float = 0.0
     served_throughput_tok_s: float = 0.0  # the loop's output tokens a second (Little's law)
+    # At a request rate: the open loop's steady state, one replica's (its batch is the decoding
+    # sequences rounded up, what the decode step was priced at); None in a closed loop
+    open_loop: OpenLoop | None = None
 
     @property
     def fits(self) -> bool:
@@ -155,11 +171,24 @@ class Prediction:
             "served_tpot_ms": 1e3 * self.served_tpot_s if self.ttft is not None else None,
             "served_prefill_share": self.served_prefill_share if self.ttft is not None else None,
             "served_throughput_tok_s": self.served_throughput_tok_s if self.ttft is not None else None,
+            "served_ttft_ms": 1e3 * self.open_loop.served_ttft_s if self.open_loop else None,
+            "open_loop": _open_loop_json(self.open_loop) if self.open_loop else None,
             "throughput_tok_s": self.throughput_tok_s,
             "memory_per_device_gb": self.memory.total / 1e9,
             "fits": self.fits,
             "bottlenecks": self.bottlenecks,
         }
+
+
+def _open_loop_json(o: OpenLoop) -> dict:
+    return {
+        "request_rate": o.request_rate,
+        "decoding_sequences": o.decoding,
+        "requests_in_flight": o.in_flight,
+        "wait_ms": 1e3 * o.wait_s,
+        "prompt_alone_ms": 1e3 * o.prefill_one_s,
+        "prefill_share": o.prefill_share,
+    }
 
 
 def step_time(
@@ -242,41 +271,40 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
         )
     spec = fitted_roofs(spec, profile)
     par, spec = place(resolve_layout(w.parallel, s), spec)
-    sequences = w.batch
-    batch = -(-sequences // par.replicas)  # the busiest replica's sequences
-    w = replace(w, batch=batch, parallel=par)
-    micro = -(-batch // par.pp)  # sequences a pipeline micro-batch holds
     pricing = Pricing(
         s, spec, profile, w.weight_dtype, w.kv_dtype, w.group_size, par, activation_dtype=w.activation_dtype
     )
     mtp = w.speculative_tokens if w.speculative_method == "mtp" else 0
-    cached, ttft, prefill_step, prefill = w.cached_tokens, None, 0.0, []
+    cached = w.cached_tokens
+    loop = None
+    if w.request_rate is not None:
+        loop = _open_loop(s, spec, profile, replace(w, parallel=par), pricing, mtp)
+        w = replace(w, batch=max(1, math.ceil(loop.decoding)) * par.replicas)
+    sequences = w.batch
+    batch = -(-sequences // par.replicas)  # the busiest replica's sequences
+    w = replace(w, batch=batch, parallel=par)
+    ttft, prefill_step, prefill = None, 0.0, []
     per_rank = _per_rank_scheduler(w, par)
     if w.input_len:
         prefill_step, prefill = step_time(s, spec, profile, w, StepShape(batch, w.input_len - cached, cached))
         ttft = batch_ttft(pricing, batch, w.input_len, w.output_len, per_rank, cached, mtp)
     ctx = w.decode_context
-    tpot, decode = step_time(s, spec, profile, w, StepShape(micro, 1, ctx))
-    decode_step, draft, draft_ops = tpot, 0.0, []
-    if w.speculative_tokens:
-        # A verify step runs each sequence's token and its k drafts as k + 1 decode rows over the
-        # same context; it yields tokens_per_verify of them. tacit's fused decoder (this-cpu)
-        # attends each row on its own; the serving engines read a sequence's KV once (step_time).
-        k = w.speculative_tokens
-        rows = 1 if runs_tacit_engine(spec) else k + 1
-        decode_step, decode = step_time(s, spec, profile, w, StepShape(micro * (k + 1), 1, ctx), rows)
-        if mtp:
-            draft, draft_ops = decode_drafting(pricing, micro, ctx, k, w.acceptance)
-        tpot = (decode_step + draft) / w.tokens_per_verify
+    tpot, decode_step, decode, draft, draft_ops = _decode(s, spec, profile, w, pricing, mtp, batch)
     ttft_s = ttft.mean_s if ttft else 0.0
     served, share, served_tput = tpot, 0.0, 0.0
-    if ttft is not None:
+    if loop is not None:
+        # the rate's steady state: what a client measures, and every request's output a second
+        served, share, ttft_s = loop.served_tpot_s, loop.prefill_share, loop.served_ttft_s
+        served_tput = w.request_rate * w.output_len
+    elif ttft is not None:
         # one prompt alone, as a replacement request arrives in the closed loop
         one = ttft if batch == 1 else batch_ttft(pricing, 1, w.input_len, w.output_len, per_rank, cached, mtp)
         served, share = served_tpot(tpot, one.mean_s, batch, w.output_len, par.attention_ranks)
         # every replica's requests living as long as the busiest replica's
         served_tput = served_throughput(sequences, w.output_len, one.mean_s, served)
-    if w.context is not None:  # the steady decode at that context
+    if loop is not None:  # every request's output, the rate's
+        throughput = served_tput
+    elif w.context is not None:  # the steady decode at that context
         throughput = sequences / tpot
     else:
         throughput = sequences * w.output_len / (ttft_s + (w.output_len - 1) * tpot)
@@ -302,4 +330,47 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
         served_tpot_s=served,
         served_prefill_share=share,
         served_throughput_tok_s=served_tput,
+        open_loop=loop,
+    )
+
+
+def _decode(
+    s: ModelShape, spec: HardwareSpec, profile: Profile, w: Workload, pricing: Pricing, mtp: int, batch: int
+) -> tuple[float, float, list[OpTime], float, list[OpTime]]:
+    """(TPOT, the decode step, its operators, MTP's drafts, their operators) with `batch` of a
+    replica's sequences decoding at the workload's context."""
+    ctx, micro = w.decode_context, -(-batch // w.parallel.pp)  # sequences a pipeline micro-batch holds
+    tpot, decode = step_time(s, spec, profile, w, StepShape(micro, 1, ctx))
+    decode_step, draft, draft_ops = tpot, 0.0, []
+    if w.speculative_tokens:
+        # A verify step runs each sequence's token and its k drafts as k + 1 decode rows over the
+        # same context; it yields tokens_per_verify of them. tacit's fused decoder (this-cpu)
+        # attends each row on its own; the serving engines read a sequence's KV once (step_time).
+        k = w.speculative_tokens
+        rows = 1 if runs_tacit_engine(spec) else k + 1
+        decode_step, decode = step_time(s, spec, profile, w, StepShape(micro * (k + 1), 1, ctx), rows)
+        if mtp:
+            draft, draft_ops = decode_drafting(pricing, micro, ctx, k, w.acceptance)
+        tpot = (decode_step + draft) / w.tokens_per_verify
+    return tpot, decode_step, decode, draft, draft_ops
+
+
+def _open_loop(
+    s: ModelShape, spec: HardwareSpec, profile: Profile, w: Workload, pricing: Pricing, mtp: int
+) -> OpenLoop:
+    """One replica's steady state at its share of the request rate (open_loop.py): one prompt's
+    TTFT alone, and the decode step at each concurrency the solver asks for, bounded by the
+    sequences whose KV fits beside the weights."""
+    par, cached = w.parallel, w.cached_tokens
+    one = batch_ttft(pricing, 1, w.input_len, w.output_len, _per_rank_scheduler(replace(w, batch=1), par), cached, mtp)
+    alone = device_memory(s, par, w.weight_dtype, w.kv_dtype, 1, w.input_len, w.output_len, w.group_size)
+    room = spec.memory_capacity.value - alone.weights - alone.activations
+    fits = max(1, int(room // max(alone.kv_cache, 1.0)))
+    return solve_open_loop(
+        w.request_rate / par.replicas,
+        one.mean_s,
+        w.output_len,
+        lambda n: _decode(s, spec, profile, w, pricing, mtp, n)[0],
+        par.attention_ranks,
+        fits,
     )

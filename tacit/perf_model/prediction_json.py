@@ -47,6 +47,7 @@ def workload_of(work: Workload) -> dict:
     share of each prompt, the decode step's context)."""
     return {
         "batch": work.batch,
+        "request_rate": work.request_rate,
         "input_len": work.input_len,
         "cached_tokens": work.cached_tokens,
         "output_len": work.output_len,

@@ -4,6 +4,7 @@ memory, the bottlenecks and (--ops) every operator of its steps."""
 from __future__ import annotations
 
 import argparse
+import math
 
 from tacit.perf_model.dtypes import activation_dtype
 from tacit.perf_model.layout_cli import describe_layout
@@ -25,9 +26,10 @@ def heading_of(args: argparse.Namespace, spec: HardwareSpec, work: Workload, pre
         if work.input_len
         else f"no prefill (input 0, {work.context} cached)"
     )
+    batch = f"{work.request_rate:g} requests/s (Poisson)" if work.request_rate is not None else f"batch {work.batch}"
     return (
         f"{args.model} on {spec.name} ({spec.description}), {describe_layout(pred.layout)}, "
-        f"weights {work.weight_dtype}, activations {act}, KV {work.kv_dtype}, batch {work.batch}, {prompt}, output {work.output_len}"
+        f"weights {work.weight_dtype}, activations {act}, KV {work.kv_dtype}, {batch}, {prompt}, output {work.output_len}"
         + (f", decode at context {work.context}" if work.context is not None else "")
         + spec_part
         + (f", priced with the {spec.efficiency_profile} profile" if args.efficiency_profile else "")
@@ -35,7 +37,15 @@ def heading_of(args: argparse.Namespace, spec: HardwareSpec, work: Workload, pre
 
 
 def _ttft_lines(pred: Prediction) -> list[str]:
-    t = pred.ttft
+    t, o = pred.ttft, pred.open_loop
+    if o is not None:
+        return [
+            f"  TTFT        {1e3 * o.served_ttft_s:.2f} ms mean at {o.request_rate:g} requests/s a replica: "
+            f"{1e3 * o.wait_s:.2f} waiting (the step in flight, prompts queued before it), then "
+            f"{1e3 * o.prefill_one_s:.2f} its prompt alone",
+            f"  in flight   {o.in_flight:.2f} requests on average, {o.decoding:.2f} decoding (Little's law): the "
+            f"decode step priced at {max(1, math.ceil(o.decoding))} sequences a replica",
+        ]
     if t is None:
         return ["  TTFT        none: no prefill (--input-len 0)"]
     lines = [f"  TTFT        {1e3 * t.mean_s:.2f} ms mean of the batch"]
@@ -66,14 +76,26 @@ def print_prediction(args: argparse.Namespace, spec: HardwareSpec, work: Workloa
         )
     else:
         print(f"  decode step {1e3 * pred.decode_step_s:.3f} ms")
-    if pred.ttft is not None and work.batch > 1 and work.output_len > 1:
+    if pred.open_loop is not None and work.output_len > 1:
+        print(
+            f"  served TPOT {1e3 * pred.served_tpot_s:.3f} ms with requests arriving at --request-rate "
+            f"{work.request_rate:g} (Poisson), prompts prefilled on the same devices: they take "
+            f"{100 * pred.served_prefill_share:.1f}% of the time; {pred.served_throughput_tok_s:.1f} output tok/s"
+        )
+    elif pred.ttft is not None and work.batch > 1 and work.output_len > 1:
         print(
             f"  served TPOT {1e3 * pred.served_tpot_s:.3f} ms with the batch served as a closed loop, prompts "
             f"prefilled on the same devices (bench_serving --max-concurrency {work.batch}): the others' "
             f"prefills take {100 * pred.served_prefill_share:.0f}% of the time; "
             f"{pred.served_throughput_tok_s:.1f} output tok/s"
         )
-    scope = "the decode step's at that context" if pred.at_context else "the batch's, prefill included"
+    scope = (
+        "the decode step's at that context"
+        if pred.at_context
+        else "every request's, at the rate"
+        if pred.open_loop
+        else "the batch's, prefill included"
+    )
     print(f"  throughput  {pred.throughput_tok_s:.1f} output tok/s ({scope})")
     mem = pred.memory
     print(

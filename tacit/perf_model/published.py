@@ -29,13 +29,15 @@ PLATFORMS = ("cpu", "ascend", "nvidia")
 # large_batch: throughput at a large batch; prefill: TTFT or prompt tokens/s.
 KINDS = ("small_batch_decode", "large_batch", "prefill")
 # Keys of predict's --json (served_tpot_ms: a PD-mixed deployment's TPOT, the others' prefills
-# counted; tpot_ms: the decode step alone, a PD-disaggregated one's), plus decode_tok_s: the
+# counted; tpot_ms: the decode step alone, a PD-disaggregated one's; served_ttft_ms: the mean TTFT
+# at --request-rate, its wait included), plus decode_tok_s: the
 # deployment's output tokens/s in steady decode, --batch-size sequences every TPOT (what "tokens/s
 # per node during decoding" figures count).
 METRICS = (
     "tpot_ms",
     "served_tpot_ms",
     "ttft_ms",
+    "served_ttft_ms",
     "decode_step_ms",
     "throughput_tok_s",
     "served_throughput_tok_s",

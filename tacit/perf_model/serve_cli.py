@@ -50,6 +50,7 @@ def _swap_space(args: argparse.Namespace, pricing: Pricing, pool: KVPool) -> Swa
 # (cli.py refuses each one set away from its default by name rather than ignoring it).
 NOT_REPLAYED = {
     "batch_size": "the workload file gives the requests",
+    "request_rate": "the workload file gives each request's arrival",
     "input_len": "the workload file gives each request's prompt",
     "output_len": "the workload file gives each request's output",
     "prefix_hit_rate": "the replay does not model the prefix cache",
