@@ -96,6 +96,19 @@ def test_moe_counts_read_expected_distinct_experts():
     assert "gate_up_proj" not in ops  # every layer sparse
 
 
+@pytest.mark.parametrize("batch", [1, 3, 64])
+def test_the_experts_run_as_two_grouped_kernels_a_layer_whatever_they_hit(batch):
+    """Every engine priced runs a layer's experts as one grouped GEMM for gate_up and one for
+    down: the launches (each a kernel's fixed cost) do not grow with the distinct experts read,
+    while the bytes do."""
+    s = shape_from_hf(MOE)
+    ops = _by_name(step_ops(s, StepShape(batch=batch, new_tokens=1, context=0)))
+    assert ops["experts"].launches == 2 * s.num_moe_layers
+    one = _by_name(step_ops(s, StepShape(batch=1, new_tokens=1, context=0)))["experts"]
+    if batch > 1:
+        assert ops["experts"].bytes > one.bytes
+
+
 def test_mla_absorbed_decode_counts():
     s = shape_from_hf(MLA)
     assert s.is_mla and s.num_dense_layers == 1 and s.num_moe_layers == 0
