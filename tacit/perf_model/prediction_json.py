@@ -46,7 +46,8 @@ def workload_of(work: Workload) -> dict:
     """The workload as predicted: the flags resolved (dtypes normalised, the layout, the cached
     share of each prompt, the decode step's context)."""
     return {
-        "batch": work.batch,
+        # at a request rate the concurrency follows from it (the prediction's open_loop), not --batch-size
+        "batch": work.batch if work.request_rate is None else None,
         "request_rate": work.request_rate,
         "input_len": work.input_len,
         "cached_tokens": work.cached_tokens,

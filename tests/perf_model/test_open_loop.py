@@ -123,6 +123,7 @@ def test_the_cli_prints_and_writes_it(tmp_path, capsys):
     assert f"TTFT        {data['served_ttft_ms']:.2f} ms mean at 3 requests/s" in printed
     assert f"served TPOT {data['served_tpot_ms']:.3f} ms with requests arriving at --request-rate 3" in printed
     assert data["open_loop"]["request_rate"] == 3 and data["throughput_tok_s"] == pytest.approx(3 * 128)
+    assert data["workload"]["request_rate"] == 3 and data["workload"]["batch"] is None  # the rate gives it
     assert data["served_ttft_ms"] > data["open_loop"]["prompt_alone_ms"]
 
 
