@@ -24,6 +24,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tacit.perf_model.served_tpot import some_group_share
+
 # The iteration's stopping rule and its bound: a fixed point n of a function rising more slowly
 # than n is reached geometrically; 200 steps at a relative 1e-9 is far past any concurrency a
 # deployment runs, and one that has not converged by then is climbing without bound.
@@ -76,7 +78,7 @@ def solve_open_loop(
             f"{per_group:.2f} of each of the {groups} attention group(s)' time; under {groups / prefill_one_s:.3g} "
             "requests a second can be served"
         )
-    u = 1.0 - (1.0 - per_group) ** groups
+    u = some_group_share(per_group, groups)
     cache: dict[int, float] = {}
 
     def tpot(n: float) -> float:
@@ -86,8 +88,8 @@ def solve_open_loop(
                 cache[k] = tpot_at(k)
         return cache[lo] + (cache[lo + 1] - cache[lo]) * (max(n, 1.0) - lo)
 
-    decoding, x = 1.0, tpot(1.0) / (1.0 - u)
-    for _ in range(_STEPS):
+    decoding = 1.0
+    for _ in range(_STEPS):  # runs at least once: x is always set
         x = tpot(decoding) / (1.0 - u)
         nxt = rate * (output_len - 1) * x
         settled = abs(nxt - decoding) <= _TOLERANCE * max(nxt, 1.0)

@@ -26,12 +26,17 @@ from __future__ import annotations
 _STEPS = 60
 
 
+def some_group_share(per_group: float, groups: int) -> float:
+    """The share of the time some of `groups` attention groups prefills, each one `per_group` of
+    it independently: 1 - (1 - u_g)^D (the groups step together, so any one prefilling holds all)."""
+    return 1.0 - (1.0 - per_group) ** groups
+
+
 def prefill_share(x_s: float, prefill_one_s: float, batch: int, output_len: int, groups: int) -> float:
     """u: the share of the time some attention group is prefilling another request's prompt,
     each request living prefill_one_s + (output_len - 1) * x_s."""
     life = prefill_one_s + (output_len - 1) * x_s
-    per_group = min(1.0, (batch - 1) * prefill_one_s / (groups * life))
-    return 1.0 - (1.0 - per_group) ** groups
+    return some_group_share(min(1.0, (batch - 1) * prefill_one_s / (groups * life)), groups)
 
 
 def served_tpot(
