@@ -47,6 +47,11 @@ class OpenLoop:
         return self.wait_s + self.prefill_one_s
 
     @property
+    def decode_batch(self) -> int:
+        """The sequences a replica's decode step is priced at: the decoding ones, rounded up."""
+        return max(1, math.ceil(self.decoding))
+
+    @property
     def in_flight(self) -> float:
         """Mean requests in the system: decoding, or waiting for or in their prompt's step."""
         return self.decoding + self.request_rate * self.served_ttft_s

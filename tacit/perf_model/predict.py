@@ -4,7 +4,6 @@ per device and the binding roof per operator class."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 from tacit.config import SchedulerConfig
@@ -279,7 +278,7 @@ def predict(s: ModelShape, spec: HardwareSpec, w: Workload, profile: Profile | N
     loop = None
     if w.request_rate is not None:
         loop = _open_loop(s, spec, profile, replace(w, parallel=par), pricing, mtp)
-        w = replace(w, batch=max(1, math.ceil(loop.decoding)) * par.replicas)
+        w = replace(w, batch=loop.decode_batch * par.replicas)
     sequences = w.batch
     batch = -(-sequences // par.replicas)  # the busiest replica's sequences
     w = replace(w, batch=batch, parallel=par)

@@ -4,7 +4,6 @@ memory, the bottlenecks and (--ops) every operator of its steps."""
 from __future__ import annotations
 
 import argparse
-import math
 
 from tacit.perf_model.dtypes import activation_dtype
 from tacit.perf_model.layout_cli import describe_layout
@@ -44,7 +43,7 @@ def _ttft_lines(pred: Prediction) -> list[str]:
             f"{1e3 * o.wait_s:.2f} waiting (the step in flight, prompts queued before it), then "
             f"{1e3 * o.prefill_one_s:.2f} its prompt alone",
             f"  in flight   {o.in_flight:.2f} requests on average, {o.decoding:.2f} decoding (Little's law): the "
-            f"decode step priced at {max(1, math.ceil(o.decoding))} sequences a replica",
+            f"decode step priced at {o.decode_batch} sequences a replica",
         ]
     if t is None:
         return ["  TTFT        none: no prefill (--input-len 0)"]
