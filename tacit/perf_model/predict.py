@@ -13,6 +13,7 @@ from tacit.perf_model.dtypes import activation_dtype
 from tacit.perf_model.efficiency import Profile, fitted_roofs
 from tacit.perf_model.layout import place, resolve_layout
 from tacit.perf_model.memory import Memory, device_memory
+from tacit.perf_model.micro_batch_overlap import DECODE_PLAN, PREFILL_PLAN, layer_segments, overlapped_layers_seconds
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.open_loop import OpenLoop, solve_open_loop
 from tacit.perf_model.operators import Parallel, StepShape, step_ops
@@ -195,11 +196,14 @@ def step_time(
 ) -> tuple[float, list[OpTime]]:
     """Seconds of one engine step and its operators' times. Under --two-batch-overlap the step
     runs as two micro-batches of half the sequences, one's communication in flight while the
-    other computes (SGLang's and DeepSeek's overlap): each layer takes the longer of a half's
-    compute and communication twice, plus the shorter once to fill the pipe,
-    2 * max(C, M) + min(C, M) / L over the step's halves' totals C and M; every weight is read
-    once per micro-batch, so a memory-bound decode pays its weight reads twice. The times
-    returned are the half's operators doubled (both micro-batches run them).
+    other computes; every weight is read once per micro-batch, so a memory-bound decode pays its
+    weight reads twice. With DeepEP the MoE layers run SGLang's stage plans
+    (micro_batch_overlap.py: a transfer hides only behind the compute between its send and its
+    wait), the rest of the step serially. Otherwise (tensor-parallel all-reduces, tacit's
+    round-robin over each partial sum) each layer takes the longer of a half's compute and
+    communication twice, plus the shorter once to fill the pipe, 2 * max(C, M) + min(C, M) / L
+    over the step's halves' totals C and M. The times returned are the half's operators doubled
+    (both micro-batches run them).
 
     verify_rows: a speculative verify step's rows a sequence (k + 1), `step` holding every row as
     a decode row. The serving engines' attention reads each sequence's KV once for all its rows
@@ -222,10 +226,18 @@ def step_time(
     rows = w.parallel.sequences_per_device(max(1, step.batch // verify_rows))
     if not tbo:
         return step_seconds(times, profile, fixed_path, s.num_layers, graphs, rows), times
-    comm = sum(t.seconds for t in times if t.op.op_class == "communication")
-    compute = sum(t.seconds for t in times) - comm
     fixed = step_seconds([], profile, fixed_path, s.num_layers, graphs, rows)
-    overlapped = 2 * max(compute, comm) + min(compute, comm) / s.num_layers + fixed
+    if any(t.op.name == "moe_dispatch" for t in times):
+        # DeepEP: SGLang's stage plans, each transfer hidden only by the compute between its
+        # send and its wait (micro_batch_overlap.py)
+        named = [(t.op.name, t.op.op_class, t.seconds) for t in times]
+        segments, outside = layer_segments(named, s.num_layers, s.num_moe_layers)
+        plan = DECODE_PLAN if decode else PREFILL_PLAN
+        overlapped = overlapped_layers_seconds(plan, segments, s.num_moe_layers) + 2 * outside + fixed
+    else:
+        comm = sum(t.seconds for t in times if t.op.op_class == "communication")
+        compute = sum(t.seconds for t in times) - comm
+        overlapped = 2 * max(compute, comm) + min(compute, comm) / s.num_layers + fixed
     doubled = [replace(t, seconds=2 * t.seconds, compute_s=2 * t.compute_s, memory_s=2 * t.memory_s) for t in times]
     return overlapped, doubled
 

@@ -1,0 +1,135 @@
+"""Two-batch overlap with DeepEP, stage by stage: how long a step's MoE layers take when two
+micro-batches take turns on the compute stream while each one's dispatch and combine travel.
+
+SGLang's two-batch overlap for DeepSeek splits every MoE layer of a micro-batch into stages at
+yield points and runs the two micro-batches' stages in turn (sgl-project/sglang
+python/sglang/srt/operations_strategy.py at 02ed4a5, `_compute_moe_deepseek_blog_decode` and
+`_prefill`, after DeepSeek's profile-data design). A transfer is hidden only by the compute that
+runs between its send and the wait for it: in a decode, a micro-batch's dispatch by its own
+shared experts and the other micro-batch's first attention stage (the projections), its combine
+by the other's second (the attention kernel, o_proj and the router). Whatever a transfer needs
+beyond that compute stalls the stream. Pricing the overlap as the longer of a step's total
+compute and total communication assumed any compute could hide any transfer: DeepSeek-V3 on 72
+H100s (256 sequences a GPU, 2,000 cached) priced at 54.5 ms a step, 105 ms of operators folded
+into the longer of ~51 ms of compute and ~54 ms of transfers, where the stages leave the combine
+(0.30 ms a layer a micro-batch) behind ~0.17 ms of attention.
+
+The wire is one resource: a micro-batch's transfer starts when it is sent and the one before it
+(either micro-batch's) is through. DeepEP's low-latency kernels leave the SMs while their RDMA
+is in flight (profile-data's README), so compute is not slowed by it; DeepEP's normal mode
+(prefill) does occupy some SMs, which this does not price.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+# A stage: (kind, segment) events in order. "compute" runs the segment's operators; "send" starts
+# the segment's transfer; "wait" blocks until the micro-batch's oldest transfer in flight is done.
+Stage = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class OverlapPlan:
+    stages: tuple[Stage, ...]  # one MoE layer of one micro-batch
+    delta: int  # stages micro-batch A runs before B starts (tbo_delta_stages)
+
+
+# _compute_moe_deepseek_blog_decode: attention in two stages so that each transfer has one to hide behind
+DECODE_PLAN = OverlapPlan(
+    stages=(
+        (("compute", "attn_0"),),
+        (("compute", "attn_1"), ("compute", "gate")),
+        (("send", "dispatch"), ("compute", "shared")),
+        (("wait", ""), ("compute", "experts"), ("send", "combine")),
+        (("wait", ""),),
+    ),
+    delta=2,
+)
+# _compute_moe_deepseek_blog_prefill
+PREFILL_PLAN = OverlapPlan(
+    stages=(
+        (("compute", "attn_0"), ("compute", "attn_1"), ("compute", "gate"), ("send", "dispatch")),
+        (("wait", ""), ("compute", "experts"), ("send", "combine")),
+        (("compute", "shared"), ("wait", "")),
+    ),
+    delta=0,
+)
+
+
+def overlapped_layers_seconds(plan: OverlapPlan, segments: dict[str, float], layers: int) -> float:
+    """Seconds for both micro-batches to pass `layers` MoE layers under `plan`, `segments` the
+    seconds of one layer of one micro-batch per segment ("dispatch" and "combine" its transfers).
+    Micro-batch A runs plan.delta stages alone, then A and B alternate a stage each."""
+    per_mb = [stage for _ in range(layers) for stage in plan.stages]
+    order = []
+    for i in range(len(per_mb) + plan.delta):
+        if i < len(per_mb):
+            order.append((0, i))
+        if 0 <= i - plan.delta < len(per_mb):
+            order.append((1, i - plan.delta))
+    clock = wire_free = 0.0
+    in_flight: list[deque[float]] = [deque(), deque()]
+    for mb, i in order:
+        for kind, segment in per_mb[i]:
+            if kind == "compute":
+                clock += segments.get(segment, 0.0)
+            elif kind == "send":
+                start = max(clock, wire_free)
+                wire_free = start + segments.get(segment, 0.0)
+                in_flight[mb].append(wire_free)
+            else:
+                clock = max(clock, in_flight[mb].popleft())
+    return clock
+
+
+# The operators of a MoE layer by the stage segment they run in (SGLang's op_decode_attn_0 is the
+# attention's preparation: its input projections and MLA's query absorption; op_decode_attn_1 the
+# attention kernel, the output absorption and o_proj). The layer's norms run half with each.
+_SEGMENT = {
+    "o_proj": "attn_1",
+    "router": "gate",
+    "shared_gate_up": "shared",
+    "shared_down": "shared",
+    "experts": "experts",
+    "dispatch_combine": "experts",
+    "moe_dispatch": "dispatch",
+    "moe_combine": "combine",
+}
+_SPLIT = {"kv_b_absorbed": ("attn_0", "attn_1"), "norms_residual_act": ("attn_0", "attn_1")}
+
+
+def segment_of(name: str, op_class: str) -> str:
+    """The segment an operator of a MoE layer runs in; "" where it is not one of the layer's
+    overlapped stages (dense MLPs, the head, the sampler, the attention group's collectives)."""
+    if name in _SEGMENT:
+        return _SEGMENT[name]
+    if op_class == "attention":
+        return "attn_1"
+    if op_class == "attn_proj":
+        return "attn_0"
+    return ""
+
+
+def layer_segments(
+    times: list[tuple[str, str, float]], num_layers: int, moe_layers: int
+) -> tuple[dict[str, float], float]:
+    """(one MoE layer's seconds per segment, the seconds outside the MoE layers' stages) for one
+    micro-batch, from its step operators (name, class, seconds). The attention-side operators run
+    on every layer: a MoE layer's share is 1/num_layers of them, the dense layers' rest is
+    outside; the MoE operators count over the MoE layers alone."""
+    segments: dict[str, float] = {}
+    outside = 0.0
+    for name, op_class, seconds in times:
+        parts = _SPLIT.get(name) or ((segment_of(name, op_class),) if segment_of(name, op_class) else ())
+        if not parts:
+            outside += seconds
+            continue
+        moe_only = op_class in ("experts", "moe_routing", "communication")
+        per_layer = seconds / (moe_layers if moe_only else num_layers)
+        if not moe_only:
+            outside += seconds - per_layer * moe_layers
+        for part in parts:
+            segments[part] = segments.get(part, 0.0) + per_layer / len(parts)
+    return segments, outside
