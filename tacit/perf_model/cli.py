@@ -313,7 +313,7 @@ def _batch_scheduler(args: argparse.Namespace, spec: HardwareSpec, max_model_len
     given, holds the whole batch (the batch the decode step prices runs together). On any part
     but this-cpu (where tacit's engine runs), the flags not given take ACCELERATOR_SCHEDULER's."""
     longest = max(args.input_len, args.context or 0) + args.output_len
-    from tacit.perf_model.predict import runs_tacit_engine
+    from tacit.perf_model.step_model import runs_tacit_engine
 
     if not runs_tacit_engine(spec):
         given = {k: getattr(args, k, None) for k in ACCELERATOR_SCHEDULER}

@@ -58,10 +58,15 @@ PREFILL_PLAN = OverlapPlan(
 )
 
 
-def overlapped_layers_seconds(plan: OverlapPlan, segments: dict[str, float], layers: int) -> float:
-    """Seconds for both micro-batches to pass `layers` MoE layers under `plan`, `segments` the
-    seconds of one layer of one micro-batch per segment ("dispatch" and "combine" its transfers).
-    Micro-batch A runs plan.delta stages alone, then A and B alternate a stage each."""
+def overlapped_layers_seconds(
+    plan: OverlapPlan, segments: dict[str, float] | tuple[dict[str, float], dict[str, float]], layers: int
+) -> float:
+    """Seconds for both micro-batches to pass `layers` layers under `plan`, `segments` the seconds
+    of one layer of a micro-batch per segment (its transfers' too), one dict for both or one
+    each. Micro-batch A runs plan.delta stages alone, then A and B alternate a stage each; a wait
+    with nothing in flight is free, and the step ends when both micro-batches' last transfers
+    are in."""
+    per_mb_segments = (segments, segments) if isinstance(segments, dict) else segments
     per_mb = [stage for _ in range(layers) for stage in plan.stages]
     order = []
     for i in range(len(per_mb) + plan.delta):
@@ -72,16 +77,74 @@ def overlapped_layers_seconds(plan: OverlapPlan, segments: dict[str, float], lay
     clock = wire_free = 0.0
     in_flight: list[deque[float]] = [deque(), deque()]
     for mb, i in order:
+        seconds = per_mb_segments[mb]
         for kind, segment in per_mb[i]:
             if kind == "compute":
-                clock += segments.get(segment, 0.0)
+                clock += seconds.get(segment, 0.0)
             elif kind == "send":
                 start = max(clock, wire_free)
-                wire_free = start + segments.get(segment, 0.0)
+                wire_free = start + seconds.get(segment, 0.0)
                 in_flight[mb].append(wire_free)
-            else:
+            elif in_flight[mb]:
                 clock = max(clock, in_flight[mb].popleft())
-    return clock
+    return max([clock, *in_flight[0], *in_flight[1]])
+
+
+# tacit's own overlap (worker/paths/two_batch_overlap.py, and a tensor-parallel layout's in
+# general): a micro-batch runs to its next partial sum, sends it, and waits for it before its
+# next part; the two take turns, so each all-reduce hides behind the other micro-batch's part
+TENSOR_PARALLEL_PLAN = OverlapPlan(
+    stages=(
+        (("wait", ""), ("compute", "attention"), ("send", "attention_sum")),
+        (("wait", ""), ("compute", "mlp"), ("send", "mlp_sum")),
+    ),
+    delta=0,
+)
+# collectives a step makes once, not per layer: outside the layers' stages
+_PER_STEP = frozenset({"logits_all_gather", "head_all_gather", "pp_send"})
+
+
+def tensor_parallel_segments(times: list[tuple[str, str, float]], num_layers: int) -> tuple[dict[str, float], float]:
+    """(one layer's seconds per TENSOR_PARALLEL_PLAN segment, the seconds outside the layers) for
+    one micro-batch: its attention side, its MLP or MoE side (the layer's norms half with each),
+    and its per-layer collectives split between the layer's two partial sums; the head, the
+    sampler and the per-step collectives run outside. A MoE model's dense and MoE layers are
+    averaged into one."""
+    segments: dict[str, float] = {}
+    outside = 0.0
+    for name, op_class, seconds in times:
+        if op_class in ("lm_head", "sampling") or name in _PER_STEP:
+            outside += seconds
+            continue
+        if op_class == "communication":
+            parts: tuple[str, ...] = ("attention_sum", "mlp_sum")
+        elif op_class == "norm_elementwise":
+            parts = ("attention", "mlp")
+        else:
+            parts = ("attention",) if op_class in ("attn_proj", "attention") else ("mlp",)
+        for part in parts:
+            segments[part] = segments.get(part, 0.0) + seconds / num_layers / len(parts)
+    return segments, outside
+
+
+def two_batch_seconds(
+    halves: tuple[list[tuple[str, str, float]], list[tuple[str, str, float]]],
+    num_layers: int,
+    moe_layers: int,
+    decode: bool,
+) -> float:
+    """Seconds of a step run as two micro-batches, from each one's operators (name, class,
+    seconds): with DeepEP's dispatch among them SGLang's stage plans over the MoE layers, the rest
+    of the step serially; otherwise tacit's turn-taking over every layer's partial sums. The
+    step's fixed cost is the caller's."""
+    if any(name == "moe_dispatch" for name, _, _ in halves[0]):
+        plan, layers = (DECODE_PLAN if decode else PREFILL_PLAN), moe_layers
+        split = [layer_segments(h, num_layers, moe_layers) for h in halves]
+    else:
+        plan, layers = TENSOR_PARALLEL_PLAN, num_layers
+        split = [tensor_parallel_segments(h, num_layers) for h in halves]
+    inside = overlapped_layers_seconds(plan, (split[0][0], split[1][0]), layers)
+    return inside + split[0][1] + split[1][1]
 
 
 # The operators of a MoE layer by the stage segment they run in (SGLang's op_decode_attn_0 is the

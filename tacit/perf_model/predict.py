@@ -13,14 +13,14 @@ from tacit.perf_model.dtypes import activation_dtype
 from tacit.perf_model.efficiency import Profile, fitted_roofs
 from tacit.perf_model.layout import place, resolve_layout
 from tacit.perf_model.memory import Memory, device_memory
-from tacit.perf_model.micro_batch_overlap import DECODE_PLAN, PREFILL_PLAN, layer_segments, overlapped_layers_seconds
+from tacit.perf_model.micro_batch_overlap import two_batch_seconds
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.open_loop import OpenLoop, solve_open_loop
 from tacit.perf_model.operators import Parallel, StepShape, step_ops
 from tacit.perf_model.roofline import OpTime, bottlenecks, op_time, step_seconds
 from tacit.perf_model.served_tpot import served_throughput, served_tpot
 from tacit.perf_model.speculative import SPECULATIVE_METHODS, decode_drafting, tokens_per_verify
-from tacit.perf_model.step_model import Pricing
+from tacit.perf_model.step_model import Pricing, runs_tacit_engine
 from tacit.platforms.specs import HardwareSpec
 
 
@@ -197,12 +197,10 @@ def step_time(
     """Seconds of one engine step and its operators' times. Under --two-batch-overlap the step
     runs as two micro-batches of half the sequences, one's communication in flight while the
     other computes; every weight is read once per micro-batch, so a memory-bound decode pays its
-    weight reads twice. With DeepEP the MoE layers run SGLang's stage plans
-    (micro_batch_overlap.py: a transfer hides only behind the compute between its send and its
-    wait), the rest of the step serially. Otherwise (tensor-parallel all-reduces, tacit's
-    round-robin over each partial sum) each layer takes the longer of a half's compute and
-    communication twice, plus the shorter once to fill the pipe, 2 * max(C, M) + min(C, M) / L
-    over the step's halves' totals C and M. The times returned are the half's operators doubled
+    weight reads twice. A transfer hides only behind the compute that runs between its send and
+    its wait (micro_batch_overlap.py): with DeepEP the MoE layers run SGLang's stage plans and the
+    rest of the step serially; otherwise the micro-batches take turns between each layer's
+    partial sums, as tacit's engine does. The times returned are the half's operators doubled
     (both micro-batches run them).
 
     verify_rows: a speculative verify step's rows a sequence (k + 1), `step` holding every row as
@@ -213,7 +211,9 @@ def step_time(
     act = activation_dtype(w.weight_dtype, w.activation_dtype, fp8_units="fp8" in spec.flops)
     path = profile.decode_path(s.architecture, s.layer_kind) if decode else "torch"
     graphs = spec.graphs and decode  # engines capture decode steps only (--enforce-eager: spec.graphs off)
-    tbo = w.parallel.two_batch_overlap and step.batch >= 2
+    # tacit's fused C++ decoder takes a decode step whole, ahead of its two-batch path
+    fused = decode and runs_tacit_engine(spec) and path == "decode_fused"
+    tbo = w.parallel.two_batch_overlap and step.batch >= 2 and not fused
     run = replace(step, batch=-(-step.batch // 2)) if tbo else step
     ops = step_ops(s, run, w.parallel, w.weight_dtype, w.kv_dtype, w.group_size, profile.reduce_bytes, act)
     if verify_rows > 1:
@@ -227,26 +227,10 @@ def step_time(
     if not tbo:
         return step_seconds(times, profile, fixed_path, s.num_layers, graphs, rows), times
     fixed = step_seconds([], profile, fixed_path, s.num_layers, graphs, rows)
-    if any(t.op.name == "moe_dispatch" for t in times):
-        # DeepEP: SGLang's stage plans, each transfer hidden only by the compute between its
-        # send and its wait (micro_batch_overlap.py)
-        named = [(t.op.name, t.op.op_class, t.seconds) for t in times]
-        segments, outside = layer_segments(named, s.num_layers, s.num_moe_layers)
-        plan = DECODE_PLAN if decode else PREFILL_PLAN
-        overlapped = overlapped_layers_seconds(plan, segments, s.num_moe_layers) + 2 * outside + fixed
-    else:
-        comm = sum(t.seconds for t in times if t.op.op_class == "communication")
-        compute = sum(t.seconds for t in times) - comm
-        overlapped = 2 * max(compute, comm) + min(compute, comm) / s.num_layers + fixed
+    named = [(t.op.name, t.op.op_class, t.seconds) for t in times]
+    overlapped = two_batch_seconds((named, named), s.num_layers, s.num_moe_layers, decode) + fixed
     doubled = [replace(t, seconds=2 * t.seconds, compute_s=2 * t.compute_s, memory_s=2 * t.memory_s) for t in times]
     return overlapped, doubled
-
-
-def runs_tacit_engine(spec: HardwareSpec) -> bool:
-    """Whether `spec` is the machine tacit's own engine is priced on (this-cpu): a verify step's
-    rows attend one by one (the fused decoder) and tacit's scheduler defaults hold. Any other
-    part is priced as the serving engines (vLLM, SGLang) run on it."""
-    return spec.name == "this-cpu"
 
 
 def _per_rank_scheduler(w: Workload, par: Parallel) -> SchedulerConfig:

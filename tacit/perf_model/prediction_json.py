@@ -33,7 +33,9 @@ def op_rows(times: list[OpTime]) -> list[dict]:
 
 
 def fixed_overhead_ms(step_s: float, times: list[OpTime]) -> float:
-    """The step's time beyond its operators': the engine's fixed cost per step and per layer."""
+    """The step's time beyond its operators': the engine's fixed cost per step and per layer;
+    under --two-batch-overlap less what the overlap hides (both micro-batches' operators are
+    listed, some running at once), so it can be negative."""
     return 1e3 * (step_s - sum(t.seconds for t in times)) if times else 0.0
 
 

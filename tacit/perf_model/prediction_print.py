@@ -123,7 +123,9 @@ def print_ops(pred: Prediction, speculative: bool) -> None:
 def print_step_ops(phase: str, times: list[OpTime], step_s: float) -> None:
     """Each operator of one step: its time, the compute and memory (or link) time it is the max of."""
     ops_s = sum(t.seconds for t in times)
-    print(f"  {phase} operators (step {1e3 * step_s:.3f} ms; operators {1e3 * ops_s:.3f}, the rest fixed overhead):")
+    # under --two-batch-overlap both micro-batches' operators are listed and some run at once
+    rest = "the rest fixed overhead" if ops_s <= step_s else "two micro-batches, partly at once"
+    print(f"  {phase} operators (step {1e3 * step_s:.3f} ms; operators {1e3 * ops_s:.3f}, {rest}):")
     print(f"    {'operator':<20}{'class':<18}{'ms':>10}{'compute ms':>12}{'memory/link ms':>16}  bound")
     for t in times:
         print(

@@ -25,6 +25,7 @@ from tacit.kernels.torch_attention import runs_flat
 from tacit.perf_model.dtypes import activation_dtype
 from tacit.perf_model.efficiency import Profile, fitted_roofs
 from tacit.perf_model.fit_attention import causal_fraction_scored
+from tacit.perf_model.micro_batch_overlap import two_batch_seconds
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.operators import (
     Op,
@@ -38,6 +39,7 @@ from tacit.perf_model.operators import (
 )
 from tacit.perf_model.roofline import OpTime, op_time, step_seconds
 from tacit.platforms.specs import HardwareSpec
+from tacit.worker.paths.two_batch_overlap import split_point
 
 # Projection GEMMs whose cost depends only on the step's token count (not on any context).
 _TOKEN_GEMMS = frozenset(
@@ -184,7 +186,8 @@ def _attention(p: Pricing, step: StepShape) -> list[Op]:
 
 
 def mixed_step_times(p: Pricing, step: MixedStep) -> tuple[float, list[OpTime]]:
-    """Seconds of the step and each operator's time; an empty step costs nothing."""
+    """Seconds of the step as one forward and each operator's time; an empty step costs nothing
+    (mixed_step_seconds: the step as the engine runs it, two micro-batches under overlap)."""
     if not step.chunks:
         return 0.0, []
     s, par, m = p.shape, p.parallel, step.tokens
@@ -220,7 +223,6 @@ def mixed_step_times(p: Pricing, step: MixedStep) -> tuple[float, list[OpTime]]:
     times += [op_time(op, p.spec, p.profile, decode_only, graphs=graphs) for op in shared]
     decodes = step.decodes
     decode_path = p.profile.decode_path(s.architecture, s.layer_kind)
-    path = decode_path if decode_only else "prefill"
     if decodes and p.padded_decode_block and decode_path != "decode_fused":
         # One attention call per group and layer, as the backend makes them: not merged
         groups = padded_decode_contexts([c.context for c in decodes], p.padded_decode_block)
@@ -246,9 +248,38 @@ def mixed_step_times(p: Pricing, step: MixedStep) -> tuple[float, list[OpTime]]:
     else:
         prefill_ops = _merge([op for c in prefills for op in _attention(p, StepShape(1, c.new_tokens, c.context))])
     times += [op_time(op, p.spec, p.profile, False) for op in prefill_ops]
-    rows = par.sequences_per_device(len(step.chunks))  # the host's per-sequence work
-    return step_seconds(times, p.profile, path, s.num_layers, graphs, rows), times
+    return sum(t.seconds for t in times) + _fixed_seconds(p, step), times
+
+
+def runs_tacit_engine(spec: HardwareSpec) -> bool:
+    """Whether `spec` is the machine tacit's own engine is priced on (this-cpu): a verify step's
+    rows attend one by one (the fused decoder) and tacit's scheduler defaults hold. Any other
+    part is priced as the serving engines (vLLM, SGLang) run on it."""
+    return spec.name == "this-cpu"
+
+
+def _fixed_seconds(p: Pricing, step: MixedStep) -> float:
+    """The step's fixed cost on the path it runs: per step and layer, per sequence (the host's
+    work), or one graph launch for a decode-only step on a part that captures graphs."""
+    decode_only = not step.prefills
+    path = p.profile.decode_path(p.shape.architecture, p.shape.layer_kind) if decode_only else "prefill"
+    graphs = p.spec.graphs and decode_only
+    rows = p.parallel.sequences_per_device(len(step.chunks))
+    return step_seconds([], p.profile, path, p.shape.num_layers, graphs, rows)
 
 
 def mixed_step_seconds(p: Pricing, step: MixedStep) -> float:
-    return mixed_step_times(p, step)[0]
+    """The step as the engine runs it: under --two-batch-overlap a step of 2+ sequences as two
+    micro-batches of nearly equal tokens, whole sequences each (tacit's split_point), priced by
+    micro_batch_overlap.two_batch_seconds; but a decode-only step the fused C++ decoder takes
+    runs whole (it precedes the two-batch path in tacit's engine)."""
+    par = p.parallel
+    decode_path = p.profile.decode_path(p.shape.architecture, p.shape.layer_kind)
+    fused = not step.prefills and runs_tacit_engine(p.spec) and decode_path == "decode_fused"
+    if not par.two_batch_overlap or len(step.chunks) < 2 or fused:
+        return mixed_step_times(p, step)[0]
+    k = split_point([c.new_tokens for c in step.chunks])
+    halves = [mixed_step_times(p, MixedStep(part))[1] for part in (step.chunks[:k], step.chunks[k:])]
+    named = tuple([(t.op.name, t.op.op_class, t.seconds) for t in h] for h in halves)
+    s = p.shape
+    return two_batch_seconds(named, s.num_layers, s.num_moe_layers, not step.prefills) + _fixed_seconds(p, step)

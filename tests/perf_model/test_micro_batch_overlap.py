@@ -8,12 +8,16 @@ from tacit.perf_model.layout import place
 from tacit.perf_model.micro_batch_overlap import (
     DECODE_PLAN,
     PREFILL_PLAN,
+    TENSOR_PARALLEL_PLAN,
     layer_segments,
     overlapped_layers_seconds,
+    tensor_parallel_segments,
+    two_batch_seconds,
 )
 from tacit.perf_model.model_shape import load_hf_config, shape_from_hf
 from tacit.perf_model.operators import Parallel, StepShape
-from tacit.perf_model.predict import Workload, step_time
+from tacit.perf_model.predict import Workload, predict, step_time
+from tacit.perf_model.step_model import Chunk, MixedStep, Pricing, mixed_step_seconds, mixed_step_times
 from tacit.platforms.hardware_table import get_hardware_spec
 
 COMPUTE = ("attn_0", "attn_1", "gate", "shared", "experts")
@@ -104,3 +108,74 @@ def test_deepep_decode_with_overlap_prices_the_stages():
     assert overlapped >= compute + 2 * s.num_moe_layers * stall
     assert overlapped < compute + comm
     assert overlapped < serial
+
+
+def test_tensor_parallel_turns_by_hand():
+    # tacit's turn-taking, one layer, B's attention shorter than A's:
+    # A attention [0,1], sends (wire 1-1.5); B attention [1,1.2], sends (wire busy: 1.5-2.0);
+    # A waits for its sum (1.5), MLP [1.5,2.5], sends (2.5-3.0); B waits (2.0 < 2.5), MLP
+    # [2.5,3.5], sends (3.5-4.0); the step ends when B's last sum is in
+    a = {"attention": 1, "mlp": 1, "attention_sum": 0.5, "mlp_sum": 0.5}
+    b = {**a, "attention": 0.2}
+    assert overlapped_layers_seconds(TENSOR_PARALLEL_PLAN, (a, b), 1) == pytest.approx(4.0)
+
+
+def test_tensor_parallel_segments_spread_the_collectives_over_the_two_sums():
+    ops = [
+        ("qkv_proj", "attn_proj", 2.0),
+        ("attention", "attention", 2.0),
+        ("norms_residual_act", "norm_elementwise", 4.0),
+        ("gate_up_proj", "dense_mlp", 6.0),
+        ("all_reduce", "communication", 8.0),
+        ("logits_all_gather", "communication", 0.5),
+        ("lm_head", "lm_head", 1.0),
+    ]
+    segments, outside = tensor_parallel_segments(ops, 2)
+    assert segments == pytest.approx({"attention": 3.0, "mlp": 4.0, "attention_sum": 2.0, "mlp_sum": 2.0})
+    assert outside == pytest.approx(1.5)
+
+
+def _llama_tp8(overlap: bool) -> Pricing:
+    s = shape_from_hf(load_hf_config("Llama-3.1-70B"))
+    spec = get_hardware_spec("h100-sxm")
+    profile = load_profile(spec.efficiency_profile)
+    par, roofs = place(Parallel(tp=8, two_batch_overlap=overlap), fitted_roofs(spec, profile))
+    return Pricing(s, roofs, profile, parallel=par)
+
+
+def test_a_mixed_step_under_overlap_runs_as_two_micro_batches():
+    step = MixedStep([Chunk(2048, 0, True), Chunk(1024, 0, True), Chunk(1024, 0, True), Chunk(1, 900, True)])
+    p = _llama_tp8(True)
+    whole, times = mixed_step_times(p, step)
+    comm = sum(t.seconds for t in times if t.op.op_class == "communication")
+    overlapped = mixed_step_seconds(p, step)
+    # tacit's split: 2,048 tokens against 2,049
+    halves = [mixed_step_times(p, MixedStep(part))[1] for part in (step.chunks[:1], step.chunks[1:])]
+    named = [[(t.op.name, t.op.op_class, t.seconds) for t in h] for h in halves]
+    fixed = whole - sum(t.seconds for t in times)
+    assert overlapped == pytest.approx(two_batch_seconds(tuple(named), 80, 0, False) + fixed)
+    assert overlapped < whole - 0.5 * comm
+    # without the flag, or with one sequence, the step runs whole
+    assert mixed_step_seconds(_llama_tp8(False), step) == pytest.approx(whole)
+    one = MixedStep([Chunk(4096, 0, True)])
+    assert mixed_step_seconds(p, one) == pytest.approx(mixed_step_times(p, one)[0])
+
+
+def test_ttft_moves_with_the_overlap_as_the_prefill_does():
+    s = shape_from_hf(load_hf_config("Llama-3.1-70B"))
+    spec = get_hardware_spec("h100-sxm")
+    runs = [predict(s, spec, Workload(8, 2048, 2, parallel=Parallel(tp=8, two_batch_overlap=o))) for o in (False, True)]
+    assert runs[1].ttft_s < runs[0].ttft_s
+    assert runs[1].prefill_step_s < runs[0].prefill_step_s
+
+
+def test_tacits_fused_decoder_takes_a_decode_step_whole():
+    decodes = MixedStep([Chunk(1, 900, True)] * 16)
+    p = _llama_tp8(True)
+    assert p.profile.decode_path(p.shape.architecture, p.shape.layer_kind) == "decode_fused"
+    # the serving engines split a decode step too
+    assert mixed_step_seconds(p, decodes) != pytest.approx(mixed_step_times(p, decodes)[0])
+    # tacit's engine runs a decode step its fused decoder takes as one C++ call, ahead of its
+    # two-batch path
+    ours = replace(p, spec=replace(p.spec, name="this-cpu"))
+    assert mixed_step_seconds(ours, decodes) == pytest.approx(mixed_step_times(ours, decodes)[0])
