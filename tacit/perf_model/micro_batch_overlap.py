@@ -1,23 +1,26 @@
-"""Two-batch overlap with DeepEP, stage by stage: how long a step's MoE layers take when two
-micro-batches take turns on the compute stream while each one's dispatch and combine travel.
+"""Two-batch overlap, stage by stage: how long a step takes when two micro-batches take turns on
+the compute stream while each one's communication travels.
 
-SGLang's two-batch overlap for DeepSeek splits every MoE layer of a micro-batch into stages at
-yield points and runs the two micro-batches' stages in turn (sgl-project/sglang
-python/sglang/srt/operations_strategy.py at 02ed4a5, `_compute_moe_deepseek_blog_decode` and
-`_prefill`, after DeepSeek's profile-data design). A transfer is hidden only by the compute that
-runs between its send and the wait for it: in a decode, a micro-batch's dispatch by its own
-shared experts and the other micro-batch's first attention stage (the projections), its combine
-by the other's second (the attention kernel, o_proj and the router). Whatever a transfer needs
-beyond that compute stalls the stream. Pricing the overlap as the longer of a step's total
-compute and total communication assumed any compute could hide any transfer: DeepSeek-V3 on 72
-H100s (256 sequences a GPU, 2,000 cached) priced at 54.5 ms a step, 105 ms of operators folded
-into the longer of ~51 ms of compute and ~54 ms of transfers, where the stages leave the combine
-(0.30 ms a layer a micro-batch) behind ~0.17 ms of attention.
+Each engine splits a layer of one micro-batch into stages and runs the two micro-batches' stages
+in turn, so a transfer is hidden only by the compute that runs between its send and the wait
+for it; whatever it needs beyond that stalls the stream. SGLang's plans for DeepSeek with DeepEP
+(sgl-project/sglang python/sglang/srt/operations_strategy.py at 02ed4a5,
+`_compute_moe_deepseek_blog_decode` and `_prefill`, after DeepSeek's profile-data design): in a
+decode a micro-batch's dispatch hides behind its own shared experts and the other micro-batch's
+first attention stage (the projections), its combine behind the other's second (the attention
+kernel, o_proj and the router). tacit's own (worker/paths/two_batch_overlap.py): a micro-batch
+runs to its next partial sum and waits for it before its next part.
 
-The wire is one resource: a micro-batch's transfer starts when it is sent and the one before it
-(either micro-batch's) is through. DeepEP's low-latency kernels leave the SMs while their RDMA
-is in flight (profile-data's README), so compute is not slowed by it; DeepEP's normal mode
-(prefill) does occupy some SMs, which this does not price.
+Pricing the overlap as the longer of a step's total compute and total communication assumed any
+compute could hide any transfer: DeepSeek-V3 on 72 H100s (256 sequences a GPU, 2,000 cached)
+priced at 54.5 ms a step, 105 ms of operators folded into the longer of ~51 ms of compute and
+~54 ms of transfers, where the stages leave each combine (0.30 ms a layer a micro-batch) behind
+0.20 ms of attention: 71.9 ms (LMSYS measured 92).
+
+The wire is one resource: a transfer starts when it is sent and the one before it (either
+micro-batch's) is through. DeepEP's low-latency kernels leave the SMs while their RDMA is in
+flight (profile-data's README), so compute is not slowed by it; DeepEP's normal mode (prefill)
+does occupy some SMs, which this does not price.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ Stage = tuple[tuple[str, str], ...]
 
 @dataclass(frozen=True)
 class OverlapPlan:
-    stages: tuple[Stage, ...]  # one MoE layer of one micro-batch
+    stages: tuple[Stage, ...]  # one layer of one micro-batch
     delta: int  # stages micro-batch A runs before B starts (tbo_delta_stages)
 
 
@@ -53,6 +56,16 @@ PREFILL_PLAN = OverlapPlan(
         (("compute", "attn_0"), ("compute", "attn_1"), ("compute", "gate"), ("send", "dispatch")),
         (("wait", ""), ("compute", "experts"), ("send", "combine")),
         (("compute", "shared"), ("wait", "")),
+    ),
+    delta=0,
+)
+# tacit's own overlap (worker/paths/two_batch_overlap.py, and a tensor-parallel layout's in
+# general): a micro-batch runs to its next partial sum, sends it, and waits for it before its
+# next part; the two take turns, so each all-reduce hides behind the other micro-batch's part
+TENSOR_PARALLEL_PLAN = OverlapPlan(
+    stages=(
+        (("wait", ""), ("compute", "attention"), ("send", "attention_sum")),
+        (("wait", ""), ("compute", "mlp"), ("send", "mlp_sum")),
     ),
     delta=0,
 )
@@ -90,16 +103,6 @@ def overlapped_layers_seconds(
     return max([clock, *in_flight[0], *in_flight[1]])
 
 
-# tacit's own overlap (worker/paths/two_batch_overlap.py, and a tensor-parallel layout's in
-# general): a micro-batch runs to its next partial sum, sends it, and waits for it before its
-# next part; the two take turns, so each all-reduce hides behind the other micro-batch's part
-TENSOR_PARALLEL_PLAN = OverlapPlan(
-    stages=(
-        (("wait", ""), ("compute", "attention"), ("send", "attention_sum")),
-        (("wait", ""), ("compute", "mlp"), ("send", "mlp_sum")),
-    ),
-    delta=0,
-)
 # collectives a step makes once, not per layer: outside the layers' stages
 _PER_STEP = frozenset({"logits_all_gather", "head_all_gather", "pp_send"})
 
@@ -125,26 +128,6 @@ def tensor_parallel_segments(times: list[tuple[str, str, float]], num_layers: in
         for part in parts:
             segments[part] = segments.get(part, 0.0) + seconds / num_layers / len(parts)
     return segments, outside
-
-
-def two_batch_seconds(
-    halves: tuple[list[tuple[str, str, float]], list[tuple[str, str, float]]],
-    num_layers: int,
-    moe_layers: int,
-    decode: bool,
-) -> float:
-    """Seconds of a step run as two micro-batches, from each one's operators (name, class,
-    seconds): with DeepEP's dispatch among them SGLang's stage plans over the MoE layers, the rest
-    of the step serially; otherwise tacit's turn-taking over every layer's partial sums. The
-    step's fixed cost is the caller's."""
-    if any(name == "moe_dispatch" for name, _, _ in halves[0]):
-        plan, layers = (DECODE_PLAN if decode else PREFILL_PLAN), moe_layers
-        split = [layer_segments(h, num_layers, moe_layers) for h in halves]
-    else:
-        plan, layers = TENSOR_PARALLEL_PLAN, num_layers
-        split = [tensor_parallel_segments(h, num_layers) for h in halves]
-    inside = overlapped_layers_seconds(plan, (split[0][0], split[1][0]), layers)
-    return inside + split[0][1] + split[1][1]
 
 
 # The operators of a MoE layer by the stage segment they run in (SGLang's op_decode_attn_0 is the
@@ -196,3 +179,23 @@ def layer_segments(
         for part in parts:
             segments[part] = segments.get(part, 0.0) + per_layer / len(parts)
     return segments, outside
+
+
+def two_batch_seconds(
+    halves: tuple[list[tuple[str, str, float]], list[tuple[str, str, float]]],
+    num_layers: int,
+    moe_layers: int,
+    decode: bool,
+) -> float:
+    """Seconds of a step run as two micro-batches, from each one's operators (name, class,
+    seconds): with DeepEP's dispatch among them SGLang's stage plans over the MoE layers, the rest
+    of the step serially; otherwise tacit's turn-taking over every layer's partial sums. The
+    step's fixed cost is the caller's."""
+    if any(name == "moe_dispatch" for name, _, _ in halves[0]):
+        plan, layers = (DECODE_PLAN if decode else PREFILL_PLAN), moe_layers
+        split = [layer_segments(h, num_layers, moe_layers) for h in halves]
+    else:
+        plan, layers = TENSOR_PARALLEL_PLAN, num_layers
+        split = [tensor_parallel_segments(h, num_layers) for h in halves]
+    inside = overlapped_layers_seconds(plan, (split[0][0], split[1][0]), layers)
+    return inside + split[0][1] + split[1][1]

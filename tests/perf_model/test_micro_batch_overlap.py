@@ -78,7 +78,15 @@ def test_layer_segments_spread_a_step_over_its_layers():
     ]
     segments, outside = layer_segments(ops, 4, 3)
     assert segments == pytest.approx(
-        {"attn_0": 1 + 0.5 + 1, "attn_1": 2 + 0.5 + 1, "gate": 0.1, "experts": 2, "shared": 1, "dispatch": 3, "combine": 4}
+        {
+            "attn_0": 1 + 0.5 + 1,
+            "attn_1": 2 + 0.5 + 1,
+            "gate": 0.1,
+            "experts": 2,
+            "shared": 1,
+            "dispatch": 3,
+            "combine": 4,
+        }
     )
     # the dense layer's attention side, the dense MLP, the group's all-reduce and the head
     assert outside == pytest.approx((4 + 8 + 4 + 8) / 4 + 0.5 + 0.25 + 2)
@@ -93,7 +101,9 @@ def test_deepep_decode_with_overlap_prices_the_stages():
     step = StepShape(32 * 128, 1, 2000)
 
     def run(p):
-        return step_time(s, roofs, profile, Workload(step.batch, 0, 16, weight_dtype="fp8", parallel=p, context=2000), step)
+        return step_time(
+            s, roofs, profile, Workload(step.batch, 0, 16, weight_dtype="fp8", parallel=p, context=2000), step
+        )
 
     serial, _ = run(par)
     overlapped, times = run(replace(par, two_batch_overlap=True))
