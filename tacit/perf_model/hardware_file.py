@@ -17,6 +17,7 @@ The file (units in the key names; examples/hardware/epyc-9554-two-socket.yaml is
     inter_node_latency_us: 20
     graphs: false                         # engines capture decode steps as graphs
     cores: 64                             # a CPU's physical cores a device: --threads N prices min(N, cores) of them
+    sms: 132                              # a GPU's streaming multiprocessors (DeepEP's normal kernels hold 20 of them)
     efficiency_profile: epyc-zen4         # a name in efficiency.json, or a mapping in its schema (same_as: NAME and what differs)
 
 A figure is a number or {value: N, source: "..."}; one without a source of its own takes the
@@ -32,6 +33,7 @@ from typing import Any
 
 from tacit.perf_model.dtypes import ACTIVATION_BYTES
 from tacit.perf_model.efficiency import profile_names, register_profile
+from tacit.perf_model.micro_batch_overlap import DEEPEP_NORMAL_SMS
 from tacit.platforms.hardware_table import get_hardware_spec
 from tacit.platforms.specs import HardwareSpec, Sourced, check_spec, with_threads
 
@@ -43,6 +45,7 @@ _FIGURES = {
     "link_latency_us": (1e-6, True),
     "inter_node_bandwidth_gb_s": (1e9, False),
     "inter_node_latency_us": (1e-6, False),
+    "sms": (1.0, False),
 }
 _OTHER = ("name", "description", "source", "flops_tflops", "devices_per_node", "graphs", "efficiency_profile", "cores")
 FLOP_DTYPES = tuple(
@@ -119,6 +122,12 @@ def load_hardware_file(path: str | Path) -> HardwareSpec:
         raise ValueError(
             f"hardware file {path}: field 'cores' must be an integer >= 1 (a CPU's physical cores), got {cores!r}"
         )
+    sms = figs.get("sms")
+    if sms is not None and (not sms.value.is_integer() or sms.value <= DEEPEP_NORMAL_SMS):
+        raise ValueError(
+            f"hardware file {path}: field 'sms' must be a whole number of streaming multiprocessors above "
+            f"{DEEPEP_NORMAL_SMS} (DeepEP's normal kernels hold {DEEPEP_NORMAL_SMS}), got {sms.value:g}"
+        )
     spec = HardwareSpec(
         name=name,
         description=str(d.get("description", f"described by {path.name}")),
@@ -133,6 +142,7 @@ def load_hardware_file(path: str | Path) -> HardwareSpec:
         inter_node_latency=figs.get("inter_node_latency_us"),
         graphs=graphs,
         cores=cores,
+        sms=sms,
     )
     return check_spec(spec)
 

@@ -19,14 +19,24 @@ priced at 54.5 ms a step, 105 ms of operators folded into the longer of ~51 ms o
 
 The wire is one resource: a transfer starts when it is sent and the one before it (either
 micro-batch's) is through. DeepEP's low-latency kernels leave the SMs while their RDMA is in
-flight (profile-data's README), so compute is not slowed by it; DeepEP's normal mode (prefill)
-does occupy some SMs, which this does not price.
+flight (profile-data's README), so a decode's compute is not slowed by them. Its normal kernels
+(a prefill's) hold SMs of their own, 20 by default (deep_ep.Buffer.num_sms, DeepEP at 04b06f7),
+and SGLang's overlapped prefill runs DeepGEMM on the rest throughout (its prefill strategy sets
+deep_gemm_num_sms to the GPU's SMs less DeepEP's): the experts' grouped GEMM, compute-bound in a
+prefill, at 112 of an H100's 132 SMs, 1.18x its time (deepgemm_sm_share). SGLang's dense fp8
+GEMMs ran on DeepGEMM only when asked (SGL_ENABLE_JIT_DEEPGEMM, the LMSYS post of May 2025), so
+they keep every SM here.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from tacit.perf_model.roofline import OpTime
+from tacit.platforms.specs import HardwareSpec
+
+DEEPEP_NORMAL_SMS = 20  # deep_ep.Buffer.num_sms: the SMs DeepEP's normal (high-throughput) kernels run on
 
 # A stage: (kind, segment) events in order. "compute" runs the segment's operators; "send" starts
 # the segment's transfer; "wait" blocks until the micro-batch's oldest transfer in flight is done.
@@ -199,3 +209,23 @@ def two_batch_seconds(
         split = [tensor_parallel_segments(h, num_layers) for h in halves]
     inside = overlapped_layers_seconds(plan, (split[0][0], split[1][0]), layers)
     return inside + split[0][1] + split[1][1]
+
+
+def deepgemm_sm_share(times: list[OpTime], spec: HardwareSpec, decode: bool) -> list[OpTime]:
+    """A micro-batch's operators as SGLang's overlapped prefill runs them with DeepEP's normal
+    kernels: the experts' grouped GEMM (DeepGEMM) on the SMs DeepEP leaves, its compute time
+    stretched by sms / (sms - 20) where compute binds it. Unchanged for a decode (its low-latency
+    kernels hold no SMs in flight), for a part that states no SM count, or without DeepEP."""
+    normal = any(t.op.name == "moe_dispatch" and t.op.algorithm == "normal" for t in times)
+    if decode or not normal or spec.sms is None:
+        return times
+    share = (spec.sms.value - DEEPEP_NORMAL_SMS) / spec.sms.value
+    out = []
+    for t in times:
+        if t.op.name == "experts":
+            compute = t.compute_s / share
+            t = replace(
+                t, seconds=t.seconds - max(t.compute_s, t.memory_s) + max(compute, t.memory_s), compute_s=compute
+            )
+        out.append(t)
+    return out

@@ -13,7 +13,7 @@ from tacit.perf_model.dtypes import activation_dtype
 from tacit.perf_model.efficiency import Profile, fitted_roofs
 from tacit.perf_model.layout import place, resolve_layout
 from tacit.perf_model.memory import Memory, device_memory
-from tacit.perf_model.micro_batch_overlap import two_batch_seconds
+from tacit.perf_model.micro_batch_overlap import deepgemm_sm_share, two_batch_seconds
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.open_loop import OpenLoop, solve_open_loop
 from tacit.perf_model.operators import Parallel, StepShape, step_ops
@@ -227,6 +227,7 @@ def step_time(
     if not tbo:
         return step_seconds(times, profile, fixed_path, s.num_layers, graphs, rows), times
     fixed = step_seconds([], profile, fixed_path, s.num_layers, graphs, rows)
+    times = deepgemm_sm_share(times, spec, decode)
     named = [(t.op.name, t.op.op_class, t.seconds) for t in times]
     overlapped = two_batch_seconds((named, named), s.num_layers, s.num_moe_layers, decode) + fixed
     doubled = [replace(t, seconds=2 * t.seconds, compute_s=2 * t.compute_s, memory_s=2 * t.memory_s) for t in times]

@@ -25,7 +25,7 @@ from tacit.kernels.torch_attention import runs_flat
 from tacit.perf_model.dtypes import activation_dtype
 from tacit.perf_model.efficiency import Profile, fitted_roofs
 from tacit.perf_model.fit_attention import causal_fraction_scored
-from tacit.perf_model.micro_batch_overlap import two_batch_seconds
+from tacit.perf_model.micro_batch_overlap import deepgemm_sm_share, two_batch_seconds
 from tacit.perf_model.model_shape import ModelShape
 from tacit.perf_model.operators import (
     Op,
@@ -279,7 +279,10 @@ def mixed_step_seconds(p: Pricing, step: MixedStep) -> float:
     if not par.two_batch_overlap or len(step.chunks) < 2 or fused:
         return mixed_step_times(p, step)[0]
     k = split_point([c.new_tokens for c in step.chunks])
-    halves = [mixed_step_times(p, MixedStep(part))[1] for part in (step.chunks[:k], step.chunks[k:])]
+    halves = [
+        deepgemm_sm_share(mixed_step_times(p, MixedStep(part))[1], p.spec, not step.prefills)
+        for part in (step.chunks[:k], step.chunks[k:])
+    ]
     named = tuple([(t.op.name, t.op.op_class, t.seconds) for t in h] for h in halves)
     s = p.shape
     return two_batch_seconds(named, s.num_layers, s.num_moe_layers, not step.prefills) + _fixed_seconds(p, step)

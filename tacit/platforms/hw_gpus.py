@@ -27,6 +27,7 @@ _DGX_B200 = "NVIDIA DGX B200 datasheet: 8x single-port ConnectX-7 400 Gb/s Infin
 _NCCL_EST = "estimate: NCCL small-message all-reduce step inside one NVSwitch node is a few us (no datasheet figure)"
 _IB_EST = "estimate: an NCCL step over InfiniBand/RoCE (NIC, switch and PCIe hops) is ~10 us (no datasheet figure)"
 _HGX8 = "HGX / DGX baseboard: 8 GPUs on one NVSwitch fabric"
+_HOPPER_WP = "NVIDIA H100 Tensor Core GPU Architecture whitepaper: the H100 SXM5 GPU has 132 SMs (H200: the same GH100)"
 
 
 def _nvlink_node(datasheet: str, nvlink_each_way: float, nic: str, nic_bw: float) -> dict:
@@ -57,6 +58,7 @@ def _h100_like(name: str, description: str, datasheet: str, bw: float, capacity:
         memory_bandwidth=Sourced(bw, datasheet + ": GPU memory bandwidth"),
         memory_capacity=Sourced(capacity, datasheet + ": GPU memory"),
         efficiency_profile="nvidia-hopper",
+        sms=Sourced(132, _HOPPER_WP),
         **_nvlink_node(datasheet, 450 * GB, _DGX_H100, 50 * GB),
     )
 

@@ -45,6 +45,9 @@ class HardwareSpec:
     # A CPU's physical cores in one device (socket): `tacit predict --threads N` prices its
     # compute at min(N, cores) of them (with_threads); None on parts that have no such knob.
     cores: int | None = None
+    # An NVIDIA GPU's streaming multiprocessors: SGLang's prefill under two-batch overlap runs
+    # DeepGEMM on those DeepEP's normal kernels leave it (micro_batch_overlap.py); None: not stated.
+    sms: Sourced | None = None
 
     def peak_flops(self, dtype: str) -> float:
         """Dense FLOP/s of a GEMM in `dtype`; a part without that unit computes in its 16-bit one
@@ -61,7 +64,7 @@ class HardwareSpec:
             link_bandwidth=self.link_bandwidth,
             link_latency=self.link_latency,
         )
-        for key in ("inter_node_bandwidth", "inter_node_latency"):
+        for key in ("inter_node_bandwidth", "inter_node_latency", "sms"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         out.update({f"extra[{k}]": v for k, v in self.extra.items()})

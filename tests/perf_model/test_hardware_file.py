@@ -40,6 +40,7 @@ def _as_file(spec: HardwareSpec) -> dict:
         "graphs": spec.graphs,
         "efficiency_profile": spec.efficiency_profile,
         **({"cores": spec.cores} if spec.cores is not None else {}),
+        **({"sms": fig(spec.sms, 1)} if spec.sms is not None else {}),
     }
 
 
@@ -152,6 +153,12 @@ BAD = [
     ("graphs", lambda d: d.update(graphs="yes"), "'graphs' must be true or false"),
     ("cores", lambda d: d.update(cores=0), r"'cores' must be an integer >= 1 \(a CPU's physical cores\), got 0"),
     ("fractional cores", lambda d: d.update(cores=9.5), "'cores' must be an integer >= 1"),
+    (
+        "sms",
+        lambda d: d.update(sms={"value": 16, "source": "a small GPU"}),
+        r"'sms' must be a whole number of streaming multiprocessors above 20 \(DeepEP's normal kernels hold 20\)",
+    ),
+    ("fractional sms", lambda d: d.update(sms={"value": 131.5, "source": "x"}), r"'sms' must be a whole .* got 131.5"),
 ]
 
 

@@ -9,6 +9,7 @@ from tacit.perf_model.micro_batch_overlap import (
     DECODE_PLAN,
     PREFILL_PLAN,
     TENSOR_PARALLEL_PLAN,
+    deepgemm_sm_share,
     layer_segments,
     overlapped_layers_seconds,
     tensor_parallel_segments,
@@ -189,3 +190,26 @@ def test_tacits_fused_decoder_takes_a_decode_step_whole():
     # two-batch path
     ours = replace(p, spec=replace(p.spec, name="this-cpu"))
     assert mixed_step_seconds(ours, decodes) == pytest.approx(mixed_step_times(ours, decodes)[0])
+
+
+def test_an_overlapped_deepep_prefill_runs_deepgemm_on_the_sms_deepep_leaves():
+    s = shape_from_hf(load_hf_config("DeepSeek-V3"))
+    spec = get_hardware_spec("h100-sxm")
+    profile = load_profile(spec.efficiency_profile)
+    par, roofs = place(
+        Parallel(tp=1, dp=32, ep=True, a2a_backend="deepep", deepep_mode="normal"), fitted_roofs(spec, profile)
+    )
+    p = Pricing(s, roofs, profile, weight_dtype="fp8", parallel=par)
+    _, times = mixed_step_times(p, MixedStep([Chunk(4096, 0, True)] * 32))
+    shared = deepgemm_sm_share(times, roofs, decode=False)
+    experts = [(a, b) for a, b in zip(times, shared) if a.op.name == "experts"]
+    assert len(experts) == 1
+    before, after = experts[0]
+    assert before.compute_s > before.memory_s  # a prefill's grouped GEMM is compute-bound
+    # 132 SMs less DeepEP's 20
+    assert after.compute_s == pytest.approx(before.compute_s * 132 / 112)
+    assert after.seconds - before.seconds == pytest.approx(after.compute_s - before.compute_s)
+    assert [t for t in shared if t.op.name != "experts"] == [t for t in times if t.op.name != "experts"]
+    # a decode's low-latency kernels hold no SMs in flight; a part without an SM count is left as it is
+    assert deepgemm_sm_share(times, roofs, decode=True) == times
+    assert deepgemm_sm_share(times, replace(roofs, sms=None), decode=False) == times
