@@ -14,8 +14,8 @@ runs to its next partial sum and waits for it before its next part.
 Pricing the overlap as the longer of a step's total compute and total communication assumed any
 compute could hide any transfer: DeepSeek-V3 on 72 H100s (256 sequences a GPU, 2,000 cached)
 priced at 54.5 ms a step, 105 ms of operators folded into the longer of ~51 ms of compute and
-~54 ms of transfers, where the stages leave each combine (0.30 ms a layer a micro-batch) behind
-0.20 ms of attention: 71.9 ms (LMSYS measured 92).
+~54 ms of transfers, where by the stages each combine (0.30 ms a layer a micro-batch) has only
+0.20 ms of the other micro-batch's attention to hide behind: 71.9 ms (LMSYS measured 92).
 
 The wire is one resource: a transfer starts when it is sent and the one before it (either
 micro-batch's) is through. DeepEP's low-latency kernels leave the SMs while their RDMA is in
