@@ -178,7 +178,8 @@ def layer_segments(
     segments: dict[str, float] = {}
     outside = 0.0
     for name, op_class, seconds in times:
-        parts = _SPLIT.get(name) or ((segment_of(name, op_class),) if segment_of(name, op_class) else ())
+        segment = segment_of(name, op_class)
+        parts = _SPLIT.get(name) or ((segment,) if segment else ())
         if not parts:
             outside += seconds
             continue
@@ -192,21 +193,19 @@ def layer_segments(
 
 
 def two_batch_seconds(
-    halves: tuple[list[tuple[str, str, float]], list[tuple[str, str, float]]],
-    num_layers: int,
-    moe_layers: int,
-    decode: bool,
+    halves: tuple[list[OpTime], list[OpTime]], num_layers: int, moe_layers: int, decode: bool
 ) -> float:
-    """Seconds of a step run as two micro-batches, from each one's operators (name, class,
-    seconds): with DeepEP's dispatch among them SGLang's stage plans over the MoE layers, the rest
-    of the step serially; otherwise tacit's turn-taking over every layer's partial sums. The
-    step's fixed cost is the caller's."""
-    if any(name == "moe_dispatch" for name, _, _ in halves[0]):
+    """Seconds of a step run as two micro-batches, from each one's operators' times: with DeepEP's
+    dispatch among them SGLang's stage plans over the MoE layers, the rest of the step serially;
+    otherwise tacit's turn-taking over every layer's partial sums. The step's fixed cost is the
+    caller's."""
+    named = [[(t.op.name, t.op.op_class, t.seconds) for t in h] for h in halves]
+    if any(name == "moe_dispatch" for name, _, _ in named[0]):
         plan, layers = (DECODE_PLAN if decode else PREFILL_PLAN), moe_layers
-        split = [layer_segments(h, num_layers, moe_layers) for h in halves]
+        split = [layer_segments(h, num_layers, moe_layers) for h in named]
     else:
         plan, layers = TENSOR_PARALLEL_PLAN, num_layers
-        split = [tensor_parallel_segments(h, num_layers) for h in halves]
+        split = [tensor_parallel_segments(h, num_layers) for h in named]
     inside = overlapped_layers_seconds(plan, (split[0][0], split[1][0]), layers)
     return inside + split[0][1] + split[1][1]
 

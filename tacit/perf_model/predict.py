@@ -228,8 +228,7 @@ def step_time(
         return step_seconds(times, profile, fixed_path, s.num_layers, graphs, rows), times
     fixed = step_seconds([], profile, fixed_path, s.num_layers, graphs, rows)
     times = deepgemm_sm_share(times, spec, decode)
-    named = [(t.op.name, t.op.op_class, t.seconds) for t in times]
-    overlapped = two_batch_seconds((named, named), s.num_layers, s.num_moe_layers, decode) + fixed
+    overlapped = two_batch_seconds((times, times), s.num_layers, s.num_moe_layers, decode) + fixed
     doubled = [replace(t, seconds=2 * t.seconds, compute_s=2 * t.compute_s, memory_s=2 * t.memory_s) for t in times]
     return overlapped, doubled
 

@@ -273,16 +273,19 @@ def mixed_step_seconds(p: Pricing, step: MixedStep) -> float:
     micro-batches of nearly equal tokens, whole sequences each (tacit's split_point), priced by
     micro_batch_overlap.two_batch_seconds; but a decode-only step the fused C++ decoder takes
     runs whole (it precedes the two-batch path in tacit's engine)."""
-    par = p.parallel
-    decode_path = p.profile.decode_path(p.shape.architecture, p.shape.layer_kind)
-    fused = not step.prefills and runs_tacit_engine(p.spec) and decode_path == "decode_fused"
-    if not par.two_batch_overlap or len(step.chunks) < 2 or fused:
+    s, decode_only = p.shape, not step.prefills
+    # the serve replay prices every step here: the common case (no overlap) decides first
+    if not p.parallel.two_batch_overlap or len(step.chunks) < 2:
+        return mixed_step_times(p, step)[0]
+    if (
+        decode_only
+        and runs_tacit_engine(p.spec)
+        and p.profile.decode_path(s.architecture, s.layer_kind) == "decode_fused"
+    ):
         return mixed_step_times(p, step)[0]
     k = split_point([c.new_tokens for c in step.chunks])
-    halves = [
-        deepgemm_sm_share(mixed_step_times(p, MixedStep(part))[1], p.spec, not step.prefills)
+    halves = tuple(
+        deepgemm_sm_share(mixed_step_times(p, MixedStep(part))[1], p.spec, decode_only)
         for part in (step.chunks[:k], step.chunks[k:])
-    ]
-    named = tuple([(t.op.name, t.op.op_class, t.seconds) for t in h] for h in halves)
-    s = p.shape
-    return two_batch_seconds(named, s.num_layers, s.num_moe_layers, not step.prefills) + _fixed_seconds(p, step)
+    )
+    return two_batch_seconds(halves, s.num_layers, s.num_moe_layers, decode_only) + _fixed_seconds(p, step)
